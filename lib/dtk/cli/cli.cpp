@@ -1,0 +1,162 @@
+#include "dtk/cli/cli.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include "dtk/core/error.h"
+
+#ifndef DTK_VERSION
+#define DTK_VERSION "0.0.0"
+#endif
+
+namespace dtk::cli {
+namespace {
+
+struct Common {
+  std::string log_level = "info";
+  bool log_all_ranks = false;
+  double comm_timeout = 600;
+};
+
+void setup_logging(const std::string& name, const Common& c, int rank) {
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>(name, sink);
+  logger->set_pattern("[%H:%M:%S.%e] [" + name + " " + std::to_string(rank) + "] %^%l%$: %v");
+  auto level = spdlog::level::from_str(c.log_level);
+  // Other ranks stay quiet unless asked, but their warnings and errors always show.
+  if (rank != 0 && !c.log_all_ranks) level = std::max(level, spdlog::level::warn);
+  logger->set_level(level);
+  logger->flush_on(spdlog::level::warn);
+  spdlog::set_default_logger(logger);
+}
+
+// Runs f; returns its exit code, mapping exceptions to exit codes and a message.
+template <typename F>
+int guarded(F&& f, std::string& message) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    message = e.what();
+    return kExitUsage;
+  } catch (const CLI::Error& e) {
+    message = e.what();
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    message = e.what();
+    return kExitFailure;
+  }
+}
+
+}  // namespace
+
+std::string version_string(const std::string& program) {
+  return program + " (dtk) " DTK_VERSION;
+}
+
+int main(int argc, char** argv, const Program& p) {
+  std::string message;
+  std::unique_ptr<comm::Runtime> rt;
+  rt = std::make_unique<comm::Runtime>(&argc, &argv, comm::Runtime::Options{});
+  int code = guarded([&] { rt->check_launch(); return 0; }, message);
+  if (code != kExitOk) {  // a misconfigured launch: each process is its own world, each says so
+    std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), message.c_str());
+    return code;
+  }
+  const int rank = rt->rank();
+
+  CLI::App app{p.description, p.name};
+  app.footer(p.footer);
+  app.set_version_flag("--version", version_string(p.name));
+  app.set_config("--config", "", "read options from a TOML or INI file (CLI11 config format)");
+  app.option_defaults()->always_capture_default();
+  Common common;
+  app.add_option("--log-level", common.log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->group("Common");
+  app.add_flag("--log-all-ranks", common.log_all_ranks, "log from every rank, not only rank 0")->group("Common");
+  app.add_option("--comm-timeout", common.comm_timeout,
+                 "seconds a collective may take before the job is ended as hung")
+      ->check(CLI::PositiveNumber)
+      ->group("Common");
+  if (p.add_options) p.add_options(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same arguments; rank 0 speaks. --help and --version exit 0.
+    if (rank == 0) {
+      if (e.get_exit_code() == 0)
+        app.exit(e);
+      else
+        std::fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", p.name.c_str(), e.what());
+    }
+    return rt->max_over_ranks(e.get_exit_code() == 0 ? kExitOk : kExitUsage);
+  }
+  rt->set_timeout(common.comm_timeout);
+  setup_logging(p.name, common, rank);
+
+  // Phase 1: validation, no communication; every rank learns the worst outcome.
+  code = p.validate ? guarded([&] { p.validate(*rt); return 0; }, message) : 0;
+  const int worst = rt->max_over_ranks(code);
+  if (worst != kExitOk) {
+    const int rank0 = rt->broadcast_int(code, 0);
+    if (code != kExitOk && (rank == 0 || rank0 == kExitOk || common.log_all_ranks))
+      spdlog::error("{}", message);
+    spdlog::default_logger()->flush();
+    return worst;
+  }
+
+  // Phase 2: the work.
+  code = guarded([&] { return p.run(*rt); }, message);
+  if (!message.empty()) {
+    spdlog::error("{}", message);
+    spdlog::default_logger()->flush();
+    std::fflush(stdout);
+    if (rt->size() > 1) rt->abort(code);
+    return code;
+  }
+  std::fflush(stdout);
+  return rt->max_over_ranks(code);
+}
+
+uint64_t parse_size(std::string_view s) {
+  const std::string orig(s);
+  double v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || v < 0) fail_usage("bad size '" + orig + "' (expected a number with an optional K, M or G)");
+  std::string_view suffix(p, s.data() + s.size() - p);
+  uint64_t mult = 1;
+  if (!suffix.empty()) {
+    const char c = static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0])));
+    mult = c == 'K' ? 1ull << 10 : c == 'M' ? 1ull << 20 : c == 'G' ? 1ull << 30 : c == 'T' ? 1ull << 40 : 0;
+    if (c == 'B' && suffix.size() == 1) mult = 1;
+    auto rest = suffix.substr(1);
+    if (mult == 0 || !(rest.empty() || rest == "B" || rest == "iB" || (c == 'B')))
+      fail_usage("bad size '" + orig + "' (suffixes: K, M, G, T, optionally followed by B or iB)");
+  }
+  const double bytes = v * static_cast<double>(mult);
+  if (bytes != std::floor(bytes)) fail_usage("size '" + orig + "' is not a whole number of bytes");
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string format_size(uint64_t b) {
+  const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  double v = static_cast<double>(b);
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (v == std::floor(v))
+    std::snprintf(buf, sizeof buf, "%.0f%s", v, units[u]);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f%s", v, units[u]);
+  return buf;
+}
+
+}  // namespace dtk::cli

@@ -1,0 +1,167 @@
+// Communicator: collectives over MPI (host buffers; device buffers staged through pinned host
+// memory), NCCL (device buffers, own CUDA stream) or a local world of one.
+//
+// Every collective returns a Work handle. Mode::async starts the operation and returns at once
+// (MPI nonblocking collectives, or an enqueue on NCCL's stream); Mode::sync completes it before
+// returning (MPI's blocking collectives: the fastest path for small messages). Operations are
+// started in program order, which must be the same on every rank, as with MPI and NCCL.
+//
+// A wait that exceeds the runtime's timeout ends the process with an error (see watchdog.h);
+// when a rank dies, the launcher (mpiexec, srun) ends the others.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtk/core/device.h"
+#include "dtk/core/dtype.h"
+
+namespace dtk::comm {
+
+enum class ReduceOp { sum, avg, max, min };
+enum class Backend { automatic, mpi, nccl, local };
+enum class Mode { async, sync };
+
+std::string_view reduce_op_name(ReduceOp op);
+ReduceOp parse_reduce_op(std::string_view s);
+std::string_view backend_name(Backend b);
+Backend parse_backend(std::string_view s);
+
+// A typed view of memory. count is in elements of dtype.
+struct Buffer {
+  void* data = nullptr;
+  size_t count = 0;
+  DType dtype = DType::f32;
+  Device device{};
+
+  size_t bytes() const { return count * dtype_size(dtype); }
+  Buffer slice(size_t offset, size_t n) const {
+    return {static_cast<char*>(data) + offset * dtype_size(dtype), n, dtype, device};
+  }
+};
+
+// A handle on an operation in flight. Copyable; wait() is idempotent.
+class Work {
+ public:
+  struct State {
+    virtual ~State() = default;
+    virtual bool test() = 0;  // true when complete (and finished)
+    virtual void wait() = 0;  // blocks until complete, under the watchdog
+  };
+  Work() = default;  // a completed operation
+  explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  void wait() {
+    if (state_) {
+      state_->wait();
+      state_.reset();
+    }
+  }
+  bool test() {
+    if (state_ && state_->test()) state_.reset();
+    return !state_;
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+void wait_all(std::vector<Work>& works);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  virtual Backend backend() const = 0;
+  // Where this communicator's buffers may live: nccl needs device buffers; mpi and local take both.
+  virtual bool accepts(const Device& d) const = 0;
+
+  // recv.count == send.count; in place when send.data == recv.data. avg of integers truncates.
+  virtual Work all_reduce(Buffer send, Buffer recv, ReduceOp op, Mode mode = Mode::async) = 0;
+  // send.count == size() * recv.count; rank r receives the reduction of block r.
+  // In place when recv.data == send block rank().
+  virtual Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op, Mode mode = Mode::async) = 0;
+  // recv.count == size() * send.count; in place when send.data == recv block rank().
+  virtual Work all_gather(Buffer send, Buffer recv, Mode mode = Mode::async) = 0;
+  // Uneven variants: counts[r] elements for rank r, packed in rank order in the full buffer.
+  virtual Work reduce_scatter_v(Buffer send, Buffer recv, const std::vector<size_t>& counts, ReduceOp op,
+                                Mode mode = Mode::async) = 0;
+  virtual Work all_gather_v(Buffer send, Buffer recv, const std::vector<size_t>& counts,
+                            Mode mode = Mode::async) = 0;
+  virtual Work broadcast(Buffer buf, int root, Mode mode = Mode::async) = 0;
+  // send.count == recv.count == size() * block; block r of send goes to rank r.
+  virtual Work all_to_all(Buffer send, Buffer recv, Mode mode = Mode::async) = 0;
+  virtual Work send(Buffer buf, int peer, int tag = 0, Mode mode = Mode::async) = 0;
+  virtual Work recv(Buffer buf, int peer, int tag = 0, Mode mode = Mode::async) = 0;
+  virtual Work barrier(Mode mode = Mode::sync) = 0;
+
+  // Ranks with the same colour form a new communicator, ordered by key (then by rank).
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+ protected:
+  void check_counts(const char* op, const Buffer& send, const Buffer& recv, size_t send_count,
+                    size_t recv_count) const;
+  void check_root(const char* op, int root) const;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// How the process was started.
+enum class Launcher { singleton, openmpi, mpich, srun };
+std::string_view launcher_name(Launcher l);
+Launcher detect_launcher();
+
+// The process-wide communication runtime: MPI set-up and tear-down, the watchdog, and the
+// world communicators. One per process, created first in main and destroyed last.
+class Runtime {
+ public:
+  struct Options {
+    double timeout_s = 600;  // a wait longer than this ends the job
+  };
+  Runtime(int* argc, char*** argv, Options opts);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  static Runtime& get();
+  // UsageError when the launch is broken: srun started N > 1 tasks but MPI sees a world of 1.
+  void check_launch() const;  // the one runtime (error when none exists)
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  Launcher launcher() const { return launcher_; }
+  bool mpi_initialized() const { return mpi_; }
+  double timeout_s() const { return opts_.timeout_s; }
+  void set_timeout(double timeout_s);
+
+  // The world communicator of a backend (created on first use, then shared). automatic gives nccl
+  // for a cuda device when NCCL and a GPU exist, mpi when MPI runs, local otherwise.
+  std::shared_ptr<Communicator> world(Backend b = Backend::automatic, Device d = Device::cpu());
+  Backend resolve(Backend b, Device d) const;
+
+  // Small host-side agreements over the whole job (exit codes, headers); no-ops in a world of one.
+  int max_over_ranks(int v);
+  int broadcast_int(int v, int root);
+  std::vector<std::string> gather_strings(const std::string& mine);  // each at most 255 chars
+  static std::string hostname();
+  // Ends every rank now with this exit code (MPI_Abort when more than one rank runs).
+  [[noreturn]] void abort(int code);
+
+ private:
+  void init_mpi();
+  Options opts_;
+  Launcher launcher_;
+  bool mpi_ = false;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  std::shared_ptr<Communicator> mpi_world_, nccl_world_, local_world_;
+  int* argc_;
+  char*** argv_;
+};
+
+}  // namespace dtk::comm

@@ -1,0 +1,84 @@
+// Names, argument checks and launcher detection shared by every backend.
+#include <cstdlib>
+#include <string>
+
+#include "dtk/comm/comm.h"
+#include "dtk/core/error.h"
+
+namespace dtk::comm {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(std::string_view s) {
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min})
+    if (reduce_op_name(op) == s) return op;
+  fail_usage("unknown reduction '" + std::string(s) + "' (expected sum, avg, max or min)");
+}
+
+std::string_view backend_name(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "auto";
+    case Backend::mpi: return "mpi";
+    case Backend::nccl: return "nccl";
+    case Backend::local: return "local";
+  }
+  return "?";
+}
+
+Backend parse_backend(std::string_view s) {
+  for (Backend b : {Backend::automatic, Backend::mpi, Backend::nccl, Backend::local})
+    if (backend_name(b) == s) return b;
+  fail_usage("unknown backend '" + std::string(s) + "' (expected auto, mpi, nccl or local)");
+}
+
+void wait_all(std::vector<Work>& works) {
+  for (auto& w : works) w.wait();
+  works.clear();
+}
+
+void Communicator::check_counts(const char* op, const Buffer& send, const Buffer& recv, size_t send_count,
+                                size_t recv_count) const {
+  if (send.dtype != recv.dtype) fail_usage(std::string(op) + ": send and receive buffers differ in dtype");
+  if (send.count != send_count || recv.count != recv_count)
+    fail_usage(std::string(op) + ": expected " + std::to_string(send_count) + " elements to send and " +
+               std::to_string(recv_count) + " to receive on " + std::to_string(size_) + " ranks, got " +
+               std::to_string(send.count) + " and " + std::to_string(recv.count));
+  if (!accepts(send.device) || !accepts(recv.device))
+    fail_usage(std::string(op) + ": the " + std::string(backend_name(backend())) +
+               " backend cannot use buffers on " + send.device.str());
+}
+
+void Communicator::check_root(const char* op, int root) const {
+  if (root < 0 || root >= size_)
+    fail_usage(std::string(op) + ": root " + std::to_string(root) + " is not a rank of a world of " +
+               std::to_string(size_));
+}
+
+std::string_view launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::singleton: return "singleton";
+    case Launcher::openmpi: return "mpiexec (Open MPI)";
+    case Launcher::mpich: return "mpiexec (MPICH/PMI)";
+    case Launcher::srun: return "srun";
+  }
+  return "?";
+}
+
+Launcher detect_launcher() {
+  auto has = [](const char* v) { return std::getenv(v) != nullptr; };
+  if (has("OMPI_COMM_WORLD_SIZE")) return Launcher::openmpi;
+  const bool slurm_step = has("SLURM_STEP_ID") && has("SLURM_PROCID");
+  if (slurm_step) return Launcher::srun;
+  if (has("PMI_RANK") || has("PMI_SIZE") || has("PMIX_RANK")) return Launcher::mpich;
+  return Launcher::singleton;
+}
+
+}  // namespace dtk::comm

@@ -1,0 +1,480 @@
+// The MPI backend. Host buffers go to MPI as they are; device buffers are staged through pinned
+// host memory (copied in before the operation starts, copied out when it completes), so several
+// ranks can share one GPU. MPI has no bf16 or f16: they travel as 2-byte datatypes of ours with
+// reduction ops of ours; avg is a sum divided on completion.
+#include "dtk/comm/mpi/mpi_comm.h"
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+#include "dtk/comm/watchdog.h"
+#include "dtk/core/error.h"
+
+namespace dtk::comm {
+namespace {
+
+MPI_Datatype g_bf16 = MPI_DATATYPE_NULL, g_f16 = MPI_DATATYPE_NULL;
+MPI_Op g_half_ops[2][3];  // [bf16, f16][sum, max, min]
+
+template <bool BF16, int OP>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = BF16 ? bf16_to_float(a[i]) : f16_to_float(a[i]);
+    const float y = BF16 ? bf16_to_float(b[i]) : f16_to_float(b[i]);
+    const float r = OP == 0 ? x + y : OP == 1 ? (x > y ? x : y) : (x < y ? x : y);
+    b[i] = BF16 ? float_to_bf16(r) : float_to_f16(r);
+  }
+}
+
+MPI_Datatype datatype(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16: return g_bf16;
+    case DType::f16: return g_f16;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::u16: return MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(DType t, ReduceOp op) {
+  const int k = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;  // avg: a sum, then a division
+  if (t == DType::bf16) return g_half_ops[0][k];
+  if (t == DType::f16) return g_half_ops[1][k];
+  return k == 1 ? MPI_MAX : k == 2 ? MPI_MIN : MPI_SUM;
+}
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  fail(std::string("MPI ") + what + ": " + std::string(msg, len));
+}
+
+int as_int(size_t n, const char* what) {
+  if (n > static_cast<size_t>(INT_MAX))
+    fail_usage(std::string(what) + ": " + std::to_string(n) + " elements exceed MPI's count limit of 2^31-1");
+  return static_cast<int>(n);
+}
+
+template <typename T>
+void divide(T* p, size_t n, int by) {
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / by);
+}
+// avg = sum / n on the host copy of the result
+void post_divide(DType t, void* p, size_t n, int by) {
+  switch (t) {
+    case DType::f32: divide(static_cast<float*>(p), n, by); break;
+    case DType::f64: divide(static_cast<double*>(p), n, by); break;
+    case DType::i32: divide(static_cast<int32_t*>(p), n, by); break;
+    case DType::i64: divide(static_cast<int64_t*>(p), n, by); break;
+    case DType::u8: divide(static_cast<uint8_t*>(p), n, by); break;
+    case DType::u16: divide(static_cast<uint16_t*>(p), n, by); break;
+    case DType::bf16:
+    case DType::f16: {
+      auto* h = static_cast<uint16_t*>(p);
+      const bool bf = t == DType::bf16;
+      for (size_t i = 0; i < n; ++i) {
+        const float v = (bf ? bf16_to_float(h[i]) : f16_to_float(h[i])) / static_cast<float>(by);
+        h[i] = bf ? float_to_bf16(v) : float_to_f16(v);
+      }
+      break;
+    }
+  }
+}
+
+// Pinned host blocks for staging device buffers, reused across operations.
+class PinnedPool {
+ public:
+  std::shared_ptr<void> get(size_t bytes) {
+    std::lock_guard lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->first >= bytes) {
+        auto block = *it;
+        free_.erase(it);
+        return wrap(block);
+      }
+    }
+    return wrap({bytes, cuda::malloc_pinned(bytes ? bytes : 1)});
+  }
+
+ private:
+  std::shared_ptr<void> wrap(std::pair<size_t, void*> block) {
+    return std::shared_ptr<void>(block.second, [this, block](void*) {
+      std::lock_guard lock(mu_);
+      free_.push_back(block);
+    });
+  }
+  std::mutex mu_;
+  std::vector<std::pair<size_t, void*>> free_;  // kept for the process's lifetime
+};
+PinnedPool& pinned_pool() {
+  static auto* pool = new PinnedPool;  // never destroyed: blocks may be returned at exit
+  return *pool;
+}
+
+bool overlaps(const Buffer& a, const Buffer& b) {
+  auto* a0 = static_cast<const char*>(a.data);
+  auto* b0 = static_cast<const char*>(b.data);
+  return a.bytes() && b.bytes() && a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// The host memory an MPI call works on, and what to do when it completes.
+struct Staging {
+  void* send = nullptr;
+  void* recv = nullptr;
+  std::vector<std::shared_ptr<void>> keep;
+  std::vector<std::function<void()>> on_done;  // in order
+};
+
+// Host pointers for send and recv: the buffers themselves on the host; pinned copies for device
+// buffers (one copy when one lies inside the other, so in-place stays in place).
+Staging stage(const Buffer& send, const Buffer& recv, bool copy_recv_in = false) {
+  Staging s;
+  if (!send.device.is_cuda() && !recv.device.is_cuda()) {
+    s.send = send.data;
+    s.recv = recv.data;
+    return s;
+  }
+  auto host_of = [&](const Buffer& b, bool copy_in) -> void* {
+    if (!b.device.is_cuda()) return b.data;
+    auto block = pinned_pool().get(b.bytes());
+    if (copy_in) cuda::memcpy(block.get(), b.data, b.bytes());
+    s.keep.push_back(block);
+    return block.get();
+  };
+  const auto contains = [](const Buffer& outer, const Buffer& inner) {
+    auto* o = static_cast<const char*>(outer.data);
+    auto* i = static_cast<const char*>(inner.data);
+    return i >= o && i + inner.bytes() <= o + outer.bytes();
+  };
+  if (send.device == recv.device && contains(send, recv)) {
+    s.send = host_of(send, true);
+    s.recv = static_cast<char*>(s.send) + (static_cast<char*>(recv.data) - static_cast<char*>(send.data));
+  } else if (send.device == recv.device && contains(recv, send)) {
+    s.recv = host_of(recv, true);
+    s.send = static_cast<char*>(s.recv) + (static_cast<char*>(send.data) - static_cast<char*>(recv.data));
+  } else {
+    s.send = host_of(send, true);
+    s.recv = host_of(recv, copy_recv_in);
+  }
+  if (recv.device.is_cuda()) {
+    void* host = s.recv;
+    s.on_done.push_back([recv, host] { cuda::memcpy(recv.data, host, recv.bytes()); });
+  }
+  return s;
+}
+
+struct MpiWork final : Work::State {
+  MPI_Request req = MPI_REQUEST_NULL;
+  const char* what = "";
+  size_t bytes = 0;
+  Staging staging;
+  std::vector<int> ints;  // counts and displacements of v-collectives, alive until completion
+
+  bool test() override {
+    int flag = 0;
+    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+    if (flag) finish();
+    return flag != 0;
+  }
+  void wait() override {
+    {
+      watchdog::Scope scope(what, bytes);
+      check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
+    }
+    finish();
+  }
+  void finish() {
+    auto steps = std::move(staging.on_done);
+    staging.on_done.clear();
+    for (auto& f : steps) f();
+    staging.keep.clear();
+  }
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm node;
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_size(node, &local_size_);
+    MPI_Comm_free(&node);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+
+  Backend backend() const override { return Backend::mpi; }
+  bool accepts(const Device&) const override { return true; }
+
+  Work all_reduce(Buffer send, Buffer recv, ReduceOp op, Mode mode) override {
+    check_counts("all_reduce", send, recv, recv.count, send.count);
+    const int n = as_int(send.count, "all_reduce");
+    auto st = stage(send, recv);
+    const bool inplace = st.send == st.recv;
+    if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
+    auto dt = datatype(send.dtype);
+    auto mop = mpi_op(send.dtype, op);
+    return launch("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      const void* sb = inplace ? MPI_IN_PLACE : s.send;
+      return r ? MPI_Iallreduce(sb, s.recv, n, dt, mop, comm_, r) : MPI_Allreduce(sb, s.recv, n, dt, mop, comm_);
+    });
+  }
+
+  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op, Mode mode) override {
+    check_counts("reduce_scatter", send, recv, recv.count * size_, recv.count);
+    const int n = as_int(recv.count, "reduce_scatter");
+    Buffer out = recv;
+    std::shared_ptr<void> tmp;
+    if (overlaps(send, recv)) {  // MPI forbids aliasing: receive into a scratch block
+      tmp = std::shared_ptr<void>(std::malloc(recv.bytes() ? recv.bytes() : 1), std::free);
+      out = {tmp.get(), recv.count, recv.dtype, Device::cpu()};
+    }
+    auto st = stage(send, out);
+    if (tmp) {
+      st.keep.push_back(tmp);
+      st.on_done.push_back([recv, tmp] { copy_to(recv, tmp.get()); });
+    }
+    if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
+    auto dt = datatype(send.dtype);
+    auto mop = mpi_op(send.dtype, op);
+    return launch("reduce_scatter", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      return r ? MPI_Ireduce_scatter_block(s.send, s.recv, n, dt, mop, comm_, r)
+               : MPI_Reduce_scatter_block(s.send, s.recv, n, dt, mop, comm_);
+    });
+  }
+
+  Work all_gather(Buffer send, Buffer recv, Mode mode) override {
+    check_counts("all_gather", send, recv, send.count, send.count * size_);
+    const int n = as_int(send.count, "all_gather");
+    const bool inplace = send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
+    auto st = stage(send, recv);
+    auto dt = datatype(send.dtype);
+    return launch("all_gather", recv.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      const void* sb = inplace ? MPI_IN_PLACE : s.send;
+      return r ? MPI_Iallgather(sb, n, dt, s.recv, n, dt, comm_, r) : MPI_Allgather(sb, n, dt, s.recv, n, dt, comm_);
+    });
+  }
+
+  Work reduce_scatter_v(Buffer send, Buffer recv, const std::vector<size_t>& counts, ReduceOp op,
+                        Mode mode) override {
+    const size_t total = check_v("reduce_scatter_v", counts);
+    check_counts("reduce_scatter_v", send, recv, total, counts[rank_]);
+    std::vector<int> ints(size_);
+    for (int i = 0; i < size_; ++i) ints[i] = as_int(counts[i], "reduce_scatter_v");
+    Buffer out = recv;
+    std::shared_ptr<void> tmp;
+    if (overlaps(send, recv)) {
+      tmp = std::shared_ptr<void>(std::malloc(recv.bytes() ? recv.bytes() : 1), std::free);
+      out = {tmp.get(), recv.count, recv.dtype, Device::cpu()};
+    }
+    auto st = stage(send, out);
+    if (tmp) {
+      st.keep.push_back(tmp);
+      st.on_done.push_back([recv, tmp] { copy_to(recv, tmp.get()); });
+    }
+    if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
+    auto dt = datatype(send.dtype);
+    auto mop = mpi_op(send.dtype, op);
+    return launch("reduce_scatter_v", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      return r ? MPI_Ireduce_scatter(s.send, s.recv, ints.data(), dt, mop, comm_, r)
+               : MPI_Reduce_scatter(s.send, s.recv, ints.data(), dt, mop, comm_);
+    }, std::move(ints));
+  }
+
+  Work all_gather_v(Buffer send, Buffer recv, const std::vector<size_t>& counts, Mode mode) override {
+    const size_t total = check_v("all_gather_v", counts);
+    check_counts("all_gather_v", send, recv, counts[rank_], total);
+    std::vector<int> ints(2 * size_);  // counts, then displacements
+    size_t off = 0;
+    for (int i = 0; i < size_; ++i) {
+      ints[i] = as_int(counts[i], "all_gather_v");
+      ints[size_ + i] = as_int(off, "all_gather_v");
+      off += counts[i];
+    }
+    size_t my_off = 0;
+    for (int i = 0; i < rank_; ++i) my_off += counts[i];
+    const bool inplace = send.data == static_cast<char*>(recv.data) + my_off * dtype_size(send.dtype);
+    auto st = stage(send, recv);
+    auto dt = datatype(send.dtype);
+    const int n = ints[rank_];
+    const int size = size_;
+    return launch("all_gather_v", recv.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      const void* sb = inplace ? MPI_IN_PLACE : s.send;
+      const int* c = ints.data();
+      return r ? MPI_Iallgatherv(sb, n, dt, s.recv, c, c + size, dt, comm_, r)
+               : MPI_Allgatherv(sb, n, dt, s.recv, c, c + size, dt, comm_);
+    }, std::move(ints));
+  }
+
+  Work broadcast(Buffer buf, int root, Mode mode) override {
+    check_counts("broadcast", buf, buf, buf.count, buf.count);
+    check_root("broadcast", root);
+    const int n = as_int(buf.count, "broadcast");
+    auto st = stage(buf, buf);
+    auto dt = datatype(buf.dtype);
+    return launch("broadcast", buf.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      return r ? MPI_Ibcast(s.recv, n, dt, root, comm_, r) : MPI_Bcast(s.recv, n, dt, root, comm_);
+    });
+  }
+
+  Work all_to_all(Buffer send, Buffer recv, Mode mode) override {
+    check_counts("all_to_all", send, recv, recv.count, send.count);
+    if (send.count % size_)
+      fail_usage("all_to_all: " + std::to_string(send.count) + " elements do not split into " +
+                 std::to_string(size_) + " equal blocks");
+    const int n = as_int(send.count / size_, "all_to_all");
+    Buffer in = send;
+    std::shared_ptr<void> tmp;
+    if (overlaps(send, recv)) {  // in place: send from a copy
+      tmp = std::shared_ptr<void>(std::malloc(send.bytes() ? send.bytes() : 1), std::free);
+      copy_from(tmp.get(), send);
+      in = {tmp.get(), send.count, send.dtype, Device::cpu()};
+    }
+    auto st = stage(in, recv);
+    if (tmp) st.keep.push_back(tmp);
+    auto dt = datatype(send.dtype);
+    return launch("all_to_all", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      return r ? MPI_Ialltoall(s.send, n, dt, s.recv, n, dt, comm_, r)
+               : MPI_Alltoall(s.send, n, dt, s.recv, n, dt, comm_);
+    });
+  }
+
+  Work send(Buffer buf, int peer, int tag, Mode mode) override {
+    check_root("send", peer);
+    const int n = as_int(buf.count, "send");
+    Staging st;
+    st.send = buf.data;
+    if (buf.device.is_cuda()) {
+      auto block = pinned_pool().get(buf.bytes());
+      cuda::memcpy(block.get(), buf.data, buf.bytes());
+      st.send = block.get();
+      st.keep.push_back(block);
+    }
+    auto dt = datatype(buf.dtype);
+    return launch("send", buf.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      return r ? MPI_Isend(s.send, n, dt, peer, tag, comm_, r) : MPI_Send(s.send, n, dt, peer, tag, comm_);
+    });
+  }
+
+  Work recv(Buffer buf, int peer, int tag, Mode mode) override {
+    check_root("recv", peer);
+    const int n = as_int(buf.count, "recv");
+    Staging st;
+    st.recv = buf.data;
+    if (buf.device.is_cuda()) {
+      auto block = pinned_pool().get(buf.bytes());
+      st.recv = block.get();
+      st.keep.push_back(block);
+      st.on_done.push_back([buf, host = block.get()] { cuda::memcpy(buf.data, host, buf.bytes()); });
+    }
+    auto dt = datatype(buf.dtype);
+    return launch("recv", buf.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
+      return r ? MPI_Irecv(s.recv, n, dt, peer, tag, comm_, r)
+               : MPI_Recv(s.recv, n, dt, peer, tag, comm_, MPI_STATUS_IGNORE);
+    });
+  }
+
+  Work barrier(Mode mode) override {
+    return launch("barrier", 0, mode, Staging{}, [this](Staging&, MPI_Request* r) {
+      return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
+    });
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "split");
+    return make_mpi_communicator(sub, true);
+  }
+
+ private:
+  // Runs call(staging, nullptr) (blocking, no allocation) or call(staging, &request) (nonblocking).
+  template <typename Call>
+  Work launch(const char* what, size_t bytes, Mode mode, Staging st, Call call, std::vector<int> ints = {}) {
+    if (mode == Mode::sync) {
+      {
+        watchdog::Scope scope(what, bytes);
+        check_mpi(call(st, nullptr), what);
+      }
+      for (auto& f : st.on_done) f();
+      return Work();
+    }
+    auto w = std::make_shared<MpiWork>();
+    w->what = what;
+    w->bytes = bytes;
+    w->staging = std::move(st);
+    w->ints = std::move(ints);
+    check_mpi(call(w->staging, &w->req), what);
+    return Work(std::move(w));
+  }
+
+  size_t check_v(const char* op, const std::vector<size_t>& counts) const {
+    if (counts.size() != static_cast<size_t>(size_))
+      fail_usage(std::string(op) + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(size_) +
+                 " ranks");
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return total;
+  }
+
+  // avg: divide the host result first, before any copy of it to its final place.
+  void add_divide(Staging& st, const Buffer& recv, void* host, size_t count) {
+    const int n = size_;
+    const DType t = recv.dtype;
+    st.on_done.insert(st.on_done.begin(), [t, host, count, n] { post_divide(t, host, count, n); });
+  }
+
+  static void copy_to(const Buffer& dst, const void* host) {
+    if (dst.device.is_cuda())
+      cuda::memcpy(dst.data, host, dst.bytes());
+    else
+      std::memcpy(dst.data, host, dst.bytes());
+  }
+  static void copy_from(void* host, const Buffer& src) {
+    if (src.device.is_cuda())
+      cuda::memcpy(host, src.data, src.bytes());
+    else
+      std::memcpy(host, src.data, src.bytes());
+  }
+
+  MPI_Comm comm_;
+  bool owned_;
+};
+
+}  // namespace
+
+void mpi_types_init() {
+  if (g_bf16 != MPI_DATATYPE_NULL) return;
+  MPI_Type_contiguous(2, MPI_BYTE, &g_bf16);
+  MPI_Type_commit(&g_bf16);
+  MPI_Type_contiguous(2, MPI_BYTE, &g_f16);
+  MPI_Type_commit(&g_f16);
+  MPI_Op_create(&half_reduce<true, 0>, 1, &g_half_ops[0][0]);
+  MPI_Op_create(&half_reduce<true, 1>, 1, &g_half_ops[0][1]);
+  MPI_Op_create(&half_reduce<true, 2>, 1, &g_half_ops[0][2]);
+  MPI_Op_create(&half_reduce<false, 0>, 1, &g_half_ops[1][0]);
+  MPI_Op_create(&half_reduce<false, 1>, 1, &g_half_ops[1][1]);
+  MPI_Op_create(&half_reduce<false, 2>, 1, &g_half_ops[1][2]);
+}
+
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned) {
+  mpi_types_init();
+  return std::make_shared<MpiCommunicator>(comm, owned);
+}
+
+}  // namespace dtk::comm

@@ -1,0 +1,270 @@
+// The NCCL backend: device buffers, operations on the communicator's own CUDA stream, which
+// first waits for the work already queued on the compute stream (the legacy default stream), so
+// the inputs are ready. Work::wait polls the completion event under the watchdog, and checks
+// NCCL's asynchronous errors while it waits.
+#include "dtk/comm/nccl/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <thread>
+
+#include "dtk/comm/watchdog.h"
+#include "dtk/core/error.h"
+
+namespace dtk::comm {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress) fail(std::string("NCCL ") + what + ": " + ncclGetErrorString(r));
+}
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(DType t, const char* op, bool reduces) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+    case DType::u16:
+      if (reduces) fail_usage(std::string(op) + ": NCCL cannot reduce u16; use the mpi backend or another dtype");
+      return ncclFloat16;  // moved, never reduced: any 2-byte type carries the bits
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+struct NcclWork final : Work::State {
+  cudaEvent_t event = nullptr;
+  ncclComm_t comm = nullptr;
+  const char* what = "";
+  size_t bytes = 0;
+  std::shared_ptr<void> keep;  // scratch memory alive until completion
+
+  ~NcclWork() override {
+    if (event) cudaEventDestroy(event);
+  }
+  bool test() override {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaErrorNotReady) {
+      check_async();
+      return false;
+    }
+    check_cuda(e, what);
+    keep.reset();
+    return true;
+  }
+  void wait() override {
+    watchdog::Scope scope(what, bytes);
+    while (!test()) std::this_thread::yield();
+  }
+  void check_async() {
+    ncclResult_t r = ncclSuccess;
+    ncclCommGetAsyncError(comm, &r);
+    check_nccl(r, what);
+  }
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int local_rank, int local_size) : comm_(comm) {
+    int n = 0, r = 0;
+    check_nccl(ncclCommCount(comm_, &n), "comm count");
+    check_nccl(ncclCommUserRank(comm_, &r), "comm rank");
+    size_ = n;
+    rank_ = r;
+    local_rank_ = local_rank;
+    local_size_ = local_size;
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event");
+  }
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Backend backend() const override { return Backend::nccl; }
+  bool accepts(const Device& d) const override { return d.is_cuda(); }
+
+  Work all_reduce(Buffer send, Buffer recv, ReduceOp op, Mode mode) override {
+    check_counts("all_reduce", send, recv, recv.count, send.count);
+    auto t = nccl_type(send.dtype, "all_reduce", true);
+    return enqueue("all_reduce", send.bytes(), mode, [&] {
+      return ncclAllReduce(send.data, recv.data, send.count, t, nccl_op(op), comm_, stream_);
+    });
+  }
+  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op, Mode mode) override {
+    check_counts("reduce_scatter", send, recv, recv.count * size_, recv.count);
+    auto t = nccl_type(send.dtype, "reduce_scatter", true);
+    return enqueue("reduce_scatter", send.bytes(), mode, [&] {
+      return ncclReduceScatter(send.data, recv.data, recv.count, t, nccl_op(op), comm_, stream_);
+    });
+  }
+  Work all_gather(Buffer send, Buffer recv, Mode mode) override {
+    check_counts("all_gather", send, recv, send.count, send.count * size_);
+    auto t = nccl_type(send.dtype, "all_gather", false);
+    return enqueue("all_gather", recv.bytes(), mode, [&] {
+      return ncclAllGather(send.data, recv.data, send.count, t, comm_, stream_);
+    });
+  }
+  // Uneven collectives as one group of rooted operations: a reduce to each rank of its block,
+  // a broadcast from each rank of its block.
+  Work reduce_scatter_v(Buffer send, Buffer recv, const std::vector<size_t>& counts, ReduceOp op,
+                        Mode mode) override {
+    const auto offs = offsets("reduce_scatter_v", counts);
+    check_counts("reduce_scatter_v", send, recv, offs.back(), counts[rank_]);
+    auto t = nccl_type(send.dtype, "reduce_scatter_v", true);
+    const size_t es = dtype_size(send.dtype);
+    return enqueue("reduce_scatter_v", send.bytes(), mode, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int q = 0; q < size_ && r == ncclSuccess; ++q)
+        r = ncclReduce(static_cast<char*>(send.data) + offs[q] * es, recv.data, counts[q], t, nccl_op(op), q, comm_,
+                       stream_);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  Work all_gather_v(Buffer send, Buffer recv, const std::vector<size_t>& counts, Mode mode) override {
+    const auto offs = offsets("all_gather_v", counts);
+    check_counts("all_gather_v", send, recv, counts[rank_], offs.back());
+    auto t = nccl_type(send.dtype, "all_gather_v", false);
+    const size_t es = dtype_size(send.dtype);
+    return enqueue("all_gather_v", recv.bytes(), mode, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int q = 0; q < size_ && r == ncclSuccess; ++q)
+        r = ncclBroadcast(send.data, static_cast<char*>(recv.data) + offs[q] * es, counts[q], t, q, comm_, stream_);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  Work broadcast(Buffer buf, int root, Mode mode) override {
+    check_counts("broadcast", buf, buf, buf.count, buf.count);
+    check_root("broadcast", root);
+    auto t = nccl_type(buf.dtype, "broadcast", false);
+    return enqueue("broadcast", buf.bytes(), mode,
+                   [&] { return ncclBroadcast(buf.data, buf.data, buf.count, t, root, comm_, stream_); });
+  }
+  Work all_to_all(Buffer send, Buffer recv, Mode mode) override {
+    check_counts("all_to_all", send, recv, recv.count, send.count);
+    if (send.count % size_)
+      fail_usage("all_to_all: " + std::to_string(send.count) + " elements do not split into " +
+                 std::to_string(size_) + " equal blocks");
+    auto t = nccl_type(send.dtype, "all_to_all", false);
+    const size_t block = send.count / size_, bb = block * dtype_size(send.dtype);
+    std::shared_ptr<void> scratch;
+    const char* src = static_cast<const char*>(send.data);
+    if (send.data == recv.data && send.bytes()) {  // in place: send from a device copy
+      void* p = cuda::malloc_device(send.bytes());
+      scratch = std::shared_ptr<void>(p, [](void* q) { cuda::free_device(q); });
+      check_cuda(cudaMemcpyAsync(p, send.data, send.bytes(), cudaMemcpyDeviceToDevice, stream_), "copy");
+      src = static_cast<const char*>(p);
+    }
+    return enqueue("all_to_all", send.bytes(), mode, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int q = 0; q < size_ && r == ncclSuccess; ++q) {
+        r = ncclSend(src + q * bb, block, t, q, comm_, stream_);
+        if (r == ncclSuccess) r = ncclRecv(static_cast<char*>(recv.data) + q * bb, block, t, q, comm_, stream_);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    }, scratch);
+  }
+  // NCCL matches point-to-point operations by order, not by tag.
+  Work send(Buffer buf, int peer, int, Mode mode) override {
+    check_root("send", peer);
+    auto t = nccl_type(buf.dtype, "send", false);
+    return enqueue("send", buf.bytes(), mode, [&] { return ncclSend(buf.data, buf.count, t, peer, comm_, stream_); });
+  }
+  Work recv(Buffer buf, int peer, int, Mode mode) override {
+    check_root("recv", peer);
+    auto t = nccl_type(buf.dtype, "recv", false);
+    return enqueue("recv", buf.bytes(), mode, [&] { return ncclRecv(buf.data, buf.count, t, peer, comm_, stream_); });
+  }
+  Work barrier(Mode mode) override {
+    if (!scratch_) scratch_ = cuda::malloc_device(sizeof(float));
+    return enqueue("barrier", 0, mode,
+                   [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+  }
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split");
+    return std::make_shared<NcclCommunicator>(sub, local_rank_, local_size_);
+  }
+
+ private:
+  template <typename Call>
+  Work enqueue(const char* what, size_t bytes, Mode mode, Call call, std::shared_ptr<void> keep = {}) {
+    check_cuda(cudaEventRecord(ready_, nullptr), "event record");  // inputs queued on the compute stream
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "stream wait");
+    check_nccl(call(), what);
+    auto w = std::make_shared<NcclWork>();
+    w->comm = comm_;
+    w->what = what;
+    w->bytes = bytes;
+    w->keep = std::move(keep);
+    check_cuda(cudaEventCreateWithFlags(&w->event, cudaEventDisableTiming), "event");
+    check_cuda(cudaEventRecord(w->event, stream_), "event record");
+    if (mode == Mode::sync) {
+      w->wait();
+      return Work();
+    }
+    return Work(std::move(w));
+  }
+  std::vector<size_t> offsets(const char* op, const std::vector<size_t>& counts) const {
+    if (counts.size() != static_cast<size_t>(size_))
+      fail_usage(std::string(op) + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(size_) +
+                 " ranks");
+    std::vector<size_t> offs(size_ + 1, 0);
+    for (int i = 0; i < size_; ++i) offs[i + 1] = offs[i] + counts[i];
+    return offs;
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  void* scratch_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, bool mpi_initialized) {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  ncclUniqueId id;
+  if (mpi_initialized) {
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MPI_Comm node;
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    if (rank == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm);
+  } else {
+    check_nccl(ncclGetUniqueId(&id), "unique id");
+  }
+  ncclComm_t c = nullptr;
+  {
+    watchdog::Scope scope("NCCL communicator set-up", 0);
+    check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
+  }
+  return std::make_shared<NcclCommunicator>(c, local_rank, local_size);
+}
+
+}  // namespace dtk::comm

@@ -1,0 +1,13 @@
+// The NCCL backend (internal to comm; built with the CUDA backend when NCCL is found).
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+
+#include "dtk/comm/comm.h"
+
+namespace dtk::comm {
+// Over the ranks of `comm` (the unique id travels by MPI_Bcast); mpi_initialized false gives a
+// world of one without MPI. The calling rank's GPU must be set already.
+std::shared_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, bool mpi_initialized);
+}

@@ -1,0 +1,163 @@
+// The process-wide runtime: MPI set-up (only when a launcher started us, or a backend needs it),
+// launcher checks, the watchdog and the world communicators.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "dtk/comm/comm.h"
+#include "dtk/comm/local/local_comm.h"
+#include "dtk/comm/mpi/mpi_comm.h"
+#include "dtk/comm/watchdog.h"
+#include "dtk/core/error.h"
+#ifdef DTK_HAVE_NCCL
+#include "dtk/comm/nccl/nccl_comm.h"
+#endif
+
+namespace dtk::comm {
+namespace {
+Runtime* g_runtime = nullptr;
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+}  // namespace
+
+Runtime::Runtime(int* argc, char*** argv, Options opts)
+    : opts_(opts), launcher_(detect_launcher()), argc_(argc), argv_(argv) {
+  if (g_runtime) fail("dtk::comm::Runtime: only one runtime per process");
+  g_runtime = this;
+  if (launcher_ != Launcher::singleton) init_mpi();
+  watchdog::start(opts_.timeout_s, rank_);
+}
+
+Runtime::~Runtime() {
+  mpi_world_.reset();
+  nccl_world_.reset();
+  local_world_.reset();
+  watchdog::stop();
+  if (mpi_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+  g_runtime = nullptr;
+}
+
+Runtime& Runtime::get() {
+  if (!g_runtime) fail("dtk::comm::Runtime::get: no runtime exists (create one first in main)");
+  return *g_runtime;
+}
+
+void Runtime::set_timeout(double timeout_s) {
+  if (!(timeout_s > 0)) fail_usage("the communication timeout must be positive, got " + std::to_string(timeout_s));
+  opts_.timeout_s = timeout_s;
+  watchdog::set_timeout(timeout_s);
+}
+
+void Runtime::init_mpi() {
+  if (mpi_) return;
+  int provided = 0;
+  MPI_Init_thread(argc_, argv_, MPI_THREAD_FUNNELED, &provided);
+  mpi_ = true;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_free(&node);
+  mpi_types_init();
+}
+
+void Runtime::check_launch() const {
+  if (launcher_ == Launcher::srun) {
+    const int tasks = env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 1));
+    if (tasks > 1 && size_ == 1)
+      fail_usage("srun started " + std::to_string(tasks) +
+                 " tasks but MPI sees a world of 1 in each: this MPI did not reach SLURM's process manager. "
+                 "Run `srun --mpi=pmix ...` (see `srun --mpi=list`), or start the job with mpiexec.");
+  }
+}
+
+Backend Runtime::resolve(Backend b, Device d) const {
+  if (b != Backend::automatic) return b;
+#ifdef DTK_HAVE_NCCL
+  if (d.is_cuda() && cuda::device_count() > 0) return Backend::nccl;
+#else
+  (void)d;
+#endif
+  return mpi_ ? Backend::mpi : Backend::local;
+}
+
+std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
+  switch (resolve(b, d)) {
+    case Backend::local:
+      if (size_ > 1)
+        fail_usage("the local backend is a world of one, but this job has " + std::to_string(size_) + " ranks");
+      if (!local_world_) local_world_ = make_local_communicator();
+      return local_world_;
+    case Backend::mpi:
+      init_mpi();
+      if (!mpi_world_) mpi_world_ = make_mpi_communicator(MPI_COMM_WORLD, false);
+      return mpi_world_;
+    case Backend::nccl:
+#ifdef DTK_HAVE_NCCL
+      if (!nccl_world_) {
+        const int n = cuda::device_count();
+        if (n == 0) fail_usage("the nccl backend needs a GPU, and this rank sees none; use --backend mpi");
+        cuda::set_device(local_rank_ % n);
+        nccl_world_ = make_nccl_communicator(MPI_COMM_WORLD, mpi_);
+      }
+      return nccl_world_;
+#else
+      fail_usage("the nccl backend is not in this build (no CUDA or no NCCL at build time); use --backend mpi");
+#endif
+    case Backend::automatic: break;
+  }
+  fail("unreachable backend");
+}
+
+int Runtime::max_over_ranks(int v) {
+  if (!mpi_ || size_ == 1) return v;
+  watchdog::Scope scope("exit-code agreement", sizeof(int));
+  int out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+int Runtime::broadcast_int(int v, int root) {
+  if (!mpi_ || size_ == 1) return v;
+  watchdog::Scope scope("broadcast of an int", sizeof(int));
+  MPI_Bcast(&v, 1, MPI_INT, root, MPI_COMM_WORLD);
+  return v;
+}
+
+std::vector<std::string> Runtime::gather_strings(const std::string& mine) {
+  constexpr size_t kLen = 256;
+  std::vector<char> send(kLen, 0), recv(kLen * size_, 0);
+  mine.copy(send.data(), kLen - 1);
+  if (mpi_ && size_ > 1) {
+    watchdog::Scope scope("gather of rank names", recv.size());
+    MPI_Allgather(send.data(), kLen, MPI_CHAR, recv.data(), kLen, MPI_CHAR, MPI_COMM_WORLD);
+  } else {
+    recv = send;
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < size_; ++r) out.emplace_back(recv.data() + r * kLen);
+  return out;
+}
+
+std::string Runtime::hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+void Runtime::abort(int code) {
+  if (mpi_ && size_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+}  // namespace dtk::comm

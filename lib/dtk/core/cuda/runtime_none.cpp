@@ -1,0 +1,25 @@
+// core::cuda for builds without the CUDA backend (DTK_WITH_CUDA=OFF or no nvcc): no device
+// exists, and asking for device memory is an error that says how to get a CUDA build.
+#include "dtk/core/device.h"
+#include "dtk/core/error.h"
+
+namespace dtk::cuda {
+namespace {
+[[noreturn]] void no_cuda() {
+  fail_usage("this dtk was built without the CUDA backend; rebuild with nvcc present (DTK_WITH_CUDA=AUTO or ON) to use --device cuda");
+}
+}  // namespace
+
+bool compiled() { return false; }
+int device_count() { return 0; }
+void set_device(int) { no_cuda(); }
+int current_device() { no_cuda(); }
+std::string device_name(int) { no_cuda(); }
+void* malloc_device(size_t) { no_cuda(); }
+void free_device(void*) {}
+void* malloc_pinned(size_t) { no_cuda(); }
+void free_pinned(void*) {}
+void memcpy(void*, const void*, size_t) { no_cuda(); }
+void synchronize() {}
+
+}  // namespace dtk::cuda

@@ -1,0 +1,123 @@
+#include "dtk/core/dtype.h"
+
+#include <cmath>
+
+#include "dtk/core/error.h"
+
+namespace dtk {
+
+void fail(const std::string& what) { throw Error(what); }
+void fail_usage(const std::string& what) { throw UsageError(what); }
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::bf16:
+    case DType::f16:
+    case DType::u16: return 2;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
+    case DType::u16: return "u16";
+  }
+  return "?";
+}
+
+DType parse_dtype(std::string_view s) {
+  struct Alias { std::string_view name; DType t; };
+  static constexpr Alias aliases[] = {
+      {"f32", DType::f32},   {"float", DType::f32},     {"float32", DType::f32},
+      {"f64", DType::f64},   {"double", DType::f64},    {"float64", DType::f64},
+      {"bf16", DType::bf16}, {"bfloat16", DType::bf16}, {"f16", DType::f16},
+      {"half", DType::f16},  {"float16", DType::f16},   {"i32", DType::i32},
+      {"int32", DType::i32}, {"int", DType::i32},       {"i64", DType::i64},
+      {"int64", DType::i64}, {"u8", DType::u8},         {"uint8", DType::u8},
+      {"u16", DType::u16},   {"uint16", DType::u16}};
+  for (const auto& a : aliases)
+    if (a.name == s) return a.t;
+  fail_usage("unknown dtype '" + std::string(s) + "' (expected f32, f64, bf16, f16, i32, i64, u8 or u16)");
+}
+
+bool dtype_is_float(DType t) {
+  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
+}
+
+uint16_t float_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (absx < 0x38800000u) {  // result is subnormal (or zero): value / 2^-24, rounded
+    const float a = std::fabs(f) * 16777216.0f;  // exact scaling by 2^24
+    // nearbyint rounds half to even in the default rounding mode
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a)));
+  }
+  // normal: rebias exponent 127 -> 15, round mantissa 23 -> 10 bits to nearest even
+  uint32_t r = absx - 0x38000000u;
+  r += 0xfffu + ((r >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+double load_as_double(DType t, const void* data, size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(data)[i];
+    case DType::f64: return static_cast<const double*>(data)[i];
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::i32: return static_cast<const int32_t*>(data)[i];
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::u8: return static_cast<const uint8_t*>(data)[i];
+    case DType::u16: return static_cast<const uint16_t*>(data)[i];
+  }
+  return 0;
+}
+
+void store_from_double(DType t, void* data, size_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
+    case DType::f64: static_cast<double*>(data)[i] = v; break;
+    // double -> float -> 16 bit can round twice; every caller stores values exact in float
+    case DType::bf16: static_cast<uint16_t*>(data)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: static_cast<uint16_t*>(data)[i] = float_to_f16(static_cast<float>(v)); break;
+    case DType::i32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(static_cast<int64_t>(v)); break;
+    case DType::i64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
+    case DType::u8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
+    case DType::u16: static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(static_cast<int64_t>(v)); break;
+  }
+}
+
+}  // namespace dtk

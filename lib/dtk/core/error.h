@@ -1,0 +1,27 @@
+// Errors shared by every module. Two kinds, because programs map them to different exit codes:
+// UsageError is bad usage or bad input (exit 2), Error is a failure while running (exit 1).
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace dtk {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+[[noreturn]] void fail(const std::string& what);        // throws Error
+[[noreturn]] void fail_usage(const std::string& what);  // throws UsageError
+
+#define DTK_CHECK(cond, msg)                      \
+  do {                                            \
+    if (!(cond)) ::dtk::fail(std::string(msg));   \
+  } while (0)
+
+}  // namespace dtk
