@@ -76,11 +76,7 @@ const Collective kCollectives[] = {
      same_place,
      [](Communicator& c, const Buffer& s, const Buffer& r, const Params& p, Mode m) {
        const int next = (p.rank + 1) % p.nranks, prev = (p.rank - 1 + p.nranks) % p.nranks;
-       Work rw = c.recv(r, prev, 0, Mode::async);
-       Work sw = c.send(s, next, 0, m);
-       sw.wait();
-       rw.wait();
-       return Work();
+       return c.send_recv(s, next, r, prev, 0, m);
      },
      [](const Params& p, const Counts&, size_t i) {
        return input_value(p.dtype, (p.rank - 1 + p.nranks) % p.nranks, i);

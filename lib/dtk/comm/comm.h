@@ -97,8 +97,11 @@ class Communicator {
   virtual Work broadcast(Buffer buf, int root, Mode mode = Mode::async) = 0;
   // send.count == recv.count == size() * block; block r of send goes to rank r.
   virtual Work all_to_all(Buffer send, Buffer recv, Mode mode = Mode::async) = 0;
+  // Point to point. NCCL matches by order, not tag; a ring (everyone sends to the next and
+  // receives from the previous) must use send_recv, which NCCL runs as one group.
   virtual Work send(Buffer buf, int peer, int tag = 0, Mode mode = Mode::async) = 0;
   virtual Work recv(Buffer buf, int peer, int tag = 0, Mode mode = Mode::async) = 0;
+  virtual Work send_recv(Buffer send, int dst, Buffer recv, int src, int tag = 0, Mode mode = Mode::async) = 0;
   virtual Work barrier(Mode mode = Mode::sync) = 0;
 
   // Ranks with the same colour form a new communicator, ordered by key (then by rank).

@@ -134,6 +134,7 @@ struct Staging {
   void* recv = nullptr;
   std::vector<std::shared_ptr<void>> keep;
   std::vector<std::function<void()>> on_done;  // in order
+  std::vector<int> ints;  // counts and displacements of v-collectives, alive until completion
 };
 
 // Host pointers for send and recv: the buffers themselves on the host; pinned copies for device
@@ -175,22 +176,21 @@ Staging stage(const Buffer& send, const Buffer& recv, bool copy_recv_in = false)
 }
 
 struct MpiWork final : Work::State {
-  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // send_recv uses two
   const char* what = "";
   size_t bytes = 0;
   Staging staging;
-  std::vector<int> ints;  // counts and displacements of v-collectives, alive until completion
 
   bool test() override {
     int flag = 0;
-    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+    check_mpi(MPI_Testall(2, req, &flag, MPI_STATUSES_IGNORE), what);
     if (flag) finish();
     return flag != 0;
   }
   void wait() override {
     {
       watchdog::Scope scope(what, bytes);
-      check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
+      check_mpi(MPI_Waitall(2, req, MPI_STATUSES_IGNORE), what);
     }
     finish();
   }
@@ -289,12 +289,13 @@ class MpiCommunicator final : public Communicator {
       st.on_done.push_back([recv, tmp] { copy_to(recv, tmp.get()); });
     }
     if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
+    st.ints = std::move(ints);
     auto dt = datatype(send.dtype);
     auto mop = mpi_op(send.dtype, op);
     return launch("reduce_scatter_v", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
-      return r ? MPI_Ireduce_scatter(s.send, s.recv, ints.data(), dt, mop, comm_, r)
-               : MPI_Reduce_scatter(s.send, s.recv, ints.data(), dt, mop, comm_);
-    }, std::move(ints));
+      return r ? MPI_Ireduce_scatter(s.send, s.recv, s.ints.data(), dt, mop, comm_, r)
+               : MPI_Reduce_scatter(s.send, s.recv, s.ints.data(), dt, mop, comm_);
+    });
   }
 
   Work all_gather_v(Buffer send, Buffer recv, const std::vector<size_t>& counts, Mode mode) override {
@@ -311,15 +312,16 @@ class MpiCommunicator final : public Communicator {
     for (int i = 0; i < rank_; ++i) my_off += counts[i];
     const bool inplace = send.data == static_cast<char*>(recv.data) + my_off * dtype_size(send.dtype);
     auto st = stage(send, recv);
-    auto dt = datatype(send.dtype);
     const int n = ints[rank_];
+    st.ints = std::move(ints);
+    auto dt = datatype(send.dtype);
     const int size = size_;
     return launch("all_gather_v", recv.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       const void* sb = inplace ? MPI_IN_PLACE : s.send;
-      const int* c = ints.data();
+      const int* c = s.ints.data();
       return r ? MPI_Iallgatherv(sb, n, dt, s.recv, c, c + size, dt, comm_, r)
                : MPI_Allgatherv(sb, n, dt, s.recv, c, c + size, dt, comm_);
-    }, std::move(ints));
+    });
   }
 
   Work broadcast(Buffer buf, int root, Mode mode) override {
@@ -390,6 +392,22 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  Work send_recv(Buffer sbuf, int dst, Buffer rbuf, int src, int tag, Mode mode) override {
+    check_root("send_recv", dst);
+    check_root("send_recv", src);
+    if (sbuf.dtype != rbuf.dtype) fail_usage("send_recv: send and receive buffers differ in dtype");
+    const int ns = as_int(sbuf.count, "send_recv"), nr = as_int(rbuf.count, "send_recv");
+    auto st = stage(sbuf, rbuf);
+    auto dt = datatype(sbuf.dtype);
+    return launch("send_recv", sbuf.bytes() + rbuf.bytes(), mode, std::move(st),
+                  [=, this](Staging& s, MPI_Request* r) {
+                    if (!r)
+                      return MPI_Sendrecv(s.send, ns, dt, dst, tag, s.recv, nr, dt, src, tag, comm_, MPI_STATUS_IGNORE);
+                    const int rc = MPI_Irecv(s.recv, nr, dt, src, tag, comm_, &r[0]);
+                    return rc != MPI_SUCCESS ? rc : MPI_Isend(s.send, ns, dt, dst, tag, comm_, &r[1]);
+                  });
+  }
+
   Work barrier(Mode mode) override {
     return launch("barrier", 0, mode, Staging{}, [this](Staging&, MPI_Request* r) {
       return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
@@ -405,7 +423,7 @@ class MpiCommunicator final : public Communicator {
  private:
   // Runs call(staging, nullptr) (blocking, no allocation) or call(staging, &request) (nonblocking).
   template <typename Call>
-  Work launch(const char* what, size_t bytes, Mode mode, Staging st, Call call, std::vector<int> ints = {}) {
+  Work launch(const char* what, size_t bytes, Mode mode, Staging st, Call call) {
     if (mode == Mode::sync) {
       {
         watchdog::Scope scope(what, bytes);
@@ -418,8 +436,7 @@ class MpiCommunicator final : public Communicator {
     w->what = what;
     w->bytes = bytes;
     w->staging = std::move(st);
-    w->ints = std::move(ints);
-    check_mpi(call(w->staging, &w->req), what);
+    check_mpi(call(w->staging, w->req), what);
     return Work(std::move(w));
   }
 

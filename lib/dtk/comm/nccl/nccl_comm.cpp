@@ -196,6 +196,19 @@ class NcclCommunicator final : public Communicator {
     auto t = nccl_type(buf.dtype, "recv", false);
     return enqueue("recv", buf.bytes(), mode, [&] { return ncclRecv(buf.data, buf.count, t, peer, comm_, stream_); });
   }
+  Work send_recv(Buffer sbuf, int dst, Buffer rbuf, int src, int, Mode mode) override {
+    check_root("send_recv", dst);
+    check_root("send_recv", src);
+    if (sbuf.dtype != rbuf.dtype) fail_usage("send_recv: send and receive buffers differ in dtype");
+    auto t = nccl_type(sbuf.dtype, "send_recv", false);
+    return enqueue("send_recv", sbuf.bytes() + rbuf.bytes(), mode, [&] {
+      ncclResult_t r = ncclGroupStart();
+      if (r == ncclSuccess) r = ncclSend(sbuf.data, sbuf.count, t, dst, comm_, stream_);
+      if (r == ncclSuccess) r = ncclRecv(rbuf.data, rbuf.count, t, src, comm_, stream_);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
   Work barrier(Mode mode) override {
     if (!scratch_) scratch_ = cuda::malloc_device(sizeof(float));
     return enqueue("barrier", 0, mode,

@@ -1,0 +1,145 @@
+// Every collective x dtype x reduction x mode on host buffers, over the mpi backend (and the local
+// backend in a world of one). Run under mpiexec -n 1, 2 and 4 (see tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include "../common/comm_checks.h"
+#include "dtk/core/error.h"
+
+namespace dtk::testing {
+namespace {
+
+using comm::Backend;
+using comm::Runtime;
+
+std::vector<std::shared_ptr<Communicator>> communicators() {
+  std::vector<std::shared_ptr<Communicator>> out{Runtime::get().world(Backend::mpi)};
+  if (Runtime::get().size() == 1) out.push_back(Runtime::get().world(Backend::local));
+  return out;
+}
+
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+const Mode kModes[] = {Mode::sync, Mode::async};
+const size_t kCounts[] = {0, 1, 7, 1003};
+
+TEST(Comm, Topology) {
+  for (auto& c : communicators()) {
+    EXPECT_EQ(c->size(), Runtime::get().size());
+    EXPECT_EQ(c->rank(), Runtime::get().rank());
+    EXPECT_GE(c->local_rank(), 0);
+    EXPECT_LT(c->local_rank(), c->local_size());
+  }
+}
+
+TEST(Comm, AllReduce) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (ReduceOp op : kOps)
+        for (Mode m : kModes)
+          for (size_t n : kCounts)
+            for (bool inplace : {false, true}) check_all_reduce(*c, Device::cpu(), t, op, n, m, inplace);
+}
+
+TEST(Comm, ReduceScatter) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (ReduceOp op : kOps)
+        for (Mode m : kModes)
+          for (size_t n : {0, 1, 7, 333})
+            for (bool inplace : {false, true}) check_reduce_scatter(*c, Device::cpu(), t, op, n, m, inplace);
+}
+
+TEST(Comm, AllGather) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (Mode m : kModes)
+        for (size_t n : {0, 1, 7, 333})
+          for (bool inplace : {false, true}) check_all_gather(*c, Device::cpu(), t, n, m, inplace);
+}
+
+TEST(Comm, UnevenReduceScatterAndAllGather) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (Mode m : kModes)
+        for (size_t extra : {0, 1, 5}) {
+          for (ReduceOp op : kOps) check_reduce_scatter_v(*c, Device::cpu(), t, op, extra, m);
+          check_all_gather_v(*c, Device::cpu(), t, extra, m);
+        }
+}
+
+TEST(Comm, Broadcast) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (Mode m : kModes)
+        for (int root = 0; root < c->size(); ++root)
+          for (size_t n : kCounts) check_broadcast(*c, Device::cpu(), t, root, n, m);
+}
+
+TEST(Comm, AllToAll) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (Mode m : kModes)
+        for (size_t block : {0, 1, 7, 100})
+          for (bool inplace : {false, true}) check_all_to_all(*c, Device::cpu(), t, block, m, inplace);
+}
+
+TEST(Comm, SendRecvRing) {
+  for (auto& c : communicators())
+    for (DType t : kAllDTypes)
+      for (size_t n : kCounts)
+        for (Mode m : kModes)
+          for (bool separate : {false, true}) check_send_recv(*c, Device::cpu(), t, n, m, separate);
+}
+
+TEST(Comm, ManyOperationsInFlight) {
+  for (auto& c : communicators()) {
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(100));
+    std::vector<comm::Work> works;
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      for (size_t i = 0; i < 100; ++i) bufs[k][i] = static_cast<float>(k + i + c->rank());
+      works.push_back(c->all_reduce({bufs[k].data(), 100, DType::f32, {}}, {bufs[k].data(), 100, DType::f32, {}},
+                                    ReduceOp::sum));
+    }
+    comm::wait_all(works);
+    const int n = c->size();
+    int wrong = 0;
+    for (size_t k = 0; k < bufs.size(); ++k)
+      for (size_t i = 0; i < 100; ++i) wrong += bufs[k][i] != static_cast<float>(n * (k + i) + n * (n - 1) / 2);
+    EXPECT_EQ(wrong, 0);
+    c->barrier();
+    c->barrier(Mode::async).wait();
+  }
+}
+
+TEST(Comm, SplitByColour) {
+  for (auto& c : communicators()) {
+    // Two colours, ranks ordered backwards inside each.
+    auto sub = c->split(c->rank() % 2, -c->rank());
+    const int colour_size = (c->size() + 1 - c->rank() % 2) / 2;
+    EXPECT_EQ(sub->size(), colour_size);
+    EXPECT_EQ(sub->rank(), colour_size - 1 - c->rank() / 2);
+    int64_t v = c->rank(), sum = 0;
+    sub->all_reduce({&v, 1, DType::i64, {}}, {&sum, 1, DType::i64, {}}, ReduceOp::sum, Mode::sync);
+    int64_t want = 0;
+    for (int r = c->rank() % 2; r < c->size(); r += 2) want += r;
+    EXPECT_EQ(sum, want);
+    check_all_reduce(*sub, Device::cpu(), DType::bf16, ReduceOp::sum, 7, Mode::async, false);
+  }
+}
+
+TEST(Comm, BadArgumentsAreUsageErrors) {
+  for (auto& c : communicators()) {
+    std::vector<float> a(8), b(3);
+    Buffer A{a.data(), 8, DType::f32, {}}, B{b.data(), 3, DType::f32, {}};
+    EXPECT_THROW(c->all_reduce(A, B, ReduceOp::sum), UsageError);
+    EXPECT_THROW(c->all_gather(A, B, Mode::sync), UsageError);
+    EXPECT_THROW(c->broadcast(A, c->size()), UsageError);
+    EXPECT_THROW(c->send(A, -1), UsageError);
+    Buffer I{a.data(), 8, DType::i32, {}};
+    EXPECT_THROW(c->all_reduce(A, I, ReduceOp::sum), UsageError);
+    EXPECT_THROW(c->reduce_scatter_v(A, B, {1}, ReduceOp::sum), UsageError);
+    EXPECT_THROW(c->all_to_all(A, B), UsageError);
+  }
+}
+
+}  // namespace
+}  // namespace dtk::testing
