@@ -14,11 +14,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for dtype in f32 f64 bf16 f16 i32 i64 u8 u16; do
   for redop in sum avg max min; do
     inplace=""; case $redop in avg|min) inplace=--inplace;; esac
-    {
-      name="--op all -d $dtype -o $redop $inplace"
-      out=$($run --op all -b 0 -e 40K -f 5 -n 2 -w 1 -c 2 -d $dtype -o $redop $inplace 2>&1); rc=$?
-      if [ $rc -eq 0 ] && grep -q '^# wrong elements: 0$' <<<"$out"; then ok "$name"; else bad "$name (exit $rc)" "$out"; fi
-    done
+    name="--op all -d $dtype -o $redop $inplace"
+    out=$($run --op all -b 0 -e 40K -f 5 -n 2 -w 1 -c 2 -d $dtype -o $redop $inplace 2>&1); rc=$?
+    if [ $rc -eq 0 ] && grep -q '^# wrong elements: 0$' <<<"$out"; then ok "$name"; else bad "$name (exit $rc)" "$out"; fi
   done
 done
 
