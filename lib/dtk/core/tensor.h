@@ -1,0 +1,120 @@
+// Tensor: a shape, a dtype and a device over reference-counted storage. Storage is contiguous
+// and row-major; views (reshape, slices along dim 0, select) share it at an offset. Host memory
+// is aligned to 64 bytes (vector loads); CUDA memory comes from a caching allocator over
+// cudaMalloc whose statistics (current, peak, reserved bytes) the programs report.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtk/core/device.h"
+#include "dtk/core/dtype.h"
+
+namespace dtk {
+
+using Shape = std::vector<int64_t>;
+int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);  // "[2, 3]"
+
+// A CUDA stream (cudaStream_t as an opaque handle); nullptr is the legacy default stream.
+struct Stream {
+  void* handle = nullptr;
+};
+
+struct MemoryStats {
+  size_t current = 0;   // bytes held by live tensors
+  size_t peak = 0;      // maximum of current since start or reset
+  size_t reserved = 0;  // bytes obtained from the device (cached included)
+  size_t allocations = 0;
+};
+MemoryStats memory_stats(Device d);
+void reset_peak_memory(Device d);
+void empty_cache(Device d);  // give cached CUDA blocks back to the driver
+
+class Storage {
+ public:
+  Storage(size_t bytes, Device d);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  size_t reserved_ = 0;  // size of the block actually held
+  Device device_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(const Shape& shape, DType t, Device d = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType t, Device d = Device::cpu());
+  static Tensor full(const Shape& shape, DType t, double value, Device d = Device::cpu());
+  // A tensor with a copy of host data (n = numel elements of type t).
+  static Tensor from_host(const void* data, const Shape& shape, DType t, Device d = Device::cpu());
+  static Tensor from_doubles(const std::vector<double>& v, const Shape& shape, DType t, Device d = Device::cpu());
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const;  // negative counts from the end
+  int64_t numel() const { return numel_; }
+  size_t bytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool is_cuda() const { return device_.is_cuda(); }
+
+  void* data() const { return static_cast<char*>(storage_->data()) + offset_; }
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(data());
+  }
+
+  // Views (share storage).
+  Tensor reshape(const Shape& shape) const;  // one -1 allowed
+  Tensor flatten() const { return reshape({numel_}); }
+  Tensor slice(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0
+  Tensor select(int64_t i) const;                  // row i of dim 0, without that dim
+  bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
+
+  // Copies.
+  Tensor to(Device d) const;   // same dtype
+  Tensor to(DType t) const;    // same device, cast (bf16/f16 round to nearest even)
+  Tensor clone() const;
+  void copy_from(const Tensor& src);  // same numel and dtype, any devices; synchronous
+  void copy_from_async(const Tensor& src, Stream s);  // device copies queued on s
+  std::vector<double> to_doubles() const;  // a host copy as doubles (tests, reports)
+  double item() const;                     // the one element, as a double
+
+  std::string str() const;  // "f32[2, 3] on cpu"
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;  // bytes
+  Shape shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::f32;
+  Device device_{};
+};
+
+// Shape and device checks used by ops: a clear UsageError naming the op and the tensors.
+void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
+void check_same_device(const char* op, const Tensor& a, const Tensor& b);
+void check_dtype(const char* op, const Tensor& a, std::initializer_list<DType> allowed);
+
+namespace cuda {
+Stream current_stream();             // the stream ops run on (per thread; default: legacy)
+void set_current_stream(Stream s);
+Stream create_stream();
+void destroy_stream(Stream s);
+void stream_synchronize(Stream s);
+void memcpy_async(void* dst, const void* src, size_t bytes, Stream s);
+}  // namespace cuda
+
+}  // namespace dtk
