@@ -55,7 +55,6 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& shape, DType t, Device d = Device::cpu());
   static Tensor zeros(const Shape& shape, DType t, Device d = Device::cpu());
-  static Tensor full(const Shape& shape, DType t, double value, Device d = Device::cpu());
   // A tensor with a copy of host data (n = numel elements of type t).
   static Tensor from_host(const void* data, const Shape& shape, DType t, Device d = Device::cpu());
   static Tensor from_doubles(const std::vector<double>& v, const Shape& shape, DType t, Device d = Device::cpu());
@@ -83,9 +82,8 @@ class Tensor {
   Tensor select(int64_t i) const;                  // row i of dim 0, without that dim
   bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
 
-  // Copies.
-  Tensor to(Device d) const;   // same dtype
-  Tensor to(DType t) const;    // same device, cast (bf16/f16 round to nearest even)
+  // Copies. Casts between dtypes are ops::cast (device kernels); these keep the dtype.
+  Tensor to(Device d) const;
   Tensor clone() const;
   void copy_from(const Tensor& src);  // same numel and dtype, any devices; synchronous
   void copy_from_async(const Tensor& src, Stream s);  // device copies queued on s
@@ -115,6 +113,7 @@ Stream create_stream();
 void destroy_stream(Stream s);
 void stream_synchronize(Stream s);
 void memcpy_async(void* dst, const void* src, size_t bytes, Stream s);
+void memset_async(void* dst, int value, size_t bytes, Stream s);
 }  // namespace cuda
 
 }  // namespace dtk

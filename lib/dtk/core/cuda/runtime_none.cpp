@@ -23,3 +23,20 @@ void memcpy(void*, const void*, size_t) { no_cuda(); }
 void synchronize() {}
 
 }  // namespace dtk::cuda
+
+#include "dtk/core/tensor.h"
+
+namespace dtk::cuda {
+Stream current_stream() { return {}; }
+void set_current_stream(Stream) {}
+Stream create_stream() { no_cuda(); }
+void destroy_stream(Stream) {}
+void stream_synchronize(Stream) {}
+void memcpy_async(void*, const void*, size_t, Stream) { no_cuda(); }
+void memset_async(void*, int, size_t, Stream) { no_cuda(); }
+void* cached_malloc(size_t, size_t*) { no_cuda(); }
+void cached_free(void*, size_t) {}
+MemoryStats cached_stats() { return {}; }
+void cached_reset_peak() {}
+void cached_empty() {}
+}  // namespace dtk::cuda

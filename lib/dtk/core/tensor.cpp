@@ -1,0 +1,235 @@
+#include "dtk/core/tensor.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "dtk/core/error.h"
+
+namespace dtk {
+
+namespace cuda {  // the caching allocator of core/cuda/runtime.cpp
+void* cached_malloc(size_t bytes, size_t* block);
+void cached_free(void* p, size_t block);
+MemoryStats cached_stats();
+void cached_reset_peak();
+void cached_empty();
+}  // namespace cuda
+
+namespace {
+struct HostStats {
+  std::atomic<size_t> current{0}, peak{0}, allocations{0};
+} g_host;
+
+void host_account(ptrdiff_t delta) {
+  const size_t now = g_host.current.fetch_add(static_cast<size_t>(delta)) + static_cast<size_t>(delta);
+  size_t peak = g_host.peak.load();
+  while (now > peak && !g_host.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d < 0) fail_usage("negative dimension in shape " + shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+MemoryStats memory_stats(Device d) {
+  if (d.is_cuda()) return cuda::cached_stats();
+  MemoryStats s;
+  s.current = g_host.current.load();
+  s.peak = g_host.peak.load();
+  s.reserved = s.current;
+  s.allocations = g_host.allocations.load();
+  return s;
+}
+
+void reset_peak_memory(Device d) {
+  if (d.is_cuda())
+    cuda::cached_reset_peak();
+  else
+    g_host.peak.store(g_host.current.load());
+}
+
+void empty_cache(Device d) {
+  if (d.is_cuda()) cuda::cached_empty();
+}
+
+Storage::Storage(size_t bytes, Device d) : bytes_(bytes), device_(d) {
+  if (d.is_cuda()) {
+    data_ = cuda::cached_malloc(bytes, &reserved_);
+  } else {
+    reserved_ = (bytes + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, reserved_ ? reserved_ : 64);
+    if (!data_) fail("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    g_host.allocations.fetch_add(1);
+    host_account(static_cast<ptrdiff_t>(reserved_));
+  }
+}
+
+Storage::~Storage() {
+  if (device_.is_cuda()) {
+    cuda::cached_free(data_, reserved_);
+  } else {
+    std::free(data_);
+    host_account(-static_cast<ptrdiff_t>(reserved_));
+  }
+}
+
+Tensor Tensor::empty(const Shape& shape, DType t, Device d) {
+  Tensor x;
+  x.numel_ = shape_numel(shape);
+  x.shape_ = shape;
+  x.dtype_ = t;
+  x.device_ = d;
+  x.storage_ = std::make_shared<Storage>(x.bytes(), d);
+  return x;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType t, Device d) {
+  Tensor x = empty(shape, t, d);
+  if (!x.bytes()) return x;
+  if (d.is_cuda()) {
+    cuda::memset_async(x.data(), 0, x.bytes(), cuda::current_stream());
+  } else {
+    std::memset(x.data(), 0, x.bytes());
+  }
+  return x;
+}
+
+int64_t Tensor::dim(int i) const {
+  const int n = ndim();
+  const int j = i < 0 ? i + n : i;
+  if (j < 0 || j >= n) fail_usage("dimension " + std::to_string(i) + " out of range for " + str());
+  return shape_[j];
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  Shape s = shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      if (infer >= 0) fail_usage("reshape: more than one -1 in " + shape_str(shape));
+      infer = static_cast<int>(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel_ % known) fail_usage("reshape: cannot view " + str() + " as " + shape_str(shape));
+    s[infer] = numel_ / known;
+  }
+  if (shape_numel(s) != numel_) fail_usage("reshape: cannot view " + str() + " as " + shape_str(shape));
+  Tensor v = *this;
+  v.shape_ = s;
+  return v;
+}
+
+Tensor Tensor::slice(int64_t begin, int64_t end) const {
+  if (ndim() == 0) fail_usage("slice of a 0-d tensor");
+  if (begin < 0 || end < begin || end > shape_[0])
+    fail_usage("slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") out of range for " + str());
+  const int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
+  Tensor v = *this;
+  v.shape_[0] = end - begin;
+  v.numel_ = row * (end - begin);
+  v.offset_ += static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  return v;
+}
+
+Tensor Tensor::select(int64_t i) const {
+  Tensor v = slice(i, i + 1);
+  v.shape_.erase(v.shape_.begin());
+  return v;
+}
+
+Tensor Tensor::from_host(const void* data, const Shape& shape, DType t, Device d) {
+  Tensor x = empty(shape, t, d);
+  if (!x.bytes()) return x;
+  if (d.is_cuda())
+    cuda::memcpy(x.data(), data, x.bytes());
+  else
+    std::memcpy(x.data(), data, x.bytes());
+  return x;
+}
+
+Tensor Tensor::from_doubles(const std::vector<double>& v, const Shape& shape, DType t, Device d) {
+  if (static_cast<int64_t>(v.size()) != shape_numel(shape))
+    fail_usage("from_doubles: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  std::vector<unsigned char> host(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) store_from_double(t, host.data(), i, v[i]);
+  return from_host(host.data(), shape, t, d);
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.numel_ != numel_ || src.dtype_ != dtype_)
+    fail_usage("copy_from: " + src.str() + " into " + str() + " (numel and dtype must match)");
+  if (!bytes() || data() == src.data()) return;
+  if (is_cuda() || src.is_cuda())
+    cuda::memcpy(data(), src.data(), bytes());
+  else
+    std::memmove(data(), src.data(), bytes());
+}
+
+void Tensor::copy_from_async(const Tensor& src, Stream s) {
+  if (src.numel_ != numel_ || src.dtype_ != dtype_)
+    fail_usage("copy_from_async: " + src.str() + " into " + str() + " (numel and dtype must match)");
+  if (!bytes() || data() == src.data()) return;
+  if (is_cuda() || src.is_cuda())
+    cuda::memcpy_async(data(), src.data(), bytes(), s);
+  else
+    std::memmove(data(), src.data(), bytes());
+}
+
+Tensor Tensor::to(Device d) const {
+  Tensor out = empty(shape_, dtype_, d);
+  out.copy_from(*this);
+  return out;
+}
+
+Tensor Tensor::clone() const { return to(device_); }
+
+std::vector<double> Tensor::to_doubles() const {
+  const Tensor h = is_cuda() ? to(Device::cpu()) : *this;
+  std::vector<double> out(static_cast<size_t>(numel_));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_double(dtype_, h.data(), i);
+  return out;
+}
+
+double Tensor::item() const {
+  if (numel_ != 1) fail_usage("item: " + str() + " does not have exactly one element");
+  return to_doubles()[0];
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "undefined tensor";
+  return std::string(dtype_name(dtype_)) + shape_str(shape_) + " on " + device_.str();
+}
+
+void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) fail_usage(std::string(op) + ": shapes differ: " + a.str() + " and " + b.str());
+}
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device()) fail_usage(std::string(op) + ": devices differ: " + a.str() + " and " + b.str());
+}
+void check_dtype(const char* op, const Tensor& a, std::initializer_list<DType> allowed) {
+  for (DType t : allowed)
+    if (a.dtype() == t) return;
+  std::string names;
+  for (DType t : allowed) names += (names.empty() ? "" : ", ") + std::string(dtype_name(t));
+  fail_usage(std::string(op) + ": " + a.str() + " has an unsupported dtype (expected " + names + ")");
+}
+
+}  // namespace dtk

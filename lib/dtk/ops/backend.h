@@ -1,0 +1,78 @@
+// The functions each backend implements, declared once for both: ops/cpu/ (namespace
+// dtk::ops::cpu) and ops/cuda/ (namespace dtk::ops::cuda). The public functions of ops.h check
+// their arguments and then call the backend of the tensors' device, so a backend function may
+// assume: shapes, dtypes and devices as ops.h documents them, all tensors contiguous.
+#pragma once
+#include "dtk/ops/ops.h"
+
+#define DTK_OPS_BACKEND_DECLARATIONS                                                                           \
+  void add(const Tensor& a, const Tensor& b, Tensor& out);                                                      \
+  void sub(const Tensor& a, const Tensor& b, Tensor& out);                                                      \
+  void mul(const Tensor& a, const Tensor& b, Tensor& out);                                                      \
+  void div(const Tensor& a, const Tensor& b, Tensor& out);                                                      \
+  void add_scalar(const Tensor& a, double s, Tensor& out);                                                      \
+  void scale(const Tensor& a, double s, Tensor& out);                                                           \
+  void axpy(double alpha, const Tensor& x, Tensor& y);                                                          \
+  void lerp(const Tensor& a, const Tensor& b, double w, Tensor& out);                                           \
+  void sqrt(const Tensor& a, Tensor& out);                                                                      \
+  void rsqrt(const Tensor& a, Tensor& out);                                                                     \
+  void pow(const Tensor& a, double p, Tensor& out);                                                             \
+  void sign(const Tensor& a, Tensor& out);                                                                      \
+  void abs(const Tensor& a, Tensor& out);                                                                       \
+  void clamp(const Tensor& a, double lo, double hi, Tensor& out);                                               \
+  void where(const Tensor& cond_u8, const Tensor& a, const Tensor& b, Tensor& out);                             \
+  void fill(Tensor& out, double v);                                                                             \
+  void cast(const Tensor& src, Tensor& dst);                                                                    \
+  void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr, double momentum,            \
+                double weight_decay, bool nesterov);                                                            \
+  void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1,            \
+                  double beta2, double eps, double weight_decay, int64_t step);                                 \
+  void reduce(Reduce kind, Axis axis, const Tensor& a, Tensor& out);                                            \
+  int64_t count_nonfinite(const Tensor& a);                                                                     \
+  void softmax_forward(const Tensor& x, Tensor& y);                                                             \
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);                                         \
+  void log_softmax_forward(const Tensor& x, Tensor& y);                                                         \
+  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);                                     \
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);                      \
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);      \
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);                  \
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,     \
+                        Tensor& dw);                                                                            \
+  void silu_forward(const Tensor& x, Tensor& y);                                                                \
+  void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);                                            \
+  void gelu_forward(const Tensor& x, Tensor& y);                                                                \
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);                                            \
+  void relu_forward(const Tensor& x, Tensor& y);                                                                \
+  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);                                            \
+  void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y);                                             \
+  void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db);             \
+  void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y);                              \
+  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);                                  \
+  void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);                               \
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);          \
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,                 \
+                          const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);           \
+  void topk_abs(const Tensor& x, int64_t k, Tensor& values, Tensor& indices);                                   \
+  void gather(const Tensor& x, const Tensor& indices, Tensor& out);                                             \
+  void scatter_add(const Tensor& indices, const Tensor& values, Tensor& out);                                   \
+  void uniform_(Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi);                             \
+  void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean, double std);                           \
+  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c); \
+  void orthonormalize_mgs(Tensor& a, double eps);                                                               \
+  void orthonormalize_qr(Tensor& a);                                                                            \
+  void eigh(const Tensor& a, Tensor& w, Tensor& v);                                                             \
+  bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out);
+
+namespace dtk::ops::cpu {
+DTK_OPS_BACKEND_DECLARATIONS
+}
+#ifdef DTK_HAVE_CUDA
+namespace dtk::ops::cuda {
+DTK_OPS_BACKEND_DECLARATIONS
+}
+// Runs the backend of `t`'s device: DTK_DISPATCH(t, add(a, b, out)). Without the CUDA backend
+// no tensor can live on a GPU (allocation fails first), so the cpu backend is the only one.
+#define DTK_DISPATCH(t, call) ((t).is_cuda() ? ::dtk::ops::cuda::call : ::dtk::ops::cpu::call)
+#else
+#define DTK_DISPATCH(t, call) (::dtk::ops::cpu::call)
+#endif

@@ -1,0 +1,138 @@
+// dtk::ops — every tensor operation the models, optimizers and compressors need. One interface,
+// two backends: each function checks its arguments (shapes, dtypes, devices: a UsageError that
+// names the op and the tensor), then runs the cpu/ or cuda/ implementation of the device its
+// tensors live on. All tensors of one call live on one device. Tensors are contiguous row-major.
+//
+// Conventions: outputs are passed in, allocated by the caller (no allocation on the hot path),
+// and may alias an input where the doc says "in place allowed". "float" means f32 or f64, with
+// every floating tensor of one call in the same dtype unless stated. Backward functions
+// overwrite their outputs unless the doc says "accumulates" (+=).
+#pragma once
+#include <cstdint>
+
+#include "dtk/core/tensor.h"
+
+namespace dtk::ops {
+
+// ---------------------------------------------------------------------------- elementwise
+// Shapes equal (numel equal is enough); float. In place allowed (out may be a or b).
+void add(const Tensor& a, const Tensor& b, Tensor& out);       // a + b
+void sub(const Tensor& a, const Tensor& b, Tensor& out);       // a - b
+void mul(const Tensor& a, const Tensor& b, Tensor& out);       // a * b
+void div(const Tensor& a, const Tensor& b, Tensor& out);       // a / b
+void add_scalar(const Tensor& a, double s, Tensor& out);       // a + s
+void scale(const Tensor& a, double s, Tensor& out);            // s * a
+void axpy(double alpha, const Tensor& x, Tensor& y);           // y += alpha * x
+void lerp(const Tensor& a, const Tensor& b, double w, Tensor& out);  // a + w * (b - a)
+void sqrt(const Tensor& a, Tensor& out);
+void rsqrt(const Tensor& a, Tensor& out);                      // 1 / sqrt(a)
+void pow(const Tensor& a, double p, Tensor& out);              // a^p (a >= 0 for fractional p)
+void sign(const Tensor& a, Tensor& out);                       // -1, 0 or 1
+void abs(const Tensor& a, Tensor& out);
+void clamp(const Tensor& a, double lo, double hi, Tensor& out);
+void where(const Tensor& cond_u8, const Tensor& a, const Tensor& b, Tensor& out);  // cond ? a : b
+void fill(Tensor& out, double v);                              // any dtype
+void cast(const Tensor& src, Tensor& dst);                     // any dtype to any; bf16/f16 RNE
+
+// ---------------------------------------------------------------------------- fused updates
+// SGD as PyTorch defines it: g = grad + weight_decay * p; buf = momentum * buf + g;
+// g = nesterov ? g + momentum * buf : buf; p -= lr * g. With momentum 0, buf may be undefined.
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr, double momentum,
+              double weight_decay, bool nesterov);
+// AdamW (decoupled weight decay, bias correction; step counts from 1):
+// p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1, double beta2,
+                double eps, double weight_decay, int64_t step);
+
+// ---------------------------------------------------------------------------- reductions
+enum class Reduce { sum, mean, max, min, norm2, absmax };  // norm2: sqrt(sum x^2)
+enum class Axis { all, rows, cols };  // rows: one result per row of a 2-D tensor; cols: per column
+// out: [1] for all, [rows] for rows, [cols] for cols; same dtype and device as a. Empty input:
+// sum/norm2 0, mean NaN, max/min/absmax an error.
+void reduce(Reduce kind, Axis axis, const Tensor& a, Tensor& out);
+double reduce_all(Reduce kind, const Tensor& a);  // the value on the host (synchronises)
+int64_t count_nonfinite(const Tensor& a);         // NaN and Inf elements (float of any width)
+double dot(const Tensor& a, const Tensor& b);     // sum a * b, on the host
+
+// ---------------------------------------------------------------------------- neural network
+// Rows are the leading dims flattened; n the last dim.
+void softmax_forward(const Tensor& x, Tensor& y);
+void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx = y * (dy - sum(dy * y))
+void log_softmax_forward(const Tensor& x, Tensor& y);
+void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx = dy - exp(y) sum(dy)
+// Cross entropy of logits [N, V] against targets i32 [N] (-1: ignored, loss 0): losses [N] =
+// logsumexp(row) - row[target]. Backward: dlogits = (softmax(row) - onehot(target)) * scale, 0 for
+// ignored rows (scale is usually 1 / number of counted targets).
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);
+// RMSNorm over the last dim D: y = x * rstd * w, rstd [rows] = 1 / sqrt(mean(x^2) + eps), saved.
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
+// dx overwritten; dw accumulates (+=) over rows.
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw);
+// Activations, elementwise; backward: dx = dy * f'(x). In place allowed.
+void silu_forward(const Tensor& x, Tensor& y);  // x * sigmoid(x)
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+void gelu_forward(const Tensor& x, Tensor& y);  // tanh approximation (GPT-2)
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);  // dy where x > 0
+// SwiGLU gate: y = silu(a) * b; backward gives da and db (overwritten).
+void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y);
+void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db);
+// RoPE on x [B, T, H, hd] (hd even): pair (2i, 2i+1) of each head at position t = pos0 + t_index
+// rotated by angle t * theta^(-2i/hd). inverse rotates by minus the angle (the backward). In place allowed.
+void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y);
+// Embedding: out [N, D] = table[ids]; ids i32 [N] (any shape, flattened) in [0, V).
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);  // accumulates (+=)
+// Causal self-attention, softmax scale 1/sqrt(hd), grouped-query: q [B, T, H, hd], k and v
+// [B, T, Hkv, hd] with H % Hkv == 0 (query head h reads kv head h / (H / Hkv)); out [B, T, H, hd];
+// lse [B, H, T] (f32 or the dtype of q) saves the log-sum-exp of each score row for the backward.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+
+// ---------------------------------------------------------------------------- selection
+// The k elements of largest magnitude of x (flattened): values (their signed values, f32/f64 as
+// x) and indices i64, by decreasing magnitude, ties by lower index.
+void topk_abs(const Tensor& x, int64_t k, Tensor& values, Tensor& indices);
+// k distinct indices in [0, n), drawn from Philox (seed, offset): the same on every rank and
+// device; sorted ascending. Returned on device d.
+Tensor randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t offset, Device d);
+void gather(const Tensor& x, const Tensor& indices, Tensor& out);        // out[j] = x[idx[j]]
+void scatter_add(const Tensor& indices, const Tensor& values, Tensor& out);  // out[idx[j]] += v[j]
+
+// ---------------------------------------------------------------------------- random fills
+// Philox-4x32-10 (core/philox.h): element i of the tensor draws counter (offset + i) under key
+// seed; bit-identical on CPU and GPU and on every rank. Float tensors (f32, f64, bf16, f16).
+void uniform_(Tensor& out, uint64_t seed, uint64_t offset, double lo = 0, double hi = 1);
+void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean = 0, double std = 1);
+
+// ---------------------------------------------------------------------------- linear algebra
+// C = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. 2-D: A [m, k] (or [k, m] transposed),
+// B [k, n] (or [n, k]), C [m, n]. 3-D: the same for every batch index (strided batched).
+// f32 or f64 throughout; on CUDA also A and B bf16 with C f32 (f32 accumulation).
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c);
+// Orthonormalise the columns of a [m, r] (or each matrix of [B, m, r]) in place.
+// Modified Gram-Schmidt: a column whose norm is below eps becomes zero (never NaN).
+void orthonormalize_mgs(Tensor& a, double eps = 1e-8);
+// Householder QR (geqrf + orgqr): a becomes the thin Q, r <= m.
+void orthonormalize_qr(Tensor& a);
+// Symmetric eigendecomposition of a [n, n] (or [B, n, n]): eigenvalues w [n] ascending, and
+// eigenvectors as the columns of v [n, n] (v[i][j] = component i of vector j). The lower
+// triangle of a is read. Throws Error when the solver does not converge.
+void eigh(const Tensor& a, Tensor& w, Tensor& v);
+enum class RootMethod { eigh, newton };
+struct RootOptions {
+  RootMethod method = RootMethod::eigh;
+  double eps = 1e-12;        // added to the diagonal (eigh) / the regularisation (newton)
+  int max_iters = 100;       // newton
+  double tolerance = 1e-6;   // newton: stop when max |M - I| < tolerance
+};
+// out = (a + eps I)^(-1/p) for symmetric positive semi-definite a [n, n]. eigh: eigenvalues
+// below eps after regularisation are shifted up so the smallest is eps. newton: coupled Newton
+// iteration. Returns false (out untouched) when the method fails: no convergence, NaN or Inf.
+bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out);
+
+}  // namespace dtk::ops
