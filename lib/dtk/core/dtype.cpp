@@ -56,42 +56,6 @@ bool dtype_is_float(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
 }
 
-uint16_t float_to_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (absx < 0x38800000u) {  // result is subnormal (or zero): value / 2^-24, rounded
-    const float a = std::fabs(f) * 16777216.0f;  // exact scaling by 2^24
-    // nearbyint rounds half to even in the default rounding mode
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a)));
-  }
-  // normal: rebias exponent 127 -> 15, round mantissa 23 -> 10 bits to nearest even
-  uint32_t r = absx - 0x38000000u;
-  r += 0xfffu + ((r >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (r >> 13));
-}
-
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 112u) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 double load_as_double(DType t, const void* data, size_t i) {
   switch (t) {
     case DType::f32: return static_cast<const float*>(data)[i];

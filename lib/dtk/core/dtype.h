@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "dtk/core/half.h"
+
 namespace dtk {
 
 enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8, u16 };
@@ -19,22 +21,7 @@ std::string_view dtype_name(DType t);   // "f32", "bf16", ...
 DType parse_dtype(std::string_view s);  // accepts our names and float/double/half/bfloat16/int32...
 bool dtype_is_float(DType t);
 
-// bf16 / f16 <-> float, round to nearest even; NaN stays NaN.
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_f16(float f);
-float f16_to_float(uint16_t h);
+// bf16 / f16 <-> float conversions (round to nearest even): core/half.h.
 
 // Element i of a buffer of type t, as a double (exact for every type but i64 beyond 2^53), and
 // the reverse (rounding to the type; integers truncate toward zero and wrap as C++ does).

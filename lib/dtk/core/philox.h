@@ -90,13 +90,13 @@ DTK_HD double log_unit(double u) {
 // sin and cos of theta in [-pi/4, pi/4], Taylor to degree 17 / 16.
 DTK_HD void sincos_small(double t, double* sn, double* cs) {
   const double t2 = t * t;
-  double s = -1.0 / 355687428096000.0;  // -1/17!
-  s = std::fma(s, t2, 1.0 / 1307674368000.0);
-  s = std::fma(s, t2, -1.0 / 6227020800.0);
-  s = std::fma(s, t2, 1.0 / 39916800.0);
-  s = std::fma(s, t2, -1.0 / 362880.0);
-  s = std::fma(s, t2, 1.0 / 5040.0);
-  s = std::fma(s, t2, -1.0 / 120.0);
+  double s = 1.0 / 355687428096000.0;  // 1/17!
+  s = std::fma(s, t2, -1.0 / 1307674368000.0);
+  s = std::fma(s, t2, 1.0 / 6227020800.0);
+  s = std::fma(s, t2, -1.0 / 39916800.0);
+  s = std::fma(s, t2, 1.0 / 362880.0);
+  s = std::fma(s, t2, -1.0 / 5040.0);
+  s = std::fma(s, t2, 1.0 / 120.0);
   s = std::fma(s, t2, -1.0 / 6.0);
   s = std::fma(s, t2, 1.0);
   *sn = t * s;
