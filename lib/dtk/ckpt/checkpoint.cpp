@@ -1,0 +1,562 @@
+#include "dtk/ckpt/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "dtk/ckpt/h5.h"
+#include "dtk/core/error.h"
+
+namespace dtk::ckpt {
+namespace fs = std::filesystem;
+using h5::check;
+using h5::check_status;
+using h5::Id;
+
+namespace {
+
+constexpr size_t kChunkBytes = 1 << 20;   // target HDF5 chunk size
+constexpr size_t kStageBytes = 64 << 20;  // host staging for device tensors and streaming
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) fail("cannot open " + p.string() + " to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("fsync of " + p.string() + " failed: " + std::strerror(errno));
+}
+
+fs::path temp_name(const fs::path& path) {
+  static std::atomic<int> counter{0};
+  return path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(counter++));
+}
+
+Shape dims_of(hid_t space) {
+  const int nd = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> d(static_cast<size_t>(std::max(nd, 0)));
+  if (nd > 0) H5Sget_simple_extent_dims(space, d.data(), nullptr);
+  return Shape(d.begin(), d.end());
+}
+
+int64_t row_elems(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 1; i < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+// The stored shape of a tensor: 0-d tensors are kept as [1] (chunked, so checksummed) with the
+// attribute dtk_scalar.
+Shape stored_shape(const Shape& s) { return s.empty() ? Shape{1} : s; }
+
+void write_metadata(hid_t file, const Metadata& m) {
+  h5::set_attr(file, "format", std::string(kFormat));
+  h5::set_attr(file, "schema_version", kSchemaVersion);
+  h5::set_attr(file, "program", m.program);
+  h5::set_attr(file, "program_version", m.program_version);
+  h5::set_attr(file, "step", m.step);
+  h5::set_attr(file, "world_size", m.world_size);
+  h5::set_attr(file, "created", m.created.empty() ? now_iso8601() : m.created);
+  h5::set_attr(file, "model_config", m.model_config.dump());
+  h5::set_attr(file, "optim_config", m.optim_config.dump());
+  h5::set_attr(file, "data_position", m.data_position.dump());
+  h5::set_attr(file, "rng_state", m.rng_state.dump());
+  h5::set_attr(file, "extra", m.extra.dump());
+}
+
+nlohmann::json json_attr(hid_t file, const char* name, const std::string& where) {
+  if (!h5::has_attr(file, name)) return nlohmann::json::object();
+  try {
+    return nlohmann::json::parse(h5::get_attr_string(file, name));
+  } catch (const nlohmann::json::exception& e) {
+    fail_usage(where + ": attribute " + name + " is not valid JSON: " + e.what());
+  }
+}
+
+Metadata read_metadata(hid_t file, const std::string& where) {
+  if (!h5::has_attr(file, "format") || h5::get_attr_string(file, "format") != kFormat)
+    fail_usage(where + ": not a dtk checkpoint (no format attribute \"" + kFormat + "\")");
+  if (!h5::has_attr(file, "schema_version")) fail_usage(where + ": no schema_version attribute");
+  const int64_t v = h5::get_attr_int(file, "schema_version");
+  if (v != kSchemaVersion)
+    fail_usage(where + ": schema version " + std::to_string(v) + " is not supported (this dtk reads version " +
+               std::to_string(kSchemaVersion) + ")");
+  Metadata m;
+  auto str = [&](const char* n) { return h5::has_attr(file, n) ? h5::get_attr_string(file, n) : std::string(); };
+  auto num = [&](const char* n) { return h5::has_attr(file, n) ? h5::get_attr_int(file, n) : int64_t{0}; };
+  m.program = str("program");
+  m.program_version = str("program_version");
+  m.step = num("step");
+  m.world_size = num("world_size");
+  m.created = str("created");
+  m.model_config = json_attr(file, "model_config", where);
+  m.optim_config = json_attr(file, "optim_config", where);
+  m.data_position = json_attr(file, "data_position", where);
+  m.rng_state = json_attr(file, "rng_state", where);
+  m.extra = json_attr(file, "extra", where);
+  return m;
+}
+
+// Host rows of a tensor: the tensor itself on the host, else a staged copy.
+template <typename F>
+void for_host_rows(const Tensor& t, F&& f) {
+  const Tensor flat = t.ndim() == 0 ? t.reshape({1}) : t;
+  if (!flat.is_cuda()) {
+    f(int64_t{0}, flat);
+    return;
+  }
+  const int64_t rows = flat.dim(0), re = std::max<int64_t>(1, row_elems(flat.shape()));
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / (re * dtype_size(flat.dtype()))));
+  for (int64_t r = 0; r < rows; r += step) {
+    const Tensor part = flat.slice(r, std::min(rows, r + step));
+    f(r, part.to(Device::cpu()));
+  }
+}
+
+}  // namespace
+
+std::string now_iso8601() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void write_file_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = temp_name(path);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail("cannot write " + tmp.string() + ": " + std::strerror(errno));
+    out << text;
+    out.flush();
+    if (!out) fail("cannot write " + tmp.string());
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp);
+    fail("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  }
+  fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path(), true);
+}
+
+// ------------------------------------------------------------------------------ FileWriter
+
+struct FileWriter::Impl {
+  Id file;
+};
+
+FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)), opts_(opts), impl_(new Impl) {
+  h5::quiet();
+  const fs::path dir = path_.parent_path().empty() ? fs::path(".") : path_.parent_path();
+  if (!fs::is_directory(dir)) fail_usage("cannot write " + path_.string() + ": directory " + dir.string() + " does not exist");
+  if (opts_.gzip < 0 || opts_.gzip > 9) fail_usage("gzip level must be 0..9, got " + std::to_string(opts_.gzip));
+  tmp_ = temp_name(path_);
+  impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
+}
+
+FileWriter::~FileWriter() {
+  if (impl_ && impl_->file.valid()) {
+    impl_->file.reset();
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+  }
+}
+
+void FileWriter::create(const std::string& name, const Shape& shape, DType t) {
+  const Shape s = stored_shape(shape);
+  h5::make_parents(impl_->file, name);
+  std::vector<hsize_t> dims(s.begin(), s.end()), maxdims = dims, chunk = dims;
+  const size_t row_bytes = static_cast<size_t>(std::max<int64_t>(1, row_elems(s))) * dtype_size(t);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == 0) maxdims[i] = H5S_UNLIMITED;  // chunk sizes must not exceed fixed extents
+    chunk[i] = std::max<hsize_t>(1, dims[i]);
+  }
+  chunk[0] = std::clamp<hsize_t>(kChunkBytes / row_bytes, 1, std::max<hsize_t>(1, dims[0]));
+  // Rows far larger than a chunk (HDF5 caps chunks at 4 GiB) are split along dim 1 too.
+  if (chunk.size() > 1 && row_bytes > 64 * kChunkBytes)
+    chunk[1] = std::max<hsize_t>(1, kChunkBytes / (row_bytes / std::max<hsize_t>(1, dims[1])));
+  Id space(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()), "dataspace " + name));
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  check_status(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), "chunking " + name);
+  if (opts_.gzip > 0) {
+    H5Pset_shuffle(dcpl);
+    H5Pset_deflate(dcpl, static_cast<unsigned>(opts_.gzip));
+  }
+  if (opts_.checksum) check_status(H5Pset_fletcher32(dcpl), "checksum " + name);
+  Id ds(check(H5Dcreate2(impl_->file, name.c_str(), h5::file_type(t), space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
+              "create dataset " + name));
+  if (shape.empty()) h5::set_attr(ds, "dtk_scalar", int64_t{1});
+}
+
+void FileWriter::write_rows(const std::string& name, int64_t row0, const Tensor& rows) {
+  Id ds(check(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), "open dataset " + name));
+  Id fspace(H5Dget_space(ds));
+  const Shape full = dims_of(fspace);
+  const DType t = h5::dtype_of(Id(H5Dget_type(ds)), name);
+  if (rows.dtype() != t) fail_usage("write " + name + ": " + rows.str() + " into a " + std::string(dtype_name(t)) + " dataset");
+  for_host_rows(rows, [&](int64_t r, const Tensor& host) {
+    const Shape hs = host.ndim() == 0 ? Shape{1} : host.shape();
+    if (hs.size() != full.size() || !std::equal(hs.begin() + 1, hs.end(), full.begin() + 1) ||
+        row0 + r + hs[0] > full[0])
+      fail_usage("write " + name + ": rows " + shape_str(hs) + " at row " + std::to_string(row0 + r) +
+                 " do not fit the dataset's shape " + shape_str(full));
+    if (hs[0] == 0) return;
+    std::vector<hsize_t> start(full.size(), 0), count(hs.begin(), hs.end());
+    start[0] = static_cast<hsize_t>(row0 + r);
+    Id fs_sel(H5Scopy(fspace));
+    H5Sselect_hyperslab(fs_sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    Id mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+    check_status(H5Dwrite(ds, h5::memory_type(t), mspace, fs_sel, H5P_DEFAULT, host.data()), "write " + name);
+  });
+}
+
+void FileWriter::write(const std::string& name, const Tensor& t) {
+  create(name, t.shape(), t.dtype());
+  write_rows(name, 0, t);
+}
+
+void FileWriter::set_attrs(const std::string& name, const std::map<std::string, std::vector<int64_t>>& attrs) {
+  Id obj(check(H5Oopen(impl_->file, name.c_str(), H5P_DEFAULT), "open " + name));
+  for (const auto& [k, v] : attrs) h5::set_attr(obj, k.c_str(), v);
+}
+
+void FileWriter::set_metadata(const Metadata& m) { write_metadata(impl_->file, m); }
+
+void FileWriter::set_root_attr(const char* name, int64_t value) { h5::set_attr(impl_->file, name, value); }
+
+void FileWriter::create_virtual(const std::string& name, const Shape& shape, DType t, const std::vector<Source>& sources) {
+  const Shape s = stored_shape(shape);
+  h5::make_parents(impl_->file, name);
+  std::vector<hsize_t> dims(s.begin(), s.end());
+  Id vspace(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace " + name));
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  for (const Source& src : sources) {
+    std::vector<hsize_t> start(dims.size(), 0), count = dims;
+    start[0] = static_cast<hsize_t>(src.row0);
+    count[0] = static_cast<hsize_t>(src.rows);
+    Id sel(H5Scopy(vspace));
+    check_status(H5Sselect_hyperslab(sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+                 "select rows of " + name);
+    Id sspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+    check_status(H5Pset_virtual(dcpl, sel, src.file.c_str(), name.c_str(), sspace), "map " + name + " to " + src.file);
+  }
+  Id ds(check(H5Dcreate2(impl_->file, name.c_str(), h5::file_type(t), vspace, H5P_DEFAULT, dcpl, H5P_DEFAULT),
+              "create virtual dataset " + name));
+  if (shape.empty()) h5::set_attr(ds, "dtk_scalar", int64_t{1});
+}
+
+void FileWriter::commit() {
+  check_status(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flush " + tmp_.string());
+  impl_->file.reset();
+  fsync_path(tmp_, false);
+  std::error_code ec;
+  fs::rename(tmp_, path_, ec);
+  if (ec) {
+    fs::remove(tmp_);
+    fail("cannot rename " + tmp_.string() + " to " + path_.string() + ": " + ec.message());
+  }
+  fsync_path(path_.parent_path().empty() ? fs::path(".") : path_.parent_path(), true);
+}
+
+// ------------------------------------------------------------------------------ Reader
+
+struct Reader::Impl {
+  Id file;
+  bool sharded = false;
+  Metadata meta;
+  std::vector<TensorInfo> tensors;
+  std::vector<fs::path> shards;
+};
+
+Reader::Reader(const fs::path& path) : impl_(new Impl) {
+  h5::quiet();
+  path_ = path;
+  if (fs::is_directory(path)) {
+    path_ = path / "index.h5";
+    if (!fs::exists(path_)) fail_usage(path.string() + ": a directory without index.h5 is not a sharded state");
+  }
+  const std::string where = path_.string();
+  if (!fs::exists(path_)) fail_usage(where + ": no such file");
+  if (!fs::is_regular_file(path_)) fail_usage(where + ": not a regular file");
+  const htri_t is = H5Fis_hdf5(path_.c_str());
+  if (is <= 0) {
+    h5::last_error();
+    fail_usage(where + ": not an HDF5 file");
+  }
+  const hid_t f = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) fail_usage(where + ": cannot be opened (truncated or damaged?): " + h5::last_error());
+  impl_->file = Id(f);
+  impl_->meta = read_metadata(f, where);
+
+  // Every dataset, by name.
+  struct Visit {
+    std::vector<std::string> names;
+  } visit;
+  check_status(H5Ovisit(
+                   f, H5_INDEX_NAME, H5_ITER_INC,
+                   [](hid_t, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+                     if (info->type == H5O_TYPE_DATASET) static_cast<Visit*>(data)->names.emplace_back(name);
+                     return 0;
+                   },
+                   &visit),
+               where + ": cannot list its contents");
+  for (const auto& name : visit.names) {
+    Id ds(check(H5Dopen2(f, name.c_str(), H5P_DEFAULT), where + ": open " + name));
+    TensorInfo ti;
+    ti.name = name;
+    ti.dtype = h5::dtype_of(Id(H5Dget_type(ds)), where + ": " + name);
+    ti.shape = dims_of(Id(H5Dget_space(ds)));
+    if (h5::has_attr(ds, "dtk_scalar")) ti.shape = {};
+    if (h5::has_attr(ds, "shard_offsets")) {
+      ti.shard_offsets = h5::get_attr_ints(ds, "shard_offsets");
+      ti.shard_lengths = h5::get_attr_ints(ds, "shard_lengths");
+    }
+    impl_->tensors.push_back(std::move(ti));
+  }
+  std::sort(impl_->tensors.begin(), impl_->tensors.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+
+  impl_->sharded = h5::has_attr(f, "shard_world_size");
+  if (impl_->sharded) {
+    const int64_t n = h5::get_attr_int(f, "shard_world_size");
+    for (int64_t r = 0; r < n; ++r) {
+      const fs::path p = path_.parent_path() / rank_file_name(static_cast<int>(r));
+      if (!fs::exists(p)) fail_usage(where + ": shard " + p.filename().string() + " is missing");
+      impl_->shards.push_back(p);
+    }
+  }
+}
+
+Reader::~Reader() = default;
+
+bool Reader::sharded() const { return impl_->sharded; }
+const Metadata& Reader::metadata() const { return impl_->meta; }
+const std::vector<TensorInfo>& Reader::tensors() const { return impl_->tensors; }
+std::vector<fs::path> Reader::shard_files() const { return impl_->shards; }
+
+bool Reader::contains(const std::string& name) const {
+  return std::any_of(impl_->tensors.begin(), impl_->tensors.end(), [&](const TensorInfo& t) { return t.name == name; });
+}
+
+const TensorInfo& Reader::info(const std::string& name) const {
+  for (const auto& t : impl_->tensors)
+    if (t.name == name) return t;
+  fail_usage(path_.string() + ": no tensor named " + name);
+}
+
+void Reader::read_rows(const std::string& name, int64_t row0, Tensor& out) const {
+  const TensorInfo& ti = info(name);
+  const Shape full = stored_shape(ti.shape);
+  const Shape os = out.ndim() == 0 ? Shape{1} : out.shape();
+  if (out.dtype() != ti.dtype || out.is_cuda() || os.size() != full.size() ||
+      !std::equal(os.begin() + 1, os.end(), full.begin() + 1) || row0 < 0 || row0 + os[0] > full[0])
+    fail_usage("read " + name + ": " + out.str() + " at row " + std::to_string(row0) + " does not fit the stored " +
+               std::string(dtype_name(ti.dtype)) + shape_str(ti.shape));
+  if (os[0] == 0 || out.numel() == 0) return;
+  Id ds(check(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), "open " + name));
+  Id fspace(H5Dget_space(ds));
+  std::vector<hsize_t> start(full.size(), 0), count(os.begin(), os.end());
+  start[0] = static_cast<hsize_t>(row0);
+  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  Id mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  if (H5Dread(ds, h5::memory_type(ti.dtype), mspace, fspace, H5P_DEFAULT, out.data()) < 0)
+    fail_usage(path_.string() + ": the data of " + name + " cannot be read (damaged? checksum?): " + h5::last_error());
+}
+
+void Reader::read_into(const std::string& name, Tensor& out) const {
+  const TensorInfo& ti = info(name);
+  if (out.shape() != ti.shape || out.dtype() != ti.dtype)
+    fail_usage(path_.string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
+               ", expected " + out.str());
+  if (!out.is_cuda()) {
+    Tensor o = out;
+    read_rows(name, 0, o);
+    return;
+  }
+  Tensor flat = out.ndim() == 0 ? out.reshape({1}) : out;
+  const int64_t rows = flat.dim(0), re = std::max<int64_t>(1, row_elems(flat.shape()));
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / (re * dtype_size(flat.dtype()))));
+  for (int64_t r = 0; r < rows; r += step) {
+    Tensor part = flat.slice(r, std::min(rows, r + step));
+    Tensor host = Tensor::empty(part.shape(), part.dtype());
+    read_rows(name, r, host);
+    part.copy_from(host);
+  }
+}
+
+Tensor Reader::read(const std::string& name, Device d) const {
+  const TensorInfo& ti = info(name);
+  Tensor out = Tensor::empty(ti.shape, ti.dtype, d);
+  read_into(name, out);
+  return out;
+}
+
+// ------------------------------------------------------------------------------ sharded
+
+std::string rank_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.h5", rank);
+  return buf;
+}
+
+ShardedWriter::ShardedWriter(fs::path dir, comm::Communicator& comm, WriteOptions opts)
+    : dir_(std::move(dir)), comm_(comm) {
+  tmp_dir_ = dir_.parent_path() / ("." + dir_.filename().string() + ".tmp");
+  int ok = 1;
+  std::string err;
+  if (comm_.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+    fs::create_directories(tmp_dir_, ec);
+    if (ec) ok = 0, err = ec.message();
+  }
+  int32_t flag = ok;
+  comm_.broadcast({&flag, 1, DType::i32, {}}, 0, comm::Mode::sync);
+  if (!flag)
+    fail("cannot create " + tmp_dir_.string() + (err.empty() ? "" : ": " + err));
+  mine_ = std::make_unique<FileWriter>(tmp_dir_ / rank_file_name(comm_.rank()), opts);
+}
+
+ShardedWriter::~ShardedWriter() {
+  mine_.reset();
+  if (!committed_ && comm_.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+  }
+}
+
+void ShardedWriter::write_shard(const std::string& name, const Shape& shape, const Tensor& local,
+                                const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths) {
+  const int r = comm_.rank();
+  if (static_cast<int>(offsets.size()) != comm_.size() || static_cast<int>(lengths.size()) != comm_.size())
+    fail_usage("write_shard " + name + ": offsets and lengths need one entry per rank");
+  if (shape.empty()) fail_usage("write_shard " + name + ": a 0-d tensor cannot be sharded; use write_whole");
+  Shape ls = shape;
+  ls[0] = lengths[r];
+  if (local.shape() != ls) fail_usage("write_shard " + name + ": local " + local.str() + ", expected " + shape_str(ls));
+  mine_->write(name, local);
+  TensorInfo ti{name, shape, local.dtype(), offsets, lengths};
+  index_.push_back(ti);
+}
+
+void ShardedWriter::write_whole(const std::string& name, const Shape& shape, DType t, int owner, const Tensor& data) {
+  if (comm_.rank() == owner) {
+    if (data.shape() != shape || data.dtype() != t)
+      fail_usage("write_whole " + name + ": " + data.str() + ", expected " + std::string(dtype_name(t)) + shape_str(shape));
+    mine_->write(name, data);
+  }
+  index_.push_back(TensorInfo{name, shape, t, {-owner - 1}, {}});
+}
+
+void ShardedWriter::set_metadata(const Metadata& m) {
+  meta_ = m;
+  if (meta_.created.empty()) meta_.created = now_iso8601();
+}
+
+void ShardedWriter::commit() {
+  mine_->set_metadata(meta_);
+  mine_->commit();
+  mine_.reset();
+  comm_.barrier(comm::Mode::sync);
+  int32_t ok = 1;
+  std::string err;
+  if (comm_.rank() == 0) {
+    try {
+      FileWriter index(tmp_dir_ / "index.h5");
+      for (const TensorInfo& ti : index_) {
+        std::vector<FileWriter::Source> src;
+        if (ti.sharded() && ti.shard_offsets[0] >= 0) {
+          for (int r = 0; r < comm_.size(); ++r)
+            if (ti.shard_lengths[r] > 0) src.push_back({rank_file_name(r), ti.shard_offsets[r], ti.shard_lengths[r]});
+        } else {  // a whole tensor in its owner's file
+          const int owner = static_cast<int>(-ti.shard_offsets[0] - 1);
+          src.push_back({rank_file_name(owner), 0, ti.shape.empty() ? 1 : ti.shape[0]});
+        }
+        index.create_virtual(ti.name, ti.shape, ti.dtype, src);
+        if (ti.sharded() && ti.shard_offsets[0] >= 0)
+          index.set_attrs(ti.name, {{"shard_offsets", ti.shard_offsets}, {"shard_lengths", ti.shard_lengths}});
+      }
+      index.set_metadata(meta_);
+      index.set_root_attr("shard_world_size", comm_.size());
+      index.commit();
+      std::error_code ec;
+      if (fs::exists(dir_)) fs::remove_all(dir_, ec);
+      fs::rename(tmp_dir_, dir_, ec);
+      if (ec) fail("cannot rename " + tmp_dir_.string() + " to " + dir_.string() + ": " + ec.message());
+      fsync_path(dir_.parent_path().empty() ? fs::path(".") : dir_.parent_path(), true);
+    } catch (const std::exception& e) {
+      ok = 0;
+      err = e.what();
+    }
+  }
+  comm_.broadcast({&ok, 1, DType::i32, {}}, 0, comm::Mode::sync);
+  if (!ok) fail(comm_.rank() == 0 ? err : "rank 0 could not complete the sharded state " + dir_.string());
+  committed_ = true;
+}
+
+// ------------------------------------------------------------------------------ Directory
+
+Directory::Directory(fs::path dir, int keep) : dir_(std::move(dir)), keep_(keep) {
+  if (keep_ < 1) fail_usage("--keep must be at least 1");
+}
+
+fs::path Directory::entry(int64_t step, bool sharded) const {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step-%08lld%s", static_cast<long long>(step), sharded ? "" : ".h5");
+  return dir_ / buf;
+}
+
+namespace {
+// step-NNNNNNNN or step-NNNNNNNN.h5 -> NNNNNNNN, or -1
+int64_t step_of(const fs::path& p) {
+  std::string n = p.filename().string();
+  if (n.size() > 3 && n.ends_with(".h5")) n.resize(n.size() - 3);
+  if (!n.starts_with("step-") || n.size() == 5) return -1;
+  for (size_t i = 5; i < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return -1;
+  return std::stoll(n.substr(5));
+}
+}  // namespace
+
+void Directory::finish(const fs::path& entry) {
+  write_file_atomic(dir_ / "latest", entry.filename().string() + "\n");
+  std::vector<std::pair<int64_t, fs::path>> entries;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    const int64_t s = step_of(e.path());
+    if (s >= 0) entries.emplace_back(s, e.path());
+  }
+  std::sort(entries.begin(), entries.end());
+  const int64_t drop = static_cast<int64_t>(entries.size()) - keep_;
+  for (int64_t i = 0; i < drop; ++i) {
+    if (entries[i].second.filename() == entry.filename()) continue;
+    std::error_code ec;
+    fs::remove_all(entries[i].second, ec);
+  }
+}
+
+std::optional<fs::path> Directory::latest() const {
+  std::ifstream in(dir_ / "latest");
+  std::string name;
+  if (in && std::getline(in, name) && !name.empty() && fs::exists(dir_ / name)) return dir_ / name;
+  std::optional<fs::path> best;
+  int64_t best_step = -1;
+  if (!fs::is_directory(dir_)) return best;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    const int64_t s = step_of(e.path());
+    if (s > best_step) best_step = s, best = e.path();
+  }
+  return best;
+}
+
+}  // namespace dtk::ckpt

@@ -1,0 +1,176 @@
+// The dtk checkpoint schema (man 5 dtk-checkpoint): writing, reading and validating full
+// checkpoints and sharded states, atomically.
+//
+// A full checkpoint is one HDF5 file. Every tensor is a dataset named by its path
+// ("model/layers.0.attention.wq.weight", "optim/...", "compress/..."); state that differs per
+// rank lives under "ranks/<r>/". Root attributes: format "dtk-checkpoint", schema_version,
+// program, program_version, step, world_size, created, and JSON documents model_config,
+// optim_config, data_position, rng_state and extra.
+//
+// A sharded state is a directory: rank-<r>.h5 per rank, each written by its rank alone, holding
+// that rank's rows (dim 0) of every sharded tensor under the same names (plus whole tensors the
+// rank owns), and index.h5, whose virtual datasets present every full tensor over the rank
+// files; each index dataset carries attributes shard_offsets, shard_lengths and global_shape.
+//
+// Writes go to a temporary name in the destination's directory, are flushed and fsynced, and are
+// renamed over the final name at commit: a crash leaves the old checkpoint or the new one.
+#pragma once
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtk/comm/comm.h"
+#include "dtk/core/tensor.h"
+
+namespace dtk::ckpt {
+
+inline constexpr int64_t kSchemaVersion = 1;
+inline constexpr const char* kFormat = "dtk-checkpoint";
+
+struct Metadata {
+  std::string program;
+  std::string program_version;
+  int64_t step = 0;
+  int64_t world_size = 1;
+  std::string created;  // ISO 8601 UTC; filled at commit when empty
+  nlohmann::json model_config = nlohmann::json::object();
+  nlohmann::json optim_config = nlohmann::json::object();
+  nlohmann::json data_position = nlohmann::json::object();
+  nlohmann::json rng_state = nlohmann::json::object();
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// A tensor as stored: its full shape and, for sharded tensors, each rank's rows of dim 0.
+struct TensorInfo {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shard_offsets, shard_lengths;  // empty when not sharded
+  bool sharded() const { return !shard_offsets.empty(); }
+  size_t bytes() const { return static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype); }
+};
+
+struct WriteOptions {
+  int gzip = 0;          // 0: none; 1..9: HDF5's deflate filter at that level
+  bool checksum = true;  // HDF5's Fletcher32 on every dataset
+};
+
+// Writes one HDF5 file of the schema (a full checkpoint, or one rank's file of a sharded state).
+class FileWriter {
+ public:
+  explicit FileWriter(std::filesystem::path path, WriteOptions opts = {});
+  ~FileWriter();  // without commit(), the temporary file is removed
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+
+  // A whole tensor from any device (device tensors are copied to the host in chunks).
+  void write(const std::string& name, const Tensor& t);
+  // Streaming: create a dataset, then fill it by rows of dim 0.
+  void create(const std::string& name, const Shape& shape, DType t);
+  void write_rows(const std::string& name, int64_t row0, const Tensor& rows);
+  void set_attrs(const std::string& name, const std::map<std::string, std::vector<int64_t>>& attrs);
+  void set_metadata(const Metadata& m);
+  void set_root_attr(const char* name, int64_t value);
+  // A virtual dataset over rows of datasets of the same name in other files (relative paths
+  // resolve against this file's directory).
+  struct Source {
+    std::string file;
+    int64_t row0 = 0, rows = 0;
+  };
+  void create_virtual(const std::string& name, const Shape& shape, DType t, const std::vector<Source>& sources);
+  void commit();  // flush, close, fsync, rename over the final path, fsync the directory
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_, tmp_;
+  WriteOptions opts_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a full checkpoint file or a sharded state (its directory or its index.h5): validates
+// the format and schema version on open; every read checks shape, dtype and checksums and names
+// the first problem (UsageError: the input is bad).
+class Reader {
+ public:
+  explicit Reader(const std::filesystem::path& path);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  bool sharded() const;
+  const std::filesystem::path& path() const { return path_; }  // the file opened (index.h5 when sharded)
+  const Metadata& metadata() const;
+  const std::vector<TensorInfo>& tensors() const;  // sorted by name
+  const TensorInfo& info(const std::string& name) const;  // UsageError when missing
+  bool contains(const std::string& name) const;
+
+  Tensor read(const std::string& name, Device d = Device::cpu()) const;
+  // Reads into an existing tensor, which must have the stored shape and dtype.
+  void read_into(const std::string& name, Tensor& out) const;
+  // Rows [row0, row0 + out.dim(0)) of dim 0 (streaming; out on the host).
+  void read_rows(const std::string& name, int64_t row0, Tensor& out) const;
+  // The shard files of a sharded state (empty for a full checkpoint).
+  std::vector<std::filesystem::path> shard_files() const;
+
+ private:
+  std::filesystem::path path_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A sharded state written by every rank of `comm` together: each rank writes its own file; at
+// commit, rank 0 writes the index once every rank has finished, then renames the directory
+// into place. Collective: every rank calls every method in the same order.
+class ShardedWriter {
+ public:
+  ShardedWriter(std::filesystem::path dir, comm::Communicator& comm, WriteOptions opts = {});
+  ~ShardedWriter();
+  // This rank's rows [offset, offset + local.dim(0)) of a tensor of global shape `shape`;
+  // `offsets` and `lengths` give every rank's rows (the same on every rank).
+  void write_shard(const std::string& name, const Shape& shape, const Tensor& local,
+                   const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths);
+  // A whole tensor stored once, in rank `owner`'s file (only that rank passes a defined tensor;
+  // every rank passes the shape and dtype).
+  void write_whole(const std::string& name, const Shape& shape, DType t, int owner, const Tensor& data);
+  void set_metadata(const Metadata& m);
+  void commit();
+
+ private:
+  std::filesystem::path dir_, tmp_dir_;
+  comm::Communicator& comm_;
+  std::unique_ptr<FileWriter> mine_;
+  std::vector<TensorInfo> index_;  // with the owner of whole tensors in shard_offsets = {-owner-1}
+  Metadata meta_;
+  bool committed_ = false;
+};
+
+// Rank file names inside a sharded state.
+std::string rank_file_name(int rank);
+
+// A checkpoint directory with retention: step-<8 digits>[.h5] entries and a `latest` file that
+// names the newest complete one, updated after the entry is in place.
+class Directory {
+ public:
+  Directory(std::filesystem::path dir, int keep);
+  std::filesystem::path entry(int64_t step, bool sharded) const;
+  // Records `entry` as the latest (atomically) and removes all but the newest `keep` entries.
+  void finish(const std::filesystem::path& entry);
+  // The latest complete entry, if any (the `latest` file, else the newest entry present).
+  std::optional<std::filesystem::path> latest() const;
+
+ private:
+  std::filesystem::path dir_;
+  int keep_;
+};
+
+// Writes text to path atomically (temporary file in the same directory, fsync, rename).
+void write_file_atomic(const std::filesystem::path& path, const std::string& text);
+std::string now_iso8601();
+
+}  // namespace dtk::ckpt

@@ -1,0 +1,197 @@
+#include "dtk/ckpt/h5.h"
+
+#include <mutex>
+#include <vector>
+
+#include "dtk/core/error.h"
+
+namespace dtk::ckpt::h5 {
+
+void Id::reset() {
+  if (id_ < 0) return;
+  switch (H5Iget_type(id_)) {
+    case H5I_FILE: H5Fclose(id_); break;
+    case H5I_GROUP: H5Gclose(id_); break;
+    case H5I_DATASET: H5Dclose(id_); break;
+    case H5I_DATASPACE: H5Sclose(id_); break;
+    case H5I_DATATYPE: H5Tclose(id_); break;
+    case H5I_ATTR: H5Aclose(id_); break;
+    case H5I_GENPROP_LST: H5Pclose(id_); break;
+    default: break;
+  }
+  id_ = H5I_INVALID_HID;
+}
+
+void quiet() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+std::string last_error() {
+  std::string msg;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
+        auto* out = static_cast<std::string*>(data);
+        if (out->empty() && e->desc) *out = e->desc;
+        return 0;
+      },
+      &msg);
+  H5Eclear2(H5E_DEFAULT);
+  return msg;
+}
+
+hid_t check(hid_t id, const std::string& what) {
+  if (id < 0) {
+    const std::string m = last_error();
+    fail(what + (m.empty() ? "" : ": " + m));
+  }
+  return id;
+}
+
+void check_status(herr_t status, const std::string& what) {
+  if (status < 0) {
+    const std::string m = last_error();
+    fail(what + (m.empty() ? "" : ": " + m));
+  }
+}
+
+namespace {
+// A 16-bit IEEE-style float: sign bit 15, `ebits` exponent bits above `mbits` mantissa bits.
+hid_t make_half(size_t ebits, size_t mbits, size_t bias) {
+  hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+  H5Tset_fields(t, 15, mbits, ebits, 0, mbits);
+  H5Tset_precision(t, 16);
+  H5Tset_size(t, 2);
+  H5Tset_ebias(t, bias);
+  return t;
+}
+hid_t bf16_type() {
+  static hid_t t = make_half(8, 7, 127);  // kept for the process
+  return t;
+}
+hid_t f16_type() {
+  static hid_t t = make_half(5, 10, 15);
+  return t;
+}
+}  // namespace
+
+hid_t file_type(DType t) {
+  switch (t) {
+    case DType::f32: return H5T_IEEE_F32LE;
+    case DType::f64: return H5T_IEEE_F64LE;
+    case DType::bf16: return bf16_type();
+    case DType::f16: return f16_type();
+    case DType::i32: return H5T_STD_I32LE;
+    case DType::i64: return H5T_STD_I64LE;
+    case DType::u8: return H5T_STD_U8LE;
+    case DType::u16: return H5T_STD_U16LE;
+  }
+  return H5T_IEEE_F32LE;
+}
+
+hid_t memory_type(DType t) {
+  switch (t) {
+    case DType::f32: return H5T_NATIVE_FLOAT;
+    case DType::f64: return H5T_NATIVE_DOUBLE;
+    case DType::bf16: return bf16_type();  // our buffers hold the same little-endian bits
+    case DType::f16: return f16_type();
+    case DType::i32: return H5T_NATIVE_INT32;
+    case DType::i64: return H5T_NATIVE_INT64;
+    case DType::u8: return H5T_NATIVE_UINT8;
+    case DType::u16: return H5T_NATIVE_UINT16;
+  }
+  return H5T_NATIVE_FLOAT;
+}
+
+DType dtype_of(hid_t type, const std::string& what) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  if (cls == H5T_FLOAT) {
+    if (size == 4) return DType::f32;
+    if (size == 8) return DType::f64;
+    if (size == 2) {
+      size_t spos, epos, esize, mpos, msize;
+      H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize);
+      if (esize == 8 && msize == 7) return DType::bf16;
+      if (esize == 5 && msize == 10) return DType::f16;
+    }
+  } else if (cls == H5T_INTEGER) {
+    const bool sign = H5Tget_sign(type) == H5T_SGN_2;
+    if (sign && size == 4) return DType::i32;
+    if (sign && size == 8) return DType::i64;
+    if (!sign && size == 1) return DType::u8;
+    if (!sign && size == 2) return DType::u16;
+  }
+  fail_usage(what + ": a data type dtk does not use (class " + std::to_string(cls) + ", " + std::to_string(size) +
+             " bytes)");
+}
+
+void set_attr(hid_t obj, const char* name, const std::string& value) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  Id type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type, value.size() ? value.size() : 1);
+  H5Tset_cset(type, H5T_CSET_UTF8);
+  Id space(H5Screate(H5S_SCALAR));
+  Id attr(check(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), std::string("attribute ") + name));
+  const std::string v = value.empty() ? std::string(1, '\0') : value;
+  check_status(H5Awrite(attr, type, v.data()), std::string("attribute ") + name);
+}
+
+void set_attr(hid_t obj, const char* name, int64_t value) { set_attr(obj, name, std::vector<int64_t>{value}); }
+
+void set_attr(hid_t obj, const char* name, const std::vector<int64_t>& value) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  const hsize_t n = value.size();
+  Id space(n == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr));
+  Id attr(check(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), std::string("attribute ") + name));
+  if (n) check_status(H5Awrite(attr, H5T_NATIVE_INT64, value.data()), std::string("attribute ") + name);
+}
+
+bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+
+std::string get_attr_string(hid_t obj, const char* name) {
+  Id attr(check(H5Aopen(obj, name, H5P_DEFAULT), std::string("attribute ") + name + " is missing"));
+  Id type(H5Aget_type(attr));
+  if (H5Tget_class(type) != H5T_STRING) fail(std::string("attribute ") + name + " is not a string");
+  if (H5Tis_variable_str(type) > 0) {
+    char* s = nullptr;
+    Id mt(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mt, H5T_VARIABLE);
+    check_status(H5Aread(attr, mt, &s), std::string("attribute ") + name);
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t n = H5Tget_size(type);
+  std::string out(n, '\0');
+  check_status(H5Aread(attr, type, out.data()), std::string("attribute ") + name);
+  while (!out.empty() && out.back() == '\0') out.pop_back();
+  return out;
+}
+
+std::vector<int64_t> get_attr_ints(hid_t obj, const char* name) {
+  Id attr(check(H5Aopen(obj, name, H5P_DEFAULT), std::string("attribute ") + name + " is missing"));
+  Id space(H5Aget_space(attr));
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  if (n) check_status(H5Aread(attr, H5T_NATIVE_INT64, out.data()), std::string("attribute ") + name);
+  return out;
+}
+
+int64_t get_attr_int(hid_t obj, const char* name) {
+  const auto v = get_attr_ints(obj, name);
+  if (v.size() != 1) fail(std::string("attribute ") + name + " is not a single integer");
+  return v[0];
+}
+
+void make_parents(hid_t file, const std::string& name) {
+  for (size_t pos = name.find('/'); pos != std::string::npos; pos = name.find('/', pos + 1)) {
+    const std::string g = name.substr(0, pos);
+    if (g.empty()) continue;
+    if (H5Lexists(file, g.c_str(), H5P_DEFAULT) > 0) continue;
+    Id grp(check(H5Gcreate2(file, g.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create group " + g));
+  }
+}
+
+}  // namespace dtk::ckpt::h5
