@@ -217,4 +217,9 @@ void column_reduce(const char* name, int64_t R, int64_t C, Load load, Combine co
   check_launch(name);
 }
 
+// dst[idx[j], :] += src[j, :] for j < n (src [n, D], dst [V, D], idx i32 or i64 in [0, V)), in a
+// deterministic order whatever the duplicates: a stable sort of idx, then each run of equal
+// indices is summed in increasing j. Shared by embedding_backward and scatter_add (select.cu).
+void index_add_rows(const char* name, const Tensor& idx, const Tensor& src, int64_t D, Tensor& dst);
+
 }  // namespace dtk::ops::cuda::kern

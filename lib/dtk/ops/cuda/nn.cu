@@ -1,0 +1,298 @@
+// CUDA neural-network row ops: softmax / log-softmax, cross entropy, RMSNorm (forward and
+// backward), RoPE and embedding. Row ops give one block to a row (threads_for_row picks the block
+// size from the row length), with deterministic block reductions; a row is read a few times,
+// which after the first pass comes from L1/L2. Every kernel reads all of its inputs for an element
+// before writing that element, so the in-place uses the contract allows are safe.
+#include "dtk/ops/cuda/common.cuh"
+
+namespace dtk::ops::cuda {
+using namespace kern;
+
+namespace {
+
+// Rows are all leading dims flattened; n is the last dim.
+int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.dim(-1); }
+int64_t rows_of(const Tensor& t) {
+  const int64_t n = last_dim(t);
+  return n == 0 ? 0 : t.numel() / n;
+}
+
+template <typename T>
+__device__ T row_max(const T* x, int64_t n, T* scratch) {
+  T m = -d_inf<T>();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = max_nan(m, x[i]);
+  return block_reduce(m, MaxOp{}, -d_inf<T>(), scratch);
+}
+
+// sum exp(x - m) with m the row maximum: every term is at most 1, so nothing overflows.
+template <typename T>
+__device__ T row_sumexp(const T* x, int64_t n, T m, T* scratch) {
+  T s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += d_exp(x[i] - m);
+  return block_reduce(s, SumOp{}, T(0), scratch);
+}
+
+template <typename T, bool Log>
+__global__ void softmax_forward_kernel(const T* x, T* y, int64_t n) {
+  __shared__ T scratch[32];
+  const T* xr = x + blockIdx.x * n;
+  T* yr = y + blockIdx.x * n;
+  const T m = row_max(xr, n, scratch);
+  const T s = row_sumexp(xr, n, m, scratch);
+  if constexpr (Log) {
+    const T lse = m + d_log(s);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] - lse;
+  } else {
+    const T inv = T(1) / s;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = d_exp(xr[i] - m) * inv;
+  }
+}
+
+// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
+template <typename T, bool Log>
+__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t n) {
+  __shared__ T scratch[32];
+  const T* yr = y + blockIdx.x * n;
+  const T* dyr = dy + blockIdx.x * n;
+  T* dxr = dx + blockIdx.x * n;
+  T s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += Log ? dyr[i] : dyr[i] * yr[i];
+  s = block_reduce(s, SumOp{}, T(0), scratch);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if constexpr (Log)
+      dxr[i] = dyr[i] - d_exp(yr[i]) * s;
+    else
+      dxr[i] = yr[i] * (dyr[i] - s);
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* targets, T* losses, int64_t V) {
+  __shared__ T scratch[32];
+  const int32_t t = targets[blockIdx.x];
+  if (t < 0) {  // ignored: the whole block leaves before any barrier
+    if (threadIdx.x == 0) losses[blockIdx.x] = T(0);
+    return;
+  }
+  const T* xr = logits + blockIdx.x * V;
+  const T m = row_max(xr, V, scratch);
+  const T s = row_sumexp(xr, V, m, scratch);
+  if (threadIdx.x == 0) losses[blockIdx.x] = m + d_log(s) - xr[t];
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* targets, T scale, T* dlogits,
+                                              int64_t V) {
+  __shared__ T scratch[32];
+  const int32_t t = targets[blockIdx.x];
+  const T* xr = logits + blockIdx.x * V;
+  T* dr = dlogits + blockIdx.x * V;
+  if (t < 0) {
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) dr[i] = T(0);
+    return;
+  }
+  const T m = row_max(xr, V, scratch);
+  const T s = row_sumexp(xr, V, m, scratch);
+  const T inv = T(1) / s;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const T p = d_exp(xr[i] - m) * inv;
+    dr[i] = (p - (i == t ? T(1) : T(0))) * scale;
+  }
+}
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(const T* x, const T* w, T eps, T* y, T* rstd, int64_t D) {
+  __shared__ T scratch[32];
+  const T* xr = x + blockIdx.x * D;
+  T* yr = y + blockIdx.x * D;
+  T ss = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_reduce(ss, SumOp{}, T(0), scratch);
+  const T r = T(1) / d_sqrt(ss / T(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+// y_i = x_i r w_i with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / D, so
+// dx_j = r (w_j dy_j - x_j r^2 / D * sum_i dy_i w_i x_i).
+template <typename T>
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const T* rstd, const T* dy, T* dx, int64_t D) {
+  __shared__ T scratch[32];
+  const T* xr = x + blockIdx.x * D;
+  const T* dyr = dy + blockIdx.x * D;
+  T* dxr = dx + blockIdx.x * D;
+  const T r = rstd[blockIdx.x];
+  T s = 0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += dyr[i] * w[i] * xr[i];
+  s = block_reduce(s, SumOp{}, T(0), scratch);
+  const T c = r * r * s / T(D);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dxr[i] = r * (w[i] * dyr[i] - xr[i] * c);
+}
+
+// dw_c += sum_r dy[r, c] x[r, c] rstd[r], as a deterministic column reduction (in double).
+template <typename T>
+struct DwLoad {
+  const T *x, *dy, *rstd;
+  int64_t D;
+  __device__ double operator()(int64_t r, int64_t c) const {
+    return double(dy[r * D + c]) * double(x[r * D + c]) * double(rstd[r]);
+  }
+};
+template <typename T>
+struct DwAccumulate {
+  T* dw;
+  __device__ void operator()(int64_t c, double acc) const { dw[c] += T(acc); }
+};
+struct AddD {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+// One thread per rotated pair. The angle and its sine/cosine are computed in double for both
+// dtypes: positions reach thousands of radians, where an f32 angle would lose ~1e-4 absolute.
+template <typename T>
+__global__ void rope_kernel(const T* x, T* y, int64_t npairs, int64_t T_, int64_t H, int64_t half, double theta,
+                            int64_t pos0, double sign) {
+  for (int64_t p = global_tid(); p < npairs; p += grid_stride()) {
+    const int64_t i = p % half;
+    const int64_t t = (p / half / H) % T_;
+    const double angle = sign * static_cast<double>(pos0 + t) * ::pow(theta, -2.0 * static_cast<double>(i) /
+                                                                                 static_cast<double>(2 * half));
+    double s, c;
+    ::sincos(angle, &s, &c);
+    const T x0 = x[2 * p], x1 = x[2 * p + 1];
+    y[2 * p] = x0 * T(c) - x1 * T(s);
+    y[2 * p + 1] = x0 * T(s) + x1 * T(c);
+  }
+}
+
+template <typename T>
+__global__ void embedding_forward_kernel(const T* table, const int32_t* ids, T* out, int64_t N, int64_t D) {
+  for (int64_t e = global_tid(); e < N * D; e += grid_stride()) {
+    const int64_t n = e / D, d = e - n * D;
+    out[e] = table[static_cast<int64_t>(ids[n]) * D + d];
+  }
+}
+
+}  // namespace
+
+void softmax_forward(const Tensor& x, Tensor& y) {
+  const int64_t n = last_dim(x), R = rows_of(x);
+  if (R == 0) return;
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_forward_kernel<T, false><<<static_cast<unsigned>(R), threads_for_row(n), 0, stream()>>>(
+        x.ptr<T>(), y.ptr<T>(), n);
+  });
+  check_launch("softmax_forward");
+}
+
+void log_softmax_forward(const Tensor& x, Tensor& y) {
+  const int64_t n = last_dim(x), R = rows_of(x);
+  if (R == 0) return;
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_forward_kernel<T, true><<<static_cast<unsigned>(R), threads_for_row(n), 0, stream()>>>(
+        x.ptr<T>(), y.ptr<T>(), n);
+  });
+  check_launch("log_softmax_forward");
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const int64_t n = last_dim(y), R = rows_of(y);
+  if (R == 0) return;
+  visit_float(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_backward_kernel<T, false><<<static_cast<unsigned>(R), threads_for_row(n), 0, stream()>>>(
+        y.ptr<T>(), dy.ptr<T>(), dx.ptr<T>(), n);
+  });
+  check_launch("softmax_backward");
+}
+
+void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const int64_t n = last_dim(y), R = rows_of(y);
+  if (R == 0) return;
+  visit_float(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_backward_kernel<T, true><<<static_cast<unsigned>(R), threads_for_row(n), 0, stream()>>>(
+        y.ptr<T>(), dy.ptr<T>(), dx.ptr<T>(), n);
+  });
+  check_launch("log_softmax_backward");
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  if (N == 0) return;
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_forward_kernel<T><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
+        logits.ptr<T>(), targets.ptr<int32_t>(), losses.ptr<T>(), V);
+  });
+  check_launch("cross_entropy_forward");
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  if (N == 0) return;
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
+        logits.ptr<T>(), targets.ptr<int32_t>(), T(scale), dlogits.ptr<T>(), V);
+  });
+  check_launch("cross_entropy_backward");
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  const int64_t D = last_dim(x), R = rows_of(x);
+  if (R == 0) return;
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
+        x.ptr<T>(), w.ptr<T>(), T(eps), y.ptr<T>(), rstd.ptr<T>(), D);
+  });
+  check_launch("rmsnorm_forward");
+}
+
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                      Tensor& dw) {
+  const int64_t D = last_dim(x), R = rows_of(x);
+  if (R == 0) return;
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    // dw first: it reads dy, which dx may overwrite when the caller passes them aliased.
+    column_reduce<double>("rmsnorm_backward(dw)", R, D, DwLoad<T>{x.ptr<T>(), dy.ptr<T>(), rstd.ptr<T>(), D}, AddD{},
+                          0.0, DwAccumulate<T>{dw.ptr<T>()}, x.device());
+    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
+        x.ptr<T>(), w.ptr<T>(), rstd.ptr<T>(), dy.ptr<T>(), dx.ptr<T>(), D);
+  });
+  check_launch("rmsnorm_backward");
+}
+
+void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
+  const int64_t T_ = x.dim(1), H = x.dim(2), hd = x.dim(3);
+  const int64_t npairs = x.numel() / 2;
+  if (npairs == 0) return;
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<grid_for(npairs, 256), 256, 0, stream()>>>(x.ptr<T>(), y.ptr<T>(), npairs, T_, H, hd / 2, theta,
+                                                                 pos0, inverse ? -1.0 : 1.0);
+  });
+  check_launch("rope");
+}
+
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
+  const int64_t N = ids.numel(), D = table.dim(1);
+  if (N * D == 0) return;
+  visit_float(table.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    embedding_forward_kernel<T><<<grid_for(N * D, 256), 256, 0, stream()>>>(table.ptr<T>(), ids.ptr<int32_t>(),
+                                                                            out.ptr<T>(), N, D);
+  });
+  check_launch("embedding_forward");
+}
+
+// Deterministic (sort-based, no float atomics): see index_add_rows in select.cu.
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  index_add_rows("embedding_backward", ids, dout, dtable.dim(1), dtable);
+}
+
+}  // namespace dtk::ops::cuda
