@@ -1,0 +1,60 @@
+// CPU gemm: OpenBLAS cblas_?gemm in row-major layout, one call per matrix of a batch (OpenBLAS
+// threads each call; small batched products are rare in dtk and stay correct this way).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "dtk/ops/backend.h"
+
+namespace dtk::ops::cpu {
+
+namespace {
+
+void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const float* a,
+                int lda, const float* b, int ldb, double beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c,
+              ldc);
+}
+void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a,
+                int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <typename T>
+void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+  const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1;
+  const int m = static_cast<int>(c.dim(-2));
+  const int n = static_cast<int>(c.dim(-1));
+  const int k = static_cast<int>(trans_a ? a.dim(-2) : a.dim(-1));
+  const int64_t a_stride = a.dim(-2) * a.dim(-1), b_stride = b.dim(-2) * b.dim(-1), c_stride = int64_t(m) * n;
+  T* cp = c.ptr<T>();
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty product: C = beta C. BLAS would reject the zero leading dimensions of A and B,
+    // and beta == 0 must give zeros even where C held NaN (BLAS semantics: C is not read).
+    const int64_t total = batch * c_stride;
+    for (int64_t i = 0; i < total; ++i) cp[i] = beta == 0 ? T(0) : static_cast<T>(beta * cp[i]);
+    return;
+  }
+  // Row-major leading dimensions are the stored row lengths (at least 1 for BLAS).
+  const int lda = std::max<int>(1, static_cast<int>(a.dim(-1)));
+  const int ldb = std::max<int>(1, static_cast<int>(b.dim(-1)));
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  const T* ap = a.ptr<T>();
+  const T* bp = b.ptr<T>();
+  for (int64_t i = 0; i < batch; ++i)
+    cblas_gemm(ta, tb, m, n, k, alpha, ap + i * a_stride, lda, bp + i * b_stride, ldb, beta, cp + i * c_stride, n);
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+  if (c.dtype() == DType::f32)
+    gemm_typed<float>(trans_a, trans_b, alpha, a, b, beta, c);
+  else
+    gemm_typed<double>(trans_a, trans_b, alpha, a, b, beta, c);
+}
+
+}  // namespace dtk::ops::cpu

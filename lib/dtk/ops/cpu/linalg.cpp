@@ -1,0 +1,262 @@
+// CPU linear algebra: Gram-Schmidt and Householder orthonormalisation, symmetric
+// eigendecomposition (LAPACKE, row-major) and matrix inverse roots. A batch [B, ...] is a loop
+// over its matrices.
+#include <cblas.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/backend.h"
+
+namespace dtk::ops::cpu {
+
+namespace {
+
+int64_t batch_of(const Tensor& t) { return t.ndim() == 3 ? t.dim(0) : 1; }
+
+// ---------------------------------------------------------------- modified Gram-Schmidt
+// One matrix [m, r], row-major. The columns are gathered into a column-major f64 buffer so
+// each column is contiguous (the row-major column j has stride r), orthonormalised there in f64
+// (also for f32 input: the loss of orthogonality of MGS grows with the condition number times
+// the unit roundoff, so f64 arithmetic buys f32 results that are orthonormal to f32 precision),
+// then written back.
+//
+// Each column is orthogonalised twice against the columns before it ("twice is enough",
+// Giraud, Langou and Rozloznik 2005): one MGS pass leaves an error of order eps * cond(A) in
+// Q^T Q, the second brings it to order eps. A column whose remaining norm (after both passes) is
+// below eps is set to zero: it lies in the span of the previous columns (or was zero), and
+// normalising it would amplify rounding noise or divide by zero. Zero columns then drop out of
+// the later projections by themselves (their dot product is 0).
+template <typename T>
+void mgs_matrix(T* a, int64_t m, int64_t r, double eps, std::vector<double>& q) {
+  q.resize(static_cast<size_t>(m * r));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < r; ++j) q[j * m + i] = static_cast<double>(a[i * r + j]);
+  const int mi = static_cast<int>(m);
+  for (int64_t j = 0; j < r; ++j) {
+    double* c = q.data() + j * m;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t i = 0; i < j; ++i) {
+        const double* qi = q.data() + i * m;
+        const double d = cblas_ddot(mi, qi, 1, c, 1);  // modified: against the updated column
+        cblas_daxpy(mi, -d, qi, 1, c, 1);
+      }
+    }
+    const double norm = cblas_dnrm2(mi, c, 1);
+    if (norm < eps) {
+      std::fill(c, c + m, 0.0);
+    } else {
+      cblas_dscal(mi, 1.0 / norm, c, 1);  // NaN input stays NaN (it is not "below eps")
+    }
+  }
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < r; ++j) a[i * r + j] = static_cast<T>(q[j * m + i]);
+}
+
+// ---------------------------------------------------------------- LAPACKE overloads
+lapack_int geqrf(lapack_int m, lapack_int n, float* a, lapack_int lda, float* tau) {
+  return LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, m, n, a, lda, tau);
+}
+lapack_int geqrf(lapack_int m, lapack_int n, double* a, lapack_int lda, double* tau) {
+  return LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, m, n, a, lda, tau);
+}
+lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, float* a, lapack_int lda, const float* tau) {
+  return LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, n, k, a, lda, tau);
+}
+lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, double* a, lapack_int lda, const double* tau) {
+  return LAPACKE_dorgqr(LAPACK_ROW_MAJOR, m, n, k, a, lda, tau);
+}
+// uplo 'L' names the lower triangle of the matrix as LAPACKE's row-major caller sees it
+// (LAPACKE transposes the triangle it hands to the column-major solver accordingly), and the
+// eigenvectors come back as the columns of the row-major matrix.
+lapack_int syevd(lapack_int n, float* a, float* w) { return LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
+lapack_int syevd(lapack_int n, double* a, double* w) { return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
+
+const char* syevd_name(float*) { return "LAPACKE_ssyevd"; }
+const char* syevd_name(double*) { return "LAPACKE_dsyevd"; }
+
+template <typename T>
+void qr_typed(Tensor& a) {
+  const int64_t m = a.dim(-2), r = a.dim(-1);
+  if (m == 0 || r == 0) return;
+  std::vector<T> tau(static_cast<size_t>(r));
+  for (int64_t bi = 0; bi < batch_of(a); ++bi) {
+    T* p = a.ptr<T>() + bi * m * r;
+    const auto mm = static_cast<lapack_int>(m), rr = static_cast<lapack_int>(r);
+    lapack_int info = geqrf(mm, rr, p, rr, tau.data());
+    if (info != 0) fail("orthonormalize_qr: LAPACKE ?geqrf failed (info " + std::to_string(info) + ")");
+    info = orgqr(mm, rr, rr, p, rr, tau.data());
+    if (info != 0) fail("orthonormalize_qr: LAPACKE ?orgqr failed (info " + std::to_string(info) + ")");
+  }
+}
+
+template <typename T>
+bool all_finite(const T* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
+template <typename T>
+void eigh_typed(const Tensor& a, Tensor& w, Tensor& v) {
+  const int64_t n = a.dim(-1);
+  if (n == 0) return;
+  for (int64_t bi = 0; bi < batch_of(a); ++bi) {
+    const T* ap = a.ptr<T>() + bi * n * n;
+    T* vp = v.ptr<T>() + bi * n * n;
+    T* wp = w.ptr<T>() + bi * n;
+    // The solver works in place on v. Only the lower triangle is read (ops.h): check that one
+    // for NaN / Inf, on which LAPACK's iterations may fail or return garbage.
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j <= i; ++j)
+        if (!std::isfinite(ap[i * n + j]))
+          fail("eigh: the lower triangle of matrix " + std::to_string(bi) + " of " + a.str() + " holds NaN or Inf");
+    if (vp != ap) std::copy(ap, ap + n * n, vp);
+    const lapack_int info = syevd(static_cast<lapack_int>(n), vp, wp);
+    if (info > 0)
+      fail(std::string("eigh: ") + syevd_name(vp) + " did not converge (info " + std::to_string(info) +
+           ") on matrix " + std::to_string(bi) + " of " + a.str());
+    if (info < 0) fail(std::string("eigh: ") + syevd_name(vp) + " failed (info " + std::to_string(info) + ")");
+  }
+}
+
+// ---------------------------------------------------------------- inverse roots
+// Both methods run in f64 whatever the input dtype; they read the lower triangle of a (as eigh
+// does) and mirror it, so the matrix they work on is exactly symmetric.
+
+// X = V diag(d) V^T for V [n, n] row-major with the eigenvectors as columns.
+void reconstruct(int n, const std::vector<double>& v, const std::vector<double>& d, double* x) {
+  std::vector<double> vd(v);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) vd[size_t(i) * n + j] *= d[j];
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0, vd.data(), n, v.data(), n, 0.0, x, n);
+}
+
+// (A + eps I)^(-1/p) by eigendecomposition. With mu = the eigenvalues of A + eps I, ascending:
+// when mu_0 < eps (A has a negative eigenvalue, in practice rounding of a PSD matrix) every
+// eigenvalue is shifted up by eps - mu_0, so the smallest becomes eps; otherwise none is
+// changed. This is Distributed Shampoo's "make positive semidefinite, then add epsilon":
+// lambda - min(lambda_min, 0) + eps. Then X = V diag(mu^(-1/p)) V^T.
+bool root_eigh(int n, const std::vector<double>& a, double p, double eps, double* x) {
+  std::vector<double> v(a);
+  std::vector<double> w(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i) * n + i] += eps;
+  if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, v.data(), n, w.data()) != 0) return false;
+  const double shift = w[0] < eps ? eps - w[0] : 0.0;
+  std::vector<double> d(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    d[j] = std::pow(w[j] + shift, -1.0 / p);
+    if (!std::isfinite(d[j])) return false;  // eps = 0 on a singular matrix
+  }
+  reconstruct(n, v, d, x);
+  return true;
+}
+
+// Coupled Newton iteration for A^(-1/p), A = a + eps I (Guo and Higham 2006; the form used by
+// Distributed Shampoo). With z = (p + 1) / (2 ||A||_F): X_0 = z^(1/p) I, M_0 = z A, and
+//   M'_k = ((p + 1) I - M_k) / p,  X_{k+1} = X_k M'_k,  M_{k+1} = (M'_k)^p M_k,
+// which keeps M_k = X_k^p A, so M_k -> I gives X_k -> A^(-1/p). ||A||_F bounds the largest
+// eigenvalue from above, so the eigenvalues of M_0 lie in (0, (p + 1) / 2], inside the region
+// of convergence (0, p + 1). Stops when max |M - I| < tolerance; fails on NaN / Inf or after
+// max_iters updates.
+bool root_newton(int n, const std::vector<double>& a, int p, const RootOptions& opts, double* x) {
+  const size_t nn = size_t(n) * n;
+  std::vector<double> m(a);
+  for (int i = 0; i < n; ++i) m[size_t(i) * n + i] += opts.eps;
+  const double fro = cblas_dnrm2(static_cast<int>(nn), m.data(), 1);
+  if (!(fro > 0) || !std::isfinite(fro)) return false;
+  const double z = (p + 1.0) / (2.0 * fro);
+  cblas_dscal(static_cast<int>(nn), z, m.data(), 1);
+  std::fill(x, x + nn, 0.0);
+  for (int i = 0; i < n; ++i) x[size_t(i) * n + i] = std::pow(z, 1.0 / p);
+  std::vector<double> mp(nn), t(nn), pw(nn);
+  for (int it = 0;; ++it) {
+    double err = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        const double e = std::fabs(m[size_t(i) * n + j] - (i == j ? 1.0 : 0.0));
+        if (std::isnan(e)) return false;
+        err = std::max(err, e);
+      }
+    if (!std::isfinite(err)) return false;
+    if (err < opts.tolerance) break;
+    if (it >= opts.max_iters) return false;
+    for (size_t k = 0; k < nn; ++k) mp[k] = -m[k] / p;
+    for (int i = 0; i < n; ++i) mp[size_t(i) * n + i] += (p + 1.0) / p;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0, x, n, mp.data(), n, 0.0, t.data(), n);
+    std::copy(t.begin(), t.end(), x);
+    for (int k = 0; k < p; ++k) {  // m = mp^p m, one factor at a time
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0, mp.data(), n, m.data(), n, 0.0,
+                  pw.data(), n);
+      m.swap(pw);
+    }
+  }
+  return all_finite(x, static_cast<int64_t>(nn));
+}
+
+template <typename T>
+bool inverse_root_typed(const Tensor& a, double p, const RootOptions& opts, Tensor& out) {
+  const int64_t n = a.dim(-1), batch = batch_of(a);
+  const size_t nn = size_t(n) * size_t(n);
+  if (n == 0) return true;
+  // All matrices are computed before out is written, so a failure leaves out untouched.
+  std::vector<double> result(nn * size_t(batch));
+  std::vector<double> sym(nn);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    const T* ap = a.ptr<T>() + bi * int64_t(nn);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        const double e = static_cast<double>(ap[i * n + j]);
+        if (!std::isfinite(e)) return false;
+        sym[i * n + j] = sym[j * n + i] = e;
+      }
+    double* x = result.data() + bi * int64_t(nn);
+    const bool ok = opts.method == RootMethod::newton
+                        ? root_newton(static_cast<int>(n), sym, static_cast<int>(p), opts, x)
+                        : root_eigh(static_cast<int>(n), sym, p, opts.eps, x);
+    if (!ok) return false;
+  }
+  T* op = out.ptr<T>();
+  for (size_t i = 0; i < result.size(); ++i) op[i] = static_cast<T>(result[i]);
+  return true;
+}
+
+}  // namespace
+
+void orthonormalize_mgs(Tensor& a, double eps) {
+  const int64_t m = a.dim(-2), r = a.dim(-1);
+  if (m == 0 || r == 0) return;
+  std::vector<double> q;
+  for (int64_t bi = 0; bi < batch_of(a); ++bi) {
+    if (a.dtype() == DType::f32)
+      mgs_matrix(a.ptr<float>() + bi * m * r, m, r, eps, q);
+    else
+      mgs_matrix(a.ptr<double>() + bi * m * r, m, r, eps, q);
+  }
+}
+
+void orthonormalize_qr(Tensor& a) {
+  if (a.dtype() == DType::f32)
+    qr_typed<float>(a);
+  else
+    qr_typed<double>(a);
+}
+
+void eigh(const Tensor& a, Tensor& w, Tensor& v) {
+  if (a.dtype() == DType::f32)
+    eigh_typed<float>(a, w, v);
+  else
+    eigh_typed<double>(a, w, v);
+}
+
+bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out) {
+  return a.dtype() == DType::f32 ? inverse_root_typed<float>(a, p, opts, out)
+                                 : inverse_root_typed<double>(a, p, opts, out);
+}
+
+}  // namespace dtk::ops::cpu

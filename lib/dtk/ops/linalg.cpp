@@ -1,0 +1,147 @@
+// Public linear algebra (ops.h): gemm, orthonormalisation, symmetric eigendecomposition and
+// inverse roots. Each function checks its arguments completely (a UsageError naming the op and
+// the tensor), then runs the backend of the tensors' device.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "dtk/ops/backend.h"
+#include "dtk/ops/check.h"
+
+namespace dtk::ops {
+using namespace dtk::ops::detail;
+
+namespace {
+
+void check_matrix_rank(const char* op, const Tensor& t, const char* name) {
+  check_defined(op, t, name);
+  if (t.ndim() != 2 && t.ndim() != 3)
+    fail_usage(std::string(op) + ": " + name + " must be a matrix [m, n] or a batch [B, m, n], got " + t.str());
+}
+
+// Do the byte ranges of two tensors overlap? Views of one storage that do not overlap (two
+// slices of a batch) are fine as gemm's inputs and output; overlapping ones are not.
+bool overlaps(const Tensor& x, const Tensor& y) {
+  if (!x.shares_storage(y) || x.bytes() == 0 || y.bytes() == 0) return false;
+  const auto* x0 = static_cast<const char*>(x.data());
+  const auto* y0 = static_cast<const char*>(y.data());
+  return x0 < y0 + y.bytes() && y0 < x0 + x.bytes();
+}
+
+// Square matrix or batch of square matrices.
+void check_square(const char* op, const Tensor& a, const char* name) {
+  check_matrix_rank(op, a, name);
+  if (a.dim(-1) != a.dim(-2))
+    fail_usage(std::string(op) + ": " + name + " must be square ([n, n] or [B, n, n]), got " + a.str());
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+  const char* op = "gemm";
+  check_matrix_rank(op, a, "a");
+  check_matrix_rank(op, b, "b");
+  check_matrix_rank(op, c, "c");
+  check_on(op, c, a, "a");
+  check_on(op, c, b, "b");
+  check_float(op, c, "c");
+  // a and b share c's dtype, except on CUDA where bf16 inputs accumulate into an f32 c.
+  const bool bf16_inputs = a.dtype() == DType::bf16 && b.dtype() == DType::bf16;
+  if (bf16_inputs) {
+    if (!c.is_cuda())
+      fail_usage("gemm: bf16 inputs are supported on CUDA only (with an f32 c), got a " + a.str() + ", b " + b.str());
+    if (c.dtype() != DType::f32) fail_usage("gemm: with bf16 a and b, c must be f32, got " + c.str());
+  } else {
+    check_type(op, a, c.dtype(), "a");
+    check_type(op, b, c.dtype(), "b");
+  }
+  if (a.ndim() != c.ndim() || b.ndim() != c.ndim())
+    fail_usage("gemm: a, b and c must all be matrices or all be batches, got a " + a.str() + ", b " + b.str() +
+               ", c " + c.str());
+  if (c.ndim() == 3 && (a.dim(0) != c.dim(0) || b.dim(0) != c.dim(0)))
+    fail_usage("gemm: batch sizes differ: a " + a.str() + ", b " + b.str() + ", c " + c.str());
+  // op(A) [m, k], op(B) [k, n], C [m, n].
+  const int64_t m = trans_a ? a.dim(-1) : a.dim(-2);
+  const int64_t k = trans_a ? a.dim(-2) : a.dim(-1);
+  const int64_t kb = trans_b ? b.dim(-1) : b.dim(-2);
+  const int64_t n = trans_b ? b.dim(-2) : b.dim(-1);
+  const auto opname = [](bool t, const char* x) { return std::string(x) + (t ? "^T" : ""); };
+  if (k != kb)
+    fail_usage("gemm: inner dimensions differ: " + opname(trans_a, "a") + " of " + a.str() + " has " +
+               std::to_string(k) + " columns, " + opname(trans_b, "b") + " of " + b.str() + " has " +
+               std::to_string(kb) + " rows");
+  if (c.dim(-2) != m || c.dim(-1) != n)
+    fail_usage("gemm: c must be [" + std::to_string(m) + ", " + std::to_string(n) + "] (per batch) for " +
+               opname(trans_a, "a") + " of " + a.str() + " and " + opname(trans_b, "b") + " of " + b.str() +
+               ", got " + c.str());
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    fail_usage("gemm: dimensions beyond 2^31 - 1 are not supported by BLAS, got a " + a.str() + ", b " + b.str());
+  if (overlaps(a, c) || overlaps(b, c)) fail_usage("gemm: c must not overlap a or b in memory");
+  if (!std::isfinite(alpha) || !std::isfinite(beta)) fail_usage("gemm: alpha and beta must be finite");
+  DTK_DISPATCH(c, gemm(trans_a, trans_b, alpha, a, b, beta, c));
+}
+
+void orthonormalize_mgs(Tensor& a, double eps) {
+  const char* op = "orthonormalize_mgs";
+  check_matrix_rank(op, a, "a");
+  check_float(op, a, "a");
+  if (!(eps >= 0) || !std::isfinite(eps)) fail_usage("orthonormalize_mgs: eps must be finite and >= 0");
+  if (a.dim(-2) > INT32_MAX) fail_usage("orthonormalize_mgs: m beyond 2^31 - 1 is not supported, got " + a.str());
+  DTK_DISPATCH(a, orthonormalize_mgs(a, eps));
+}
+
+void orthonormalize_qr(Tensor& a) {
+  const char* op = "orthonormalize_qr";
+  check_matrix_rank(op, a, "a");
+  check_float(op, a, "a");
+  if (a.dim(-1) > a.dim(-2))
+    fail_usage("orthonormalize_qr: a [m, r] needs r <= m for a thin Q, got " + a.str());
+  if (a.dim(-2) > INT32_MAX) fail_usage("orthonormalize_qr: m beyond 2^31 - 1 is not supported, got " + a.str());
+  DTK_DISPATCH(a, orthonormalize_qr(a));
+}
+
+void eigh(const Tensor& a, Tensor& w, Tensor& v) {
+  const char* op = "eigh";
+  check_square(op, a, "a");
+  check_float(op, a, "a");
+  if (a.dim(-1) > INT32_MAX) fail_usage("eigh: n beyond 2^31 - 1 is not supported, got " + a.str());
+  check_on(op, a, w, "w");
+  check_on(op, a, v, "v");
+  check_type(op, w, a.dtype(), "w");
+  check_type(op, v, a.dtype(), "v");
+  Shape ws = a.shape();
+  ws.pop_back();  // [n] or [B, n]
+  check_shape(op, w, ws, "w");
+  check_shape(op, v, a.shape(), "v");
+  if (overlaps(a, w) || overlaps(v, w)) fail_usage("eigh: w must not overlap a or v in memory");
+  // v may be a itself: the backends copy a into v before the solver overwrites it.
+  if (overlaps(a, v) && a.data() != v.data()) fail_usage("eigh: v must be a itself or not overlap it");
+  DTK_DISPATCH(a, eigh(a, w, v));
+}
+
+bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out) {
+  const char* op = "inverse_root";
+  check_square(op, a, "a");
+  check_float(op, a, "a");
+  if (a.dim(-1) > INT32_MAX) fail_usage("inverse_root: n beyond 2^31 - 1 is not supported, got " + a.str());
+  check_on(op, a, out, "out");
+  check_type(op, out, a.dtype(), "out");
+  check_shape(op, out, a.shape(), "out");
+  if (!(p > 0) || !std::isfinite(p)) fail_usage("inverse_root: p must be finite and > 0, got " + std::to_string(p));
+  if (!(opts.eps >= 0) || !std::isfinite(opts.eps))
+    fail_usage("inverse_root: eps must be finite and >= 0, got " + std::to_string(opts.eps));
+  if (opts.method == RootMethod::newton) {
+    // The coupled iteration raises M to the p-th power by repeated products.
+    if (p != std::floor(p) || p > 64)
+      fail_usage("inverse_root: the newton method needs an integer p in [1, 64], got " + std::to_string(p));
+    if (opts.max_iters < 1) fail_usage("inverse_root: max_iters must be >= 1");
+    if (!(opts.tolerance > 0)) fail_usage("inverse_root: tolerance must be > 0");
+  } else if (opts.method != RootMethod::eigh) {
+    fail_usage("inverse_root: unknown method");
+  }
+  // out may be a itself: the backends write out only after the whole computation succeeded.
+  if (overlaps(a, out) && a.data() != out.data()) fail_usage("inverse_root: out must be a itself or not overlap it");
+  return DTK_DISPATCH(a, inverse_root(a, p, opts, out));
+}
+
+}  // namespace dtk::ops

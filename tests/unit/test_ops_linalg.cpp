@@ -1,0 +1,626 @@
+// CPU linear algebra (ops.h) against plain f64 references written here: a triple-loop gemm and
+// a cyclic Jacobi eigensolver, plus the invariants each operation promises (orthonormal
+// columns, preserved span, A V = V diag(w), X^p A = I).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/core/tensor.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk {
+namespace {
+
+using Mat = std::vector<double>;  // row-major
+
+Mat random_values(size_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist(0.0, 1.0);
+  Mat v(n);
+  for (double& x : v) x = dist(gen);
+  return v;
+}
+
+// The values a tensor of dtype t holds when given v (f32 rounds): references start from these.
+Mat rounded(const Mat& v, DType t) {
+  if (t == DType::f64) return v;
+  Mat r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<float>(v[i]));
+  return r;
+}
+
+// C[m, n] = op(A) op(B), A stored [m, k] or [k, m], B [k, n] or [n, k].
+Mat ref_matmul(bool ta, bool tb, const double* a, const double* b, int64_t m, int64_t n, int64_t k) {
+  Mat c(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l) s += (ta ? a[l * m + i] : a[i * k + l]) * (tb ? b[j * k + l] : b[l * n + j]);
+      c[size_t(i * n + j)] = s;
+    }
+  return c;
+}
+
+Mat matmul(const Mat& a, const Mat& b, int64_t m, int64_t k, int64_t n, bool ta = false, bool tb = false) {
+  return ref_matmul(ta, tb, a.data(), b.data(), m, n, k);
+}
+
+double max_abs(const Mat& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+double max_diff(const Mat& x, const Mat& y) {
+  EXPECT_EQ(x.size(), y.size());
+  double e = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) e = std::max(e, std::fabs(x[i] - y[i]));
+  return e;
+}
+
+// max |x - y| / max(1, max |y|)
+double rel_err(const Mat& x, const Mat& y) {
+  EXPECT_EQ(x.size(), y.size());
+  double e = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) e = std::max(e, std::fabs(x[i] - y[i]));
+  return e / std::max(1.0, max_abs(y));
+}
+
+double tol_for(DType t) { return t == DType::f64 ? 1e-11 : 2e-5; }
+
+Mat identity(int64_t n) {
+  Mat i(size_t(n * n), 0.0);
+  for (int64_t k = 0; k < n; ++k) i[size_t(k * n + k)] = 1;
+  return i;
+}
+
+// Cyclic Jacobi eigensolver for a symmetric matrix: eigenvalues ascending, eigenvectors as
+// columns. Slow and simple, accurate to f64 rounding.
+void ref_eigh(const Mat& a_in, int64_t n, Mat& w, Mat& v) {
+  Mat a = a_in;
+  v = identity(n);
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        if (i != j) off += a[i * n + j] * a[i * n + j];
+    if (off < 1e-30 * std::max(1.0, max_abs(a) * max_abs(a))) break;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t q = p + 1; q < n; ++q) {
+        const double apq = a[p * n + q];
+        if (apq == 0) continue;
+        const double theta = (a[q * n + q] - a[p * n + p]) / (2 * apq);
+        const double t = (theta >= 0 ? 1 : -1) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+        const double c = 1 / std::sqrt(t * t + 1), s = t * c;
+        for (int64_t k = 0; k < n; ++k) {  // A <- A J (columns p, q)
+          const double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = c * akp - s * akq;
+          a[k * n + q] = s * akp + c * akq;
+        }
+        for (int64_t k = 0; k < n; ++k) {  // A <- J^T A (rows p, q)
+          const double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = c * apk - s * aqk;
+          a[q * n + k] = s * apk + c * aqk;
+        }
+        for (int64_t k = 0; k < n; ++k) {  // V <- V J
+          const double vkp = v[k * n + p], vkq = v[k * n + q];
+          v[k * n + p] = c * vkp - s * vkq;
+          v[k * n + q] = s * vkp + c * vkq;
+        }
+      }
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return a[x * n + x] < a[y * n + y]; });
+  w.assign(size_t(n), 0);
+  Mat vs(size_t(n * n));
+  for (int64_t j = 0; j < n; ++j) {
+    w[size_t(j)] = a[order[j] * n + order[j]];
+    for (int64_t i = 0; i < n; ++i) vs[size_t(i * n + j)] = v[i * n + order[j]];
+  }
+  v = vs;
+}
+
+// (A + eps I)^(-1/p) from the Jacobi reference; with `shift`, ops.h's eigenvalue rule of the
+// eigh method (the newton method computes (A + eps I)^(-1/p) as it is).
+Mat ref_inverse_root(const Mat& a, int64_t n, double p, double eps, bool shift = true) {
+  Mat s = a;
+  for (int64_t i = 0; i < n; ++i) s[i * n + i] += eps;
+  Mat w, v;
+  ref_eigh(s, n, w, v);
+  const double up = shift && w[0] < eps ? eps - w[0] : 0;
+  Mat vd = v;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) vd[i * n + j] *= std::pow(w[j] + up, -1 / p);
+  return matmul(vd, v, n, n, n, false, true);
+}
+
+// A well-conditioned SPD matrix: B B^T / n + I, eigenvalues in about [1, 5].
+Mat random_spd(int64_t n, uint64_t seed) {
+  const Mat b = random_values(size_t(n * n), seed);
+  Mat a = matmul(b, b, n, n, n, false, true);
+  for (double& x : a) x /= double(n);
+  for (int64_t i = 0; i < n; ++i) a[i * n + i] += 1;
+  return a;
+}
+
+Mat mat_power(const Mat& x, int64_t n, int p) {
+  Mat r = identity(n);
+  for (int k = 0; k < p; ++k) r = matmul(r, x, n, n, n);
+  return r;
+}
+
+const DType kFloatTypes[] = {DType::f32, DType::f64};
+
+// ------------------------------------------------------------------------------------ gemm
+
+TEST(LinalgGemm, MatchesReferenceAllTransposes) {
+  struct Size {
+    int64_t m, n, k;
+  };
+  const Size sizes[] = {{1, 1, 1}, {7, 33, 1}, {33, 7, 100}, {100, 33, 7}, {1, 100, 7}, {33, 100, 33}};
+  uint64_t seed = 1;
+  for (DType t : kFloatTypes)
+    for (const Size& s : sizes)
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          const Mat av = rounded(random_values(size_t(s.m * s.k), seed++), t);
+          const Mat bv = rounded(random_values(size_t(s.k * s.n), seed++), t);
+          const Mat cv = rounded(random_values(size_t(s.m * s.n), seed++), t);
+          const Shape as = ta ? Shape{s.k, s.m} : Shape{s.m, s.k};
+          const Shape bs = tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
+          Tensor a = Tensor::from_doubles(av, as, t), b = Tensor::from_doubles(bv, bs, t);
+          Tensor c = Tensor::from_doubles(cv, {s.m, s.n}, t);
+          const double alpha = 1.5, beta = -0.5;
+          ops::gemm(ta, tb, alpha, a, b, beta, c);
+          Mat want = ref_matmul(ta, tb, av.data(), bv.data(), s.m, s.n, s.k);
+          for (size_t i = 0; i < want.size(); ++i) want[i] = alpha * want[i] + beta * cv[i];
+          EXPECT_LT(rel_err(c.to_doubles(), want), tol_for(t) * std::sqrt(double(s.k)))
+              << dtype_name(t) << " m=" << s.m << " n=" << s.n << " k=" << s.k << " ta=" << ta << " tb=" << tb;
+        }
+}
+
+TEST(LinalgGemm, BetaZeroIgnoresNaNInC) {
+  const Mat av = random_values(7 * 5, 11), bv = random_values(5 * 3, 12);
+  for (DType t : kFloatTypes) {
+    Tensor a = Tensor::from_doubles(av, {7, 5}, t), b = Tensor::from_doubles(bv, {5, 3}, t);
+    Tensor c = Tensor::from_doubles(Mat(21, std::numeric_limits<double>::quiet_NaN()), {7, 3}, t);
+    ops::gemm(false, false, 1.0, a, b, 0.0, c);
+    EXPECT_LT(rel_err(c.to_doubles(), matmul(rounded(av, t), rounded(bv, t), 7, 5, 3)), tol_for(t) * 3);
+  }
+}
+
+TEST(LinalgGemm, EmptyInnerDimensionScalesC) {
+  for (DType t : kFloatTypes) {
+    Tensor a = Tensor::empty({4, 0}, t), b = Tensor::empty({0, 3}, t);
+    Tensor c = Tensor::from_doubles(Mat(12, 2.0), {4, 3}, t);
+    ops::gemm(false, false, 1.0, a, b, 0.5, c);
+    for (double x : c.to_doubles()) EXPECT_EQ(x, 1.0);
+    Tensor d = Tensor::from_doubles(Mat(12, std::numeric_limits<double>::quiet_NaN()), {4, 3}, t);
+    ops::gemm(false, false, 1.0, a, b, 0.0, d);
+    for (double x : d.to_doubles()) EXPECT_EQ(x, 0.0);
+    Tensor e = Tensor::empty({0, 3}, t);  // m = 0: nothing to do
+    ops::gemm(false, false, 1.0, Tensor::empty({0, 2}, t), Tensor::empty({2, 3}, t), 0.0, e);
+  }
+}
+
+TEST(LinalgGemm, BatchedMatchesPerMatrix) {
+  const int64_t B = 3, m = 7, n = 33, k = 5;
+  uint64_t seed = 100;
+  for (DType t : kFloatTypes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const Mat av = rounded(random_values(size_t(B * m * k), seed++), t);
+        const Mat bv = rounded(random_values(size_t(B * k * n), seed++), t);
+        const Mat cv = rounded(random_values(size_t(B * m * n), seed++), t);
+        Tensor a = Tensor::from_doubles(av, ta ? Shape{B, k, m} : Shape{B, m, k}, t);
+        Tensor b = Tensor::from_doubles(bv, tb ? Shape{B, n, k} : Shape{B, k, n}, t);
+        Tensor c = Tensor::from_doubles(cv, {B, m, n}, t);
+        ops::gemm(ta, tb, 2.0, a, b, 1.0, c);
+        const Mat got = c.to_doubles();
+        for (int64_t bi = 0; bi < B; ++bi) {
+          Mat want = ref_matmul(ta, tb, av.data() + bi * m * k, bv.data() + bi * k * n, m, n, k);
+          Mat g(got.begin() + bi * m * n, got.begin() + (bi + 1) * m * n);
+          for (int64_t i = 0; i < m * n; ++i) want[size_t(i)] = 2 * want[size_t(i)] + cv[size_t(bi * m * n + i)];
+          EXPECT_LT(rel_err(g, want), tol_for(t) * 3) << dtype_name(t) << " batch " << bi << " ta=" << ta << " tb=" << tb;
+        }
+      }
+}
+
+TEST(LinalgGemm, UsageErrors) {
+  Tensor a = Tensor::zeros({4, 3}, DType::f32), b = Tensor::zeros({3, 5}, DType::f32);
+  Tensor c = Tensor::zeros({4, 5}, DType::f32);
+  EXPECT_NO_THROW(ops::gemm(false, false, 1, a, b, 0, c));
+  EXPECT_THROW(ops::gemm(true, false, 1, a, b, 0, c), UsageError);   // inner dims 4 vs 3
+  EXPECT_THROW(ops::gemm(false, true, 1, a, b, 0, c), UsageError);   // inner dims 3 vs 5
+  Tensor c_wrong = Tensor::zeros({5, 4}, DType::f32);
+  EXPECT_THROW(ops::gemm(false, false, 1, a, b, 0, c_wrong), UsageError);
+  Tensor b64 = Tensor::zeros({3, 5}, DType::f64);
+  EXPECT_THROW(ops::gemm(false, false, 1, a, b64, 0, c), UsageError);  // mixed dtypes
+  Tensor abf = Tensor::zeros({4, 3}, DType::bf16), bbf = Tensor::zeros({3, 5}, DType::bf16);
+  EXPECT_THROW(ops::gemm(false, false, 1, abf, bbf, 0, c), UsageError);  // bf16 on the CPU
+  Tensor ai = Tensor::zeros({4, 3}, DType::i32), bi = Tensor::zeros({3, 5}, DType::i32);
+  Tensor ci = Tensor::zeros({4, 5}, DType::i32);
+  EXPECT_THROW(ops::gemm(false, false, 1, ai, bi, 0, ci), UsageError);
+  Tensor a3 = Tensor::zeros({2, 4, 3}, DType::f32), b3 = Tensor::zeros({2, 3, 5}, DType::f32);
+  Tensor c3 = Tensor::zeros({2, 4, 5}, DType::f32), c3b = Tensor::zeros({3, 4, 5}, DType::f32);
+  EXPECT_NO_THROW(ops::gemm(false, false, 1, a3, b3, 0, c3));
+  EXPECT_THROW(ops::gemm(false, false, 1, a3, b, 0, c3), UsageError);   // 3-D with 2-D
+  EXPECT_THROW(ops::gemm(false, false, 1, a3, b3, 0, c3b), UsageError);  // batch sizes differ
+  EXPECT_THROW(ops::gemm(false, false, 1, Tensor::zeros({12}, DType::f32), b, 0, c), UsageError);
+  EXPECT_THROW(ops::gemm(false, false, 1, Tensor(), b, 0, c), UsageError);
+  Tensor sq = Tensor::zeros({4, 4}, DType::f32);
+  EXPECT_THROW(ops::gemm(false, false, 1, sq, sq, 0, sq), UsageError);  // c aliases a and b
+  EXPECT_THROW(ops::gemm(false, false, std::nan(""), a, b, 0, c), UsageError);
+}
+
+// ------------------------------------------------------------------------- orthonormalisation
+
+// Columns of q [m, r] are each zero or unit, mutually orthogonal, and Q Q^T A = A.
+void expect_orthonormal_span(const Mat& q, const Mat& a, int64_t m, int64_t r, double tol, const std::string& what) {
+  const Mat g = matmul(q, q, r, m, r, true, false);  // Q^T Q
+  for (int64_t i = 0; i < r; ++i) {
+    const double d = g[size_t(i * r + i)];
+    EXPECT_TRUE(d == 0 || std::fabs(d - 1) < tol) << what << ": column " << i << " has squared norm " << d;
+    for (int64_t j = 0; j < r; ++j)
+      if (i != j) {
+        EXPECT_LT(std::fabs(g[size_t(i * r + j)]), tol) << what << ": columns " << i << ", " << j;
+      }
+  }
+  for (double x : q) EXPECT_TRUE(std::isfinite(x)) << what;
+  const Mat qta = matmul(q, a, r, m, r, true, false);  // Q^T A [r, r]
+  const Mat proj = matmul(q, qta, m, r, r);            // Q Q^T A [m, r]
+  EXPECT_LT(rel_err(proj, a), tol * 10) << what << ": span not preserved";
+}
+
+TEST(LinalgOrthonormalize, MgsAndQrGiveOrthonormalColumnsWithTheSameSpan) {
+  struct Size {
+    int64_t m, r;
+  };
+  const Size sizes[] = {{1, 1}, {7, 1}, {7, 7}, {33, 7}, {100, 33}, {100, 100}};
+  uint64_t seed = 200;
+  for (DType t : kFloatTypes)
+    for (const Size& s : sizes)
+      for (int method = 0; method < 2; ++method) {
+        const Mat av = rounded(random_values(size_t(s.m * s.r), seed++), t);
+        Tensor a = Tensor::from_doubles(av, {s.m, s.r}, t);
+        if (method == 0)
+          ops::orthonormalize_mgs(a);
+        else
+          ops::orthonormalize_qr(a);
+        const std::string what = std::string(method ? "qr " : "mgs ") + std::string(dtype_name(t)) + " [" +
+                                 std::to_string(s.m) + ", " + std::to_string(s.r) + "]";
+        // square 100 x 100 random matrices have condition numbers of a few hundred
+        const double tol = t == DType::f64 ? 1e-10 : 2e-4;
+        const Mat q = a.to_doubles();
+        expect_orthonormal_span(q, av, s.m, s.r, tol, what);
+        if (method == 0)  // MGS keeps full-rank columns as unit vectors
+          for (int64_t j = 0; j < s.r; ++j) {
+            double nn = 0;
+            for (int64_t i = 0; i < s.m; ++i) nn += q[size_t(i * s.r + j)] * q[size_t(i * s.r + j)];
+            EXPECT_NEAR(nn, 1.0, tol) << what;
+          }
+      }
+}
+
+TEST(LinalgOrthonormalize, MgsIsGramSchmidt) {
+  // MGS keeps the triangular structure: column j of Q lies in the span of columns 0..j of A, so
+  // Q^T A is upper triangular with a positive diagonal.
+  const int64_t m = 33, r = 7;
+  const Mat av = random_values(size_t(m * r), 300);
+  Tensor a = Tensor::from_doubles(av, {m, r}, DType::f64);
+  ops::orthonormalize_mgs(a);
+  const Mat rr = matmul(a.to_doubles(), av, r, m, r, true, false);
+  for (int64_t i = 0; i < r; ++i) {
+    EXPECT_GT(rr[size_t(i * r + i)], 0);
+    for (int64_t j = 0; j < i; ++j) EXPECT_NEAR(rr[size_t(i * r + j)], 0, 1e-12);
+  }
+}
+
+TEST(LinalgOrthonormalize, MgsZeroAndDependentColumnsBecomeZero) {
+  const int64_t m = 33, r = 6;
+  for (DType t : kFloatTypes) {
+    // Small integers, so that the dependent column is exactly dependent in f32 too.
+    Mat av = random_values(size_t(m * r), 400);
+    for (double& x : av) x = std::round(2 * x);
+    for (int64_t i = 0; i < m; ++i) {
+      av[size_t(i * r + 1)] = 0;                                                  // an all-zero column
+      av[size_t(i * r + 4)] = av[size_t(i * r + 0)] + 2 * av[size_t(i * r + 2)];  // a dependent column
+    }
+    Tensor a = Tensor::from_doubles(av, {m, r}, t);
+    ops::orthonormalize_mgs(a, 1e-6);
+    const Mat q = a.to_doubles();
+    for (int64_t i = 0; i < m; ++i) {
+      EXPECT_EQ(q[size_t(i * r + 1)], 0.0) << dtype_name(t);
+      EXPECT_EQ(q[size_t(i * r + 4)], 0.0) << dtype_name(t);
+    }
+    expect_orthonormal_span(q, av, m, r, t == DType::f64 ? 1e-10 : 1e-5, "mgs rank-deficient");
+    // QR of the same rank-deficient input still gives orthonormal columns and the same span.
+    Tensor b = Tensor::from_doubles(av, {m, r}, t);
+    ops::orthonormalize_qr(b);
+    expect_orthonormal_span(b.to_doubles(), av, m, r, t == DType::f64 ? 1e-10 : 1e-5, "qr rank-deficient");
+  }
+  Tensor z = Tensor::zeros({5, 3}, DType::f32);
+  ops::orthonormalize_mgs(z);
+  for (double x : z.to_doubles()) EXPECT_EQ(x, 0.0);
+}
+
+TEST(LinalgOrthonormalize, MgsMoreColumnsThanRows) {
+  // r > m: only m independent directions exist; the rest are zeroed, never NaN.
+  const Mat av = random_values(3 * 5, 500);
+  Tensor a = Tensor::from_doubles(av, {3, 5}, DType::f64);
+  ops::orthonormalize_mgs(a);
+  expect_orthonormal_span(a.to_doubles(), av, 3, 5, 1e-10, "mgs r > m");
+}
+
+TEST(LinalgOrthonormalize, Batched) {
+  const int64_t B = 3, m = 33, r = 5;
+  for (DType t : kFloatTypes)
+    for (int method = 0; method < 2; ++method) {
+      const Mat av = rounded(random_values(size_t(B * m * r), 600 + method), t);
+      Tensor a = Tensor::from_doubles(av, {B, m, r}, t);
+      if (method == 0)
+        ops::orthonormalize_mgs(a);
+      else
+        ops::orthonormalize_qr(a);
+      const Mat q = a.to_doubles();
+      for (int64_t bi = 0; bi < B; ++bi) {
+        const Mat qb(q.begin() + bi * m * r, q.begin() + (bi + 1) * m * r);
+        const Mat ab(av.begin() + bi * m * r, av.begin() + (bi + 1) * m * r);
+        expect_orthonormal_span(qb, ab, m, r, t == DType::f64 ? 1e-10 : 1e-5, "batched");
+      }
+    }
+}
+
+TEST(LinalgOrthonormalize, UsageErrors) {
+  Tensor wide = Tensor::zeros({3, 5}, DType::f32);
+  EXPECT_THROW(ops::orthonormalize_qr(wide), UsageError);  // r > m
+  Tensor ints = Tensor::zeros({5, 3}, DType::i32);
+  EXPECT_THROW(ops::orthonormalize_mgs(ints), UsageError);
+  EXPECT_THROW(ops::orthonormalize_qr(ints), UsageError);
+  Tensor vec = Tensor::zeros({5}, DType::f32);
+  EXPECT_THROW(ops::orthonormalize_mgs(vec), UsageError);
+  Tensor ok = Tensor::zeros({5, 3}, DType::f32);
+  EXPECT_THROW(ops::orthonormalize_mgs(ok, -1), UsageError);
+}
+
+// ------------------------------------------------------------------------------------- eigh
+
+TEST(LinalgEigh, EigenpairsAscendingOrthonormal) {
+  uint64_t seed = 700;
+  for (DType t : kFloatTypes)
+    for (int64_t n : {1, 7, 33, 100}) {
+      Mat r = random_values(size_t(n * n), seed++);
+      Mat a(size_t(n * n));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) a[size_t(i * n + j)] = r[size_t(std::max(i, j) * n + std::min(i, j))];
+      a = rounded(a, t);
+      Tensor at = Tensor::from_doubles(a, {n, n}, t), w = Tensor::empty({n}, t), v = Tensor::empty({n, n}, t);
+      ops::eigh(at, w, v);
+      const Mat wv = w.to_doubles(), vv = v.to_doubles();
+      for (int64_t j = 1; j < n; ++j) EXPECT_LE(wv[size_t(j - 1)], wv[size_t(j)]);
+      Mat vd = vv;  // V diag(w)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) vd[size_t(i * n + j)] *= wv[size_t(j)];
+      const double scale = std::max(1.0, max_abs(wv));
+      const double tol = t == DType::f64 ? 1e-11 : 5e-5;
+      EXPECT_LT(max_diff(matmul(a, vv, n, n, n), vd) / scale, tol) << dtype_name(t) << " n=" << n;
+      EXPECT_LT(rel_err(matmul(vv, vv, n, n, n, true, false), identity(n)), tol) << dtype_name(t) << " n=" << n;
+      Mat wr, vr;
+      ref_eigh(a, n, wr, vr);
+      EXPECT_LT(rel_err(wv, wr), tol) << "eigenvalues vs Jacobi, " << dtype_name(t) << " n=" << n;
+    }
+}
+
+TEST(LinalgEigh, ReadsTheLowerTriangleOnly) {
+  const int64_t n = 7;
+  const Mat a = random_spd(n, 800);
+  Mat garbage = a;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j) garbage[size_t(i * n + j)] = 1e6 + double(i + j);
+  Tensor w1 = Tensor::empty({n}, DType::f64), v1 = Tensor::empty({n, n}, DType::f64);
+  Tensor w2 = Tensor::empty({n}, DType::f64), v2 = Tensor::empty({n, n}, DType::f64);
+  ops::eigh(Tensor::from_doubles(a, {n, n}, DType::f64), w1, v1);
+  ops::eigh(Tensor::from_doubles(garbage, {n, n}, DType::f64), w2, v2);
+  EXPECT_EQ(w1.to_doubles(), w2.to_doubles());
+  EXPECT_EQ(v1.to_doubles(), v2.to_doubles());
+}
+
+TEST(LinalgEigh, BatchedAndInPlace) {
+  const int64_t B = 4, n = 7;
+  Mat all;
+  for (int64_t bi = 0; bi < B; ++bi) {
+    const Mat a = random_spd(n, 900 + uint64_t(bi));
+    all.insert(all.end(), a.begin(), a.end());
+  }
+  Tensor a = Tensor::from_doubles(all, {B, n, n}, DType::f64);
+  Tensor w = Tensor::empty({B, n}, DType::f64);
+  ops::eigh(a, w, a);  // v may be a itself
+  const Mat wv = w.to_doubles(), vv = a.to_doubles();
+  for (int64_t bi = 0; bi < B; ++bi) {
+    const Mat ab(all.begin() + bi * n * n, all.begin() + (bi + 1) * n * n);
+    Mat wr, vr;
+    ref_eigh(ab, n, wr, vr);
+    const Mat wb(wv.begin() + bi * n, wv.begin() + (bi + 1) * n);
+    EXPECT_LT(rel_err(wb, wr), 1e-12);
+    const Mat vb(vv.begin() + bi * n * n, vv.begin() + (bi + 1) * n * n);
+    Mat vd = vb;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) vd[size_t(i * n + j)] *= wb[size_t(j)];
+    EXPECT_LT(rel_err(matmul(ab, vb, n, n, n), vd), 1e-12);
+  }
+}
+
+TEST(LinalgEigh, ErrorsAndEmpty) {
+  Tensor a = Tensor::zeros({4, 4}, DType::f32);
+  Tensor w = Tensor::empty({4}, DType::f32), v = Tensor::empty({4, 4}, DType::f32);
+  EXPECT_THROW(ops::eigh(Tensor::zeros({4, 3}, DType::f32), w, v), UsageError);
+  Tensor w3 = Tensor::empty({3}, DType::f32), w64 = Tensor::empty({4}, DType::f64);
+  Tensor v45 = Tensor::empty({4, 5}, DType::f32);
+  EXPECT_THROW(ops::eigh(a, w3, v), UsageError);
+  EXPECT_THROW(ops::eigh(a, w64, v), UsageError);
+  EXPECT_THROW(ops::eigh(a, w, v45), UsageError);
+  EXPECT_THROW(ops::eigh(Tensor::zeros({4, 4}, DType::i64), w, v), UsageError);
+  Tensor nan = Tensor::from_doubles(Mat(16, std::nan("")), {4, 4}, DType::f32);
+  EXPECT_THROW(ops::eigh(nan, w, v), Error);
+  Tensor e = Tensor::empty({0, 0}, DType::f64);
+  Tensor we = Tensor::empty({0}, DType::f64), ve = Tensor::empty({0, 0}, DType::f64);
+  EXPECT_NO_THROW(ops::eigh(e, we, ve));
+}
+
+// ----------------------------------------------------------------------------- inverse roots
+
+ops::RootOptions root_opts(ops::RootMethod m, double eps, double tol = 1e-10) {
+  ops::RootOptions o;
+  o.method = m;
+  o.eps = eps;
+  o.tolerance = tol;
+  return o;
+}
+
+const ops::RootMethod kMethods[] = {ops::RootMethod::eigh, ops::RootMethod::newton};
+const char* method_name(ops::RootMethod m) { return m == ops::RootMethod::eigh ? "eigh" : "newton"; }
+
+TEST(LinalgInverseRoot, MatchesEigenReferenceOnSpdMatrices) {
+  uint64_t seed = 1000;
+  for (DType t : kFloatTypes)
+    for (int64_t n : {1, 7, 33, 100})
+      for (int p : {1, 2, 4}) {
+        const Mat a = rounded(random_spd(n, seed++), t);
+        const Mat want = ref_inverse_root(a, n, p, 1e-12);
+        for (ops::RootMethod m : kMethods) {
+          Tensor at = Tensor::from_doubles(a, {n, n}, t), out = Tensor::empty({n, n}, t);
+          ASSERT_TRUE(ops::inverse_root(at, p, root_opts(m, 1e-12), out)) << method_name(m);
+          const Mat x = out.to_doubles();
+          const double tol = t == DType::f64 ? 1e-10 : 1e-6;
+          const std::string what = std::string(method_name(m)) + " " + std::string(dtype_name(t)) +
+                                   " n=" + std::to_string(n) + " p=" + std::to_string(p);
+          EXPECT_LT(rel_err(x, want), tol) << what;
+          // X^p A = I
+          EXPECT_LT(rel_err(matmul(mat_power(x, n, p), a, n, n, n), identity(n)), tol * 10 * p) << what;
+        }
+      }
+}
+
+TEST(LinalgInverseRoot, NonIntegerRootWithEigh) {
+  const int64_t n = 7;
+  const Mat a = random_spd(n, 1100);
+  Tensor out = Tensor::empty({n, n}, DType::f64);
+  ASSERT_TRUE(ops::inverse_root(Tensor::from_doubles(a, {n, n}, DType::f64), 1.5, root_opts(ops::RootMethod::eigh, 0),
+                                out));
+  EXPECT_LT(rel_err(out.to_doubles(), ref_inverse_root(a, n, 1.5, 0)), 1e-11);
+}
+
+TEST(LinalgInverseRoot, SingularPsdWithEps) {
+  // A = B B^T with B [n, n/2]: rank n/2, eigenvalues 0 (up to rounding) and positive ones.
+  const int64_t n = 33, k = 16;
+  const double eps = 1e-2;
+  const Mat b = random_values(size_t(n * k), 1200);
+  const Mat a = matmul(b, b, n, k, n, false, true);
+  for (int p : {2, 4}) {
+    for (ops::RootMethod m : kMethods) {
+      for (DType t : kFloatTypes) {
+        // Rounding A to f32 makes it slightly indefinite: there the two methods differ (see
+        // ref_inverse_root); in f64 the eigenvalues stay near 0 and both give the same.
+        const Mat want = ref_inverse_root(rounded(a, t), n, p, eps, m == ops::RootMethod::eigh);
+        Tensor out = Tensor::empty({n, n}, t);
+        ASSERT_TRUE(ops::inverse_root(Tensor::from_doubles(a, {n, n}, t), p, root_opts(m, eps), out))
+            << method_name(m);
+        EXPECT_LT(rel_err(out.to_doubles(), want), t == DType::f64 ? 1e-9 : 1e-5)
+            << method_name(m) << " " << dtype_name(t) << " p=" << p;
+      }
+    }
+  }
+}
+
+TEST(LinalgInverseRoot, NegativeRoundingEigenvalueIsShiftedUpToEps) {
+  // diag(-1e-3, 1, 4): mu = eig + eps = (-1e-3 + eps, 1 + eps, 4 + eps) is shifted so its
+  // smallest is eps: (eps, 1 + 1e-3 + eps, 4 + 1e-3 + eps).
+  const double eps = 1e-4;
+  Tensor a = Tensor::from_doubles({-1e-3, 0, 0, 0, 1, 0, 0, 0, 4}, {3, 3}, DType::f64);
+  Tensor out = Tensor::empty({3, 3}, DType::f64);
+  ASSERT_TRUE(ops::inverse_root(a, 2, root_opts(ops::RootMethod::eigh, eps), out));
+  const Mat x = out.to_doubles();
+  EXPECT_NEAR(x[0], 1 / std::sqrt(eps), 1e-9);
+  EXPECT_NEAR(x[4], 1 / std::sqrt(1 + 1e-3 + eps), 1e-12);
+  EXPECT_NEAR(x[8], 1 / std::sqrt(4 + 1e-3 + eps), 1e-12);
+}
+
+TEST(LinalgInverseRoot, FailuresReturnFalseAndLeaveOutUntouched) {
+  const int64_t n = 7;
+  for (ops::RootMethod m : kMethods)
+    for (DType t : kFloatTypes) {
+      Mat a = random_spd(n, 1300);
+      a[3 * n + 2] = std::nan("");
+      Tensor out = Tensor::from_doubles(Mat(size_t(n * n), 7.0), {n, n}, t);
+      EXPECT_FALSE(ops::inverse_root(Tensor::from_doubles(a, {n, n}, t), 2, root_opts(m, 1e-6), out))
+          << method_name(m);
+      a[3 * n + 2] = std::numeric_limits<double>::infinity();
+      EXPECT_FALSE(ops::inverse_root(Tensor::from_doubles(a, {n, n}, t), 2, root_opts(m, 1e-6), out));
+      // The zero matrix without regularisation has no inverse root.
+      EXPECT_FALSE(ops::inverse_root(Tensor::zeros({n, n}, t), 2, root_opts(m, 0), out)) << method_name(m);
+      for (double x : out.to_doubles()) EXPECT_EQ(x, 7.0);
+    }
+  // Newton that cannot converge in the iterations it is given.
+  const Mat a = random_spd(n, 1301);
+  Tensor out = Tensor::from_doubles(Mat(size_t(n * n), 7.0), {n, n}, DType::f64);
+  ops::RootOptions o = root_opts(ops::RootMethod::newton, 0, 1e-12);
+  o.max_iters = 1;
+  EXPECT_FALSE(ops::inverse_root(Tensor::from_doubles(a, {n, n}, DType::f64), 2, o, out));
+  for (double x : out.to_doubles()) EXPECT_EQ(x, 7.0);
+  // A batch fails as a whole when one matrix fails.
+  Mat two = random_spd(n, 1302);
+  Mat bad = random_spd(n, 1303);
+  bad[0] = std::nan("");
+  two.insert(two.end(), bad.begin(), bad.end());
+  Tensor outb = Tensor::from_doubles(Mat(size_t(2 * n * n), 7.0), {2, n, n}, DType::f64);
+  EXPECT_FALSE(ops::inverse_root(Tensor::from_doubles(two, {2, n, n}, DType::f64), 2, ops::RootOptions{}, outb));
+  for (double x : outb.to_doubles()) EXPECT_EQ(x, 7.0);
+}
+
+TEST(LinalgInverseRoot, BatchedAndInPlace) {
+  const int64_t B = 3, n = 7;
+  Mat all;
+  for (int64_t bi = 0; bi < B; ++bi) {
+    const Mat a = random_spd(n, 1400 + uint64_t(bi));
+    all.insert(all.end(), a.begin(), a.end());
+  }
+  for (ops::RootMethod m : kMethods) {
+    Tensor a = Tensor::from_doubles(all, {B, n, n}, DType::f64);
+    ASSERT_TRUE(ops::inverse_root(a, 4, root_opts(m, 0), a));  // out may be a
+    const Mat x = a.to_doubles();
+    for (int64_t bi = 0; bi < B; ++bi) {
+      const Mat ab(all.begin() + bi * n * n, all.begin() + (bi + 1) * n * n);
+      const Mat xb(x.begin() + bi * n * n, x.begin() + (bi + 1) * n * n);
+      EXPECT_LT(rel_err(xb, ref_inverse_root(ab, n, 4, 0)), 1e-10) << method_name(m) << " batch " << bi;
+    }
+  }
+}
+
+TEST(LinalgInverseRoot, UsageErrors) {
+  Tensor a = Tensor::zeros({4, 4}, DType::f32), out = Tensor::empty({4, 4}, DType::f32);
+  const ops::RootOptions eig = root_opts(ops::RootMethod::eigh, 1e-6), newton = root_opts(ops::RootMethod::newton, 1e-6);
+  EXPECT_THROW(ops::inverse_root(Tensor::zeros({4, 3}, DType::f32), 2, eig, out), UsageError);
+  Tensor out64 = Tensor::empty({4, 4}, DType::f64), out3 = Tensor::empty({2, 4, 4}, DType::f32);
+  EXPECT_THROW(ops::inverse_root(a, 2, eig, out64), UsageError);
+  EXPECT_THROW(ops::inverse_root(a, 2, eig, out3), UsageError);
+  EXPECT_THROW(ops::inverse_root(Tensor::zeros({4, 4}, DType::i32), 2, eig, out), UsageError);
+  EXPECT_THROW(ops::inverse_root(a, 0, eig, out), UsageError);
+  EXPECT_THROW(ops::inverse_root(a, -2, eig, out), UsageError);
+  EXPECT_THROW(ops::inverse_root(a, 1.5, newton, out), UsageError);  // newton needs an integer p
+  EXPECT_THROW(ops::inverse_root(a, 2, root_opts(ops::RootMethod::eigh, -1), out), UsageError);
+  ops::RootOptions bad = newton;
+  bad.max_iters = 0;
+  EXPECT_THROW(ops::inverse_root(a, 2, bad, out), UsageError);
+  bad = newton;
+  bad.tolerance = 0;
+  EXPECT_THROW(ops::inverse_root(a, 2, bad, out), UsageError);
+}
+
+}  // namespace
+}  // namespace dtk
