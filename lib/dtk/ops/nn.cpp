@@ -1,0 +1,240 @@
+// Public neural-network ops (ops.h): argument checks, then the backend of the tensors' device.
+#include <string>
+
+#include "dtk/ops/backend.h"
+#include "dtk/ops/check.h"
+
+namespace dtk::ops {
+
+namespace {
+
+// `t` has the dtype, device and shape of `ref`.
+void check_same(const char* op, const Tensor& ref, const Tensor& t, const char* name) {
+  detail::check_like(op, ref, t, name);
+  detail::check_shape(op, t, ref.shape(), name);
+}
+
+// Float x with at least one dimension: the row ops work on its last dim.
+void check_rows(const char* op, const Tensor& x, const char* name) {
+  detail::check_float(op, x, name);
+  if (x.ndim() < 1) fail_usage(std::string(op) + ": " + name + " needs at least one dimension, got " + x.str());
+}
+
+void check_numel(const char* op, const Tensor& t, int64_t want, const char* name) {
+  if (t.numel() != want)
+    fail_usage(std::string(op) + ": " + name + " must have " + std::to_string(want) + " elements, got " + t.str());
+}
+
+void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets) {
+  detail::check_float(op, logits, "logits");
+  if (logits.ndim() != 2 || logits.dim(1) < 1)
+    fail_usage(std::string(op) + ": logits must be [N, V] with V >= 1, got " + logits.str());
+  detail::check_type(op, targets, DType::i32, "targets");
+  detail::check_on(op, logits, targets, "targets");
+  check_numel(op, targets, logits.dim(0), "targets");
+}
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
+  detail::check_float(op, q, "q");
+  if (q.ndim() != 4) fail_usage(std::string(op) + ": q must be [B, T, H, hd], got " + q.str());
+  detail::check_defined(op, k, "k");
+  if (k.ndim() != 4 || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3) || k.dim(2) < 1)
+    fail_usage(std::string(op) + ": k must be [B, T, Hkv, hd] like q " + q.str() + ", got " + k.str());
+  if (k.dtype() != q.dtype() || k.device() != q.device())
+    fail_usage(std::string(op) + ": k must have the dtype and device of q " + q.str() + ", got " + k.str());
+  if (q.dim(2) % k.dim(2) != 0)
+    fail_usage(std::string(op) + ": the query heads (" + std::to_string(q.dim(2)) +
+               ") must be a multiple of the key/value heads (" + std::to_string(k.dim(2)) + ")");
+  check_same(op, k, v, "v");
+  detail::check_defined(op, lse, "lse");
+  if (lse.dtype() != DType::f32 && lse.dtype() != q.dtype())
+    fail_usage(std::string(op) + ": lse must be f32 or the dtype of q, got " + lse.str());
+  detail::check_on(op, q, lse, "lse");
+  detail::check_shape(op, lse, {q.dim(0), q.dim(2), q.dim(1)}, "lse");
+}
+
+}  // namespace
+
+void softmax_forward(const Tensor& x, Tensor& y) {
+  check_rows("softmax_forward", x, "x");
+  check_same("softmax_forward", x, y, "y");
+  DTK_DISPATCH(x, softmax_forward(x, y));
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  check_rows("softmax_backward", y, "y");
+  check_same("softmax_backward", y, dy, "dy");
+  check_same("softmax_backward", y, dx, "dx");
+  DTK_DISPATCH(y, softmax_backward(y, dy, dx));
+}
+
+void log_softmax_forward(const Tensor& x, Tensor& y) {
+  check_rows("log_softmax_forward", x, "x");
+  check_same("log_softmax_forward", x, y, "y");
+  DTK_DISPATCH(x, log_softmax_forward(x, y));
+}
+
+void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  check_rows("log_softmax_backward", y, "y");
+  check_same("log_softmax_backward", y, dy, "dy");
+  check_same("log_softmax_backward", y, dx, "dx");
+  DTK_DISPATCH(y, log_softmax_backward(y, dy, dx));
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
+  check_cross_entropy("cross_entropy_forward", logits, targets);
+  detail::check_defined("cross_entropy_forward", losses, "losses");
+  if (losses.dtype() != logits.dtype() || losses.device() != logits.device())
+    fail_usage("cross_entropy_forward: losses must have the dtype and device of logits " + logits.str() + ", got " +
+               losses.str());
+  check_numel("cross_entropy_forward", losses, logits.dim(0), "losses");
+  DTK_DISPATCH(logits, cross_entropy_forward(logits, targets, losses));
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
+  check_cross_entropy("cross_entropy_backward", logits, targets);
+  check_same("cross_entropy_backward", logits, dlogits, "dlogits");
+  DTK_DISPATCH(logits, cross_entropy_backward(logits, targets, scale, dlogits));
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  check_rows("rmsnorm_forward", x, "x");
+  const int64_t D = x.dim(-1);
+  detail::check_shape("rmsnorm_forward", w, {D}, "w");
+  check_same("rmsnorm_forward", x, y, "y");
+  detail::check_defined("rmsnorm_forward", rstd, "rstd");
+  if (w.dtype() != x.dtype() || w.device() != x.device())
+    fail_usage("rmsnorm_forward: w must have the dtype and device of x " + x.str() + ", got " + w.str());
+  if (rstd.dtype() != x.dtype() || rstd.device() != x.device())
+    fail_usage("rmsnorm_forward: rstd must have the dtype and device of x " + x.str() + ", got " + rstd.str());
+  check_numel("rmsnorm_forward", rstd, D == 0 ? 0 : x.numel() / D, "rstd");
+  if (!(eps >= 0)) fail_usage("rmsnorm_forward: eps must be non-negative");
+  DTK_DISPATCH(x, rmsnorm_forward(x, w, eps, y, rstd));
+}
+
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                      Tensor& dw) {
+  check_rows("rmsnorm_backward", x, "x");
+  const int64_t D = x.dim(-1);
+  detail::check_shape("rmsnorm_backward", w, {D}, "w");
+  if (w.dtype() != x.dtype() || w.device() != x.device())
+    fail_usage("rmsnorm_backward: w must have the dtype and device of x " + x.str() + ", got " + w.str());
+  detail::check_defined("rmsnorm_backward", rstd, "rstd");
+  if (rstd.dtype() != x.dtype() || rstd.device() != x.device())
+    fail_usage("rmsnorm_backward: rstd must have the dtype and device of x " + x.str() + ", got " + rstd.str());
+  check_numel("rmsnorm_backward", rstd, D == 0 ? 0 : x.numel() / D, "rstd");
+  check_same("rmsnorm_backward", x, dy, "dy");
+  check_same("rmsnorm_backward", x, dx, "dx");
+  check_same("rmsnorm_backward", w, dw, "dw");
+  DTK_DISPATCH(x, rmsnorm_backward(x, w, rstd, dy, dx, dw));
+}
+
+void silu_forward(const Tensor& x, Tensor& y) {
+  detail::check_float("silu_forward", x, "x");
+  detail::check_like("silu_forward", x, y, "y");
+  DTK_DISPATCH(x, silu_forward(x, y));
+}
+
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  detail::check_float("silu_backward", x, "x");
+  detail::check_like("silu_backward", x, dy, "dy");
+  detail::check_like("silu_backward", x, dx, "dx");
+  DTK_DISPATCH(x, silu_backward(x, dy, dx));
+}
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  detail::check_float("gelu_forward", x, "x");
+  detail::check_like("gelu_forward", x, y, "y");
+  DTK_DISPATCH(x, gelu_forward(x, y));
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  detail::check_float("gelu_backward", x, "x");
+  detail::check_like("gelu_backward", x, dy, "dy");
+  detail::check_like("gelu_backward", x, dx, "dx");
+  DTK_DISPATCH(x, gelu_backward(x, dy, dx));
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  detail::check_float("relu_forward", x, "x");
+  detail::check_like("relu_forward", x, y, "y");
+  DTK_DISPATCH(x, relu_forward(x, y));
+}
+
+void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  detail::check_float("relu_backward", x, "x");
+  detail::check_like("relu_backward", x, dy, "dy");
+  detail::check_like("relu_backward", x, dx, "dx");
+  DTK_DISPATCH(x, relu_backward(x, dy, dx));
+}
+
+void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
+  detail::check_float("swiglu_forward", a, "a");
+  detail::check_like("swiglu_forward", a, b, "b");
+  detail::check_like("swiglu_forward", a, y, "y");
+  DTK_DISPATCH(a, swiglu_forward(a, b, y));
+}
+
+void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db) {
+  detail::check_float("swiglu_backward", a, "a");
+  detail::check_like("swiglu_backward", a, b, "b");
+  detail::check_like("swiglu_backward", a, dy, "dy");
+  detail::check_like("swiglu_backward", a, da, "da");
+  detail::check_like("swiglu_backward", a, db, "db");
+  DTK_DISPATCH(a, swiglu_backward(a, b, dy, da, db));
+}
+
+void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
+  detail::check_float("rope", x, "x");
+  if (x.ndim() != 4) fail_usage("rope: x must be [B, T, H, hd], got " + x.str());
+  if (x.dim(3) % 2 != 0) fail_usage("rope: the head dim must be even, got " + x.str());
+  check_same("rope", x, y, "y");
+  if (!(theta > 0)) fail_usage("rope: theta must be positive");
+  if (pos0 < 0) fail_usage("rope: pos0 must be non-negative, got " + std::to_string(pos0));
+  DTK_DISPATCH(x, rope(x, theta, pos0, inverse, y));
+}
+
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
+  detail::check_float("embedding_forward", table, "table");
+  if (table.ndim() != 2) fail_usage("embedding_forward: table must be [V, D], got " + table.str());
+  detail::check_type("embedding_forward", ids, DType::i32, "ids");
+  detail::check_on("embedding_forward", table, ids, "ids");
+  detail::check_defined("embedding_forward", out, "out");
+  if (out.dtype() != table.dtype() || out.device() != table.device())
+    fail_usage("embedding_forward: out must have the dtype and device of table " + table.str() + ", got " +
+               out.str());
+  check_numel("embedding_forward", out, ids.numel() * table.dim(1), "out");
+  DTK_DISPATCH(table, embedding_forward(table, ids, out));
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  detail::check_float("embedding_backward", dtable, "dtable");
+  if (dtable.ndim() != 2) fail_usage("embedding_backward: dtable must be [V, D], got " + dtable.str());
+  detail::check_type("embedding_backward", ids, DType::i32, "ids");
+  detail::check_on("embedding_backward", dtable, ids, "ids");
+  detail::check_defined("embedding_backward", dout, "dout");
+  if (dout.dtype() != dtable.dtype() || dout.device() != dtable.device())
+    fail_usage("embedding_backward: dout must have the dtype and device of dtable " + dtable.str() + ", got " +
+               dout.str());
+  check_numel("embedding_backward", dout, ids.numel() * dtable.dim(1), "dout");
+  DTK_DISPATCH(dtable, embedding_backward(ids, dout, dtable));
+}
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+  check_attention("attention_forward", q, k, v, lse);
+  check_same("attention_forward", q, out, "out");
+  DTK_DISPATCH(q, attention_forward(q, k, v, out, lse));
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_attention("attention_backward", q, k, v, lse);
+  check_same("attention_backward", q, out, "out");
+  check_same("attention_backward", q, dout, "dout");
+  check_same("attention_backward", q, dq, "dq");
+  check_same("attention_backward", k, dk, "dk");
+  check_same("attention_backward", k, dv, "dv");
+  DTK_DISPATCH(q, attention_backward(q, k, v, out, lse, dout, dq, dk, dv));
+}
+
+}  // namespace dtk::ops

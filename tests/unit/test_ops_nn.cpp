@@ -1,0 +1,535 @@
+// Neural-network ops (CPU): forwards against plain f64 references written here (f32 and f64),
+// every backward against central finite differences in f64, and usage errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/core/philox.h"
+#include "dtk/core/tensor.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk {
+namespace {
+
+using Vec = std::vector<double>;
+
+const DType kFloats[] = {DType::f32, DType::f64};
+
+// Forwards: f32 computes in double and rounds once (activations compute in f32: a few ulps).
+double tol_of(DType t) { return t == DType::f32 ? 1e-5 : 1e-12; }
+// Central differences with h = 1e-6 in f64: truncation ~h^2, cancellation ~1e-16 / h.
+constexpr double kFdStep = 1e-6;
+constexpr double kFdTol = 1e-6;
+
+Vec randn(int64_t n, uint64_t seed, double scale = 1.0) {
+  Vec v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * philox::normal(seed, static_cast<uint64_t>(i));
+  return v;
+}
+
+Vec rounded(const Vec& v, DType t) {
+  if (t == DType::f64) return v;
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<float>(v[i]));
+  return r;
+}
+
+Tensor make(const Vec& v, const Shape& s, DType t = DType::f64) { return Tensor::from_doubles(v, s, t); }
+
+void expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= tol * std::fmax(1.0, std::fabs(want[i])))) {
+      if (bad < 5) ADD_FAILURE() << what << ": element " << i << " got " << got[i] << ", want " << want[i];
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+double dotv(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// The gradient of loss(x) by central differences, element by element.
+Vec numeric_grad(Vec x, const std::function<double(const Vec&)>& loss) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + kFdStep;
+    const double lp = loss(x);
+    x[i] = x0 - kFdStep;
+    const double lm = loss(x);
+    x[i] = x0;
+    g[i] = (lp - lm) / (2 * kFdStep);
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------- references
+
+Vec ref_softmax(const Vec& x, int64_t n, bool log) {
+  Vec y(x.size());
+  for (size_t r = 0; r < x.size() / n; ++r) {
+    double m = -INFINITY, s = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::fmax(m, x[r * n + i]);
+    for (int64_t i = 0; i < n; ++i) s += std::exp(x[r * n + i] - m);
+    for (int64_t i = 0; i < n; ++i)
+      y[r * n + i] = log ? x[r * n + i] - m - std::log(s) : std::exp(x[r * n + i] - m) / s;
+  }
+  return y;
+}
+
+// out [B,T,H,hd], lse [B,H,T]: causal, scale 1/sqrt(hd), query head h reads kv head h / (H / Hkv).
+void ref_attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                   int64_t hd, Vec& out, Vec& lse) {
+  out.assign(static_cast<size_t>(B * T * H * hd), 0.0);
+  lse.assign(static_cast<size_t>(B * H * T), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t g = h / (H / Hkv);
+        Vec s(static_cast<size_t>(t + 1));
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < hd; ++c) d += q[((b * T + t) * H + h) * hd + c] * k[((b * T + j) * Hkv + g) * hd + c];
+          s[j] = d * scale;
+          m = std::fmax(m, s[j]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j <= t; ++j) l += std::exp(s[j] - m);
+        for (int64_t j = 0; j <= t; ++j) {
+          const double p = std::exp(s[j] - m) / l;
+          for (int64_t c = 0; c < hd; ++c)
+            out[((b * T + t) * H + h) * hd + c] += p * v[((b * T + j) * Hkv + g) * hd + c];
+        }
+        lse[(b * H + h) * T + t] = m + std::log(l);
+      }
+}
+
+Vec ref_rope(const Vec& x, int64_t B, int64_t T, int64_t H, int64_t hd, double theta, int64_t pos0, bool inverse) {
+  Vec y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          const double angle = (inverse ? -1.0 : 1.0) * static_cast<double>(pos0 + t) * std::pow(theta, -2.0 * i / hd);
+          const int64_t at = ((b * T + t) * H + h) * hd + 2 * i;
+          y[at] = x[at] * std::cos(angle) - x[at + 1] * std::sin(angle);
+          y[at + 1] = x[at] * std::sin(angle) + x[at + 1] * std::cos(angle);
+        }
+  return y;
+}
+
+// ---------------------------------------------------------------------------- softmax
+
+struct RowShape {
+  int64_t rows, n;
+};
+const RowShape kRowShapes[] = {{1, 1}, {1, 7}, {7, 13}, {3, 1003}, {40, 1000}};
+
+TEST(OpsNN, SoftmaxAndLogSoftmaxForward) {
+  for (DType t : kFloats)
+    for (const RowShape& s : kRowShapes)
+      for (bool log : {false, true}) {
+        Vec x = randn(s.rows * s.n, 3 + s.n, 3.0);
+        x[0] += 1000;  // a huge logit: needs the max shift
+        x = rounded(x, t);
+        Tensor y = Tensor::empty({s.rows, s.n}, t);
+        if (log) ops::log_softmax_forward(make(x, {s.rows, s.n}, t), y);
+        else ops::softmax_forward(make(x, {s.rows, s.n}, t), y);
+        expect_close(y.to_doubles(), ref_softmax(x, s.n, log), tol_of(t),
+                     std::string(log ? "log_softmax " : "softmax ") + std::string(dtype_name(t)) + " " +
+                         std::to_string(s.rows) + "x" + std::to_string(s.n));
+      }
+}
+
+TEST(OpsNN, SoftmaxBackwardFiniteDifferences) {
+  for (bool log : {false, true})
+    for (const RowShape& s : {RowShape{1, 1}, RowShape{3, 7}, RowShape{2, 13}}) {
+      const Shape shape{s.rows, s.n};
+      const Vec x = randn(s.rows * s.n, 5), r = randn(s.rows * s.n, 6);
+      auto loss = [&](const Vec& xv) { return dotv(ref_softmax(xv, s.n, log), r); };
+      Tensor y = Tensor::empty(shape, DType::f64), dx = Tensor::empty(shape, DType::f64);
+      if (log) {
+        ops::log_softmax_forward(make(x, shape), y);
+        ops::log_softmax_backward(y, make(r, shape), dx);
+      } else {
+        ops::softmax_forward(make(x, shape), y);
+        ops::softmax_backward(y, make(r, shape), dx);
+      }
+      expect_close(dx.to_doubles(), numeric_grad(x, loss), kFdTol,
+                   std::string(log ? "log_softmax" : "softmax") + " backward " + std::to_string(s.n));
+    }
+}
+
+// ---------------------------------------------------------------------------- cross entropy
+
+TEST(OpsNN, CrossEntropyForwardWithIgnoredTargets) {
+  for (DType t : kFloats)
+    for (const RowShape& s : {RowShape{1, 1}, RowShape{7, 13}, RowShape{5, 1003}, RowShape{40, 1000}}) {
+      const int64_t N = s.rows, V = s.n;
+      const Vec x = rounded(randn(N * V, 9 + V, 2.0), t);
+      Vec tg(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i) tg[i] = (i % 3 == 1) ? -1 : static_cast<double>((i * 7919) % V);
+      Tensor losses = Tensor::empty({N}, t);
+      ops::cross_entropy_forward(make(x, {N, V}, t), make(tg, {N}, DType::i32), losses);
+      const Vec ls = ref_softmax(x, V, true);
+      Vec want(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i) want[i] = tg[i] < 0 ? 0.0 : -ls[i * V + static_cast<int64_t>(tg[i])];
+      expect_close(losses.to_doubles(), want, tol_of(t), "cross_entropy " + std::to_string(V));
+    }
+}
+
+TEST(OpsNN, CrossEntropyBackwardFiniteDifferences) {
+  const int64_t N = 5, V = 7;
+  const Vec x = randn(N * V, 13, 2.0);
+  const Vec tg = {3, -1, 0, 6, 3};  // row 1 ignored, target 3 repeated
+  const double scale = 1.0 / 4;     // one over the counted targets
+  auto loss = [&](const Vec& xv) {
+    const Vec ls = ref_softmax(xv, V, true);
+    double l = 0;
+    for (int64_t i = 0; i < N; ++i)
+      if (tg[i] >= 0) l -= ls[i * V + static_cast<int64_t>(tg[i])];
+    return l * scale;
+  };
+  Tensor dx = Tensor::empty({N, V}, DType::f64);
+  ops::cross_entropy_backward(make(x, {N, V}), make(tg, {N}, DType::i32), scale, dx);
+  const Vec got = dx.to_doubles();
+  expect_close(got, numeric_grad(x, loss), kFdTol, "cross_entropy backward");
+  for (int64_t i = 0; i < V; ++i) EXPECT_EQ(got[V + i], 0.0) << "ignored row";
+}
+
+TEST(OpsNN, CrossEntropyRejectsBadTargets) {
+  Tensor logits = Tensor::zeros({2, 3}, DType::f32), losses = Tensor::empty({2}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 3}, {2}, DType::i32), losses), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, -2}, {2}, DType::i32), losses), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i64), losses), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1, 2}, {3}, DType::i32), losses), UsageError);
+  Tensor losses64 = Tensor::empty({2}, DType::f64);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i32), losses64), UsageError);
+}
+
+// ---------------------------------------------------------------------------- rmsnorm
+
+Vec ref_rmsnorm(const Vec& x, const Vec& w, int64_t D, double eps, Vec* rstd = nullptr) {
+  Vec y(x.size());
+  const size_t rows = x.size() / D;
+  if (rstd) rstd->resize(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += x[r * D + i] * x[r * D + i];
+    const double rs = 1 / std::sqrt(ss / D + eps);
+    for (int64_t i = 0; i < D; ++i) y[r * D + i] = x[r * D + i] * rs * w[i];
+    if (rstd) (*rstd)[r] = rs;
+  }
+  return y;
+}
+
+TEST(OpsNN, RmsnormForward) {
+  for (DType t : kFloats)
+    for (const RowShape& s : kRowShapes) {
+      const Vec x = rounded(randn(s.rows * s.n, 17 + s.n), t), w = rounded(randn(s.n, 18), t);
+      Tensor y = Tensor::empty({s.rows, s.n}, t), rstd = Tensor::empty({s.rows}, t);
+      ops::rmsnorm_forward(make(x, {s.rows, s.n}, t), make(w, {s.n}, t), 1e-5, y, rstd);
+      Vec rs;
+      const Vec want = ref_rmsnorm(x, w, s.n, 1e-5, &rs);
+      const std::string what = "rmsnorm " + std::string(dtype_name(t)) + " " + std::to_string(s.n);
+      expect_close(y.to_doubles(), want, tol_of(t), what);
+      expect_close(rstd.to_doubles(), rs, tol_of(t), what + " rstd");
+    }
+}
+
+TEST(OpsNN, RmsnormBackwardFiniteDifferences) {
+  for (const RowShape& s : {RowShape{1, 1}, RowShape{3, 7}, RowShape{4, 13}, RowShape{2, 70}}) {
+    const int64_t R = s.rows, D = s.n;
+    const Shape shape{R, D};
+    const Vec x = randn(R * D, 21), w = randn(D, 22), r = randn(R * D, 23), dw0 = randn(D, 24);
+    const double eps = 1e-5;
+    Tensor y = Tensor::empty(shape, DType::f64), rstd = Tensor::empty({R}, DType::f64);
+    const Tensor xt = make(x, shape), wt = make(w, {D});
+    ops::rmsnorm_forward(xt, wt, eps, y, rstd);
+    Tensor dx = Tensor::empty(shape, DType::f64), dw = make(dw0, {D});
+    ops::rmsnorm_backward(xt, wt, rstd, make(r, shape), dx, dw);
+    const std::string what = "rmsnorm backward " + std::to_string(R) + "x" + std::to_string(D);
+    expect_close(dx.to_doubles(), numeric_grad(x, [&](const Vec& xv) { return dotv(ref_rmsnorm(xv, w, D, eps), r); }),
+                 kFdTol, what + " dx");
+    Vec dw_num = numeric_grad(w, [&](const Vec& wv) { return dotv(ref_rmsnorm(x, wv, D, eps), r); });
+    for (int64_t i = 0; i < D; ++i) dw_num[i] += dw0[i];  // dw accumulates
+    expect_close(dw.to_doubles(), dw_num, kFdTol, what + " dw");
+  }
+}
+
+TEST(OpsNN, RmsnormUsageErrors) {
+  Tensor x = Tensor::zeros({3, 4}, DType::f32), y = Tensor::empty({3, 4}, DType::f32);
+  Tensor rstd = Tensor::empty({3}, DType::f32);
+  EXPECT_THROW(ops::rmsnorm_forward(x, Tensor::zeros({5}, DType::f32), 1e-5, y, rstd), UsageError);
+  EXPECT_THROW(ops::rmsnorm_forward(x, Tensor::zeros({4}, DType::f64), 1e-5, y, rstd), UsageError);
+  Tensor rstd4 = Tensor::empty({4}, DType::f32);
+  EXPECT_THROW(ops::rmsnorm_forward(x, Tensor::zeros({4}, DType::f32), 1e-5, y, rstd4), UsageError);
+  Tensor y2 = Tensor::empty({4, 3}, DType::f32);
+  EXPECT_THROW(ops::rmsnorm_forward(x, Tensor::zeros({4}, DType::f32), 1e-5, y2, rstd), UsageError);
+}
+
+// ---------------------------------------------------------------------------- activations
+
+double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+double silu(double x) { return x * sigmoid(x); }
+double gelu(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+using ActFwd = void (*)(const Tensor&, Tensor&);
+using ActBwd = void (*)(const Tensor&, const Tensor&, Tensor&);
+struct Activation {
+  const char* name;
+  ActFwd fwd;
+  ActBwd bwd;
+  double (*ref)(double);
+};
+const Activation kActivations[] = {
+    {"silu", ops::silu_forward, ops::silu_backward, silu},
+    {"gelu", ops::gelu_forward, ops::gelu_backward, gelu},
+    {"relu", ops::relu_forward, ops::relu_backward, [](double x) { return x > 0 ? x : 0.0; }},
+};
+
+TEST(OpsNN, ActivationsForward) {
+  for (const Activation& a : kActivations)
+    for (DType t : kFloats)
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1003}, int64_t{40009}}) {
+        const Vec x = rounded(randn(n, 31 + n, 3.0), t);
+        Tensor y = Tensor::empty({n}, t);
+        a.fwd(make(x, {n}, t), y);
+        Vec want(x.size());
+        for (size_t i = 0; i < x.size(); ++i) want[i] = a.ref(x[i]);
+        expect_close(y.to_doubles(), want, tol_of(t), std::string(a.name) + " " + std::string(dtype_name(t)));
+        // in place
+        Tensor z = make(x, {n}, t);
+        a.fwd(z, z);
+        expect_close(z.to_doubles(), want, tol_of(t), std::string(a.name) + " in place");
+      }
+}
+
+TEST(OpsNN, ActivationsBackwardFiniteDifferences) {
+  for (const Activation& a : kActivations) {
+    const int64_t n = 101;
+    const Vec x = randn(n, 41, 3.0), r = randn(n, 42);
+    Tensor dx = Tensor::empty({n}, DType::f64);
+    a.bwd(make(x, {n}), make(r, {n}), dx);
+    auto loss = [&](const Vec& xv) {
+      double s = 0;
+      for (size_t i = 0; i < xv.size(); ++i) s += a.ref(xv[i]) * r[i];
+      return s;
+    };
+    expect_close(dx.to_doubles(), numeric_grad(x, loss), kFdTol, std::string(a.name) + " backward");
+  }
+}
+
+TEST(OpsNN, SwigluForwardAndBackward) {
+  for (DType t : kFloats)
+    for (int64_t n : {int64_t{1}, int64_t{1003}, int64_t{40009}}) {
+      const Vec a = rounded(randn(n, 51, 2.0), t), b = rounded(randn(n, 52), t);
+      Tensor y = Tensor::empty({n}, t);
+      ops::swiglu_forward(make(a, {n}, t), make(b, {n}, t), y);
+      Vec want(a.size());
+      for (size_t i = 0; i < a.size(); ++i) want[i] = silu(a[i]) * b[i];
+      expect_close(y.to_doubles(), want, tol_of(t), "swiglu " + std::string(dtype_name(t)));
+    }
+  const int64_t n = 37;
+  const Vec a = randn(n, 53, 2.0), b = randn(n, 54), r = randn(n, 55);
+  auto loss = [&](const Vec& av, const Vec& bv) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += silu(av[i]) * bv[i] * r[i];
+    return s;
+  };
+  Tensor da = Tensor::empty({n}, DType::f64), db = Tensor::empty({n}, DType::f64);
+  ops::swiglu_backward(make(a, {n}), make(b, {n}), make(r, {n}), da, db);
+  expect_close(da.to_doubles(), numeric_grad(a, [&](const Vec& av) { return loss(av, b); }), kFdTol, "swiglu da");
+  expect_close(db.to_doubles(), numeric_grad(b, [&](const Vec& bv) { return loss(a, bv); }), kFdTol, "swiglu db");
+  // in place: da over a, db over b
+  Tensor a2 = make(a, {n}), b2 = make(b, {n});
+  ops::swiglu_backward(a2, b2, make(r, {n}), a2, b2);
+  expect_close(a2.to_doubles(), da.to_doubles(), 0, "swiglu da in place");
+  expect_close(b2.to_doubles(), db.to_doubles(), 0, "swiglu db in place");
+}
+
+// ---------------------------------------------------------------------------- rope
+
+TEST(OpsNN, RopeForwardInverseAndBackward) {
+  struct Case {
+    int64_t B, T, H, hd, pos0;
+  };
+  for (const Case& c : {Case{1, 1, 1, 2, 0}, Case{2, 7, 3, 8, 5}, Case{1, 13, 2, 6, 1000}})
+    for (DType t : kFloats) {
+      const Shape shape{c.B, c.T, c.H, c.hd};
+      const int64_t n = shape_numel(shape);
+      const Vec x = rounded(randn(n, 61), t);
+      const Tensor xt = make(x, shape, t);
+      Tensor y = Tensor::empty(shape, t), back = Tensor::empty(shape, t);
+      ops::rope(xt, 10000, c.pos0, false, y);
+      const std::string what = "rope " + std::string(dtype_name(t)) + " hd=" + std::to_string(c.hd);
+      expect_close(y.to_doubles(), ref_rope(x, c.B, c.T, c.H, c.hd, 10000, c.pos0, false), tol_of(t), what);
+      ops::rope(y, 10000, c.pos0, true, back);
+      expect_close(back.to_doubles(), x, tol_of(t), what + " inverse");
+      Tensor inplace = xt.clone();
+      ops::rope(inplace, 10000, c.pos0, false, inplace);
+      expect_close(inplace.to_doubles(), y.to_doubles(), 0, what + " in place");
+    }
+  // the backward of a rotation is the inverse rotation
+  const int64_t B = 2, T = 5, H = 2, hd = 4, pos0 = 3;
+  const Shape shape{B, T, H, hd};
+  const Vec x = randn(B * T * H * hd, 62), r = randn(B * T * H * hd, 63);
+  Tensor dx = Tensor::empty(shape, DType::f64);
+  ops::rope(make(r, shape), 500, pos0, true, dx);
+  auto loss = [&](const Vec& xv) { return dotv(ref_rope(xv, B, T, H, hd, 500, pos0, false), r); };
+  expect_close(dx.to_doubles(), numeric_grad(x, loss), kFdTol, "rope backward");
+}
+
+TEST(OpsNN, RopeUsageErrors) {
+  Tensor odd = Tensor::zeros({1, 2, 1, 5}, DType::f32), y = Tensor::empty({1, 2, 1, 5}, DType::f32);
+  EXPECT_THROW(ops::rope(odd, 10000, 0, false, y), UsageError);
+  Tensor three = Tensor::zeros({2, 1, 4}, DType::f32), y3 = Tensor::empty({2, 1, 4}, DType::f32);
+  EXPECT_THROW(ops::rope(three, 10000, 0, false, y3), UsageError);
+  Tensor x = Tensor::zeros({1, 2, 1, 4}, DType::f32), y64 = Tensor::empty({1, 2, 1, 4}, DType::f64);
+  EXPECT_THROW(ops::rope(x, 10000, 0, false, y64), UsageError);
+}
+
+// ---------------------------------------------------------------------------- embedding
+
+TEST(OpsNN, EmbeddingForwardAndBackwardWithRepeatedIds) {
+  for (DType t : kFloats) {
+    const int64_t V = 11, D = 130;
+    const Vec ids = {3, 0, 10, 3, 3, 7, 0};  // repeated ids
+    const int64_t N = static_cast<int64_t>(ids.size());
+    const Vec table = rounded(randn(V * D, 71), t);
+    Tensor out = Tensor::empty({N, D}, t);
+    ops::embedding_forward(make(table, {V, D}, t), make(ids, {N}, DType::i32), out);
+    Vec want(static_cast<size_t>(N * D));
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t d = 0; d < D; ++d) want[i * D + d] = table[static_cast<int64_t>(ids[i]) * D + d];
+    expect_close(out.to_doubles(), want, 0, "embedding forward");
+
+    const Vec dout = rounded(randn(N * D, 72), t), dt0 = rounded(randn(V * D, 73), t);
+    Tensor dtable = make(dt0, {V, D}, t);
+    ops::embedding_backward(make(ids, {N}, DType::i32), make(dout, {N, D}, t), dtable);
+    Vec dwant = dt0;  // accumulates
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t d = 0; d < D; ++d) dwant[static_cast<int64_t>(ids[i]) * D + d] += dout[i * D + d];
+    expect_close(dtable.to_doubles(), dwant, tol_of(t), "embedding backward " + std::string(dtype_name(t)));
+  }
+  // ids of any shape, flattened
+  const Vec table = randn(4 * 3, 74);
+  Tensor out = Tensor::empty({2, 2, 3}, DType::f64);
+  ops::embedding_forward(make(table, {4, 3}), make({1, 2, 3, 0}, {2, 2}, DType::i32), out);
+  EXPECT_EQ(out.to_doubles()[3 * 3], table[0]);
+  // the backward of the forward, by finite differences
+  const int64_t V = 5, D = 3;
+  const Vec ids = {4, 1, 4, 4, 0};
+  const Vec tb = randn(V * D, 75), r = randn(ids.size() * D, 76);
+  auto loss = [&](const Vec& tv) {
+    double s = 0;
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int64_t d = 0; d < D; ++d) s += tv[static_cast<int64_t>(ids[i]) * D + d] * r[i * D + d];
+    return s;
+  };
+  Tensor dtable = Tensor::zeros({V, D}, DType::f64);
+  ops::embedding_backward(make(ids, {5}, DType::i32), make(r, {5, D}), dtable);
+  expect_close(dtable.to_doubles(), numeric_grad(tb, loss), kFdTol, "embedding backward fd");
+}
+
+TEST(OpsNN, EmbeddingUsageErrors) {
+  Tensor table = Tensor::zeros({4, 3}, DType::f32), out = Tensor::empty({2, 3}, DType::f32);
+  EXPECT_THROW(ops::embedding_forward(table, make({1, 4}, {2}, DType::i32), out), UsageError);  // id out of range
+  EXPECT_THROW(ops::embedding_forward(table, make({1, 2}, {2}, DType::i64), out), UsageError);
+  Tensor out_small = Tensor::empty({2, 2}, DType::f32);
+  EXPECT_THROW(ops::embedding_forward(table, make({1, 2}, {2}, DType::i32), out_small), UsageError);
+  Tensor dtable = Tensor::zeros({4, 3}, DType::f32);
+  EXPECT_THROW(ops::embedding_backward(make({1, -1}, {2}, DType::i32), out, dtable), UsageError);
+}
+
+// ---------------------------------------------------------------------------- attention
+
+struct AttnCase {
+  int64_t B, T, H, Hkv, hd;
+};
+const AttnCase kAttnCases[] = {{2, 7, 4, 2, 4}, {1, 7, 2, 2, 8}, {2, 1, 4, 2, 4}, {1, 1, 2, 2, 8},
+                               {1, 7, 3, 1, 8}, {2, 13, 4, 4, 6}};
+
+TEST(OpsNN, AttentionForward) {
+  for (const AttnCase& c : kAttnCases)
+    for (DType t : kFloats)
+      for (DType lse_t : {DType::f32, t}) {
+        const Shape qs{c.B, c.T, c.H, c.hd}, ks{c.B, c.T, c.Hkv, c.hd};
+        const Vec q = rounded(randn(shape_numel(qs), 81, 1.5), t), k = rounded(randn(shape_numel(ks), 82, 1.5), t),
+                  v = rounded(randn(shape_numel(ks), 83), t);
+        Tensor out = Tensor::empty(qs, t), lse = Tensor::empty({c.B, c.H, c.T}, lse_t);
+        ops::attention_forward(make(q, qs, t), make(k, ks, t), make(v, ks, t), out, lse);
+        Vec want, want_lse;
+        ref_attention(q, k, v, c.B, c.T, c.H, c.Hkv, c.hd, want, want_lse);
+        const std::string what = "attention T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
+                                 " Hkv=" + std::to_string(c.Hkv) + " " + std::string(dtype_name(t));
+        expect_close(out.to_doubles(), want, tol_of(t), what);
+        expect_close(lse.to_doubles(), want_lse, tol_of(lse_t), what + " lse");
+      }
+}
+
+TEST(OpsNN, AttentionBackwardFiniteDifferences) {
+  for (const AttnCase& c : kAttnCases) {
+    const Shape qs{c.B, c.T, c.H, c.hd}, ks{c.B, c.T, c.Hkv, c.hd};
+    const Vec q = randn(shape_numel(qs), 91, 1.5), k = randn(shape_numel(ks), 92, 1.5), v = randn(shape_numel(ks), 93),
+              r = randn(shape_numel(qs), 94);
+    const Tensor qt = make(q, qs), kt = make(k, ks), vt = make(v, ks), rt = make(r, qs);
+    Tensor out = Tensor::empty(qs, DType::f64), lse = Tensor::empty({c.B, c.H, c.T}, DType::f64);
+    ops::attention_forward(qt, kt, vt, out, lse);
+    Tensor dq = Tensor::empty(qs, DType::f64), dk = Tensor::empty(ks, DType::f64), dv = Tensor::empty(ks, DType::f64);
+    ops::attention_backward(qt, kt, vt, out, lse, rt, dq, dk, dv);
+    auto loss = [&](const Vec& qv, const Vec& kv, const Vec& vv) {
+      Vec o, l;
+      ref_attention(qv, kv, vv, c.B, c.T, c.H, c.Hkv, c.hd, o, l);
+      return dotv(o, r);
+    };
+    const std::string what = "attention backward B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                             " H=" + std::to_string(c.H) + " Hkv=" + std::to_string(c.Hkv) +
+                             " hd=" + std::to_string(c.hd);
+    expect_close(dq.to_doubles(), numeric_grad(q, [&](const Vec& x) { return loss(x, k, v); }), kFdTol, what + " dq");
+    expect_close(dk.to_doubles(), numeric_grad(k, [&](const Vec& x) { return loss(q, x, v); }), kFdTol, what + " dk");
+    expect_close(dv.to_doubles(), numeric_grad(v, [&](const Vec& x) { return loss(q, k, x); }), kFdTol, what + " dv");
+  }
+}
+
+TEST(OpsNN, AttentionUsageErrors) {
+  Tensor q = Tensor::zeros({1, 3, 4, 8}, DType::f32), out = Tensor::empty({1, 3, 4, 8}, DType::f32);
+  Tensor lse = Tensor::empty({1, 4, 3}, DType::f32);
+  Tensor k3 = Tensor::zeros({1, 3, 3, 8}, DType::f32);  // 4 % 3 != 0
+  EXPECT_THROW(ops::attention_forward(q, k3, k3, out, lse), UsageError);
+  Tensor k = Tensor::zeros({1, 3, 2, 8}, DType::f32), vbad = Tensor::zeros({1, 3, 2, 4}, DType::f32);
+  EXPECT_THROW(ops::attention_forward(q, k, vbad, out, lse), UsageError);
+  Tensor lse_bad = Tensor::empty({1, 3, 4}, DType::f32);
+  EXPECT_THROW(ops::attention_forward(q, k, k, out, lse_bad), UsageError);
+  Tensor k64 = Tensor::zeros({1, 3, 2, 8}, DType::f64);
+  EXPECT_THROW(ops::attention_forward(q, k64, k64, out, lse), UsageError);
+  Tensor lse_i = Tensor::empty({1, 4, 3}, DType::i32);
+  EXPECT_THROW(ops::attention_forward(q, k, k, out, lse_i), UsageError);
+  EXPECT_NO_THROW(ops::attention_forward(q, k, k, out, lse));
+}
+
+TEST(OpsNN, SoftmaxUsageErrors) {
+  Tensor x = Tensor::zeros({3, 4}, DType::f32);
+  Tensor y = Tensor::empty({4, 3}, DType::f32), y64 = Tensor::empty({3, 4}, DType::f64);
+  EXPECT_THROW(ops::softmax_forward(x, y), UsageError);
+  EXPECT_THROW(ops::log_softmax_forward(x, y64), UsageError);
+  Tensor xi = Tensor::zeros({3, 4}, DType::i32);
+  EXPECT_THROW(ops::softmax_forward(xi, xi), UsageError);
+}
+
+}  // namespace
+}  // namespace dtk
