@@ -1,0 +1,268 @@
+// CUDA linear algebra against the CPU backend on the same inputs. Each comparison prints one
+// line "gpu-check: <op> <dtype> max_rel_err=<x> tol=<y> PASS|FAIL" for scripts/gpu-check's log.
+// Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dtk/core/device.h"
+#include "dtk/core/tensor.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk {
+namespace {
+
+using Vec = std::vector<double>;
+
+#define SKIP_WITHOUT_GPU() \
+  if (dtk::cuda::device_count() == 0) GTEST_SKIP() << "no GPU"
+
+Vec random_values(size_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist(0.0, 1.0);
+  Vec v(n);
+  for (double& x : v) x = dist(gen);
+  return v;
+}
+
+// max |x - y| / max(1e-30, max |y|)
+double max_rel_err(const Vec& x, const Vec& y) {
+  double e = 0, s = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    e = std::max(e, std::isnan(x[i]) ? INFINITY : std::fabs(x[i] - y[i]));
+    s = std::max(s, std::fabs(y[i]));
+  }
+  return x.size() != y.size() ? INFINITY : e / std::max(s, 1e-30);
+}
+
+void report(const std::string& op, const std::string& dtype, double err, double tol) {
+  const bool pass = err < tol;
+  std::printf("gpu-check: %s %s max_rel_err=%.3g tol=%.3g %s\n", op.c_str(), dtype.c_str(), err, tol,
+              pass ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  EXPECT_TRUE(pass) << op << " " << dtype << ": " << err << " >= " << tol;
+}
+
+double tol_for(DType t) { return t == DType::f64 ? 1e-10 : 1e-4; }
+
+// Flip the sign of each column j of x (matrices [.., rows, cols]) so that it points the way
+// column j of ref does: eigenvectors and Householder Q columns are defined up to sign.
+Vec align_columns(Vec x, const Vec& ref, int64_t rows, int64_t cols) {
+  const int64_t per = rows * cols;
+  for (int64_t b = 0; b * per < int64_t(x.size()); ++b)
+    for (int64_t j = 0; j < cols; ++j) {
+      double d = 0;
+      for (int64_t i = 0; i < rows; ++i) d += x[b * per + i * cols + j] * ref[b * per + i * cols + j];
+      if (d < 0)
+        for (int64_t i = 0; i < rows; ++i) x[b * per + i * cols + j] = -x[b * per + i * cols + j];
+    }
+  return x;
+}
+
+Vec random_symmetric(int64_t batch, int64_t n, uint64_t seed, bool spd) {
+  Vec out;
+  for (int64_t b = 0; b < batch; ++b) {
+    const Vec r = random_values(size_t(n * n), seed + uint64_t(b));
+    Vec a(size_t(n * n), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        if (spd) {  // R R^T / n + I
+          double s = 0;
+          for (int64_t k = 0; k < n; ++k) s += r[i * n + k] * r[j * n + k];
+          a[i * n + j] = s / double(n) + (i == j ? 1.0 : 0.0);
+        } else {
+          a[i * n + j] = r[std::max(i, j) * n + std::min(i, j)];
+        }
+      }
+    out.insert(out.end(), a.begin(), a.end());
+  }
+  return out;
+}
+
+const DType kFloatTypes[] = {DType::f32, DType::f64};
+const Device kGpu = Device::cuda(0);
+
+TEST(LinalgGpu, GemmMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, m, n, k;
+  };
+  const Case cases[] = {{0, 1, 1, 1}, {0, 7, 33, 100}, {0, 100, 7, 33}, {0, 257, 129, 65}, {3, 33, 7, 100}, {4, 1, 5, 9}};
+  uint64_t seed = 1;
+  for (DType t : kFloatTypes) {
+    double worst = 0;
+    for (const Case& c : cases)
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          Shape as = ta ? Shape{c.k, c.m} : Shape{c.m, c.k};
+          Shape bs = tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
+          Shape cs{c.m, c.n};
+          if (c.batch) {
+            as.insert(as.begin(), c.batch);
+            bs.insert(bs.begin(), c.batch);
+            cs.insert(cs.begin(), c.batch);
+          }
+          const Vec av = random_values(size_t(shape_numel(as)), seed++);
+          const Vec bv = random_values(size_t(shape_numel(bs)), seed++);
+          const Vec cv = random_values(size_t(shape_numel(cs)), seed++);
+          Tensor a = Tensor::from_doubles(av, as, t), b = Tensor::from_doubles(bv, bs, t);
+          Tensor cc = Tensor::from_doubles(cv, cs, t);
+          Tensor ag = a.to(kGpu), bg = b.to(kGpu), cg = cc.to(kGpu);
+          ops::gemm(ta, tb, 1.5, a, b, -0.5, cc);
+          ops::gemm(ta, tb, 1.5, ag, bg, -0.5, cg);
+          worst = std::max(worst, max_rel_err(cg.to_doubles(), cc.to_doubles()));
+        }
+    report("gemm", std::string(dtype_name(t)), worst, tol_for(t));
+  }
+}
+
+TEST(LinalgGpu, GemmBf16MatchesCpuF32) {
+  SKIP_WITHOUT_GPU();
+  // bf16 inputs are exact in f32, so the CPU f32 product of the same values is the reference;
+  // the GPU accumulates in f32 too (in another order).
+  double worst = 0;
+  uint64_t seed = 50;
+  for (int64_t batch : {0, 3})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t m = 65, n = 33, k = 256;
+        Shape as = ta ? Shape{k, m} : Shape{m, k};
+        Shape bs = tb ? Shape{n, k} : Shape{k, n};
+        Shape cs{m, n};
+        if (batch) {
+          as.insert(as.begin(), batch);
+          bs.insert(bs.begin(), batch);
+          cs.insert(cs.begin(), batch);
+        }
+        Tensor a16 = Tensor::from_doubles(random_values(size_t(shape_numel(as)), seed++), as, DType::bf16);
+        Tensor b16 = Tensor::from_doubles(random_values(size_t(shape_numel(bs)), seed++), bs, DType::bf16);
+        Tensor a32 = Tensor::from_doubles(a16.to_doubles(), as, DType::f32);
+        Tensor b32 = Tensor::from_doubles(b16.to_doubles(), bs, DType::f32);
+        Tensor c = Tensor::zeros(cs, DType::f32), cg = Tensor::zeros(cs, DType::f32, kGpu);
+        Tensor ag = a16.to(kGpu), bg = b16.to(kGpu);
+        ops::gemm(ta, tb, 1.0, a32, b32, 0.0, c);
+        ops::gemm(ta, tb, 1.0, ag, bg, 0.0, cg);
+        worst = std::max(worst, max_rel_err(cg.to_doubles(), c.to_doubles()));
+      }
+  report("gemm", "bf16", worst, 1e-4);
+}
+
+TEST(LinalgGpu, OrthonormalizeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, m, r;
+  };
+  const Case cases[] = {{0, 1, 1}, {0, 7, 3}, {0, 100, 33}, {0, 1000, 16}, {3, 33, 7}};
+  for (int method = 0; method < 2; ++method)
+    for (DType t : kFloatTypes) {
+      double worst = 0;
+      uint64_t seed = 100;
+      for (const Case& c : cases) {
+        Shape s = c.batch ? Shape{c.batch, c.m, c.r} : Shape{c.m, c.r};
+        Vec v = random_values(size_t(shape_numel(s)), seed++);
+        if (method == 0 && c.r > 2)  // a zero column: zeros on both backends
+          for (int64_t i = 0; i < shape_numel(s) / c.r; ++i) v[size_t(i * c.r + 1)] = 0;
+        Tensor a = Tensor::from_doubles(v, s, t);
+        Tensor ag = a.to(kGpu);
+        if (method == 0) {
+          ops::orthonormalize_mgs(a);
+          ops::orthonormalize_mgs(ag);
+        } else {
+          ops::orthonormalize_qr(a);
+          ops::orthonormalize_qr(ag);
+        }
+        const Vec ref = a.to_doubles();
+        worst = std::max(worst, max_rel_err(align_columns(ag.to_doubles(), ref, c.m, c.r), ref));
+      }
+      report(method == 0 ? "orthonormalize_mgs" : "orthonormalize_qr", std::string(dtype_name(t)), worst,
+             t == DType::f64 ? 1e-9 : 1e-4);
+    }
+}
+
+TEST(LinalgGpu, EighMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, n;
+  };
+  // batch > 1 with n <= 32 runs syevjBatched, the others syevd.
+  const Case cases[] = {{0, 1}, {0, 7}, {0, 100}, {8, 16}, {5, 32}, {2, 40}};
+  for (DType t : kFloatTypes) {
+    double worst_w = 0, worst_v = 0;
+    uint64_t seed = 200;
+    for (const Case& c : cases) {
+      const int64_t b = std::max<int64_t>(c.batch, 1);
+      Shape s = c.batch ? Shape{c.batch, c.n, c.n} : Shape{c.n, c.n};
+      Shape ws = c.batch ? Shape{c.batch, c.n} : Shape{c.n};
+      Tensor a = Tensor::from_doubles(random_symmetric(b, c.n, seed, false), s, t);
+      seed += 16;
+      Tensor w = Tensor::empty(ws, t), v = Tensor::empty(s, t);
+      Tensor ag = a.to(kGpu), wg = Tensor::empty(ws, t, kGpu), vg = Tensor::empty(s, t, kGpu);
+      ops::eigh(a, w, v);
+      ops::eigh(ag, wg, vg);
+      const Vec wr = w.to_doubles(), vr = v.to_doubles();
+      worst_w = std::max(worst_w, max_rel_err(wg.to_doubles(), wr));
+      // Eigenvectors of random symmetric matrices: distinct eigenvalues, defined up to sign.
+      worst_v = std::max(worst_v, max_rel_err(align_columns(vg.to_doubles(), vr, c.n, c.n), vr));
+    }
+    report("eigh_values", std::string(dtype_name(t)), worst_w, t == DType::f64 ? 1e-10 : 1e-4);
+    report("eigh_vectors", std::string(dtype_name(t)), worst_v, t == DType::f64 ? 1e-7 : 1e-2);
+  }
+}
+
+TEST(LinalgGpu, InverseRootMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, n;
+    int p;
+  };
+  const Case cases[] = {{0, 1, 2}, {0, 7, 1}, {0, 33, 2}, {0, 100, 4}, {3, 16, 4}};
+  for (ops::RootMethod m : {ops::RootMethod::eigh, ops::RootMethod::newton})
+    for (DType t : kFloatTypes) {
+      double worst = 0;
+      uint64_t seed = 300;
+      for (const Case& c : cases) {
+        const int64_t b = std::max<int64_t>(c.batch, 1);
+        Shape s = c.batch ? Shape{c.batch, c.n, c.n} : Shape{c.n, c.n};
+        Tensor a = Tensor::from_doubles(random_symmetric(b, c.n, seed, true), s, t);
+        seed += 8;
+        ops::RootOptions o;
+        o.method = m;
+        o.eps = 1e-6;
+        o.tolerance = 1e-10;
+        Tensor out = Tensor::empty(s, t), outg = Tensor::empty(s, t, kGpu);
+        const bool ok = ops::inverse_root(a, c.p, o, out);
+        const bool okg = ops::inverse_root(a.to(kGpu), c.p, o, outg);
+        EXPECT_TRUE(ok && okg);
+        worst = std::max(worst, max_rel_err(outg.to_doubles(), out.to_doubles()));
+      }
+      report(m == ops::RootMethod::eigh ? "inverse_root_eigh" : "inverse_root_newton", std::string(dtype_name(t)),
+             worst, t == DType::f64 ? 1e-9 : 1e-5);
+    }
+}
+
+TEST(LinalgGpu, InverseRootFailuresMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 7;
+  for (ops::RootMethod m : {ops::RootMethod::eigh, ops::RootMethod::newton}) {
+    Vec v = random_symmetric(1, n, 400, true);
+    v[10] = std::nan("");
+    Tensor a = Tensor::from_doubles(v, {n, n}, DType::f32, kGpu);
+    Tensor out = Tensor::from_doubles(Vec(size_t(n * n), 7.0), {n, n}, DType::f32, kGpu);
+    ops::RootOptions o;
+    o.method = m;
+    EXPECT_FALSE(ops::inverse_root(a, 2, o, out));
+    o.eps = 0;
+    EXPECT_FALSE(ops::inverse_root(Tensor::zeros({n, n}, DType::f32, kGpu), 2, o, out));
+    for (double x : out.to_doubles()) EXPECT_EQ(x, 7.0);
+  }
+  std::printf("gpu-check: inverse_root_failures f32 max_rel_err=0 tol=0 %s\n",
+              ::testing::Test::HasFailure() ? "FAIL" : "PASS");
+}
+
+}  // namespace
+}  // namespace dtk
