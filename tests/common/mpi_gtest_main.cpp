@@ -2,12 +2,14 @@
 // rank 0 only, and an exit code that is non-zero on every rank when any rank failed.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "dtk/comm/comm.h"
 
 int main(int argc, char** argv) {
   dtk::comm::Runtime rt(&argc, &argv, {});
   ::testing::InitGoogleTest(&argc, argv);
-  if (rt.rank() != 0) {
+  if (rt.rank() != 0 && !std::getenv("DTK_TEST_ALL_RANKS")) {  // set it to see every rank's output
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   }

@@ -120,6 +120,23 @@ void for_host_rows(const Tensor& t, F&& f) {
   }
 }
 
+// The rank whose file holds a whole tensor of a sharded state: the source file of its virtual
+// dataset's one mapping (rank-NNNNN.h5); -1 when it is not such a dataset.
+int owner_of(hid_t ds) {
+  Id dcpl(H5Dget_create_plist(ds));
+  size_t count = 0;
+  if (H5Pget_layout(dcpl) != H5D_VIRTUAL || H5Pget_virtual_count(dcpl, &count) < 0 || count != 1) return -1;
+  const ssize_t len = H5Pget_virtual_filename(dcpl, 0, nullptr, 0);
+  if (len <= 0) return -1;
+  std::string file(static_cast<size_t>(len) + 1, '\0');
+  H5Pget_virtual_filename(dcpl, 0, file.data(), file.size());
+  file.resize(static_cast<size_t>(len));
+  int rank = -1;
+  char tail = 0;
+  if (std::sscanf(file.c_str(), "rank-%d.h%c", &rank, &tail) != 2 || file != rank_file_name(rank)) return -1;
+  return rank;
+}
+
 }  // namespace
 
 std::string now_iso8601() {
@@ -321,6 +338,8 @@ Reader::Reader(const fs::path& path) : impl_(new Impl) {
     if (h5::has_attr(ds, "shard_offsets")) {
       ti.shard_offsets = h5::get_attr_ints(ds, "shard_offsets");
       ti.shard_lengths = h5::get_attr_ints(ds, "shard_lengths");
+    } else if (h5::has_attr(f, "shard_world_size")) {
+      ti.owner = owner_of(ds);
     }
     impl_->tensors.push_back(std::move(ti));
   }
@@ -410,6 +429,36 @@ std::string rank_file_name(int rank) {
   return buf;
 }
 
+namespace {
+
+// Completes a sharded state whose rank files are in tmp_dir: writes the index (virtual datasets
+// over the rank files), then renames tmp_dir over dir.
+void finish_sharded(const fs::path& tmp_dir, const fs::path& dir, const std::vector<TensorInfo>& index,
+                    const Metadata& meta, int world_size) {
+  FileWriter w(tmp_dir / "index.h5");
+  for (const TensorInfo& ti : index) {
+    std::vector<FileWriter::Source> src;
+    if (ti.sharded()) {
+      for (int r = 0; r < world_size; ++r)
+        if (ti.shard_lengths[r] > 0) src.push_back({rank_file_name(r), ti.shard_offsets[r], ti.shard_lengths[r]});
+    } else {  // a whole tensor in its owner's file
+      src.push_back({rank_file_name(ti.owner), 0, ti.shape.empty() ? 1 : ti.shape[0]});
+    }
+    w.create_virtual(ti.name, ti.shape, ti.dtype, src);
+    if (ti.sharded()) w.set_attrs(ti.name, {{"shard_offsets", ti.shard_offsets}, {"shard_lengths", ti.shard_lengths}});
+  }
+  w.set_metadata(meta);
+  w.set_root_attr("shard_world_size", world_size);
+  w.commit();
+  std::error_code ec;
+  if (fs::exists(dir)) fs::remove_all(dir, ec);
+  fs::rename(tmp_dir, dir, ec);
+  if (ec) fail("cannot rename " + tmp_dir.string() + " to " + dir.string() + ": " + ec.message());
+  fsync_path(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), true);
+}
+
+}  // namespace
+
 ShardedWriter::ShardedWriter(fs::path dir, comm::Communicator& comm, WriteOptions opts)
     : dir_(std::move(dir)), comm_(comm) {
   tmp_dir_ = dir_.parent_path() / ("." + dir_.filename().string() + ".tmp");
@@ -428,13 +477,10 @@ ShardedWriter::ShardedWriter(fs::path dir, comm::Communicator& comm, WriteOption
   mine_ = std::make_unique<FileWriter>(tmp_dir_ / rank_file_name(comm_.rank()), opts);
 }
 
-ShardedWriter::~ShardedWriter() {
-  mine_.reset();
-  if (!committed_ && comm_.rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir_, ec);
-  }
-}
+// Without commit, each rank's FileWriter removes its own temporary file; the temporary
+// directory stays (other ranks may still be writing into it, as after a crash) until the next
+// writer of the same destination replaces it.
+ShardedWriter::~ShardedWriter() = default;
 
 void ShardedWriter::write_shard(const std::string& name, const Shape& shape, const Tensor& local,
                                 const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths) {
@@ -446,8 +492,7 @@ void ShardedWriter::write_shard(const std::string& name, const Shape& shape, con
   ls[0] = lengths[r];
   if (local.shape() != ls) fail_usage("write_shard " + name + ": local " + local.str() + ", expected " + shape_str(ls));
   mine_->write(name, local);
-  TensorInfo ti{name, shape, local.dtype(), offsets, lengths};
-  index_.push_back(ti);
+  index_.push_back(TensorInfo{name, shape, local.dtype(), offsets, lengths, -1});
 }
 
 void ShardedWriter::write_whole(const std::string& name, const Shape& shape, DType t, int owner, const Tensor& data) {
@@ -456,7 +501,7 @@ void ShardedWriter::write_whole(const std::string& name, const Shape& shape, DTy
       fail_usage("write_whole " + name + ": " + data.str() + ", expected " + std::string(dtype_name(t)) + shape_str(shape));
     mine_->write(name, data);
   }
-  index_.push_back(TensorInfo{name, shape, t, {-owner - 1}, {}});
+  index_.push_back(TensorInfo{name, shape, t, {}, {}, owner});
 }
 
 void ShardedWriter::set_metadata(const Metadata& m) {
@@ -473,28 +518,7 @@ void ShardedWriter::commit() {
   std::string err;
   if (comm_.rank() == 0) {
     try {
-      FileWriter index(tmp_dir_ / "index.h5");
-      for (const TensorInfo& ti : index_) {
-        std::vector<FileWriter::Source> src;
-        if (ti.sharded() && ti.shard_offsets[0] >= 0) {
-          for (int r = 0; r < comm_.size(); ++r)
-            if (ti.shard_lengths[r] > 0) src.push_back({rank_file_name(r), ti.shard_offsets[r], ti.shard_lengths[r]});
-        } else {  // a whole tensor in its owner's file
-          const int owner = static_cast<int>(-ti.shard_offsets[0] - 1);
-          src.push_back({rank_file_name(owner), 0, ti.shape.empty() ? 1 : ti.shape[0]});
-        }
-        index.create_virtual(ti.name, ti.shape, ti.dtype, src);
-        if (ti.sharded() && ti.shard_offsets[0] >= 0)
-          index.set_attrs(ti.name, {{"shard_offsets", ti.shard_offsets}, {"shard_lengths", ti.shard_lengths}});
-      }
-      index.set_metadata(meta_);
-      index.set_root_attr("shard_world_size", comm_.size());
-      index.commit();
-      std::error_code ec;
-      if (fs::exists(dir_)) fs::remove_all(dir_, ec);
-      fs::rename(tmp_dir_, dir_, ec);
-      if (ec) fail("cannot rename " + tmp_dir_.string() + " to " + dir_.string() + ": " + ec.message());
-      fsync_path(dir_.parent_path().empty() ? fs::path(".") : dir_.parent_path(), true);
+      finish_sharded(tmp_dir_, dir_, index_, meta_, comm_.size());
     } catch (const std::exception& e) {
       ok = 0;
       err = e.what();
@@ -502,6 +526,103 @@ void ShardedWriter::commit() {
   }
   comm_.broadcast({&ok, 1, DType::i32, {}}, 0, comm::Mode::sync);
   if (!ok) fail(comm_.rank() == 0 ? err : "rank 0 could not complete the sharded state " + dir_.string());
+}
+
+// ------------------------------------------------------------------------------ SerialShardedWriter
+
+void even_split(int64_t rows, int world_size, std::vector<int64_t>& offsets, std::vector<int64_t>& lengths) {
+  if (world_size < 1) fail_usage("a sharded state needs at least one rank, got " + std::to_string(world_size));
+  offsets.assign(static_cast<size_t>(world_size), 0);
+  lengths.assign(static_cast<size_t>(world_size), 0);
+  const int64_t base = rows / world_size, extra = rows % world_size;
+  int64_t off = 0;
+  for (int r = 0; r < world_size; ++r) {
+    offsets[r] = off;
+    lengths[r] = base + (r < extra ? 1 : 0);
+    off += lengths[r];
+  }
+}
+
+SerialShardedWriter::SerialShardedWriter(fs::path dir, int world_size, WriteOptions opts) : dir_(std::move(dir)) {
+  if (world_size < 1) fail_usage("a sharded state needs at least one rank, got " + std::to_string(world_size));
+  const fs::path parent = dir_.parent_path().empty() ? fs::path(".") : dir_.parent_path();
+  if (!fs::is_directory(parent))
+    fail_usage("cannot write " + dir_.string() + ": directory " + parent.string() + " does not exist");
+  tmp_dir_ = temp_name(dir_);
+  std::error_code ec;
+  fs::create_directory(tmp_dir_, ec);
+  if (ec) fail("cannot create " + tmp_dir_.string() + ": " + ec.message());
+  try {
+    for (int r = 0; r < world_size; ++r)
+      files_.push_back(std::make_unique<FileWriter>(tmp_dir_ / rank_file_name(r), opts));
+  } catch (...) {
+    files_.clear();
+    fs::remove_all(tmp_dir_, ec);
+    throw;
+  }
+}
+
+SerialShardedWriter::~SerialShardedWriter() {
+  files_.clear();
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+  }
+}
+
+void SerialShardedWriter::create(const TensorInfo& t) {
+  TensorInfo ti = t;
+  const int n = world_size();
+  if (ti.sharded()) {
+    if (ti.shape.empty()) fail_usage("create " + ti.name + ": a 0-d tensor cannot be sharded");
+    if (static_cast<int>(ti.shard_offsets.size()) != n || static_cast<int>(ti.shard_lengths.size()) != n)
+      fail_usage("create " + ti.name + ": shard offsets and lengths need one entry per rank (" + std::to_string(n) + ")");
+    for (int r = 0; r < n; ++r)
+      if (ti.shard_offsets[r] < 0 || ti.shard_lengths[r] < 0 || ti.shard_offsets[r] + ti.shard_lengths[r] > ti.shape[0])
+        fail_usage("create " + ti.name + ": rank " + std::to_string(r) + "'s rows do not fit " + shape_str(ti.shape));
+    ti.owner = -1;
+    for (int r = 0; r < n; ++r) {
+      Shape local = ti.shape;
+      local[0] = ti.shard_lengths[r];
+      files_[r]->create(ti.name, local, ti.dtype);
+    }
+  } else {
+    if (ti.owner < 0) ti.owner = 0;
+    if (ti.owner >= n)
+      fail_usage("create " + ti.name + ": owner rank " + std::to_string(ti.owner) + " is not below " + std::to_string(n));
+    files_[ti.owner]->create(ti.name, ti.shape, ti.dtype);
+  }
+  index_.push_back(std::move(ti));
+}
+
+void SerialShardedWriter::write_rows(const std::string& name, int64_t row0, const Tensor& rows) {
+  const auto it = std::find_if(index_.begin(), index_.end(), [&](const TensorInfo& t) { return t.name == name; });
+  if (it == index_.end()) fail_usage("write " + name + ": no such tensor was created");
+  if (!it->sharded()) {
+    files_[it->owner]->write_rows(name, row0, rows);
+    return;
+  }
+  const int64_t n = rows.ndim() == 0 ? 1 : rows.dim(0);
+  for (int r = 0; r < world_size(); ++r) {
+    const int64_t lo = std::max(row0, it->shard_offsets[r]);
+    const int64_t hi = std::min(row0 + n, it->shard_offsets[r] + it->shard_lengths[r]);
+    if (lo < hi) files_[r]->write_rows(name, lo - it->shard_offsets[r], rows.slice(lo - row0, hi - row0));
+  }
+}
+
+void SerialShardedWriter::set_metadata(const Metadata& m) {
+  meta_ = m;
+  if (meta_.created.empty()) meta_.created = now_iso8601();
+}
+
+void SerialShardedWriter::commit() {
+  const size_t n = files_.size();
+  for (auto& f : files_) {
+    f->set_metadata(meta_);
+    f->commit();
+  }
+  files_.clear();
+  finish_sharded(tmp_dir_, dir_, index_, meta_, static_cast<int>(n));
   committed_ = true;
 }
 

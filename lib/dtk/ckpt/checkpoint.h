@@ -10,7 +10,9 @@
 // A sharded state is a directory: rank-<r>.h5 per rank, each written by its rank alone, holding
 // that rank's rows (dim 0) of every sharded tensor under the same names (plus whole tensors the
 // rank owns), and index.h5, whose virtual datasets present every full tensor over the rank
-// files; each index dataset carries attributes shard_offsets, shard_lengths and global_shape.
+// files; each sharded index dataset carries attributes shard_offsets and shard_lengths, the
+// index file the root attribute shard_world_size. A whole tensor of a sharded state is a virtual
+// dataset over the one rank file that holds it (its owner).
 //
 // Writes go to a temporary name in the destination's directory, are flushed and fsynced, and are
 // renamed over the final name at commit: a crash leaves the old checkpoint or the new one.
@@ -50,6 +52,7 @@ struct TensorInfo {
   Shape shape;
   DType dtype = DType::f32;
   std::vector<int64_t> shard_offsets, shard_lengths;  // empty when not sharded
+  int owner = -1;  // a whole tensor of a sharded state: the rank whose file holds it; else -1
   bool sharded() const { return !shard_offsets.empty(); }
   size_t bytes() const { return static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype); }
 };
@@ -145,10 +148,41 @@ class ShardedWriter {
   std::filesystem::path dir_, tmp_dir_;
   comm::Communicator& comm_;
   std::unique_ptr<FileWriter> mine_;
-  std::vector<TensorInfo> index_;  // with the owner of whole tensors in shard_offsets = {-owner-1}
+  std::vector<TensorInfo> index_;
+  Metadata meta_;
+};
+
+// A sharded state of `world_size` ranks written by one process (resharding, conversion, tests):
+// every rank file is open here, and tensors are streamed by global rows of dim 0, which are
+// routed to the rank files that hold them. The same files and index as ShardedWriter's.
+class SerialShardedWriter {
+ public:
+  SerialShardedWriter(std::filesystem::path dir, int world_size, WriteOptions opts = {});
+  ~SerialShardedWriter();  // without commit(), the temporary directory is removed
+  SerialShardedWriter(const SerialShardedWriter&) = delete;
+  SerialShardedWriter& operator=(const SerialShardedWriter&) = delete;
+
+  // A tensor: sharded (t.shard_offsets and t.shard_lengths give every rank's rows of dim 0) or
+  // whole in rank t.owner's file (0 when t.owner is -1).
+  void create(const TensorInfo& t);
+  // Rows [row0, row0 + rows.dim(0)) of the full tensor (a 0-d tensor: the whole of it).
+  void write_rows(const std::string& name, int64_t row0, const Tensor& rows);
+  void set_metadata(const Metadata& m);
+  void commit();  // every rank file, then the index; then the directory is renamed into place
+
+  int world_size() const { return static_cast<int>(files_.size()); }
+
+ private:
+  std::filesystem::path dir_, tmp_dir_;
+  std::vector<std::unique_ptr<FileWriter>> files_;
+  std::vector<TensorInfo> index_;
   Metadata meta_;
   bool committed_ = false;
 };
+
+// Rows of dim 0 split as evenly as possible over `world_size` ranks, the first ranks taking one
+// extra row: offsets and lengths for TensorInfo / ShardedWriter::write_shard.
+void even_split(int64_t rows, int world_size, std::vector<int64_t>& offsets, std::vector<int64_t>& lengths);
 
 // Rank file names inside a sharded state.
 std::string rank_file_name(int rank);
