@@ -1,0 +1,154 @@
+// ckpt-make: example checkpoints with known contents for tests/tools/shard_inspect.sh.
+//   ckpt-make full OUT.h5        a full checkpoint: every dtype, a 0-d, empty and NaN/Inf tensor
+//   ckpt-make changed OUT.h5     the full checkpoint with model/w.f32[0][0] one larger
+//   ckpt-make sharded OUT_DIR    the same tensors as a sharded state of 4 ranks (uneven shards,
+//                                whole tensors in ranks 1 and 2)
+//   ckpt-make version OUT.h5 V   a tiny checkpoint claiming schema version V
+//   ckpt-make chunk FILE NAME    prints the file offset of the first chunk of dataset NAME
+#include <hdf5.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dtk/ckpt/checkpoint.h"
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+
+namespace {
+using namespace dtk;
+
+struct Item {
+  std::string name;
+  Tensor t;
+  std::vector<int64_t> lengths;  // sharded: rows per rank; empty: even split; {-1, owner}: whole
+};
+
+Tensor normal(const Shape& s, DType t, uint64_t seed) {
+  Tensor x = Tensor::empty(s, t);
+  ops::normal_(x, seed, 0);
+  return x;
+}
+
+Tensor values(const Shape& s, DType t, double (*f)(int64_t)) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(s)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = f(static_cast<int64_t>(i));
+  return Tensor::from_doubles(v, s, t);
+}
+
+std::vector<Item> items() {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  std::vector<Item> v;
+  v.push_back({"model/ramp", values({10}, DType::f32, [](int64_t i) { return double(i); }), {4, 0, 3, 3}});
+  v.push_back({"model/w.f32", normal({7, 5}, DType::f32, 1), {}});
+  v.push_back({"model/w.f64", normal({6, 3}, DType::f64, 2), {}});
+  v.push_back({"model/w.bf16", normal({9, 4}, DType::bf16, 3), {}});
+  v.push_back({"model/w.f16", normal({5}, DType::f16, 4), {1, 1, 1, 2}});
+  v.push_back({"model/big", normal({300, 40}, DType::f32, 5), {}});
+  v.push_back({"model/ids.i32", values({11}, DType::i32, [](int64_t i) { return double(3 * i - 7); }), {}});
+  v.push_back({"model/ids.i64", values({4, 2}, DType::i64, [](int64_t i) { return 1e15 + double(i); }), {}});
+  v.push_back({"model/bytes.u8", values({13}, DType::u8, [](int64_t i) { return double(i * 19 % 256); }), {}});
+  v.push_back({"model/u16", values({3, 3}, DType::u16, [](int64_t i) { return double(i * 1000); }), {}});
+  v.push_back({"model/empty", Tensor::empty({0}, DType::f32), {}});
+  v.push_back({"model/empty2", Tensor::empty({3, 0}, DType::f32), {}});
+  Tensor special = Tensor::from_doubles({1, nan, inf, -inf, -2, nan}, {6}, DType::f32);
+  v.push_back({"model/special", special, {}});
+  v.push_back({"optim/step", Tensor::from_doubles({42}, {}, DType::i64), {-1, 2}});
+  v.push_back({"ranks/1/compress/error", normal({2, 2}, DType::f32, 6), {-1, 1}});
+  return v;
+}
+
+ckpt::Metadata meta() {
+  ckpt::Metadata m;
+  m.program = "ckpt-make";
+  m.program_version = "1.0";
+  m.step = 42;
+  m.world_size = 4;
+  m.created = "2026-01-02T03:04:05Z";
+  m.model_config = {{"name", "tiny"}, {"dim", 5}};
+  m.optim_config = {{"lr", 0.001}};
+  m.data_position = {{"epoch", 1}, {"index", 77}};
+  m.rng_state = {{"seed", 1234}};
+  m.extra = {{"note", "test"}};
+  return m;
+}
+
+void full(const char* out, bool changed) {
+  ckpt::FileWriter w(out);
+  for (const auto& it : items()) {
+    if (changed && it.name == "model/w.f32") it.t.ptr<float>()[0] += 1;
+    w.write(it.name, it.t);
+  }
+  w.set_metadata(meta());
+  w.commit();
+}
+
+void sharded(const char* out) {
+  constexpr int n = 4;
+  ckpt::SerialShardedWriter w(out, n);
+  for (const auto& it : items()) {
+    ckpt::TensorInfo ti{it.name, it.t.shape(), it.t.dtype(), {}, {}, -1};
+    if (!it.lengths.empty() && it.lengths[0] < 0) {
+      ti.owner = static_cast<int>(it.lengths[1]);
+    } else if (it.lengths.empty()) {
+      ckpt::even_split(it.t.dim(0), n, ti.shard_offsets, ti.shard_lengths);
+    } else {
+      ti.shard_lengths = it.lengths;
+      int64_t off = 0;
+      for (int64_t len : it.lengths) ti.shard_offsets.push_back(off), off += len;
+    }
+    w.create(ti);
+    w.write_rows(it.name, 0, it.t);
+  }
+  w.set_metadata(meta());
+  w.commit();
+}
+
+void version(const char* out, int64_t v) {
+  ckpt::FileWriter w(out);
+  w.write("model/x", Tensor::from_doubles({1, 2, 3}, {3}, DType::f32));
+  w.set_metadata(meta());
+  w.set_root_attr("schema_version", v);
+  w.commit();
+}
+
+int chunk(const char* file, const char* name) {
+  hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = f < 0 ? -1 : H5Dopen2(f, name, H5P_DEFAULT);
+  hsize_t offset[H5S_MAX_RANK] = {0};
+  haddr_t addr = 0;
+  hsize_t size = 0;
+  unsigned mask = 0;
+  const bool ok = d >= 0 && H5Dget_chunk_info_by_coord(d, offset, &mask, &addr, &size) >= 0;
+  if (d >= 0) H5Dclose(d);
+  if (f >= 0) H5Fclose(f);
+  if (!ok) {
+    std::fprintf(stderr, "ckpt-make: no chunk of %s in %s\n", name, file);
+    return 1;
+  }
+  std::printf("%llu %llu\n", static_cast<unsigned long long>(addr), static_cast<unsigned long long>(size));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "";
+  try {
+    if ((cmd == "full" || cmd == "changed") && argc == 3) full(argv[2], cmd == "changed");
+    else if (cmd == "sharded" && argc == 3) sharded(argv[2]);
+    else if (cmd == "version" && argc == 4) version(argv[2], std::stoll(argv[3]));
+    else if (cmd == "chunk" && argc == 4) return chunk(argv[2], argv[3]);
+    else {
+      std::fprintf(stderr, "usage: ckpt-make full|changed OUT.h5 | sharded DIR | version OUT.h5 V | chunk FILE NAME\n");
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckpt-make: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,139 @@
+// shard-inspect's subcommands and what they share: opening inputs, guarding outputs, streaming
+// tensors chunk by chunk, printing tables and JSON.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dtk/ckpt/checkpoint.h"
+#include "dtk/core/tensor.h"
+
+namespace dtk::inspect {
+namespace fs = std::filesystem;
+
+// A subcommand: its options, a validate phase that opens inputs and checks outputs (UsageError:
+// exit 2, before anything is written) and the work, which returns the exit status.
+class Command {
+ public:
+  virtual ~Command() = default;
+  virtual void add_options(CLI::App& sub) = 0;
+  virtual void validate() = 0;
+  virtual int run() = 0;
+};
+
+// What every writing subcommand shares: the input CKPT, -o OUT, --force and --gzip.
+class WriteCommand : public Command {
+ protected:
+  void add_io_options(CLI::App& sub, const std::string& input_help);
+  // Opens the input, then checks the output (a directory when it will be a sharded state).
+  void open(bool directory_output);
+  void open_like_input() { open_input_only(); check(in_->sharded()); }
+  void open_input_only();
+  void check(bool directory_output);
+  ckpt::WriteOptions write_options() const { return {.gzip = gzip_, .checksum = true}; }
+
+  std::string input_, output_;
+  bool force_ = false;
+  int gzip_ = 0;
+  std::unique_ptr<ckpt::Reader> in_;
+};
+
+struct CommandSpec {
+  const char* name;
+  const char* summary;
+  std::unique_ptr<Command> (*make)();
+};
+const std::vector<CommandSpec>& commands();
+
+std::unique_ptr<Command> make_ls();
+std::unique_ptr<Command> make_show();
+std::unique_ptr<Command> make_stats();
+std::unique_ptr<Command> make_verify();
+std::unique_ptr<Command> make_diff();
+std::unique_ptr<Command> make_consolidate();
+std::unique_ptr<Command> make_reshard();
+std::unique_ptr<Command> make_convert();
+std::unique_ptr<Command> make_extract();
+std::unique_ptr<Command> make_export();
+
+// ---------------------------------------------------------------------------- streaming
+// Host memory for one chunk of one tensor (a chunk is at least one row of dim 0).
+inline constexpr size_t kChunkBytes = size_t{64} << 20;
+
+// Rows of dim 0 per chunk of t when each element takes elem_bytes of the budget.
+int64_t rows_per_chunk(const ckpt::TensorInfo& t, size_t elem_bytes, size_t budget);
+
+// Calls f(row0, rows) over the whole tensor, rows of dim 0 at a time (a 0-d tensor: one call
+// with the 0-d tensor; an empty tensor: one call with its empty rows).
+template <typename F>
+void for_each_chunk(const ckpt::Reader& in, const ckpt::TensorInfo& t, int64_t chunk_rows, F&& f) {
+  if (t.shape.empty()) {
+    Tensor x = Tensor::empty({}, t.dtype);
+    in.read_rows(t.name, 0, x);
+    f(int64_t{0}, x);
+    return;
+  }
+  const int64_t rows = t.shape[0];
+  Shape s = t.shape;
+  for (int64_t r = 0; r == 0 || r < rows; r += chunk_rows) {
+    s[0] = std::min(chunk_rows, rows - r);
+    Tensor x = Tensor::empty(s, t.dtype);
+    in.read_rows(t.name, r, x);
+    f(r, x);
+  }
+}
+
+// The values of a host tensor as f64 (exact for every float dtype).
+Tensor to_f64(const Tensor& t);
+
+// ---------------------------------------------------------------------------- inputs, outputs
+// Opens a checkpoint (a file, a sharded state's directory or its index.h5); UsageError if bad.
+std::unique_ptr<ckpt::Reader> open_input(const fs::path& p);
+// Checks that `out` may be written: its directory exists, it is not the input, and it does not
+// exist unless `force` (then it must be of the kind written: a directory for sharded states).
+void check_output(const fs::path& out, bool force, bool directory, const ckpt::Reader& in);
+
+// A file written under a temporary name in its directory and renamed into place by commit();
+// without commit() the temporary file is removed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(fs::path path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t bytes);
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  uint64_t tell() const { return pos_; }
+  void write_at(uint64_t offset, const void* data, size_t bytes);  // overwrites written bytes
+  void commit();
+
+ private:
+  fs::path path_, tmp_;
+  std::FILE* f_ = nullptr;
+  uint64_t pos_ = 0;
+};
+
+// ---------------------------------------------------------------------------- output
+// A table on stdout: a header row starting with '#', columns aligned, then the rows.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : rows_{std::move(header)} {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void print() const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string num(double v);             // %.6g; "inf", "-inf", "nan"
+nlohmann::json json_num(double v);     // null when not finite (JSON has no inf or nan)
+std::string sharding(const ckpt::TensorInfo& t);  // "4 shards, dim 0", "rank 2" or "-"
+nlohmann::json tensor_json(const ckpt::TensorInfo& t);  // name, dtype, shape, bytes, sharding
+void print_json(const nlohmann::json& j);
+void print_path(const fs::path& p);  // the path written, on stdout
+
+}  // namespace dtk::inspect
