@@ -1,0 +1,68 @@
+// dtk::data — datasets and the sampler. A dataset is a random-access set of samples that
+// assembles batches on the host; the sampler decides, from (seed, step) alone, which samples
+// make each step's global batch, the same whatever the world size, and which rows of it each
+// rank takes. Because the sampler is stateless, the data position of a run is its step.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtk/nn/model.h"
+
+namespace dtk::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;  // number of samples
+  // The samples with these indices (each in [0, size())) as one host batch, in this order
+  // (layout of nn::Batch for the dataset's kind).
+  virtual nn::Batch get(std::span<const int64_t> indices) const = 0;
+  // {"source": "synthetic-markov" | path, "kind": "tokens" | "classification", "samples": N,
+  //  "tokens": ..., "vocab_size" | "classes": ..., "entropy_rate": nats/token (synthetic only)}
+  virtual nlohmann::json describe() const = 0;
+  // The optimum of the mean loss (nats) a model can reach on this data when it is known
+  // (synthetic data: the entropy rate of the chain; the Bayes loss of the mixture); NaN otherwise.
+  virtual double optimal_loss() const;
+};
+
+// Opens a training or validation dataset for a model:
+//   spec "synthetic": llama -> the sparse Markov-chain language over the model's vocab and
+//   seq_len; mlp -> the Gaussian mixture over input_dim and classes. validation selects a
+//   disjoint stream of the same distribution. seed picks the chain / mixture (data_seed).
+//   spec FILE.h5: a token file (1-D `tokens` u16/u32, attribute vocab_size; samples are windows
+//   of seq_len + 1 tokens) or a classification file (`images` u8 [N,H,W,C] scaled to [0,1] and
+//   flattened, or `features` f32 [N,D]; `labels` integer [N]). Checked against the model
+//   (vocab_size <= vocab, feature size == input_dim, labels < classes): UsageError naming the
+//   file and the mismatch.
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelConfig& model, bool validation,
+                                      uint64_t seed);
+
+// Writes the datasets that data-pack produces (atomically: temporary name, then rename).
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
+                      const nlohmann::json& attrs = nlohmann::json::object());
+void write_image_file(const std::string& path, std::span<const uint8_t> images, const Shape& shape /*N,H,W,C*/,
+                      std::span<const int32_t> labels, int64_t classes,
+                      const nlohmann::json& attrs = nlohmann::json::object());
+
+// Which samples make each step's global batch.
+class Sampler {
+ public:
+  Sampler(int64_t dataset_size, int64_t global_batch, uint64_t seed);
+  // The global batch of a step: global_batch indices, a function of (seed, step) only. Epochs
+  // are permutations of the dataset (every sample once per epoch when global_batch divides it).
+  std::vector<int64_t> global_indices(int64_t step) const;
+  // Rank r's rows [begin, end) of the global batch: contiguous, sizes differ by at most one.
+  static std::pair<int64_t, int64_t> shard(int64_t global_batch, int rank, int world_size);
+  int64_t global_batch() const { return global_batch_; }
+
+ private:
+  int64_t size_, global_batch_;
+  uint64_t seed_;
+};
+
+}  // namespace dtk::data

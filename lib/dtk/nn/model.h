@@ -1,0 +1,111 @@
+// dtk::nn — models with explicit forward and backward (as in llm.c): each layer saves what its
+// backward needs; there is no autograd tape. A model is a stack of blocks, the unit of
+// gradient-ready notification (data-parallel overlap), FSDP scheduling and activation
+// checkpointing.
+//
+// Parameters are addressable by name, in a fixed order (DESIGN.md's order for llama). Their
+// values live in one flat f32 buffer and their gradients in another, with a view per parameter,
+// so a whole model can be broadcast, checksummed or all-reduced as one tensor.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dtk/core/tensor.h"
+
+namespace dtk::nn {
+
+// A trainable tensor. value and grad are views into Model::values() and Model::grads().
+struct Param {
+  std::string name;  // "layers.0.attention.wq.weight"
+  Tensor value;      // f32; linear weights [out_features, in_features]
+  Tensor grad;       // f32, same shape
+  int block = 0;     // the block it belongs to
+};
+
+// The full model configuration; travels in every checkpoint (model_config) as JSON.
+struct ModelConfig {
+  std::string arch = "llama";  // "llama" | "mlp"
+  std::string preset;          // the preset it was built from (informational)
+  // llama
+  int64_t dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, ffn_hidden = 0, vocab = 0, seq_len = 0;
+  double rope_theta = 10000.0, norm_eps = 1e-5;
+  // mlp: input_dim -> hidden[0] -> ... -> classes, ReLU between
+  int64_t input_dim = 0, classes = 0;
+  std::vector<int64_t> hidden;
+
+  nlohmann::json to_json() const;
+  static ModelConfig from_json(const nlohmann::json& j);  // validates (UsageError naming the field)
+  void validate() const;                                  // sizes positive and consistent
+  int64_t num_params() const;
+  // Training FLOPs per token (llama) or per sample (mlp): 6 * matmul parameters + attention.
+  double train_flops_per_item() const;
+};
+
+// Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist.
+ModelConfig preset(const std::string& name);  // UsageError listing the presets when unknown
+std::vector<std::string> preset_names();
+
+// One batch on the model's device.
+//   llama: inputs i32 [B, T] token ids, targets i32 [B, T] (the next tokens)
+//   mlp:   inputs f32 [B, input_dim], targets i32 [B] (class ids)
+struct Batch {
+  Tensor inputs, targets;
+  int64_t samples() const { return inputs.defined() ? inputs.dim(0) : 0; }
+  Batch to(Device d) const { return {inputs.to(d), targets.to(d)}; }
+};
+
+// Called during backward with a block's index as soon as that block's gradients are final.
+// Blocks complete in decreasing index order.
+using GradReadyFn = std::function<void(int block)>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+  Param& param(const std::string& name);  // UsageError naming it when absent
+  Tensor& values() { return values_; }    // f32 [num_params], every Param::value a view into it
+  Tensor& grads() { return grads_; }      // f32 [num_params], every Param::grad a view into it
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  const std::vector<int>& block_params(int b) const { return blocks_.at(static_cast<size_t>(b)); }
+
+  // Philox normal(0, 0.02) per parameter, each parameter its own stream (seed, parameter index),
+  // output projections (attention.wo, feed_forward.w2) scaled by 1/sqrt(2 * n_layers), norm
+  // weights 1, biases 0: identical for a seed on any device and any world size.
+  virtual void init(uint64_t seed) = 0;
+  // Mean loss over the batch's targets; saves the activations backward needs.
+  virtual double forward(const Batch& batch) = 0;
+  // grads += scale * d(loss of the last forward)/d(params); on_ready(b) after block b is final.
+  virtual void backward(double scale, const GradReadyFn& on_ready = {}) = 0;
+  // Forward only, no activations kept for backward: the mean loss (evaluation).
+  virtual double evaluate(const Batch& batch) = 0;
+  void zero_grad();
+  // Recompute each block's forward during backward instead of keeping its activations.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
+
+ protected:
+  Model(ModelConfig cfg, Device d) : config_(std::move(cfg)), device_(d) {}
+  // Registers the parameters (name, shape, block) in order, then allocates the flat buffers.
+  void build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs);
+
+  ModelConfig config_;
+  Device device_;
+  std::vector<Param> params_;
+  std::vector<std::vector<int>> blocks_;
+  Tensor values_, grads_;
+  bool checkpointing_ = false;
+};
+
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d);
+
+}  // namespace dtk::nn

@@ -1,0 +1,54 @@
+// dtk::optim — optimizers over a model's parameters, learning-rate schedules, gradient clipping.
+// An optimizer updates every Param from its grad; its state is a list of named tensors that
+// checkpoints save and restore (copy_from into them), so a resumed run continues exactly.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtk/nn/model.h"
+
+namespace dtk::optim {
+
+struct OptimConfig {
+  std::string name = "adamw";  // "sgd" | "adamw" (shampoo: optim/shampoo.h)
+  double momentum = 0.9;       // sgd
+  bool nesterov = false;       // sgd
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // adamw
+  double weight_decay = 0.0;   // sgd: L2 added to the gradient (PyTorch's); adamw: decoupled
+  nlohmann::json to_json() const;
+  static OptimConfig from_json(const nlohmann::json& j);
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every parameter from its gradient at learning rate lr.
+  virtual void step(std::vector<nn::Param>& params, double lr) = 0;
+  // Named state tensors ("exp_avg/<param>", "exp_avg_sq/<param>", "momentum/<param>", "step" as
+  // an i64 [1] tensor), all allocated at construction on the parameters' device.
+  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  virtual nlohmann::json config() const = 0;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params);
+
+// Learning rate at a step (0-based): linear warm-up from lr/warmup to lr over `warmup` steps,
+// then constant, linear decay, or cosine decay to lr * min_ratio at `total` steps.
+struct Schedule {
+  std::string kind = "cosine";  // "constant" | "linear" | "cosine"
+  double lr = 1e-3;
+  int64_t warmup = 0;
+  int64_t total = 1;
+  double min_ratio = 0.1;
+  double at(int64_t step) const;
+};
+
+// The L2 norm of all gradients together; when max_norm > 0 and the norm exceeds it, every
+// gradient is scaled by max_norm / norm. Returns the norm before clipping.
+double clip_grad_norm(std::vector<nn::Param>& params, double max_norm);
+
+}  // namespace dtk::optim
