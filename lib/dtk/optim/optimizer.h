@@ -32,6 +32,12 @@ class Optimizer {
   // an i64 [1] tensor), all allocated at construction on the parameters' device.
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
   virtual nlohmann::json config() const = 0;
+  // The rank that holds a state tensor when state is distributed (Shampoo's blocks); -1 when
+  // every rank holds the same value (replicated). state() lists only what this rank holds.
+  virtual int owner(const std::string& state_name) const {
+    (void)state_name;
+    return -1;
+  }
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params);
