@@ -1,0 +1,122 @@
+#include "dtk/ckpt/state.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "dtk/core/error.h"
+
+namespace dtk::ckpt {
+
+namespace {
+
+std::string stored_name(const StateEntry& e, int rank) {
+  return e.owner == kPerRank ? "ranks/" + std::to_string(rank) + "/" + e.name : e.name;
+}
+
+// Does this rank send (rank != 0) or write (rank 0) the entry?
+bool mine(const StateEntry& e, int rank) {
+  return e.owner == kPerRank || e.owner == rank || (e.owner == kReplicated && rank == 0);
+}
+
+comm::Buffer host_buffer(Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), Device::cpu()}; }
+
+void send_bytes(comm::Communicator& c, const std::string& s) {
+  int64_t n = static_cast<int64_t>(s.size());
+  c.send({&n, 1, DType::i64, {}}, 0, 0, comm::Mode::sync);
+  if (n > 0) c.send({const_cast<char*>(s.data()), s.size(), DType::u8, {}}, 0, 0, comm::Mode::sync);
+}
+
+std::string recv_bytes(comm::Communicator& c, int src) {
+  int64_t n = 0;
+  c.recv({&n, 1, DType::i64, {}}, src, 0, comm::Mode::sync);
+  std::string s(static_cast<size_t>(n), '\0');
+  if (n > 0) c.recv({s.data(), s.size(), DType::u8, {}}, src, 0, comm::Mode::sync);
+  return s;
+}
+
+}  // namespace
+
+void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
+                comm::Communicator& comm, WriteOptions opts) {
+  const int rank = comm.rank();
+  if (rank != 0) {
+    // Announce the entries this rank contributes, then send them one by one.
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& e : entries)
+      if (e.owner != kReplicated && mine(e, rank))
+        list.push_back({{"name", stored_name(e, rank)}, {"shape", e.tensor.shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
+    send_bytes(comm, list.dump());
+    for (const auto& e : entries)
+      if (e.owner != kReplicated && mine(e, rank)) {
+        Tensor h = e.tensor.to(Device::cpu());
+        if (h.numel() > 0) comm.send(host_buffer(h), 0, 0, comm::Mode::sync);
+      }
+  }
+  int ok = 1;
+  std::string err;
+  if (rank == 0) {
+    // Rank 0 always drains every message, even after a write error, so no rank is left blocked.
+    std::unique_ptr<FileWriter> w;
+    try {
+      w = std::make_unique<FileWriter>(path, opts);
+    } catch (const std::exception& e) {
+      ok = 0;
+      err = e.what();
+    }
+    auto write = [&](const std::string& name, const Tensor& t) {
+      if (!ok) return;
+      try {
+        w->write(name, t);
+      } catch (const std::exception& e) {
+        ok = 0;
+        err = e.what();
+      }
+    };
+    for (const auto& e : entries)
+      if (mine(e, 0)) write(stored_name(e, 0), e.tensor);
+    for (int r = 1; r < comm.size(); ++r) {
+      const auto list = nlohmann::json::parse(recv_bytes(comm, r));
+      for (const auto& item : list) {
+        Tensor h = Tensor::empty(item["shape"].get<Shape>(), parse_dtype(item["dtype"].get<std::string>()));
+        if (h.numel() > 0) comm.recv(host_buffer(h), r, 0, comm::Mode::sync);
+        write(item["name"].get<std::string>(), h);
+      }
+    }
+    if (ok) {
+      try {
+        w->set_metadata(meta);
+        w->commit();
+      } catch (const std::exception& e) {
+        ok = 0;
+        err = e.what();
+      }
+    }
+  }
+  comm.broadcast({&ok, 1, DType::i32, {}}, 0, comm::Mode::sync);
+  if (!ok) fail(rank == 0 ? err : "rank 0 could not write the checkpoint " + path.string());
+}
+
+bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
+  const bool same_world = reader.metadata().world_size == world_size;
+  bool all = true;
+  for (auto& e : entries) {
+    if (e.owner == kPerRank && !same_world) {
+      all = false;
+      continue;
+    }
+    if (e.owner >= 0 && e.owner != rank) continue;
+    const std::string name = stored_name(e, rank);
+    const TensorInfo& ti = reader.info(name);  // UsageError naming it when missing
+    if (ti.shape != e.tensor.shape() || ti.dtype != e.tensor.dtype())
+      fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
+                 ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.tensor.shape()));
+    if (e.tensor.is_cuda()) {
+      e.tensor.copy_from(reader.read(name));
+    } else {
+      reader.read_into(name, e.tensor);
+    }
+  }
+  return all;
+}
+
+}  // namespace dtk::ckpt

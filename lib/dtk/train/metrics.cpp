@@ -1,0 +1,62 @@
+#include "dtk/train/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <spdlog/spdlog.h>
+
+#include "dtk/core/error.h"
+
+namespace dtk::train {
+
+Metrics::Metrics(const std::string& path, bool active) {
+  if (!active) return;
+  if (path == "-") {
+    f_ = stdout;
+  } else {
+    f_ = std::fopen(path.c_str(), "a");
+    if (!f_) fail_usage("--metrics " + path + ": " + std::strerror(errno));
+    own_ = true;
+  }
+}
+
+Metrics::~Metrics() {
+  if (own_) std::fclose(f_);
+}
+
+void Metrics::write(const nlohmann::json& record) {
+  if (!f_) return;
+  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::fprintf(f_, "%s\n", line.c_str());
+  std::fflush(f_);
+}
+
+Progress::Progress(bool active, int64_t total_steps, int64_t log_every)
+    : active_(active), tty_(active && isatty(STDERR_FILENO)), total_(total_steps), every_(log_every) {}
+
+void Progress::update(int64_t step, double loss, double val_loss, double lr, double step_s) {
+  if (!active_) return;
+  ema_s_ = ema_s_ == 0 ? step_s : 0.9 * ema_s_ + 0.1 * step_s;
+  const double eta = ema_s_ * static_cast<double>(total_ - step);
+  char val[32] = "";
+  if (std::isfinite(val_loss)) std::snprintf(val, sizeof val, " val %.4f", val_loss);
+  char line[200];
+  std::snprintf(line, sizeof line, "step %lld/%lld loss %.4f%s lr %.3g %.0f ms/step eta %.0fs",
+                static_cast<long long>(step), static_cast<long long>(total_), loss, val, lr, ema_s_ * 1e3, eta);
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", line);
+    std::fflush(stderr);
+    live_ = true;
+  } else if (step % every_ == 0 || step == total_ || std::isfinite(val_loss)) {
+    spdlog::info("{}", line);
+  }
+}
+
+void Progress::done() {
+  if (live_) std::fprintf(stderr, "\n");
+  live_ = false;
+}
+
+}  // namespace dtk::train

@@ -1,0 +1,419 @@
+#include "dtk/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <spdlog/spdlog.h>
+
+#include "dtk/ckpt/checkpoint.h"
+#include "dtk/core/error.h"
+#include "dtk/data/dataset.h"
+#include "dtk/parallel/data_parallel.h"
+#include "dtk/train/metrics.h"
+
+namespace fs = std::filesystem;
+
+namespace dtk::train {
+
+// ------------------------------------------------------------------------------------ options
+
+void add_options(CLI::App& app, Options& o) {
+  const char* g = "Model";
+  app.add_option("--model", o.model, "model preset: " + [] {
+    std::string s;
+    for (const auto& n : nn::preset_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }() + " (default llama-tiny, or the checkpoint's model with --resume/--init-from)")->group(g);
+  app.add_option("--dim", o.dim, "model width (llama)")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "number of layers (llama: blocks; mlp: hidden layers, each --dim wide)")
+      ->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads, "attention heads")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(CLI::PositiveNumber);
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "recompute each block's forward during backward instead of keeping its activations")->group(g);
+
+  g = "Data";
+  app.add_option("--data", o.data, "training data: synthetic (embedded, no files) or an HDF5 file from data-pack")->group(g);
+  app.add_option("--val-data", o.val_data, "validation data file (synthetic data has its own validation stream)")->group(g);
+  app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
+      ->group(g)->check(CLI::NonNegativeNumber);
+
+  g = "Optimization";
+  app.add_option("--steps", o.steps, "training steps")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--schedule", o.schedule, "learning-rate schedule after warm-up: constant, linear or cosine")
+      ->group(g)->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
+      ->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--optimizer", o.optimizer, "sgd or adamw")->group(g);
+  app.add_option("--momentum", o.momentum, "SGD momentum")->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD)")->group(g);
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--seed", o.seed, "seed of initialisation, data order and synthetic data")->group(g);
+
+  g = "Run";
+  app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
+  app.add_option_function<double>(
+         "--bucket-mb", [&o](double mb) { o.bucket_bytes = static_cast<size_t>(mb * (1 << 20)); },
+         "gradient all-reduce bucket size in MiB (default 25)")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--eval-every", o.eval_every, "validation loss every K steps (0: only at the end)")
+      ->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--log-every", o.log_every, "a log line every K steps when stderr is not a terminal")
+      ->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--metrics", o.metrics, "JSON-lines metrics file (- for stdout)")->group(g);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
+  app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
+      ->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
+  auto* r = app.add_option("--resume", o.resume,
+                           "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
+  auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
+  r->excludes(i);
+}
+
+namespace {
+
+// A checkpoint argument: a file, or a checkpoint directory (its latest entry).
+fs::path checkpoint_path(const std::string& arg) {
+  fs::path p(arg);
+  if (fs::is_directory(p) && !fs::exists(p / "index.h5")) {
+    auto latest = ckpt::Directory(p, 1).latest();
+    if (!latest) fail_usage(arg + ": a directory without checkpoints");
+    return *latest;
+  }
+  if (!fs::exists(p)) fail_usage(arg + ": no such checkpoint");
+  return p;
+}
+
+}  // namespace
+
+nn::ModelConfig resolve_model(const Options& o) {
+  nn::ModelConfig c;
+  const std::string& from = !o.resume.empty() ? o.resume : o.init_from;
+  if (!from.empty()) {
+    ckpt::Reader r(checkpoint_path(from));
+    c = nn::ModelConfig::from_json(r.metadata().model_config);
+    // Options may restate the checkpoint's model, never contradict it.
+    auto same = [&](const char* opt, const std::optional<int64_t>& v, int64_t have) {
+      if (v && *v != have)
+        fail_usage(std::string(opt) + " " + std::to_string(*v) + " contradicts the checkpoint's model (" +
+                   std::to_string(have) + "); leave the size options out to use the checkpoint's");
+    };
+    if (!o.model.empty() && o.model != c.preset)
+      fail_usage("--model " + o.model + " contradicts the checkpoint's model (" + c.preset + ")");
+    same("--dim", o.dim, c.dim);
+    same("--heads", o.heads, c.n_heads);
+    same("--kv-heads", o.kv_heads, c.n_kv_heads);
+    same("--ffn-hidden", o.ffn_hidden, c.ffn_hidden);
+    same("--vocab", o.vocab, c.vocab);
+    if (c.arch == "llama") same("--layers", o.layers, c.n_layers);
+    // seq_len may change between runs of a llama (RoPE has no trained length).
+    if (o.seq_len) c.seq_len = *o.seq_len;
+    c.validate();
+    return c;
+  }
+  c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
+  if (c.arch == "llama") {
+    if (o.dim) c.dim = *o.dim;
+    if (o.layers) c.n_layers = *o.layers;
+    if (o.heads) c.n_heads = *o.heads;
+    if (o.kv_heads) c.n_kv_heads = *o.kv_heads;
+    if (o.ffn_hidden) c.ffn_hidden = *o.ffn_hidden;
+    if (o.vocab) c.vocab = *o.vocab;
+    if (o.seq_len) c.seq_len = *o.seq_len;
+  } else {
+    if (o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len)
+      fail_usage("--heads, --kv-heads, --ffn-hidden, --vocab and --seq-len apply to llama models, not " + c.preset);
+    if (o.dim || o.layers) {
+      const int64_t width = o.dim ? *o.dim : (c.hidden.empty() ? 64 : c.hidden[0]);
+      const size_t n = o.layers ? static_cast<size_t>(*o.layers) : c.hidden.size();
+      c.hidden.assign(n, width);
+    }
+  }
+  c.validate();
+  return c;
+}
+
+void validate(const Options& o, int world_size) {
+  const nn::ModelConfig c = resolve_model(o);
+  if (o.global_batch < world_size)
+    fail_usage("--global-batch " + std::to_string(o.global_batch) + " gives some of the " + std::to_string(world_size) +
+               " ranks no sample; use at least one sample per rank");
+  if (o.optimizer != "sgd" && o.optimizer != "adamw" && o.optimizer != "shampoo")
+    fail_usage("unknown --optimizer '" + o.optimizer + "' (expected sgd or adamw)");
+  if (o.warmup >= o.steps && o.schedule != "constant" && o.warmup > 0)
+    fail_usage("--warmup " + std::to_string(o.warmup) + " is not shorter than --steps " + std::to_string(o.steps));
+  const Device d = parse_device(o.device);
+  if (d.is_cuda() && cuda::device_count() == 0)
+    fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
+    fail_usage("--checkpoint-every needs --checkpoint-dir");
+  if (!o.checkpoint_dir.empty() && fs::exists(o.checkpoint_dir) && !fs::is_directory(o.checkpoint_dir))
+    fail_usage("--checkpoint-dir " + o.checkpoint_dir + " exists and is not a directory");
+  if (!o.save.empty()) {
+    const fs::path parent = fs::path(o.save).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent)) fail_usage("--save " + o.save + ": no directory " + parent.string());
+  }
+  if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
+  if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
+  // Opening the datasets checks them against the model (vocabulary, shapes).
+  data::open_dataset(o.data, c, false, o.seed);
+  if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
+  if (!o.resume.empty()) {
+    ckpt::Reader r(checkpoint_path(o.resume));
+    if (r.metadata().step >= o.steps)
+      fail_usage("--resume " + o.resume + " is at step " + std::to_string(r.metadata().step) + ", not before --steps " +
+                 std::to_string(o.steps) + "; raise --steps to train further");
+  }
+}
+
+// ------------------------------------------------------------------------------------ the loop
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+class Trainer {
+ public:
+  Trainer(const Options& o, const Strategy& s, comm::Runtime& rt)
+      : o_(o), s_(s), rt_(rt), device_(parse_device(o.device)), cfg_(resolve_model(o)) {
+    if (device_.is_cuda()) {
+      device_ = Device::cuda(rt.local_rank() % cuda::device_count());
+      cuda::set_device(device_.index);
+    }
+    comm_ = rt.world(comm::Backend::automatic, device_);
+    host_ = rt.world(comm::Backend::automatic, Device::cpu());
+    rank_ = comm_->rank();
+    world_ = comm_->size();
+
+    model_ = nn::make_model(cfg_, device_);
+    model_->set_activation_checkpointing(o.activation_checkpointing);
+    model_->init(o.seed);
+    train_ = data::open_dataset(o.data, cfg_, false, o.seed);
+    if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
+    else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
+    sampler_ = std::make_unique<data::Sampler>(train_->size(), o.global_batch, o.seed);
+
+    if (s.optimizer) {
+      optim_ = s.optimizer(model_->params(), *comm_);
+    } else {
+      optim::OptimConfig oc;
+      oc.name = o.optimizer;
+      oc.momentum = o.momentum;
+      oc.nesterov = o.nesterov;
+      oc.beta1 = o.beta1;
+      oc.beta2 = o.beta2;
+      oc.eps = o.eps;
+      oc.weight_decay = o.weight_decay;
+      optim_ = optim::make_optimizer(oc, model_->params());
+    }
+    schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio};
+    if (s.compressor) {
+      compressor_ = s.compressor(*comm_, model_->params());
+      sync_ = parallel::make_compressed_sync(*model_, *compressor_);
+    } else {
+      sync_ = parallel::make_allreduce_sync(*model_, *comm_, o.bucket_bytes);
+    }
+
+    if (!o.resume.empty()) resume(checkpoint_path(o.resume));
+    else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
+    parallel::broadcast_params(*model_, *comm_);
+    if (!o.checkpoint_dir.empty()) {
+      if (rank_ == 0) fs::create_directories(o.checkpoint_dir);
+      dir_ = std::make_unique<ckpt::Directory>(o.checkpoint_dir, o.keep);
+    }
+  }
+
+  int run() {
+    describe();
+    Metrics metrics(o_.metrics, rank_ == 0);
+    Progress progress(rank_ == 0, o_.steps, o_.log_every);
+    const int64_t items_per_sample = cfg_.arch == "llama" ? cfg_.seq_len : 1;
+    for (int64_t step = start_step_; step < o_.steps; ++step) {
+      reset_peak_memory(device_);
+      const auto t0 = Clock::now();
+      const double lr = schedule_.at(step);
+      const double loss = train_step(step);
+      const double grad_norm = optim::clip_grad_norm(model_->params(), o_.clip);
+      optim_->step(model_->params(), lr);
+      if (device_.is_cuda()) cuda::synchronize();
+      const double dt = seconds_since(t0);
+      if (!std::isfinite(loss)) fail("the loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
+                                     "; lower --lr or raise --warmup");
+
+      nlohmann::json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                          {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
+                          {"step_time_ms", dt * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak}};
+      const compress::Bytes b = sync_->bytes();
+      m["comm_bytes"] = b.sent;
+      if (compressor_) {
+        m["comm_bytes_uncompressed"] = b.uncompressed;
+        m["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
+      }
+      const bool last = step + 1 == o_.steps;
+      double val = NAN;
+      if (val_ && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
+        val = evaluate();
+        m["val_loss"] = val;
+      }
+      metrics.write(m);
+      progress.update(step + 1, loss, val, lr, dt);
+      if (dir_ && (last || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
+        const fs::path p = dir_->entry(step + 1, false);
+        save(p, step + 1);
+        if (rank_ == 0) dir_->finish(p);
+        if (rank_ == 0) std::printf("%s\n", p.c_str());
+      }
+    }
+    progress.done();
+    if (!o_.save.empty()) {
+      save(o_.save, o_.steps);
+      if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
+    }
+    std::fflush(stdout);
+    return 0;
+  }
+
+ private:
+  // Forward and backward over this rank's share of the step's global batch; gradients
+  // aggregated on return. Returns the global-batch mean loss (the same on every rank).
+  double train_step(int64_t step) {
+    const std::vector<int64_t> idx = sampler_->global_indices(step);
+    const auto [begin, end] = data::Sampler::shard(o_.global_batch, rank_, world_);
+    const int64_t n = end - begin, mb = o_.micro_batch > 0 ? o_.micro_batch : n;
+    model_->zero_grad();
+    double loss_sum = 0;
+    const nn::GradReadyFn hook = [this](int b) { sync_->on_block_ready(b); };
+    for (int64_t i = 0; i < n; i += mb) {
+      const int64_t k = std::min(mb, n - i);
+      const nn::Batch batch = train_->get({idx.data() + begin + i, static_cast<size_t>(k)}).to(device_);
+      loss_sum += model_->forward(batch) * static_cast<double>(k);
+      model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch), i + k >= n ? hook : nn::GradReadyFn{});
+    }
+    sync_->finish(step);
+    return sum_over_ranks(loss_sum) / static_cast<double>(o_.global_batch);
+  }
+
+  // The validation loss over eval_batches fixed global batches (the same every time).
+  double evaluate() {
+    data::Sampler vs(val_->size(), o_.global_batch, o_.seed + 1);
+    const auto [begin, end] = data::Sampler::shard(o_.global_batch, rank_, world_);
+    const int64_t mb = o_.micro_batch > 0 ? o_.micro_batch : end - begin;
+    double sum = 0;
+    for (int64_t b = 0; b < o_.eval_batches; ++b) {
+      const std::vector<int64_t> idx = vs.global_indices(b);
+      for (int64_t i = begin; i < end; i += mb) {
+        const int64_t k = std::min(mb, end - i);
+        const nn::Batch batch = val_->get({idx.data() + i, static_cast<size_t>(k)}).to(device_);
+        sum += model_->evaluate(batch) * static_cast<double>(k);
+      }
+    }
+    return sum_over_ranks(sum) / static_cast<double>(o_.global_batch * o_.eval_batches);
+  }
+
+  double sum_over_ranks(double v) {
+    host_->all_reduce({&v, 1, DType::f64, {}}, {&v, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    return v;
+  }
+
+  // ---- checkpoints
+  std::vector<ckpt::StateEntry> state_entries() {
+    std::vector<ckpt::StateEntry> e;
+    for (auto& p : model_->params()) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
+    for (auto& [name, t] : optim_->state()) e.push_back({"optim/" + name, t, optim_->owner(name)});
+    if (compressor_)
+      for (auto& [name, t] : compressor_->state())
+        e.push_back({"compress/" + name, t, compressor_->per_rank(name) ? ckpt::kPerRank : ckpt::kReplicated});
+    return e;
+  }
+
+  void save(const fs::path& path, int64_t step) {
+    ckpt::Metadata m;
+    m.program = s_.program;
+    m.program_version = DTK_VERSION;
+    m.step = step;
+    m.world_size = world_;
+    m.model_config = cfg_.to_json();
+    m.optim_config = optim_->config();
+    m.optim_config["schedule"] = {{"kind", schedule_.kind}, {"lr", schedule_.lr}, {"warmup", schedule_.warmup},
+                                  {"total", schedule_.total}, {"min_ratio", schedule_.min_ratio}};
+    m.optim_config["clip"] = o_.clip;
+    m.data_position = {{"step", step}, {"global_batch", o_.global_batch}, {"seed", o_.seed},
+                       {"samples_seen", step * o_.global_batch}, {"data", o_.data}};
+    m.rng_state = {{"generator", "philox4x32-10"}, {"seed", o_.seed},
+                   {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
+    m.extra = {{"program_config", s_.config}};
+    if (compressor_) m.extra["compressor"] = nullptr;
+    ckpt::save_state(path, state_entries(), m, *host_);
+  }
+
+  void resume(const fs::path& path) {
+    ckpt::Reader r(path);
+    const auto& meta = r.metadata();
+    auto entries = state_entries();
+    if (!ckpt::load_state(r, entries, rank_, world_))
+      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
+                   path.string(), meta.world_size, world_);
+    start_step_ = meta.step;
+    const auto& dp = meta.data_position;
+    if (dp.value("global_batch", o_.global_batch) != o_.global_batch || dp.value("seed", o_.seed) != o_.seed)
+      spdlog::warn("{}: --global-batch or --seed differ from the checkpoint's ({}, {}): the data order changes",
+                   path.string(), dp.value("global_batch", int64_t{0}), dp.value("seed", uint64_t{0}));
+    spdlog::info("resuming from {} at step {}", path.string(), start_step_);
+  }
+
+  void init_from(const fs::path& path) {
+    ckpt::Reader r(path);
+    std::vector<ckpt::StateEntry> e;
+    for (auto& p : model_->params()) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
+    ckpt::load_state(r, e, rank_, world_);
+    spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
+  }
+
+  void describe() {
+    spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}", s_.program, cfg_.preset,
+                 cfg_.num_params(), world_, device_.str(), o_.global_batch);
+    spdlog::info("data: {}", train_->describe().dump());
+    const double opt = train_->optimal_loss();
+    if (std::isfinite(opt)) spdlog::info("the optimal loss on this data is {:.4f} nats", opt);
+  }
+
+  const Options& o_;
+  const Strategy& s_;
+  comm::Runtime& rt_;
+  Device device_;
+  nn::ModelConfig cfg_;
+  std::shared_ptr<comm::Communicator> comm_, host_;
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<data::Dataset> train_, val_;
+  std::unique_ptr<data::Sampler> sampler_;
+  std::unique_ptr<optim::Optimizer> optim_;
+  optim::Schedule schedule_;
+  std::unique_ptr<compress::Compressor> compressor_;
+  std::unique_ptr<parallel::GradSync> sync_;
+  std::unique_ptr<ckpt::Directory> dir_;
+  int64_t start_step_ = 0;
+};
+
+}  // namespace
+
+int run(const Options& o, const Strategy& s, comm::Runtime& rt) { return Trainer(o, s, rt).run(); }
+
+}  // namespace dtk::train

@@ -1,0 +1,79 @@
+// dtk::train — the one training loop that every *-train program runs.
+//
+// A step: the rank's share of the global batch (data::Sampler) in micro-batches; forward and
+// backward of each, gradients accumulated with weight n_micro / global_batch (so the sum over
+// ranks is the global-batch mean gradient); gradient synchronisation (bucketed all-reduce
+// overlapped with the last backward, or a compressor); clipping by global norm; the optimizer
+// step at the schedule's learning rate. Every eval_every steps the validation loss; metrics as
+// JSON lines; a checkpoint every checkpoint_every steps and at the end.
+//
+// Programs differ only in their Strategy: how gradients are aggregated and which optimizer runs.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtk/ckpt/state.h"
+#include "dtk/comm/comm.h"
+#include "dtk/compress/compressor.h"
+#include "dtk/nn/model.h"
+#include "dtk/optim/optimizer.h"
+
+namespace dtk::train {
+
+// The options every *-train program shares (add_options registers them).
+struct Options {
+  // model
+  std::string model = "llama-tiny";
+  std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len;
+  bool activation_checkpointing = false;
+  // data
+  std::string data = "synthetic", val_data;
+  int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once
+  // optimisation
+  int64_t steps = 300;
+  double lr = 3e-3;
+  std::string schedule = "cosine";
+  int64_t warmup = 0;
+  double min_lr_ratio = 0.1;
+  double clip = 1.0;  // 0: no clipping
+  std::string optimizer = "adamw";
+  double momentum = 0.9, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  bool nesterov = false;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  size_t bucket_bytes = 25u << 20;
+  // evaluation, output, checkpoints
+  int64_t eval_every = 50, eval_batches = 4, log_every = 10;
+  std::string metrics = "-";
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep = 3;
+  std::string save, resume, init_from;
+};
+
+// Registers the common options in groups "Model", "Data", "Optimization", "Run".
+void add_options(CLI::App& app, Options& o);
+// Checks the options (UsageError naming the option) and returns the resolved model config.
+nn::ModelConfig resolve_model(const Options& o);
+void validate(const Options& o, int world_size);
+
+// What a program adds to the loop.
+struct Strategy {
+  std::string program;  // written into checkpoints and logs
+  // The optimizer; null: optim::make_optimizer from the options (sgd or adamw).
+  std::function<std::unique_ptr<optim::Optimizer>(const std::vector<nn::Param>&, comm::Communicator&)> optimizer;
+  // A compressor for gradient aggregation; null: bucketed all-reduce.
+  std::function<std::unique_ptr<compress::Compressor>(comm::Communicator&, const std::vector<nn::Param>&)> compressor;
+  nlohmann::json config = nlohmann::json::object();  // program options, saved in checkpoints (extra)
+};
+
+// Runs the whole training; returns the exit code (0).
+int run(const Options& o, const Strategy& s, comm::Runtime& rt);
+
+}  // namespace dtk::train
