@@ -48,6 +48,9 @@ void add_options(CLI::App& app, Options& o) {
 
   g = "Optimization";
   app.add_option("--steps", o.steps, "training steps")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--stop-at", o.stop_at,
+                 "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
+                 "spans --steps); --resume continues")->group(g)->check(CLI::NonNegativeNumber);
   app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(CLI::PositiveNumber);
   app.add_option("--schedule", o.schedule, "learning-rate schedule after warm-up: constant, linear or cosine")
       ->group(g)->check(CLI::IsMember({"constant", "linear", "cosine"}));
@@ -161,6 +164,10 @@ void validate(const Options& o, int world_size) {
   const Device d = parse_device(o.device);
   if (d.is_cuda() && cuda::device_count() == 0)
     fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
+  if (o.stop_at > o.steps)
+    fail_usage("--stop-at " + std::to_string(o.stop_at) + " is beyond --steps " + std::to_string(o.steps));
+  if (o.stop_at > 0 && o.checkpoint_dir.empty() && o.save.empty())
+    fail_usage("--stop-at needs --checkpoint-dir or --save, or the run is lost");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
     fail_usage("--checkpoint-every needs --checkpoint-dir");
   if (!o.checkpoint_dir.empty() && fs::exists(o.checkpoint_dir) && !fs::is_directory(o.checkpoint_dir))
@@ -176,9 +183,10 @@ void validate(const Options& o, int world_size) {
   if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
   if (!o.resume.empty()) {
     ckpt::Reader r(checkpoint_path(o.resume));
-    if (r.metadata().step >= o.steps)
-      fail_usage("--resume " + o.resume + " is at step " + std::to_string(r.metadata().step) + ", not before --steps " +
-                 std::to_string(o.steps) + "; raise --steps to train further");
+    const int64_t stop = o.stop_at > 0 ? o.stop_at : o.steps;
+    if (r.metadata().step >= stop)
+      fail_usage("--resume " + o.resume + " is at step " + std::to_string(r.metadata().step) + ", not before " +
+                 (o.stop_at > 0 ? "--stop-at " : "--steps ") + std::to_string(stop) + "; raise it to train further");
   }
 }
 
@@ -245,7 +253,10 @@ class Trainer {
     Metrics metrics(o_.metrics, rank_ == 0);
     Progress progress(rank_ == 0, o_.steps, o_.log_every);
     const int64_t items_per_sample = cfg_.arch == "llama" ? cfg_.seq_len : 1;
-    for (int64_t step = start_step_; step < o_.steps; ++step) {
+    const int64_t stop = o_.stop_at > 0 ? o_.stop_at : o_.steps;
+    if (start_step_ >= stop) fail("the run is already at step " + std::to_string(start_step_) + ", --stop-at " +
+                                        std::to_string(stop) + " leaves nothing to do");
+    for (int64_t step = start_step_; step < stop; ++step) {
       reset_peak_memory(device_);
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step);
@@ -266,7 +277,7 @@ class Trainer {
         m["comm_bytes_uncompressed"] = b.uncompressed;
         m["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
       }
-      const bool last = step + 1 == o_.steps;
+      const bool last = step + 1 == stop;
       double val = NAN;
       if (val_ && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
         val = evaluate();
@@ -283,7 +294,7 @@ class Trainer {
     }
     progress.done();
     if (!o_.save.empty()) {
-      save(o_.save, o_.steps);
+      save(o_.save, stop);
       if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
     }
     std::fflush(stdout);

@@ -37,6 +37,7 @@ struct Options {
   int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once
   // optimisation
   int64_t steps = 300;
+  int64_t stop_at = 0;  // stop after this step (a checkpoint is written), as if interrupted; 0: --steps
   double lr = 3e-3;
   std::string schedule = "cosine";
   int64_t warmup = 0;
