@@ -1,0 +1,113 @@
+// Training state spread over ranks (replicated, owned by one rank, per rank) saved to one full
+// checkpoint by rank 0 and restored: every rank gets its own values back; owned state can be
+// restored by another owner; per-rank state is restored only on the same world size.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "dtk/ckpt/state.h"
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::ckpt {
+namespace {
+namespace fs = std::filesystem;
+using comm::Runtime;
+
+fs::path shared_tmpdir() {
+  std::string name;
+  if (Runtime::get().rank() == 0) {
+    char tmpl[] = "/tmp/dtk-state-XXXXXX";
+    name = mkdtemp(tmpl);
+  }
+  return Runtime::get().gather_strings(name)[0];
+}
+
+Tensor filled(const Shape& s, DType t, uint64_t seed) {
+  Tensor x = Tensor::empty(s, t);
+  ops::normal_(x, seed, 0);
+  return x;
+}
+
+void expect_same(const Tensor& a, const Tensor& b) {
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(a.to_doubles(), b.to_doubles());
+}
+
+TEST(CkptState, SaveAndLoadAcrossRanks) {
+  auto& rt = Runtime::get();
+  auto comm = rt.world();
+  const int rank = comm->rank(), n = comm->size();
+  const fs::path dir = shared_tmpdir(), path = dir / "state.h5";
+
+  std::vector<StateEntry> mine;
+  mine.push_back({"model/w", filled({5, 3}, DType::f32, 1), kReplicated});
+  mine.push_back({"compress/error/w", filled({5, 3}, DType::f32, 100 + rank), kPerRank});
+  // Block b is owned by rank b % n; only the owner lists it.
+  for (int b = 0; b < 3; ++b)
+    if (b % n == rank) mine.push_back({"optim/block" + std::to_string(b), filled({b + 1, 2}, DType::f64, 10 + b), b % n});
+  Metadata meta;
+  meta.program = "test";
+  meta.step = 7;
+  meta.world_size = n;
+  save_state(path, mine, meta, *comm);
+
+  Reader r(path);
+  EXPECT_EQ(r.metadata().step, 7);
+  EXPECT_TRUE(r.contains("ranks/" + std::to_string(n - 1) + "/compress/error/w"));
+  for (int b = 0; b < 3; ++b) EXPECT_TRUE(r.contains("optim/block" + std::to_string(b)));
+
+  // Restore into zeroed tensors: each rank gets its own per-rank values back.
+  std::vector<StateEntry> back;
+  back.push_back({"model/w", Tensor::zeros({5, 3}, DType::f32), kReplicated});
+  back.push_back({"compress/error/w", Tensor::zeros({5, 3}, DType::f32), kPerRank});
+  // Ownership reassigned: rank (b + 1) % n now owns block b.
+  for (int b = 0; b < 3; ++b)
+    if ((b + 1) % n == rank) back.push_back({"optim/block" + std::to_string(b), Tensor::zeros({b + 1, 2}, DType::f64), (b + 1) % n});
+  EXPECT_TRUE(load_state(r, back, rank, n));
+  expect_same(back[0].tensor, filled({5, 3}, DType::f32, 1));
+  expect_same(back[1].tensor, filled({5, 3}, DType::f32, 100 + rank));
+  for (size_t i = 2; i < back.size(); ++i) {
+    const int b = std::stoi(back[i].name.substr(std::string("optim/block").size()));
+    expect_same(back[i].tensor, filled({b + 1, 2}, DType::f64, 10 + b));
+  }
+
+  // Another world size: per-rank state is not restored (and says so), the rest is.
+  std::vector<StateEntry> other{{"model/w", Tensor::zeros({5, 3}, DType::f32), kReplicated},
+                                {"compress/error/w", Tensor::zeros({5, 3}, DType::f32), kPerRank}};
+  EXPECT_FALSE(load_state(r, other, 0, n + 1));
+  expect_same(other[0].tensor, filled({5, 3}, DType::f32, 1));
+  EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, other[1].tensor), 0.0);
+
+  // A shape that does not match is an error naming the tensor.
+  std::vector<StateEntry> wrong{{"model/w", Tensor::zeros({3, 5}, DType::f32), kReplicated}};
+  try {
+    load_state(r, wrong, rank, n);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("model/w"), std::string::npos) << e.what();
+  }
+  comm->barrier();
+  if (rank == 0) fs::remove_all(dir);
+}
+
+TEST(CkptState, FailedWriteLeavesThePreviousFileAndFailsEveryRank) {
+  auto& rt = Runtime::get();
+  auto comm = rt.world();
+  const fs::path dir = shared_tmpdir();
+  std::vector<StateEntry> e{{"model/w", filled({4}, DType::f32, 3), kReplicated},
+                            {"compress/e", filled({2}, DType::f32, 4 + comm->rank()), kPerRank}};
+  Metadata meta;
+  meta.world_size = comm->size();
+  save_state(dir / "a.h5", e, meta, *comm);
+  const auto size = fs::file_size(dir / "a.h5");
+  // A destination whose directory does not exist: rank 0 cannot write; every rank throws.
+  EXPECT_THROW(save_state(dir / "missing" / "a.h5", e, meta, *comm), Error);
+  EXPECT_EQ(fs::file_size(dir / "a.h5"), size);
+  comm->barrier();
+  if (comm->rank() == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dtk::ckpt
