@@ -261,16 +261,18 @@ class Trainer {
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step);
       const double loss = train_step(step);
+      const auto t_opt = Clock::now();
       const double grad_norm = optim::clip_grad_norm(model_->params(), o_.clip);
       optim_->step(model_->params(), lr);
       if (device_.is_cuda()) cuda::synchronize();
-      const double dt = seconds_since(t0);
+      const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
       if (!std::isfinite(loss)) fail("the loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                      "; lower --lr or raise --warmup");
 
       nlohmann::json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
-                          {"step_time_ms", dt * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak}};
+                          {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
+                          {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak}};
       const compress::Bytes b = sync_->bytes();
       m["comm_bytes"] = b.sent;
       if (compressor_) {
@@ -308,6 +310,7 @@ class Trainer {
     const std::vector<int64_t> idx = sampler_->global_indices(step);
     const auto [begin, end] = data::Sampler::shard(o_.global_batch, rank_, world_);
     const int64_t n = end - begin, mb = o_.micro_batch > 0 ? o_.micro_batch : n;
+    const auto t0 = Clock::now();
     model_->zero_grad();
     double loss_sum = 0;
     const nn::GradReadyFn hook = [this](int b) { sync_->on_block_ready(b); };
@@ -317,7 +320,12 @@ class Trainer {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
       model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch), i + k >= n ? hook : nn::GradReadyFn{});
     }
+    if (device_.is_cuda()) cuda::synchronize();
+    const auto t_sync = Clock::now();
+    compute_s_ = std::chrono::duration<double>(t_sync - t0).count();
     sync_->finish(step);
+    if (device_.is_cuda()) cuda::synchronize();
+    sync_s_ = seconds_since(t_sync);
     return sum_over_ranks(loss_sum) / static_cast<double>(o_.global_batch);
   }
 
@@ -421,6 +429,7 @@ class Trainer {
   std::unique_ptr<parallel::GradSync> sync_;
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;
+  double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
 };
 
 }  // namespace
