@@ -271,6 +271,7 @@ class Trainer {
 
       nlohmann::json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
+                          {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
                           {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak}};
       const compress::Bytes b = sync_->bytes();
