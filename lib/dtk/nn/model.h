@@ -6,12 +6,33 @@
 // Parameters are addressable by name, in a fixed order (DESIGN.md's order for llama). Their
 // values live in one flat f32 buffer and their gradients in another, with a view per parameter,
 // so a whole model can be broadcast, checksummed or all-reduced as one tensor.
+//
+// The flat buffers are f32. make_model takes an optional dtype: DType::f64 builds the same model
+// with f64 parameters, gradients and activations, for gradient checks against finite differences
+// on the CPU (tests); the training programs always use f32.
+//
+// Contract for the training loop:
+//  - forward(batch) then backward(scale, on_ready), once each; backward needs a fresh forward
+//    (an Error otherwise). evaluate() may run in between without disturbing the pending backward.
+//  - forward keeps handles to the batch's tensors (token ids, targets, mlp inputs): leave their
+//    contents unchanged until the backward (do not refill the same tensors with the next batch).
+//  - backward accumulates: call zero_grad() (or zero grads() yourself) before a step's first
+//    backward; several forward/backward pairs accumulate (gradient accumulation, with scale
+//    1 / micro_batches for a mean).
+//  - Activation buffers are allocated lazily for the batch shape and reused; a smaller batch
+//    reuses the allocation, a larger one grows it. Nothing is allocated per step for a fixed shape.
+//  - Batches must live on the model's device; llama inputs/targets i32 [B, T] with 1 <= T <= seq_len
+//    and ids in [0, vocab) (targets may be -1: ignored); the loss is the mean over counted targets.
+//  - llama blocks: 0 = tok_embeddings, 1..n_layers = layers.0..layers.{n_layers-1}, n_layers + 1
+//    = norm + output. mlp: block i = layers.i. Activation checkpointing recomputes the transformer
+//    layers (blocks 1..n_layers) in backward; the mlp ignores it.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dtk/core/tensor.h"
@@ -43,6 +64,9 @@ struct ModelConfig {
   int64_t num_params() const;
   // Training FLOPs per token (llama) or per sample (mlp): 6 * matmul parameters + attention.
   double train_flops_per_item() const;
+  int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist.
@@ -70,6 +94,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
+  DType dtype() const { return dtype_; }  // of values, grads and activations: f32 (f64 for tests)
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
   Param& param(const std::string& name);  // UsageError naming it when absent
@@ -78,7 +103,8 @@ class Model {
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   const std::vector<int>& block_params(int b) const { return blocks_.at(static_cast<size_t>(b)); }
 
-  // Philox normal(0, 0.02) per parameter, each parameter its own stream (seed, parameter index),
+  // Philox normal(0, 0.02) per parameter, each parameter its own stream (seed, parameter index:
+  // ops::normal_ with key seed and counter offset index << 40),
   // output projections (attention.wo, feed_forward.w2) scaled by 1/sqrt(2 * n_layers), norm
   // weights 1, biases 0: identical for a seed on any device and any world size.
   virtual void init(uint64_t seed) = 0;
@@ -95,17 +121,20 @@ class Model {
 
  protected:
   Model(ModelConfig cfg, Device d) : config_(std::move(cfg)), device_(d) {}
+  Model(ModelConfig cfg, Device d, DType t) : config_(std::move(cfg)), device_(d), dtype_(t) {}
   // Registers the parameters (name, shape, block) in order, then allocates the flat buffers.
   void build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs);
 
   ModelConfig config_;
   Device device_;
+  DType dtype_ = DType::f32;
   std::vector<Param> params_;
   std::vector<std::vector<int>> blocks_;
   Tensor values_, grads_;
   bool checkpointing_ = false;
 };
 
-std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d);
+// Validates cfg (UsageError naming the field). dtype: f32 (training) or f64 (gradient checks).
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype = DType::f32);
 
 }  // namespace dtk::nn

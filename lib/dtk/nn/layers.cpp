@@ -1,0 +1,334 @@
+// Layers with explicit forward and backward (layers.h). Everything runs through dtk::ops, so the
+// same code runs on the CPU and on CUDA.
+#include "dtk/nn/layers.h"
+
+#include <string>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::nn {
+
+namespace {
+
+// t viewed as a matrix [rows, n].
+Tensor as_rows(const Tensor& t, int64_t n, const char* op, const char* name) {
+  if (n <= 0 || t.numel() % n != 0)
+    fail_usage(std::string(op) + ": " + name + " " + t.str() + " does not have rows of " + std::to_string(n));
+  return t.reshape({t.numel() / n, n});
+}
+
+void need_bound(const void* p, const char* layer) {
+  if (p == nullptr) fail(std::string(layer) + ": used before bind()");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- buffers
+
+Tensor Buffer::get(const Shape& shape, DType t, Device d) {
+  const int64_t n = shape_numel(shape);
+  if (!store_.defined() || store_.numel() < n || store_.dtype() != t || store_.device() != d)
+    store_ = Tensor::empty({n}, t, d);
+  return store_.slice(0, n).reshape(shape);
+}
+
+Tensor Workspace::get(size_t slot, const Shape& shape, DType t, Device d) {
+  if (slot >= slots_.size()) slots_.resize(slot + 1);
+  return slots_[slot].get(shape, t, d);
+}
+
+size_t Workspace::bytes() const {
+  size_t n = 0;
+  for (const Buffer& b : slots_) n += b.bytes();
+  return n;
+}
+
+const int32_t* host_ids(const Tensor& t, Buffer& staging, int64_t lo, int64_t hi, const char* what) {
+  if (!t.defined() || t.dtype() != DType::i32)
+    fail_usage(std::string(what) + " must be i32, got " + (t.defined() ? t.str() : "an undefined tensor"));
+  const int32_t* p = t.ptr<int32_t>();
+  if (t.is_cuda()) {
+    Tensor h = staging.get({t.numel()}, DType::i32, Device::cpu());
+    h.copy_from(t);
+    p = h.ptr<int32_t>();
+  }
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (p[i] < lo || p[i] >= hi)
+      fail_usage(std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(p[i]) +
+                 ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + ")");
+  return p;
+}
+
+// ---------------------------------------------------------------------------- Linear
+
+void Linear::bind(Param* weight, Param* bias) {
+  w_ = weight;
+  b_ = bias;
+}
+
+int64_t Linear::in_features() const { return w_ ? w_->value.dim(1) : 0; }
+int64_t Linear::out_features() const { return w_ ? w_->value.dim(0) : 0; }
+
+void Linear::forward(const Tensor& x, Tensor& y) {
+  need_bound(w_, "Linear");
+  const Tensor& W = w_->value;
+  x_ = as_rows(x, W.dim(1), "Linear.forward", "x");
+  Tensor y2 = as_rows(y, W.dim(0), "Linear.forward", "y");
+  if (y2.dim(0) != x_.dim(0))
+    fail_usage("Linear.forward: y " + y.str() + " must have " + std::to_string(x_.dim(0)) + " rows like x " + x.str());
+  ops::gemm(false, true, 1.0, x_, W, 0.0, y2);  // y = x W^T
+  if (b_) {
+    Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());
+    ops::fill(ones, 1.0);
+    ops::gemm(false, false, 1.0, ones, b_->value.reshape({1, W.dim(0)}), 1.0, y2);  // y += 1 b^T
+  }
+}
+
+void Linear::backward(const Tensor& dy, Tensor* dx, bool accumulate_dx) {
+  need_bound(w_, "Linear");
+  if (!x_.defined()) fail("Linear.backward: no forward to differentiate");
+  const Tensor& W = w_->value;
+  Tensor dy2 = as_rows(dy, W.dim(0), "Linear.backward", "dy");
+  if (dy2.dim(0) != x_.dim(0))
+    fail_usage("Linear.backward: dy " + dy.str() + " must have the " + std::to_string(x_.dim(0)) + " rows of x");
+  ops::gemm(true, false, 1.0, dy2, x_, 1.0, w_->grad);  // dW += dy^T x
+  if (b_) {
+    Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());  // filled by forward
+    Tensor db = b_->grad.reshape({W.dim(0), 1});
+    ops::gemm(true, false, 1.0, dy2, ones, 1.0, db);  // db += dy^T 1
+  }
+  if (dx) {
+    Tensor dx2 = as_rows(*dx, W.dim(1), "Linear.backward", "dx");
+    ops::gemm(false, false, 1.0, dy2, W, accumulate_dx ? 1.0 : 0.0, dx2);  // dx (+)= dy W
+  }
+}
+
+void Linear::release() {
+  x_ = Tensor();
+  ones_.release();
+}
+
+// ---------------------------------------------------------------------------- Embedding
+
+void Embedding::bind(Param* table) { table_ = table; }
+
+void Embedding::forward(const Tensor& ids, Tensor& out) {
+  need_bound(table_, "Embedding");
+  ids_ = ids;
+  ops::embedding_forward(table_->value, ids, out);
+}
+
+void Embedding::backward(const Tensor& dout) {
+  need_bound(table_, "Embedding");
+  if (!ids_.defined()) fail("Embedding.backward: no forward to differentiate");
+  ops::embedding_backward(ids_, dout, table_->grad);
+}
+
+// ---------------------------------------------------------------------------- RMSNorm
+
+void RMSNorm::bind(Param* weight, double eps) {
+  w_ = weight;
+  eps_ = eps;
+}
+
+void RMSNorm::forward(const Tensor& x, Tensor& y) {
+  need_bound(w_, "RMSNorm");
+  const int64_t D = w_->value.numel();
+  x_ = x;
+  rstd_ = rstd_buf_.get({as_rows(x, D, "RMSNorm.forward", "x").dim(0)}, x.dtype(), x.device());
+  ops::rmsnorm_forward(x, w_->value, eps_, y, rstd_);
+}
+
+void RMSNorm::backward(const Tensor& dy, Tensor& dx) {
+  need_bound(w_, "RMSNorm");
+  if (!x_.defined()) fail("RMSNorm.backward: no forward to differentiate");
+  ops::rmsnorm_backward(x_, w_->value, rstd_, dy, dx, w_->grad);
+}
+
+void RMSNorm::release() {
+  x_ = rstd_ = Tensor();
+  rstd_buf_.release();
+}
+
+// ---------------------------------------------------------------------------- Attention
+
+void Attention::bind(Param* wq, Param* wk, Param* wv, Param* wo, const AttentionDims& dims) {
+  wq_.bind(wq);
+  wk_.bind(wk);
+  wv_.bind(wv);
+  wo_.bind(wo);
+  d_ = dims;
+}
+
+void Attention::forward(const Tensor& x, Tensor& y) {
+  if (x.ndim() != 3) fail_usage("Attention.forward: x must be [B, T, D], got " + x.str());
+  const int64_t B = x.dim(0), T = x.dim(1);
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  q_ = q_buf_.get({B, T, d_.n_heads, d_.head_dim}, dt, dev);
+  k_ = k_buf_.get({B, T, d_.n_kv_heads, d_.head_dim}, dt, dev);
+  v_ = v_buf_.get({B, T, d_.n_kv_heads, d_.head_dim}, dt, dev);
+  wq_.forward(x, q_);
+  wk_.forward(x, k_);
+  wv_.forward(x, v_);
+  ops::rope(q_, d_.rope_theta, 0, false, q_);
+  ops::rope(k_, d_.rope_theta, 0, false, k_);
+  out_ = out_buf_.get(q_.shape(), dt, dev);
+  lse_ = lse_buf_.get({B, d_.n_heads, T}, dt, dev);
+  ops::attention_forward(q_, k_, v_, out_, lse_);
+  wo_.forward(out_, y);
+}
+
+void Attention::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0) {
+  if (!q_.defined()) fail("Attention.backward: no forward to differentiate");
+  const DType dt = q_.dtype();
+  const Device dev = q_.device();
+  Tensor dout = ws.get(slot0, q_.shape(), dt, dev);
+  wo_.backward(dy, &dout);  // dWo += dy^T out; dout = dy Wo
+  Tensor dq = ws.get(slot0 + 1, q_.shape(), dt, dev);
+  Tensor dk = ws.get(slot0 + 2, k_.shape(), dt, dev);
+  Tensor dv = ws.get(slot0 + 3, v_.shape(), dt, dev);
+  ops::attention_backward(q_, k_, v_, out_, lse_, dout, dq, dk, dv);
+  // RoPE is a rotation: its backward rotates the gradient back.
+  ops::rope(dq, d_.rope_theta, 0, true, dq);
+  ops::rope(dk, d_.rope_theta, 0, true, dk);
+  wq_.backward(dq, &dx, false);
+  wk_.backward(dk, &dx, true);
+  wv_.backward(dv, &dx, true);
+}
+
+void Attention::release() {
+  for (Linear* l : {&wq_, &wk_, &wv_, &wo_}) l->release();
+  for (Buffer* b : {&q_buf_, &k_buf_, &v_buf_, &out_buf_, &lse_buf_}) b->release();
+  q_ = k_ = v_ = out_ = lse_ = Tensor();
+}
+
+// ---------------------------------------------------------------------------- FeedForward
+
+void FeedForward::bind(Param* w1, Param* w2, Param* w3) {
+  w1_.bind(w1);
+  w2_.bind(w2);
+  w3_.bind(w3);
+}
+
+void FeedForward::forward(const Tensor& x, Tensor& y) {
+  if (!w1_.bound()) fail("FeedForward: used before bind()");
+  const int64_t F = w1_.out_features();
+  const int64_t N = as_rows(x, w1_.in_features(), "FeedForward.forward", "x").dim(0);
+  a_ = a_buf_.get({N, F}, x.dtype(), x.device());
+  b_ = b_buf_.get({N, F}, x.dtype(), x.device());
+  g_ = g_buf_.get({N, F}, x.dtype(), x.device());
+  w1_.forward(x, a_);
+  w3_.forward(x, b_);
+  ops::swiglu_forward(a_, b_, g_);
+  w2_.forward(g_, y);
+}
+
+void FeedForward::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0) {
+  if (!a_.defined()) fail("FeedForward.backward: no forward to differentiate");
+  const DType dt = a_.dtype();
+  const Device dev = a_.device();
+  Tensor dg = ws.get(slot0, a_.shape(), dt, dev);
+  w2_.backward(dy, &dg);  // dW2 += dy^T g; dg = dy W2
+  Tensor da = ws.get(slot0 + 1, a_.shape(), dt, dev);
+  Tensor db = ws.get(slot0 + 2, a_.shape(), dt, dev);
+  ops::swiglu_backward(a_, b_, dg, da, db);
+  w1_.backward(da, &dx, false);
+  w3_.backward(db, &dx, true);
+}
+
+void FeedForward::release() {
+  for (Linear* l : {&w1_, &w2_, &w3_}) l->release();
+  for (Buffer* b : {&a_buf_, &b_buf_, &g_buf_}) b->release();
+  a_ = b_ = g_ = Tensor();
+}
+
+// ---------------------------------------------------------------------------- CrossEntropy
+
+double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
+  if (logits.ndim() != 2) fail_usage("CrossEntropy.forward: logits must be [N, V], got " + logits.str());
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  if (!targets.defined() || targets.numel() != N)
+    fail_usage("CrossEntropy.forward: targets must have " + std::to_string(N) + " elements, got " +
+               (targets.defined() ? targets.str() : "an undefined tensor"));
+  const int32_t* t = host_ids(targets, host_targets_, -1, V, "targets");
+  count_ = 0;
+  for (int64_t i = 0; i < N; ++i) count_ += t[i] >= 0;
+  logits_ = logits;
+  targets_ = targets.reshape({N});
+  losses_ = losses_buf_.get({N}, logits.dtype(), logits.device());
+  ops::cross_entropy_forward(logits_, targets_, losses_);
+  if (count_ == 0) return 0.0;
+  return ops::reduce_all(ops::Reduce::sum, losses_) / static_cast<double>(count_);
+}
+
+void CrossEntropy::backward(double scale, Tensor& dlogits) {
+  if (!logits_.defined()) fail("CrossEntropy.backward: no forward to differentiate");
+  const double s = count_ > 0 ? scale / static_cast<double>(count_) : 0.0;
+  ops::cross_entropy_backward(logits_, targets_, s, dlogits);
+}
+
+void CrossEntropy::release() {
+  logits_ = targets_ = losses_ = Tensor();
+  losses_buf_.release();
+  host_targets_.release();
+}
+
+// ---------------------------------------------------------------------------- ReluMlp
+
+void ReluMlp::bind(const std::vector<std::pair<Param*, Param*>>& layers) {
+  layers_.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) layers_[i].bind(layers[i].first, layers[i].second);
+  z_buf_.resize(layers.size());
+  h_buf_.resize(layers.size());
+  z_.assign(layers.size(), Tensor());
+  h_.assign(layers.size(), Tensor());
+}
+
+Tensor ReluMlp::forward(const Tensor& x) {
+  if (layers_.empty()) fail("ReluMlp: used before bind()");
+  const int64_t N = as_rows(x, layers_[0].in_features(), "ReluMlp.forward", "x").dim(0);
+  x_ = x;
+  Tensor in = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    z_[i] = z_buf_[i].get({N, layers_[i].out_features()}, x.dtype(), x.device());
+    layers_[i].forward(in, z_[i]);
+    if (i + 1 == layers_.size()) break;
+    h_[i] = h_buf_[i].get(z_[i].shape(), x.dtype(), x.device());
+    ops::relu_forward(z_[i], h_[i]);
+    in = h_[i];
+  }
+  return z_.back();
+}
+
+void ReluMlp::backward(const Tensor& dout, const std::function<void(int)>& on_layer, Tensor* dx) {
+  if (layers_.empty() || !z_.back().defined()) fail("ReluMlp.backward: no forward to differentiate");
+  Tensor dz = dout;  // d(loss)/d(z_i)
+  for (size_t j = layers_.size(); j-- > 0;) {
+    Tensor dh;  // d/d(input of layer j)
+    if (j > 0) {
+      dh = dbuf_[j % 2].get(h_[j - 1].shape(), dz.dtype(), dz.device());
+      layers_[j].backward(dz, &dh);
+    } else {
+      layers_[0].backward(dz, dx);
+    }
+    if (on_layer) on_layer(static_cast<int>(j));
+    if (j > 0) {
+      ops::relu_backward(z_[j - 1], dh, dh);  // in place
+      dz = dh;
+    }
+  }
+}
+
+void ReluMlp::release() {
+  for (Linear& l : layers_) l.release();
+  for (Buffer& b : z_buf_) b.release();
+  for (Buffer& b : h_buf_) b.release();
+  for (Buffer& b : dbuf_) b.release();
+  z_.assign(z_.size(), Tensor());
+  h_.assign(h_.size(), Tensor());
+  x_ = Tensor();
+}
+
+}  // namespace dtk::nn

@@ -1,0 +1,172 @@
+// dtk::nn layers: explicit forward and backward, as in llm.c. A layer is bound to its Params
+// (pointers into a Model's parameter list; rebinding is cheap, which is how activation
+// checkpointing reuses one set of activation buffers for every transformer layer). forward saves
+// what backward needs: handles to its inputs (views, not copies: the caller keeps an input
+// unchanged until the backward) and its own intermediate activations in Buffers. backward
+// accumulates (+=) into the parameters' grads and writes the input gradient into a tensor the
+// caller passes (overwritten unless the doc says it accumulates). Every tensor of one layer has
+// the dtype of its parameters (f32, or f64 for gradient checks) and lives on their device.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "dtk/core/tensor.h"
+#include "dtk/nn/model.h"
+
+namespace dtk::nn {
+
+// A reusable allocation: get() returns a view of the requested shape, allocating only when the
+// held storage is too small or of another dtype or device.
+class Buffer {
+ public:
+  Tensor get(const Shape& shape, DType t, Device d);
+  void release() { store_ = Tensor(); }
+  size_t bytes() const { return store_.defined() ? store_.bytes() : 0; }
+
+ private:
+  Tensor store_;
+};
+
+// Numbered scratch buffers shared by the backwards of many layers (only one backward runs at a
+// time). A layer's backward takes the first slot it may use; it uses a documented number of slots.
+class Workspace {
+ public:
+  Tensor get(size_t slot, const Shape& shape, DType t, Device d);
+  void release() { slots_.clear(); }
+  size_t bytes() const;
+
+ private:
+  std::vector<Buffer> slots_;
+};
+
+// y [.., out] = x [.., in] W^T + b, W [out, in] (PyTorch's layout), b [out] optional.
+class Linear {
+ public:
+  void bind(Param* weight, Param* bias = nullptr);
+  bool bound() const { return w_ != nullptr; }
+  int64_t in_features() const;
+  int64_t out_features() const;
+  // x with in_features as its last dim; y with rows(x) * out_features elements. Saves x.
+  void forward(const Tensor& x, Tensor& y);
+  // dW += dy^T x; db += column sums of dy; dx = dy W (dx += dy W when accumulate_dx), if dx given.
+  void backward(const Tensor& dy, Tensor* dx, bool accumulate_dx = false);
+  void release();
+
+ private:
+  Param* w_ = nullptr;
+  Param* b_ = nullptr;
+  Tensor x_;
+  Buffer ones_;  // [rows, 1] of ones: the bias as a rank-1 gemm
+};
+
+// out [.., D] = table[ids], ids i32 (any shape), table [V, D].
+class Embedding {
+ public:
+  void bind(Param* table);
+  void forward(const Tensor& ids, Tensor& out);  // saves ids
+  void backward(const Tensor& dout);             // dtable += scatter of dout
+  void release() { ids_ = Tensor(); }
+
+ private:
+  Param* table_ = nullptr;
+  Tensor ids_;
+};
+
+// y = x / sqrt(mean(x^2) + eps) * w over the last dim.
+class RMSNorm {
+ public:
+  void bind(Param* weight, double eps);
+  void forward(const Tensor& x, Tensor& y);  // saves x and rstd
+  void backward(const Tensor& dy, Tensor& dx);  // dx overwritten; dw +=
+  void release();
+
+ private:
+  Param* w_ = nullptr;
+  double eps_ = 1e-5;
+  Tensor x_, rstd_;
+  Buffer rstd_buf_;
+};
+
+struct AttentionDims {
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  double rope_theta = 10000.0;
+};
+
+// Causal self-attention with RoPE and grouped-query heads: q = rope(x Wq^T), k = rope(x Wk^T),
+// v = x Wv^T, y = attention(q, k, v) Wo^T. x and y [B, T, D]; positions 0..T-1.
+class Attention {
+ public:
+  void bind(Param* wq, Param* wk, Param* wv, Param* wo, const AttentionDims& dims);
+  void forward(const Tensor& x, Tensor& y);  // saves x, q, k, v (after RoPE), out, lse
+  // dx overwritten. Uses workspace slots slot0 .. slot0 + 3.
+  void backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0 = 0);
+  void release();
+  static constexpr size_t kSlots = 4;
+
+ private:
+  Linear wq_, wk_, wv_, wo_;
+  AttentionDims d_;
+  Buffer q_buf_, k_buf_, v_buf_, out_buf_, lse_buf_;
+  Tensor q_, k_, v_, out_, lse_;  // the saved views
+};
+
+// SwiGLU feed-forward: y = w2(silu(w1 x) * w3 x); w1, w3 [hidden, D], w2 [D, hidden].
+class FeedForward {
+ public:
+  void bind(Param* w1, Param* w2, Param* w3);
+  void forward(const Tensor& x, Tensor& y);  // saves x, a = w1 x, b = w3 x, g = silu(a) * b
+  // dx overwritten. Uses workspace slots slot0 .. slot0 + 2.
+  void backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0 = 0);
+  void release();
+  static constexpr size_t kSlots = 3;
+
+ private:
+  Linear w1_, w2_, w3_;
+  Buffer a_buf_, b_buf_, g_buf_;
+  Tensor a_, b_, g_;  // the saved views
+};
+
+// Mean cross-entropy of logits [N, V] against targets i32 [N] (any shape with N elements);
+// targets -1 are ignored and not counted. Reading the number of counted targets copies the
+// targets to the host (a few bytes per row).
+class CrossEntropy {
+ public:
+  double forward(const Tensor& logits, const Tensor& targets);  // saves logits and targets
+  // dlogits = scale * d(mean loss)/d(logits), overwritten.
+  void backward(double scale, Tensor& dlogits);
+  int64_t count() const { return count_; }
+  void release();
+
+ private:
+  Tensor logits_, targets_, losses_;
+  Buffer losses_buf_, host_targets_;
+  int64_t count_ = 0;
+};
+
+// A ReLU MLP: z_i = h_i W_i^T + b_i, h_{i+1} = relu(z_i), the last z the output (logits).
+class ReluMlp {
+ public:
+  void bind(const std::vector<std::pair<Param*, Param*>>& layers);  // (weight, bias) per layer
+  size_t layers() const { return layers_.size(); }
+  // x [N, in]; returns the output [N, out] (a buffer of the layer). Saves every activation.
+  Tensor forward(const Tensor& x);
+  // Parameter grads += from dout [N, out]; on_layer(i) once layer i's grads are final (i
+  // decreasing); dx = d/dx when given (overwritten).
+  void backward(const Tensor& dout, const std::function<void(int)>& on_layer = {}, Tensor* dx = nullptr);
+  void release();
+
+ private:
+  std::vector<Linear> layers_;
+  std::vector<Buffer> z_buf_, h_buf_;
+  std::vector<Tensor> z_, h_;  // z_[i] layer i's output; h_[i] = relu(z_[i]) (the input of i + 1)
+  Tensor x_;
+  Buffer dbuf_[2];
+};
+
+// Validated host copy of integer ids (i32, any device): every id in [lo, hi) or a UsageError
+// naming `what`. Returns a pointer into staging (or into t itself on the CPU).
+const int32_t* host_ids(const Tensor& t, Buffer& staging, int64_t lo, int64_t hi, const char* what);
+
+}  // namespace dtk::nn

@@ -1,0 +1,260 @@
+// The llama model (DESIGN.md, "Models"): token embedding, n_layers pre-norm transformer layers
+// (RMSNorm, causal GQA attention with RoPE, RMSNorm, SwiGLU feed-forward, residuals), a final
+// RMSNorm and an untied output projection; mean next-token cross-entropy.
+//
+// Blocks: 0 = tok_embeddings, 1..L = layers.0..layers.{L-1}, L + 1 = norm + output.
+//
+// Activations. The residual stream h_0..h_L (the input of every block after the embedding) is
+// one buffer [L + 1, B, T, D]. Without checkpointing every layer keeps its own activations (its
+// own TransformerLayer object); with checkpointing one TransformerLayer object is rebound to each
+// layer in turn, in forward and again in backward, where it recomputes the layer's forward from
+// h_l just before the layer's backward: the same ops on the same inputs, so the gradients are
+// bit-identical. The head (norm + output + loss) keeps its activations in both modes.
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/nn/layers.h"
+#include "dtk/nn/model.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::nn {
+
+namespace detail {
+void init_params(std::vector<Param>& params, uint64_t seed, int64_t n_layers);  // model.cpp
+}  // namespace detail
+
+namespace {
+
+constexpr size_t kParamsPerLayer = 9;  // attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
+
+size_t layer_first_param(int64_t l) { return 1 + kParamsPerLayer * static_cast<size_t>(l); }
+
+// One pre-norm transformer layer: h_mid = h_in + attn(norm1(h_in)); h_out = h_mid + ffn(norm2(h_mid)).
+struct TransformerLayer {
+  RMSNorm attention_norm, ffn_norm;
+  Attention attention;
+  FeedForward feed_forward;
+  Buffer xn1_buf, h_mid_buf, xn2_buf;
+  Tensor xn1, h_mid, xn2;
+
+  void bind(std::vector<Param>& P, int64_t l, const ModelConfig& c) {
+    const size_t i = layer_first_param(l);
+    attention_norm.bind(&P[i], c.norm_eps);
+    AttentionDims dims{c.n_heads, c.n_kv_heads, c.head_dim(), c.rope_theta};
+    attention.bind(&P[i + 1], &P[i + 2], &P[i + 3], &P[i + 4], dims);
+    ffn_norm.bind(&P[i + 5], c.norm_eps);
+    feed_forward.bind(&P[i + 6], &P[i + 7], &P[i + 8]);
+  }
+
+  // h_in [B, T, D] -> h_out; tmp [B, T, D] is scratch. h_out may be tmp itself.
+  void forward(const Tensor& h_in, Tensor& h_out, Tensor& tmp) {
+    xn1 = xn1_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
+    h_mid = h_mid_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
+    xn2 = xn2_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
+    attention_norm.forward(h_in, xn1);
+    attention.forward(xn1, tmp);
+    ops::add(h_in, tmp, h_mid);
+    ffn_norm.forward(h_mid, xn2);
+    feed_forward.forward(xn2, tmp);
+    ops::add(h_mid, tmp, h_out);
+  }
+
+  // dh: d(loss)/d(h_out) in, d(loss)/d(h_in) out. Workspace slots 0 and 1, the sublayers' from 2.
+  void backward(Tensor& dh, Workspace& ws) {
+    Tensor dxn = ws.get(0, dh.shape(), dh.dtype(), dh.device());
+    Tensor dtmp = ws.get(1, dh.shape(), dh.dtype(), dh.device());
+    feed_forward.backward(dh, dxn, ws, 2);
+    ffn_norm.backward(dxn, dtmp);
+    ops::add(dh, dtmp, dh);  // d h_mid
+    attention.backward(dh, dxn, ws, 2);
+    attention_norm.backward(dxn, dtmp);
+    ops::add(dh, dtmp, dh);  // d h_in
+  }
+
+  void release() {
+    attention_norm.release();
+    ffn_norm.release();
+    attention.release();
+    feed_forward.release();
+    for (Buffer* b : {&xn1_buf, &h_mid_buf, &xn2_buf}) b->release();
+    xn1 = h_mid = xn2 = Tensor();
+  }
+};
+
+// norm + output + loss.
+struct Head {
+  RMSNorm norm;
+  Linear output;
+  CrossEntropy loss;
+  Buffer xf_buf, logits_buf;
+  Tensor logits;
+
+  void bind(std::vector<Param>& P, const ModelConfig& c) {
+    const size_t i = layer_first_param(c.n_layers);
+    norm.bind(&P[i], c.norm_eps);
+    output.bind(&P[i + 1]);
+  }
+
+  double forward(const Tensor& h, const Tensor& targets) {
+    const int64_t N = h.numel() / h.dim(-1);
+    Tensor xf = xf_buf.get(h.shape(), h.dtype(), h.device());
+    logits = logits_buf.get({N, output.out_features()}, h.dtype(), h.device());
+    norm.forward(h, xf);
+    output.forward(xf, logits);
+    return loss.forward(logits, targets);
+  }
+
+  // dh = d(scale * loss)/d(h), overwritten; dlogits_buf and dxf are scratch.
+  void backward(double scale, Buffer& dlogits_buf, Tensor& dxf, Tensor& dh) {
+    Tensor dlogits = dlogits_buf.get(logits.shape(), logits.dtype(), logits.device());
+    loss.backward(scale, dlogits);
+    output.backward(dlogits, &dxf);
+    norm.backward(dxf, dh);
+  }
+};
+
+class Llama final : public Model {
+ public:
+  Llama(const ModelConfig& cfg, Device d, DType t) : Model(cfg, d, t) {
+    const ModelConfig& c = config_;
+    const int64_t D = c.dim, hd = c.head_dim(), L = c.n_layers;
+    std::vector<std::tuple<std::string, Shape, int>> specs;
+    specs.emplace_back("tok_embeddings.weight", Shape{c.vocab, D}, 0);
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      const int b = static_cast<int>(l + 1);
+      specs.emplace_back(p + "attention_norm.weight", Shape{D}, b);
+      specs.emplace_back(p + "attention.wq.weight", Shape{c.n_heads * hd, D}, b);
+      specs.emplace_back(p + "attention.wk.weight", Shape{c.n_kv_heads * hd, D}, b);
+      specs.emplace_back(p + "attention.wv.weight", Shape{c.n_kv_heads * hd, D}, b);
+      specs.emplace_back(p + "attention.wo.weight", Shape{D, c.n_heads * hd}, b);
+      specs.emplace_back(p + "ffn_norm.weight", Shape{D}, b);
+      specs.emplace_back(p + "feed_forward.w1.weight", Shape{c.ffn_hidden, D}, b);
+      specs.emplace_back(p + "feed_forward.w2.weight", Shape{D, c.ffn_hidden}, b);
+      specs.emplace_back(p + "feed_forward.w3.weight", Shape{c.ffn_hidden, D}, b);
+    }
+    specs.emplace_back("norm.weight", Shape{D}, static_cast<int>(L + 1));
+    specs.emplace_back("output.weight", Shape{c.vocab, D}, static_cast<int>(L + 1));
+    build_params(specs);
+
+    embed_.bind(&params_[0]);
+    eval_embed_.bind(&params_[0]);
+    layers_.resize(static_cast<size_t>(L));
+    for (int64_t l = 0; l < L; ++l) layers_[static_cast<size_t>(l)].bind(params_, l, c);
+    head_.bind(params_, c);
+    eval_head_.bind(params_, c);
+  }
+
+  void init(uint64_t seed) override { detail::init_params(params_, seed, config_.n_layers); }
+
+  double forward(const Batch& batch) override {
+    const auto [B, T] = check_batch(batch);
+    const ModelConfig& c = config_;
+    const int64_t L = c.n_layers, D = c.dim;
+    const bool ckpt = checkpointing_;
+    if (ckpt && !released_) {  // the per-layer activations are not needed any more
+      for (TransformerLayer& layer : layers_) layer.release();
+      released_ = true;
+    }
+    released_ = released_ && ckpt;
+    pending_ = false;
+    h_ = resid_buf_.get({L + 1, B, T, D}, dtype_, device_);
+    Tensor tmp = tmp_buf_.get({B, T, D}, dtype_, device_);
+    Tensor h0 = h_.select(0);
+    embed_.forward(batch.inputs, h0);
+    for (int64_t l = 0; l < L; ++l) {
+      Tensor out = h_.select(l + 1);
+      layer_for(l, ckpt).forward(h_.select(l), out, tmp);
+    }
+    const double loss = head_.forward(h_.select(L), batch.targets);
+    pending_ = true;
+    pending_ckpt_ = ckpt;
+    return loss;
+  }
+
+  void backward(double scale, const GradReadyFn& on_ready) override {
+    if (!pending_) fail("llama backward: no forward to differentiate (each backward needs its own forward)");
+    pending_ = false;
+    const int64_t L = config_.n_layers;
+    const auto notify = [&](int64_t b) {
+      if (on_ready) on_ready(static_cast<int>(b));
+    };
+    const Tensor h_last = h_.select(L);
+    Tensor dh = dh_buf_.get(h_last.shape(), dtype_, device_);
+    Tensor dxf = ws_.get(0, h_last.shape(), dtype_, device_);
+    head_.backward(scale, dlogits_buf_, dxf, dh);
+    notify(L + 1);
+    for (int64_t l = L - 1; l >= 0; --l) {
+      TransformerLayer& layer = layer_for(l, pending_ckpt_);
+      if (pending_ckpt_) {  // recompute the layer's activations from its input
+        Tensor tmp = tmp_buf_.get(h_last.shape(), dtype_, device_);
+        layer.forward(h_.select(l), tmp, tmp);
+      }
+      layer.backward(dh, ws_);
+      notify(l + 1);
+    }
+    embed_.backward(dh);
+    notify(0);
+  }
+
+  double evaluate(const Batch& batch) override {
+    const auto [B, T] = check_batch(batch);
+    const int64_t L = config_.n_layers, D = config_.dim;
+    // Own buffers (3 x [B, T, D]) and the recompute layer: a pending backward stays valid.
+    Tensor bufs = eval_buf_.get({3, B, T, D}, dtype_, device_);
+    Tensor a = bufs.select(0), b = bufs.select(1), tmp = bufs.select(2);
+    eval_embed_.forward(batch.inputs, a);
+    for (int64_t l = 0; l < L; ++l) {
+      recompute_.bind(params_, l, config_);
+      recompute_.forward(a, b, tmp);
+      std::swap(a, b);
+    }
+    return (pending_ ? eval_head_ : head_).forward(a, batch.targets);
+  }
+
+ private:
+  std::pair<int64_t, int64_t> check_batch(const Batch& batch) {
+    const Tensor& x = batch.inputs;
+    const Tensor& y = batch.targets;
+    if (!x.defined() || x.dtype() != DType::i32 || x.ndim() != 2)
+      fail_usage("llama: batch inputs must be i32 [B, T] token ids, got " + (x.defined() ? x.str() : "none"));
+    const int64_t B = x.dim(0), T = x.dim(1);
+    if (B < 1 || T < 1) fail_usage("llama: empty batch " + x.str());
+    if (T > config_.seq_len)
+      fail_usage("llama: batch sequence length " + std::to_string(T) + " exceeds the model's seq_len " +
+                 std::to_string(config_.seq_len));
+    if (!y.defined() || y.dtype() != DType::i32 || y.shape() != x.shape())
+      fail_usage("llama: batch targets must be i32 " + shape_str(x.shape()) + " like the inputs, got " +
+                 (y.defined() ? y.str() : "none"));
+    if (x.device() != device_ || y.device() != device_)
+      fail_usage("llama: the batch is on " + x.device().str() + ", the model on " + device_.str());
+    host_ids(x, host_ids_, 0, config_.vocab, "llama: batch inputs (token ids)");
+    return {B, T};
+  }
+
+  TransformerLayer& layer_for(int64_t l, bool ckpt) {
+    if (!ckpt) return layers_[static_cast<size_t>(l)];
+    recompute_.bind(params_, l, config_);
+    return recompute_;
+  }
+
+  Embedding embed_, eval_embed_;
+  std::vector<TransformerLayer> layers_;
+  TransformerLayer recompute_;  // checkpointing and evaluation
+  Head head_, eval_head_;       // eval_head_ only while a backward is pending
+  Buffer resid_buf_, tmp_buf_, dh_buf_, dlogits_buf_, eval_buf_, host_ids_;
+  Workspace ws_;
+  Tensor h_;  // [L + 1, B, T, D] of the last forward
+  bool pending_ = false, pending_ckpt_ = false, released_ = false;
+};
+
+}  // namespace
+
+namespace detail {
+std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t) {
+  return std::make_unique<Llama>(cfg, d, t);
+}
+}  // namespace detail
+
+}  // namespace dtk::nn

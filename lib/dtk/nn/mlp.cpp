@@ -1,0 +1,105 @@
+// The mlp classifier: input_dim -> hidden[0] -> ... -> classes, ReLU between the layers, mean
+// cross-entropy over the batch. Parameters layers.i.weight [out, in] and layers.i.bias [out];
+// layer i is block i. It keeps every activation (small); activation checkpointing is ignored.
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/nn/layers.h"
+#include "dtk/nn/model.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::nn {
+
+namespace detail {
+void init_params(std::vector<Param>& params, uint64_t seed, int64_t n_layers);  // model.cpp
+}  // namespace detail
+
+namespace {
+
+class Mlp final : public Model {
+ public:
+  Mlp(const ModelConfig& cfg, Device d, DType t) : Model(cfg, d, t) {
+    std::vector<int64_t> sizes{cfg.input_dim};
+    sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
+    sizes.push_back(cfg.classes);
+    std::vector<std::tuple<std::string, Shape, int>> specs;
+    for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      specs.emplace_back(p + "weight", Shape{sizes[i + 1], sizes[i]}, static_cast<int>(i));
+      specs.emplace_back(p + "bias", Shape{sizes[i + 1]}, static_cast<int>(i));
+    }
+    build_params(specs);
+    std::vector<std::pair<Param*, Param*>> layers;
+    for (size_t i = 0; i < params_.size(); i += 2) layers.emplace_back(&params_[i], &params_[i + 1]);
+    net_.bind(layers);
+    eval_net_.bind(layers);
+  }
+
+  void init(uint64_t seed) override {
+    detail::init_params(params_, seed, static_cast<int64_t>(config_.hidden.size()) + 1);
+  }
+
+  double forward(const Batch& batch) override {
+    pending_ = false;
+    Tensor x = input(batch, x_buf_);
+    batch_size_ = x.dim(0);
+    const double loss = loss_.forward(net_.forward(x), batch.targets);
+    pending_ = true;
+    return loss;
+  }
+
+  void backward(double scale, const GradReadyFn& on_ready) override {
+    if (!pending_) fail("mlp backward: no forward to differentiate (each backward needs its own forward)");
+    pending_ = false;
+    Tensor dlogits = dlogits_buf_.get({batch_size_, config_.classes}, dtype_, device_);
+    loss_.backward(scale, dlogits);
+    net_.backward(dlogits, [&](int layer) {
+      if (on_ready) on_ready(layer);
+    });
+  }
+
+  double evaluate(const Batch& batch) override {
+    // While a backward is pending, separate layer objects keep its activations intact.
+    ReluMlp& net = pending_ ? eval_net_ : net_;
+    CrossEntropy& loss = pending_ ? eval_loss_ : loss_;
+    Tensor x = input(batch, pending_ ? eval_x_buf_ : x_buf_);
+    return loss.forward(net.forward(x), batch.targets);
+  }
+
+ private:
+  // The batch's inputs as [B, input_dim] in the model's dtype (cast into buf when needed).
+  Tensor input(const Batch& batch, Buffer& buf) {
+    const Tensor& x = batch.inputs;
+    const Tensor& y = batch.targets;
+    if (!x.defined() || !dtype_is_float(x.dtype()) || x.ndim() < 1 || x.dim(0) < 1 ||
+        x.numel() != x.dim(0) * config_.input_dim)
+      fail_usage("mlp: batch inputs must be float [B, " + std::to_string(config_.input_dim) + "] with B >= 1, got " +
+                 (x.defined() ? x.str() : "none"));
+    const int64_t B = x.dim(0);
+    if (!y.defined() || y.dtype() != DType::i32 || y.numel() != B)
+      fail_usage("mlp: batch targets must be i32 [" + std::to_string(B) + "] class ids, got " +
+                 (y.defined() ? y.str() : "none"));
+    if (x.device() != device_ || y.device() != device_)
+      fail_usage("mlp: the batch is on " + x.device().str() + ", the model on " + device_.str());
+    Tensor x2 = x.reshape({B, config_.input_dim});
+    if (x.dtype() == dtype_) return x2;
+    Tensor c = buf.get(x2.shape(), dtype_, device_);
+    ops::cast(x2, c);
+    return c;
+  }
+
+  ReluMlp net_, eval_net_;
+  CrossEntropy loss_, eval_loss_;
+  Buffer x_buf_, eval_x_buf_, dlogits_buf_;
+  int64_t batch_size_ = 0;
+  bool pending_ = false;
+};
+
+}  // namespace
+
+namespace detail {
+std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t) { return std::make_unique<Mlp>(cfg, d, t); }
+}  // namespace detail
+
+}  // namespace dtk::nn

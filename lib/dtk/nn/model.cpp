@@ -1,0 +1,327 @@
+// ModelConfig (JSON, validation, sizes), the presets, the parameter storage shared by every
+// model, and make_model.
+#include "dtk/nn/model.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::nn {
+
+namespace detail {
+std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t);  // llama.cpp
+std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t);    // mlp.cpp
+
+// Model::init for every architecture (model.h): per parameter index i, Philox normal(0, std)
+// under key seed at counter offset i << 40; norm weights 1, biases 0; attention.wo and
+// feed_forward.w2 with std / sqrt(2 * n_layers).
+void init_params(std::vector<Param>& params, uint64_t seed, int64_t n_layers) {
+  constexpr double kStd = 0.02;
+  const auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    if (ends_with(p.name, "norm.weight")) {
+      ops::fill(p.value, 1.0);
+    } else if (ends_with(p.name, ".bias")) {
+      ops::fill(p.value, 0.0);
+    } else {
+      double std = kStd;
+      if (ends_with(p.name, "attention.wo.weight") || ends_with(p.name, "feed_forward.w2.weight"))
+        std /= std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(n_layers, 1)));
+      ops::normal_(p.value, seed, static_cast<uint64_t>(i) << 40, 0.0, std);
+    }
+  }
+}
+}  // namespace detail
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { fail_usage("model config: " + what); }
+
+void need_positive(const char* field, int64_t v, const std::string& arch) {
+  if (v <= 0) bad(std::string(field) + " must be positive for arch " + arch + ", got " + std::to_string(v));
+}
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// Every field of the config, as to_json writes them.
+const std::set<std::string>& known_keys() {
+  static const std::set<std::string> k = {"arch",   "preset",  "dim",        "n_layers", "n_heads",
+                                          "n_kv_heads", "ffn_hidden", "vocab", "seq_len", "rope_theta",
+                                          "norm_eps", "input_dim", "classes", "hidden"};
+  return k;
+}
+
+template <typename T>
+void read(const nlohmann::json& j, const char* key, T& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  try {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (!it->is_number_integer()) throw std::runtime_error("an integer");
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!it->is_number()) throw std::runtime_error("a number");
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!it->is_string()) throw std::runtime_error("a string");
+    } else {
+      if (!it->is_array()) throw std::runtime_error("an array of integers");
+      for (const auto& e : *it)
+        if (!e.is_number_integer()) throw std::runtime_error("an array of integers");
+    }
+    out = it->get<T>();
+  } catch (const std::runtime_error& e) {
+    bad(std::string(key) + " must be " + e.what() + ", got " + it->dump());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- ModelConfig
+
+nlohmann::json ModelConfig::to_json() const {
+  return nlohmann::json{{"arch", arch},
+                        {"preset", preset},
+                        {"dim", dim},
+                        {"n_layers", n_layers},
+                        {"n_heads", n_heads},
+                        {"n_kv_heads", n_kv_heads},
+                        {"ffn_hidden", ffn_hidden},
+                        {"vocab", vocab},
+                        {"seq_len", seq_len},
+                        {"rope_theta", rope_theta},
+                        {"norm_eps", norm_eps},
+                        {"input_dim", input_dim},
+                        {"classes", classes},
+                        {"hidden", hidden}};
+}
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) bad("expected a JSON object, got " + j.dump());
+  for (const auto& [key, value] : j.items())
+    if (!known_keys().count(key)) bad("unknown field \"" + key + "\"");
+  ModelConfig c;
+  read(j, "arch", c.arch);
+  read(j, "preset", c.preset);
+  read(j, "dim", c.dim);
+  read(j, "n_layers", c.n_layers);
+  read(j, "n_heads", c.n_heads);
+  read(j, "n_kv_heads", c.n_kv_heads);
+  read(j, "ffn_hidden", c.ffn_hidden);
+  read(j, "vocab", c.vocab);
+  read(j, "seq_len", c.seq_len);
+  read(j, "rope_theta", c.rope_theta);
+  read(j, "norm_eps", c.norm_eps);
+  read(j, "input_dim", c.input_dim);
+  read(j, "classes", c.classes);
+  read(j, "hidden", c.hidden);
+  c.validate();
+  return c;
+}
+
+void ModelConfig::validate() const {
+  if (arch == "llama") {
+    need_positive("dim", dim, arch);
+    need_positive("n_layers", n_layers, arch);
+    need_positive("n_heads", n_heads, arch);
+    need_positive("n_kv_heads", n_kv_heads, arch);
+    need_positive("ffn_hidden", ffn_hidden, arch);
+    need_positive("vocab", vocab, arch);
+    need_positive("seq_len", seq_len, arch);
+    if (dim % n_heads != 0) bad("dim (" + num(dim) + ") must be a multiple of n_heads (" + num(n_heads) + ")");
+    if (n_heads % n_kv_heads != 0)
+      bad("n_heads (" + num(n_heads) + ") must be a multiple of n_kv_heads (" + num(n_kv_heads) + ")");
+    if (head_dim() % 2 != 0)
+      bad("the head dim dim / n_heads (" + num(dim) + " / " + num(n_heads) + " = " + num(head_dim()) +
+          ") must be even: RoPE rotates pairs");
+    if (vocab > std::numeric_limits<int32_t>::max()) bad("vocab (" + num(vocab) + ") must fit token ids in i32");
+    if (!(rope_theta > 0) || !std::isfinite(rope_theta))
+      bad("rope_theta must be positive and finite, got " + std::to_string(rope_theta));
+    if (!(norm_eps >= 0) || !std::isfinite(norm_eps))
+      bad("norm_eps must be non-negative and finite, got " + std::to_string(norm_eps));
+  } else if (arch == "mlp") {
+    need_positive("input_dim", input_dim, arch);
+    need_positive("classes", classes, arch);
+    for (size_t i = 0; i < hidden.size(); ++i)
+      if (hidden[i] <= 0) bad("hidden[" + std::to_string(i) + "] must be positive, got " + num(hidden[i]));
+    if (classes > std::numeric_limits<int32_t>::max()) bad("classes (" + num(classes) + ") must fit in i32");
+  } else {
+    bad("arch must be \"llama\" or \"mlp\", got \"" + arch + "\"");
+  }
+  // Sizes whose parameter count does not fit comfortably (computed in double: no overflow).
+  double total = 0;
+  if (arch == "llama") {
+    const double D = static_cast<double>(dim), hd = static_cast<double>(head_dim());
+    total = 2.0 * static_cast<double>(vocab) * D + D +
+            static_cast<double>(n_layers) *
+                (2 * D + 2 * D * static_cast<double>(n_heads) * hd + 2 * D * static_cast<double>(n_kv_heads) * hd +
+                 3 * D * static_cast<double>(ffn_hidden));
+  } else {
+    double in = static_cast<double>(input_dim);
+    for (int64_t h : hidden) {
+      total += (in + 1) * static_cast<double>(h);
+      in = static_cast<double>(h);
+    }
+    total += (in + 1) * static_cast<double>(classes);
+  }
+  if (total > 1e13) bad("the sizes give " + std::to_string(total) + " parameters, more than 1e13");
+}
+
+int64_t ModelConfig::num_params() const {
+  if (arch == "llama") {
+    const int64_t hd = head_dim();
+    const int64_t per_layer = 2 * dim + dim * n_heads * hd * 2 + 2 * dim * n_kv_heads * hd + 3 * dim * ffn_hidden;
+    return 2 * vocab * dim + dim + n_layers * per_layer;
+  }
+  if (arch == "mlp") {
+    int64_t total = 0, in = input_dim;
+    for (int64_t h : hidden) {
+      total += (in + 1) * h;
+      in = h;
+    }
+    return total + (in + 1) * classes;
+  }
+  return 0;
+}
+
+double ModelConfig::train_flops_per_item() const {
+  if (arch == "llama") {
+    // Matmul weights (every linear, the output head; not the embedding table or the norms),
+    // plus attention's two T x T products per layer (QK^T and PV: 2 * 2 * seq_len * dim per token
+    // forward), times 3 for forward + backward, as in PaLM's MFU accounting (no causal discount).
+    const double D = static_cast<double>(dim), hd = static_cast<double>(head_dim());
+    const double per_layer = 2 * D * static_cast<double>(n_heads) * hd +
+                             2 * D * static_cast<double>(n_kv_heads) * hd + 3 * D * static_cast<double>(ffn_hidden);
+    const double matmul = static_cast<double>(n_layers) * per_layer + static_cast<double>(vocab) * D;
+    return 6 * matmul + 12 * static_cast<double>(n_layers) * D * static_cast<double>(seq_len);
+  }
+  if (arch == "mlp") {
+    double total = 0, in = static_cast<double>(input_dim);
+    for (int64_t h : hidden) {
+      total += in * static_cast<double>(h);
+      in = static_cast<double>(h);
+    }
+    return 6 * (total + in * static_cast<double>(classes));
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------- presets
+
+namespace {
+
+ModelConfig llama(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                  int64_t vocab, int64_t seq_len, double theta) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.preset = name;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.ffn_hidden = ffn;
+  c.vocab = vocab;
+  c.seq_len = seq_len;
+  c.rope_theta = theta;
+  return c;
+}
+
+ModelConfig mlp(const char* name, int64_t input, std::vector<int64_t> hidden, int64_t classes) {
+  ModelConfig c;
+  c.arch = "mlp";
+  c.preset = name;
+  c.input_dim = input;
+  c.hidden = std::move(hidden);
+  c.classes = classes;
+  return c;
+}
+
+const std::map<std::string, ModelConfig>& presets() {
+  static const std::map<std::string, ModelConfig> p = {
+      // ~0.82M: quick to train on a CPU.
+      {"llama-tiny", llama("llama-tiny", 128, 4, 4, 2, 384, 256, 64, 10000.0)},
+      // ~27.8M.
+      {"llama-small", llama("llama-small", 512, 8, 8, 4, 1408, 4096, 256, 10000.0)},
+      // Llama-3.2-1B-like sizes with a 32000-token vocabulary (untied output): ~1.10B.
+      {"llama-1b", llama("llama-1b", 2048, 16, 32, 8, 8192, 32000, 2048, 10000.0)},
+      {"mlp-small", mlp("mlp-small", 32, {64, 64}, 10)},
+      {"mlp-mnist", mlp("mlp-mnist", 784, {256, 128}, 10)},
+  };
+  return p;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, cfg] : presets()) names.push_back(name);
+  return names;
+}
+
+ModelConfig preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) {
+    std::string list;
+    for (const std::string& n : preset_names()) list += (list.empty() ? "" : ", ") + n;
+    fail_usage("unknown model preset \"" + name + "\"; the presets are: " + list);
+  }
+  return it->second;
+}
+
+// ---------------------------------------------------------------------------- Model
+
+Param& Model::param(const std::string& name) {
+  for (Param& p : params_)
+    if (p.name == name) return p;
+  fail_usage("model has no parameter named \"" + name + "\"");
+}
+
+void Model::zero_grad() {
+  if (grads_.defined() && grads_.numel() > 0) ops::fill(grads_, 0.0);
+}
+
+void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs) {
+  params_.clear();
+  blocks_.clear();
+  int64_t total = 0;
+  int max_block = -1;
+  std::set<std::string> names;
+  for (const auto& [name, shape, block] : specs) {
+    if (!names.insert(name).second) fail("build_params: duplicate parameter name " + name);
+    if (block < 0) fail("build_params: negative block for " + name);
+    total += shape_numel(shape);
+    max_block = std::max(max_block, block);
+  }
+  values_ = Tensor::zeros({total}, dtype_, device_);
+  grads_ = Tensor::zeros({total}, dtype_, device_);
+  blocks_.resize(static_cast<size_t>(max_block + 1));
+  params_.reserve(specs.size());
+  int64_t off = 0;
+  for (const auto& [name, shape, block] : specs) {
+    const int64_t n = shape_numel(shape);
+    Param p;
+    p.name = name;
+    p.value = values_.slice(off, off + n).reshape(shape);
+    p.grad = grads_.slice(off, off + n).reshape(shape);
+    p.block = block;
+    blocks_[static_cast<size_t>(block)].push_back(static_cast<int>(params_.size()));
+    params_.push_back(std::move(p));
+    off += n;
+  }
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype) {
+  cfg.validate();
+  if (dtype != DType::f32 && dtype != DType::f64)
+    fail_usage("make_model: the model dtype must be f32 or f64, got " + std::string(dtype_name(dtype)));
+  if (cfg.arch == "llama") return detail::make_llama(cfg, d, dtype);
+  return detail::make_mlp(cfg, d, dtype);
+}
+
+}  // namespace dtk::nn
