@@ -49,6 +49,48 @@ void write_image_file(const std::string& path, std::span<const uint8_t> images, 
                       std::span<const int32_t> labels, int64_t classes,
                       const nlohmann::json& attrs = nlohmann::json::object());
 
+// Like write_image_file for vector data: `features` f32 [N, D] (data-pack synthetic --kind classes).
+void write_feature_file(const std::string& path, std::span<const float> features, const Shape& shape /*N,D*/,
+                        std::span<const int32_t> labels, int64_t classes,
+                        const nlohmann::json& attrs = nlohmann::json::object());
+
+// The language of open_dataset("synthetic") for token models: a sparse Markov chain over `vocab`
+// tokens, chosen by `seed`. Each state has `successors` distinct next states: the first is its
+// successor on a random cycle through all states (so the chain is irreducible), the others are
+// drawn at random; their probabilities are Dirichlet(1, ..., 1) draws (normalised exponentials).
+// The stationary distribution is computed by power iteration of the lazy chain 0.1 I + 0.9 P,
+// the entropy rate exactly from it: H = -sum_i pi_i sum_j P_ij log P_ij (nats per token).
+// Every number comes from Philox, so the chain and every sequence are the same on every rank.
+class MarkovChain {
+ public:
+  static constexpr int kSuccessors = 8;
+  // Streams of sequences: open_dataset's training and validation samples, and the long
+  // sequences that data-pack writes to files.
+  static constexpr int kTrain = 0, kValidation = 1, kFileTrain = 2, kFileValidation = 3;
+
+  MarkovChain(int64_t vocab, uint64_t seed, int successors = kSuccessors);
+  int64_t vocab() const { return vocab_; }
+  int successors() const { return k_; }
+  // State s's successors and their transition probabilities (successors() of each).
+  std::span<const int32_t> next(int64_t s) const;
+  std::span<const double> probs(int64_t s) const;
+  const std::vector<double>& stationary() const { return pi_; }
+  double entropy_rate() const { return entropy_; }
+  // Sequence `index` of `stream`: out[0] drawn from the stationary distribution, each later
+  // token from its predecessor's row, so every position is stationary. Any length.
+  void sample(int stream, uint64_t index, std::span<int32_t> out) const;
+
+ private:
+  int64_t vocab_;
+  int k_;
+  uint64_t seed_;
+  std::vector<int32_t> next_;   // [vocab, k]
+  std::vector<double> prob_;    // [vocab, k]
+  std::vector<double> cdf_;     // [vocab, k], last of each row exactly 1
+  std::vector<double> pi_, pi_cdf_;
+  double entropy_ = 0;
+};
+
 // Which samples make each step's global batch.
 class Sampler {
  public:

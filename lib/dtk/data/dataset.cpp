@@ -1,0 +1,165 @@
+// open_dataset and the writers of data files.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+
+#include "dtk/core/error.h"
+#include "dtk/data/h5io.h"
+#include "dtk/data/internal.h"
+
+namespace dtk::data {
+namespace {
+namespace fs = std::filesystem;
+using h5io::Id;
+
+// Writes an HDF5 file under a temporary name in the destination's directory, then renames it
+// into place; on any failure the temporary file is removed and `path` is untouched.
+void write_atomically(const std::string& path, const std::function<void(hid_t)>& fill) {
+  static std::atomic<int> counter{0};
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail_usage(path + ": the directory " + dir.string() + " does not exist");
+  if (p.filename().empty()) fail_usage(path + ": not a file name");
+  if (fs::is_directory(p, ec)) fail_usage(path + ": is a directory");
+  const fs::path tmp =
+      dir / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  auto g = h5io::lock();
+  h5io::quiet();
+  try {
+    const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+      const std::string m = h5io::last_error();
+      fail("cannot create " + tmp.string() + (m.empty() ? "" : ": " + m));
+    }
+    try {
+      fill(f);
+    } catch (...) {
+      H5Fclose(f);
+      throw;
+    }
+    h5io::check_status(H5Fclose(f), "cannot write " + tmp.string());
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const std::string m = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      fail("cannot write " + tmp.string() + ": " + m);
+    }
+    ::close(fd);
+    fs::rename(tmp, p, ec);
+    if (ec) fail("cannot rename " + tmp.string() + " to " + path + ": " + ec.message());
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// A contiguous dataset with the given file type, written from a buffer of mem_type.
+void write_array(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const std::vector<hsize_t>& dims,
+                 const void* data) {
+  Id space(h5io::check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                       std::string("dataspace of ") + name));
+  Id dset(h5io::check(H5Dcreate2(file, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                      std::string("create ") + name));
+  hsize_t n = 1;
+  for (hsize_t d : dims) n *= d;
+  if (n) h5io::check_status(H5Dwrite(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), std::string("write ") + name);
+}
+
+void write_attrs(hid_t file, const nlohmann::json& attrs) {
+  if (attrs.is_null()) return;
+  if (!attrs.is_object()) fail_usage("data file attributes must be a JSON object");
+  for (auto it = attrs.begin(); it != attrs.end(); ++it) h5io::write_attr(file, it.key(), it.value());
+}
+
+void check_labels(const std::string& path, std::span<const int32_t> labels, int64_t n, int64_t classes) {
+  if (classes < 1) fail_usage(path + ": classes must be positive (" + std::to_string(classes) + ")");
+  if (static_cast<int64_t>(labels.size()) != n)
+    fail_usage(path + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(n) + " samples");
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= classes)
+      fail_usage(path + ": label " + std::to_string(labels[i]) + " of sample " + std::to_string(i) +
+                 " is out of range [0, " + std::to_string(classes) + ")");
+}
+
+void write_classification(const std::string& path, const char* name, hid_t file_type, hid_t mem_type,
+                          const void* data, const Shape& shape, std::span<const int32_t> labels, int64_t classes,
+                          const char* format, const nlohmann::json& attrs) {
+  check_labels(path, labels, shape[0], classes);
+  const std::vector<hsize_t> dims(shape.begin(), shape.end());
+  write_atomically(path, [&](hid_t f) {
+    write_array(f, name, file_type, mem_type, dims, data);
+    write_array(f, "labels", H5T_STD_I32LE, H5T_NATIVE_INT32, {static_cast<hsize_t>(shape[0])}, labels.data());
+    h5io::write_attr(f, "format", format);
+    h5io::write_attr(f, "classes", classes);
+    write_attrs(f, attrs);
+  });
+}
+
+}  // namespace
+
+double Dataset::optimal_loss() const { return std::numeric_limits<double>::quiet_NaN(); }
+
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelConfig& model, bool validation,
+                                      uint64_t seed) {
+  if (spec == "synthetic") {
+    if (model.arch == "mlp") return detail::make_mixture_dataset(model, validation, seed);
+    if (model.vocab > 0 && model.seq_len > 0) return detail::make_markov_dataset(model, validation, seed);
+    fail_usage("--data synthetic: no synthetic data for a model of arch '" + model.arch +
+               "' (llama-like models need vocab and seq_len; mlp models input_dim and classes)");
+  }
+  if (spec.empty()) fail_usage("no data given (expected \"synthetic\" or an HDF5 data file)");
+  return detail::open_file_dataset(spec, model);
+}
+
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
+                      const nlohmann::json& attrs) {
+  if (vocab_size < 1 || vocab_size > (int64_t{1} << 32))
+    fail_usage(path + ": vocab_size " + std::to_string(vocab_size) + " is out of range [1, 2^32]");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= static_cast<uint64_t>(vocab_size))
+      fail_usage(path + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                 " is not below vocab_size " + std::to_string(vocab_size));
+  const hid_t ft = vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
+  write_atomically(path, [&](hid_t f) {
+    write_array(f, "tokens", ft, H5T_NATIVE_UINT32, {static_cast<hsize_t>(tokens.size())}, tokens.data());
+    h5io::write_attr(f, "format", "dtk-tokens");
+    h5io::write_attr(f, "vocab_size", vocab_size);
+    write_attrs(f, attrs);
+  });
+}
+
+void write_image_file(const std::string& path, std::span<const uint8_t> images, const Shape& shape,
+                      std::span<const int32_t> labels, int64_t classes, const nlohmann::json& attrs) {
+  if (shape.size() != 4) fail_usage(path + ": images must have the shape [N, H, W, C] (got " + shape_str(shape) + ")");
+  for (int64_t d : shape)
+    if (d < 0) fail_usage(path + ": bad image shape " + shape_str(shape));
+  if (static_cast<int64_t>(images.size()) != shape_numel(shape))
+    fail_usage(path + ": " + std::to_string(images.size()) + " bytes of images for the shape " + shape_str(shape));
+  write_classification(path, "images", H5T_STD_U8LE, H5T_NATIVE_UINT8, images.data(), shape, labels, classes,
+                       "dtk-images", attrs);
+}
+
+void write_feature_file(const std::string& path, std::span<const float> features, const Shape& shape,
+                        std::span<const int32_t> labels, int64_t classes, const nlohmann::json& attrs) {
+  if (shape.size() != 2) fail_usage(path + ": features must have the shape [N, D] (got " + shape_str(shape) + ")");
+  for (int64_t d : shape)
+    if (d < 0) fail_usage(path + ": bad feature shape " + shape_str(shape));
+  if (static_cast<int64_t>(features.size()) != shape_numel(shape))
+    fail_usage(path + ": " + std::to_string(features.size()) + " features for the shape " + shape_str(shape));
+  write_classification(path, "features", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, features.data(), shape, labels, classes,
+                       "dtk-features", attrs);
+}
+
+}  // namespace dtk::data

@@ -1,0 +1,308 @@
+// Datasets in HDF5 files: token files (1-D `tokens`, samples are windows of seq_len + 1 tokens
+// starting at multiples of seq_len) and classification files (`images` u8 [N,H,W,C] or
+// `features` float [N,D], with `labels` [N]). Batches read only their rows, through hyperslab
+// selections; only the labels are held in memory.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "dtk/core/error.h"
+#include "dtk/data/h5io.h"
+#include "dtk/data/internal.h"
+
+namespace dtk::data {
+namespace {
+namespace fs = std::filesystem;
+using h5io::Id;
+
+std::string type_name(hid_t type) {
+  const H5T_class_t c = H5Tget_class(type);
+  const size_t bits = H5Tget_size(type) * 8;
+  if (c == H5T_INTEGER) return (H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "i") + std::to_string(bits);
+  if (c == H5T_FLOAT) return "f" + std::to_string(bits);
+  if (c == H5T_STRING) return "string";
+  if (c == H5T_COMPOUND) return "compound";
+  return "class " + std::to_string(static_cast<int>(c)) + ", " + std::to_string(bits / 8) + " bytes";
+}
+
+// An opened dataset of a data file: its id, type and dims.
+struct Array {
+  Id dset, type;
+  std::vector<hsize_t> dims;
+};
+
+Array open_array(hid_t file, const char* name, const std::string& path) {
+  Array a;
+  a.dset = Id(H5Oopen(file, name, H5P_DEFAULT));
+  if (!a.dset.valid() || H5Iget_type(a.dset) != H5I_DATASET) {
+    h5io::last_error();
+    fail_usage(path + ": `" + name + "` is not a dataset");
+  }
+  a.type = Id(h5io::check(H5Dget_type(a.dset), path + ": `" + name + "`"));
+  Id space(h5io::check(H5Dget_space(a.dset), path + ": `" + name + "`"));
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank < 0) fail_usage(path + ": `" + name + "` has no simple shape");
+  a.dims.resize(static_cast<size_t>(rank));
+  H5Sget_simple_extent_dims(space, a.dims.data(), nullptr);
+  return a;
+}
+
+bool exists(hid_t file, const char* name) { return H5Lexists(file, name, H5P_DEFAULT) > 0; }
+
+// An integer attribute on the file's root or, failing that, on a dataset.
+bool int_attr(hid_t file, hid_t dset, const char* name, int64_t* out, const std::string& path) {
+  return h5io::read_int_attr(file, name, out, path) || (dset >= 0 && h5io::read_int_attr(dset, name, out, path));
+}
+
+std::string dims_str(const std::vector<hsize_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Both file kinds hold the file open for their lifetime and close it under the HDF5 lock.
+class FileDataset : public Dataset {
+ protected:
+  FileDataset(std::string path, Id file) : path_(std::move(path)), file_(std::move(file)) {}
+  ~FileDataset() override {
+    auto g = h5io::lock();
+    arr_.dset.reset();
+    arr_.type.reset();
+    file_.reset();
+  }
+  std::string path_;
+  Id file_;
+  Array arr_;
+  double optimal_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+// ------------------------------------------------------------------------------ token files
+class TokenFile final : public FileDataset {
+ public:
+  TokenFile(std::string path, Id file, const nn::ModelConfig& m) : FileDataset(std::move(path), std::move(file)) {
+    const std::string& p = path_;
+    arr_ = open_array(file_, "tokens", p);
+    if (arr_.dims.size() != 1) fail_usage(p + ": `tokens` must be 1-D (it is " + dims_str(arr_.dims) + ")");
+    const hid_t t = arr_.type;
+    if (H5Tget_class(t) != H5T_INTEGER || H5Tget_sign(t) != H5T_SGN_NONE ||
+        (H5Tget_size(t) != 2 && H5Tget_size(t) != 4))
+      fail_usage(p + ": `tokens` must be u16 or u32 (it is " + type_name(t) + ")");
+    dtype_ = H5Tget_size(t) == 2 ? "u16" : "u32";
+    n_ = static_cast<int64_t>(arr_.dims[0]);
+    if (!int_attr(file_, arr_.dset, "vocab_size", &vocab_, p))
+      fail_usage(p + ": the attribute vocab_size is missing (write token files with data-pack)");
+    if (vocab_ < 1) fail_usage(p + ": vocab_size " + std::to_string(vocab_) + " is not positive");
+    if (vocab_ > m.vocab)
+      fail_usage(p + ": vocab_size " + std::to_string(vocab_) + " is larger than the model's vocab " +
+                 std::to_string(m.vocab) + " (use a model with --vocab " + std::to_string(vocab_) + " or more)");
+    seq_ = m.seq_len;
+    if (seq_ < 1) fail_usage(p + ": the model's seq_len must be positive");
+    if (n_ < seq_ + 1)
+      fail_usage(p + ": " + std::to_string(n_) + " tokens are too short for one window of seq_len + 1 = " +
+                 std::to_string(seq_ + 1) + " tokens");
+    samples_ = (n_ - 1) / seq_;
+    double v;
+    if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
+  }
+  int64_t size() const override { return samples_; }
+  nn::Batch get(std::span<const int64_t> indices) const override {
+    const int64_t B = static_cast<int64_t>(indices.size()), T = seq_;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    ranges.reserve(indices.size());
+    for (int64_t i : indices) {
+      DTK_CHECK(i >= 0 && i < samples_, path_ + ": sample index out of range");
+      ranges.emplace_back(i * T, T + 1);
+    }
+    std::vector<unsigned char> buf;
+    std::vector<int64_t> off;
+    {
+      auto g = h5io::lock();
+      h5io::read_ranges(arr_.dset, 1, arr_.dims, ranges, H5T_NATIVE_UINT32, sizeof(uint32_t), buf, off,
+                        path_ + ": reading `tokens`");
+    }
+    const auto* tok = reinterpret_cast<const uint32_t*>(buf.data());
+    Tensor in = Tensor::empty({B, T}, DType::i32), tg = Tensor::empty({B, T}, DType::i32);
+    int32_t* pin = in.ptr<int32_t>();
+    int32_t* ptg = tg.ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const uint32_t* w = tok + off[static_cast<size_t>(b)];
+      for (int64_t t = 0; t <= T; ++t)
+        if (w[t] >= static_cast<uint64_t>(vocab_))
+          fail_usage(path_ + ": token " + std::to_string(w[t]) + " at position " +
+                     std::to_string(indices[static_cast<size_t>(b)] * T + t) + " is not below vocab_size " +
+                     std::to_string(vocab_));
+      for (int64_t t = 0; t < T; ++t) {
+        pin[b * T + t] = static_cast<int32_t>(w[t]);
+        ptg[b * T + t] = static_cast<int32_t>(w[t + 1]);
+      }
+    }
+    return {in, tg};
+  }
+  nlohmann::json describe() const override {
+    nlohmann::json j = {{"source", path_},  {"kind", "tokens"},       {"samples", samples_},
+                        {"seq_len", seq_},  {"tokens", samples_ * seq_}, {"file_tokens", n_},
+                        {"dtype", dtype_},  {"vocab_size", vocab_}};
+    if (!std::isnan(optimal_)) j["optimal_loss"] = optimal_;
+    return j;
+  }
+  double optimal_loss() const override { return optimal_; }
+
+ private:
+  int64_t n_ = 0, vocab_ = 0, seq_ = 0, samples_ = 0;
+  std::string dtype_;
+};
+
+// ------------------------------------------------------------------------------ classification
+class ClassFile final : public FileDataset {
+ public:
+  ClassFile(std::string path, Id file, const nn::ModelConfig& m) : FileDataset(std::move(path), std::move(file)) {
+    const std::string& p = path_;
+    images_ = !exists(file_, "features");
+    const char* name = images_ ? "images" : "features";
+    arr_ = open_array(file_, name, p);
+    const hid_t t = arr_.type;
+    if (images_) {
+      if (H5Tget_class(t) != H5T_INTEGER || H5Tget_sign(t) != H5T_SGN_NONE || H5Tget_size(t) != 1)
+        fail_usage(p + ": `images` must be u8 (it is " + type_name(t) + ")");
+      if (arr_.dims.size() != 4 && arr_.dims.size() != 3)
+        fail_usage(p + ": `images` must be [N, H, W, C] (it is " + dims_str(arr_.dims) + ")");
+    } else {
+      if (H5Tget_class(t) != H5T_FLOAT) fail_usage(p + ": `features` must be f32 (it is " + type_name(t) + ")");
+      if (arr_.dims.size() != 2) fail_usage(p + ": `features` must be [N, D] (it is " + dims_str(arr_.dims) + ")");
+    }
+    n_ = static_cast<int64_t>(arr_.dims[0]);
+    d_ = 1;
+    for (size_t i = 1; i < arr_.dims.size(); ++i) d_ *= static_cast<int64_t>(arr_.dims[i]);
+    if (n_ == 0) fail_usage(p + ": `" + name + "` holds no samples");
+    if (d_ != m.input_dim)
+      fail_usage(p + ": a sample of `" + name + "` " + dims_str(arr_.dims) + " has " + std::to_string(d_) +
+                 " values, but the model's input_dim is " + std::to_string(m.input_dim));
+
+    if (!exists(file_, "labels")) fail_usage(p + ": the dataset `labels` is missing");
+    Array lab = open_array(file_, "labels", p);
+    if (H5Tget_class(lab.type) != H5T_INTEGER) fail_usage(p + ": `labels` must be integers (it is " + type_name(lab.type) + ")");
+    if (lab.dims.size() != 1 || static_cast<int64_t>(lab.dims[0]) != n_)
+      fail_usage(p + ": `labels` must be [" + std::to_string(n_) + "] like `" + name + "` (it is " +
+                 dims_str(lab.dims) + ")");
+    int64_t attr_classes = 0;
+    classes_ = m.classes;
+    if (int_attr(file_, lab.dset, "classes", &attr_classes, p)) {
+      if (attr_classes < 1) fail_usage(p + ": the attribute classes (" + std::to_string(attr_classes) + ") is not positive");
+      if (attr_classes > m.classes)
+        fail_usage(p + ": the file has " + std::to_string(attr_classes) + " classes, but the model has " +
+                   std::to_string(m.classes));
+      classes_ = attr_classes;
+    }
+    // The labels, read in bounded chunks and checked.
+    labels_.resize(static_cast<size_t>(n_));
+    const int64_t chunk = int64_t{1} << 20;
+    std::vector<unsigned char> buf;
+    std::vector<int64_t> off;
+    for (int64_t r = 0; r < n_; r += chunk) {
+      const int64_t rows = std::min(chunk, n_ - r);
+      h5io::read_ranges(lab.dset, 1, lab.dims, {{r, rows}}, H5T_NATIVE_INT64, sizeof(int64_t), buf, off,
+                        p + ": reading `labels`");
+      const auto* v = reinterpret_cast<const int64_t*>(buf.data());
+      for (int64_t i = 0; i < rows; ++i) {
+        if (v[i] < 0 || v[i] >= classes_)
+          fail_usage(p + ": label " + std::to_string(v[i]) + " of sample " + std::to_string(r + i) +
+                     " is out of range [0, " + std::to_string(classes_) + ")" +
+                     (attr_classes ? " (the file's classes attribute)" : " (the model's classes)"));
+        labels_[static_cast<size_t>(r + i)] = static_cast<int32_t>(v[i]);
+      }
+    }
+    double v;
+    if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
+  }
+  int64_t size() const override { return n_; }
+  nn::Batch get(std::span<const int64_t> indices) const override {
+    const int64_t B = static_cast<int64_t>(indices.size()), D = d_;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    ranges.reserve(indices.size());
+    for (int64_t i : indices) {
+      DTK_CHECK(i >= 0 && i < n_, path_ + ": sample index out of range");
+      ranges.emplace_back(i, 1);
+    }
+    std::vector<unsigned char> buf;
+    std::vector<int64_t> off;
+    {
+      auto g = h5io::lock();
+      h5io::read_ranges(arr_.dset, static_cast<int>(arr_.dims.size()), arr_.dims, ranges,
+                        images_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, images_ ? 1 : sizeof(float), buf, off,
+                        path_ + (images_ ? ": reading `images`" : ": reading `features`"));
+    }
+    Tensor x = Tensor::empty({B, D}, DType::f32), y = Tensor::empty({B}, DType::i32);
+    float* px = x.ptr<float>();
+    int32_t* py = y.ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t o = off[static_cast<size_t>(b)] * D;
+      if (images_) {
+        const unsigned char* s = buf.data() + o;
+        for (int64_t j = 0; j < D; ++j) px[b * D + j] = static_cast<float>(s[j]) / 255.0f;
+      } else {
+        const float* s = reinterpret_cast<const float*>(buf.data()) + o;
+        std::copy(s, s + D, px + b * D);
+      }
+      py[b] = labels_[static_cast<size_t>(indices[static_cast<size_t>(b)])];
+    }
+    return {x, y};
+  }
+  nlohmann::json describe() const override {
+    nlohmann::json j = {{"source", path_}, {"kind", "classification"}, {"samples", n_},
+                        {"classes", classes_}, {"input_dim", d_}, {"format", images_ ? "images" : "features"}};
+    if (images_) {
+      std::vector<int64_t> s(arr_.dims.begin() + 1, arr_.dims.end());
+      if (s.size() == 2) s.push_back(1);
+      j["image_shape"] = s;
+    }
+    if (!std::isnan(optimal_)) j["optimal_loss"] = optimal_;
+    return j;
+  }
+  double optimal_loss() const override { return optimal_; }
+
+ private:
+  bool images_ = true;
+  int64_t n_ = 0, d_ = 0, classes_ = 0;
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace
+
+namespace detail {
+
+std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::ModelConfig& model) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail_usage(path + ": no such file (expected \"synthetic\" or an HDF5 data file)");
+  if (fs::is_directory(path, ec)) fail_usage(path + ": is a directory, not an HDF5 data file");
+  if (!std::ifstream(path, std::ios::binary)) fail_usage(path + ": cannot be read (permissions?)");
+  auto g = h5io::lock();
+  h5io::quiet();
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!file.valid()) {
+    const std::string m = h5io::last_error();
+    fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
+  }
+  const bool classify = model.arch == "mlp";
+  try {
+    if (exists(file, "tokens")) {
+      if (classify)
+        fail_usage(path + ": a token file, but the model (" + model.arch + ") is a classifier; it needs `images` or `features`");
+      return std::make_unique<TokenFile>(path, std::move(file), model);
+    }
+    if (exists(file, "images") || exists(file, "features")) {
+      if (!classify)
+        fail_usage(path + ": a classification file, but the model (" + model.arch + ") takes `tokens`");
+      return std::make_unique<ClassFile>(path, std::move(file), model);
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {  // an HDF5 failure while reading a file that opened: bad input
+    fail_usage(e.what());
+  }
+  fail_usage(path + ": holds no `tokens`, `images` or `features` dataset (not a dtk data file; write one with data-pack)");
+}
+
+}  // namespace detail
+}  // namespace dtk::data

@@ -1,0 +1,30 @@
+// Internal to dtk::data: the dataset kinds behind open_dataset, and the Philox key schedule.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dtk/data/dataset.h"
+
+namespace dtk::data::detail {
+
+// Independent Philox keys from one seed: one per purpose (tag), so that the chain, each stream of
+// samples and the sampler never share random numbers.
+uint64_t derive_key(uint64_t seed, uint32_t tag);
+inline constexpr uint32_t kTagChain = 0x100, kTagChainStream = 0x200,  // + stream
+    kTagMixtureMeans = 0x300, kTagMixtureStream = 0x400,               // + stream
+    kTagMixtureBayes = 0x500, kTagSampler = 0x600;
+
+// Uniform in [0, 1) with 53 bits from two words.
+double unit(uint32_t a, uint32_t b);
+
+// The synthetic datasets (validation selects the disjoint validation stream).
+std::unique_ptr<Dataset> make_markov_dataset(const nn::ModelConfig& model, bool validation, uint64_t seed);
+std::unique_ptr<Dataset> make_mixture_dataset(const nn::ModelConfig& model, bool validation, uint64_t seed);
+// A token or classification file, checked against the model.
+std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::ModelConfig& model);
+
+// The number of samples a synthetic dataset has: a fixed large number (2^40).
+inline constexpr int64_t kSyntheticSamples = int64_t{1} << 40;
+
+}  // namespace dtk::data::detail
