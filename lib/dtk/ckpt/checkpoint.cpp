@@ -506,7 +506,13 @@ void ShardedWriter::write_whole(const std::string& name, const Shape& shape, DTy
 
 void ShardedWriter::set_metadata(const Metadata& m) {
   meta_ = m;
-  if (meta_.created.empty()) meta_.created = now_iso8601();
+  if (meta_.created.empty()) {  // rank 0's clock for every file, so the rank files agree
+    char stamp[64] = {};
+    const std::string now = now_iso8601();
+    std::snprintf(stamp, sizeof stamp, "%s", now.c_str());
+    comm_.broadcast({stamp, sizeof stamp, DType::u8, {}}, 0, comm::Mode::sync);
+    meta_.created = stamp;
+  }
 }
 
 void ShardedWriter::commit() {

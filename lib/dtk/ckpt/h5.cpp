@@ -158,6 +158,7 @@ std::string get_attr_string(hid_t obj, const char* name) {
     char* s = nullptr;
     Id mt(H5Tcopy(H5T_C_S1));
     H5Tset_size(mt, H5T_VARIABLE);
+    H5Tset_cset(mt, H5Tget_cset(type));  // h5py writes UTF-8; the conversion needs the same set
     check_status(H5Aread(attr, mt, &s), std::string("attribute ") + name);
     std::string out = s ? s : "";
     H5free_memory(s);
