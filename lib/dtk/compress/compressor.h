@@ -27,13 +27,32 @@ struct Config {
   double min_compression_rate = 2; // compress a matrix only when (n + m) r * rate < n m
   bool warm_start = true;          // reuse Q from the previous step
   bool error_feedback = true;
+  // Error mode, "projection" by default. Both modes give every rank the same update, and in
+  // exact arithmetic the same sequence of updates: P = mean_r(M_r) Q and Q = mean_r(M_r)^T P^
+  // depend on the errors only through their mean over ranks, and that mean is the same in both,
+  //   mean_r (M_r - P^ P^T M_r) = mean M - P^ (P^T mean M) = mean M - P^ Q^T.
+  // They differ in what each rank keeps. "full" (the paper's e_r = M_r - P^ Q^T) leaves in e_r
+  // the rank's deviation from the mean, M_r - mean M, in every direction, and adds the next
+  // step's deviation to it: the deviations sum to zero over ranks but each rank's buffer
+  // accumulates them without damping, a random walk that grows with the steps (and with W and
+  // the gradient noise), while the updates stay the same. "projection" (e_r = M_r - P^ (P^T M_r),
+  // the part of the rank's own M_r outside span(P^)) never exceeds ||M_r|| and drops the
+  // deviation inside span(P^) every step, so each rank's buffer stays bounded: the checkpointed
+  // state stays small, f32 sums stay well conditioned, and bf16 P on the wire is not swamped by
+  // large per-rank terms that cancel. It also needs only the rank's local Q_r = M_r^T P^, so it is
+  // computed while Q's all-reduce is in flight. In a world of one the two modes are identical.
   std::string error_mode = "projection";  // "full": M - P Q^T; "projection": M - P (P^T M)
   std::string orthogonalize = "auto";     // "auto" (mgs for r <= 2, qr above) | "mgs" | "qr"
   DType comm_dtype = DType::f32;   // P and Q on the wire: f32 | bf16
   double ratio = 0.01;             // topk / randomk: fraction of coordinates kept per tensor
   uint64_t seed = 0;               // Q initialisation and randomk selection (shared by all ranks)
   nlohmann::json to_json() const;
+  static Config from_json(const nlohmann::json& j);  // missing keys keep their defaults
+  void validate() const;  // UsageError naming the field: unknown kind, rank < 1, ratio not in (0, 1], ...
 };
+
+// The kinds, for option help and errors.
+std::vector<std::string> kinds();
 
 struct Bytes {
   int64_t sent = 0;          // payload bytes this rank contributed to collectives in the last step

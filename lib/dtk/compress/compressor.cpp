@@ -1,0 +1,257 @@
+// Config, the factory, what every compressor shares (common.h), and kind "none".
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "dtk/compress/common.h"
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::compress {
+
+std::vector<std::string> kinds() { return {"none", "powersgd", "topk", "randomk", "signum"}; }
+
+nlohmann::json Config::to_json() const {
+  return {{"kind", kind},
+          {"rank", rank},
+          {"start_iter", start_iter},
+          {"min_compression_rate", min_compression_rate},
+          {"warm_start", warm_start},
+          {"error_feedback", error_feedback},
+          {"error_mode", error_mode},
+          {"orthogonalize", orthogonalize},
+          {"comm_dtype", std::string(dtype_name(comm_dtype))},
+          {"ratio", ratio},
+          {"seed", seed}};
+}
+
+Config Config::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) fail_usage("compressor config: expected a JSON object, got " + j.dump());
+  Config c;
+  auto get = [&](const char* key, auto& field) {
+    if (!j.contains(key)) return;
+    try {
+      j.at(key).get_to(field);
+    } catch (const nlohmann::json::exception&) {
+      fail_usage(std::string("compressor config: ") + key + " has the wrong type: " + j.at(key).dump());
+    }
+  };
+  get("kind", c.kind);
+  get("rank", c.rank);
+  get("start_iter", c.start_iter);
+  get("min_compression_rate", c.min_compression_rate);
+  get("warm_start", c.warm_start);
+  get("error_feedback", c.error_feedback);
+  get("error_mode", c.error_mode);
+  get("orthogonalize", c.orthogonalize);
+  get("ratio", c.ratio);
+  get("seed", c.seed);
+  if (j.contains("comm_dtype")) {
+    std::string s;
+    get("comm_dtype", s);
+    c.comm_dtype = parse_dtype(s);
+  }
+  c.validate();
+  return c;
+}
+
+void Config::validate() const {
+  const auto k = kinds();
+  if (std::find(k.begin(), k.end(), kind) == k.end()) {
+    std::string all;
+    for (const auto& s : k) all += (all.empty() ? "" : ", ") + s;
+    fail_usage("compressor: unknown kind '" + kind + "' (one of " + all + ")");
+  }
+  if (rank < 1) fail_usage("compressor: rank must be >= 1, got " + std::to_string(rank));
+  if (start_iter < 0) fail_usage("compressor: start_iter must be >= 0, got " + std::to_string(start_iter));
+  if (!(min_compression_rate >= 0) || !std::isfinite(min_compression_rate))
+    fail_usage("compressor: min_compression_rate must be finite and >= 0, got " + std::to_string(min_compression_rate));
+  if (error_mode != "full" && error_mode != "projection")
+    fail_usage("compressor: error_mode must be 'full' or 'projection', got '" + error_mode + "'");
+  if (orthogonalize != "auto" && orthogonalize != "mgs" && orthogonalize != "qr")
+    fail_usage("compressor: orthogonalize must be 'auto', 'mgs' or 'qr', got '" + orthogonalize + "'");
+  if (comm_dtype != DType::f32 && comm_dtype != DType::bf16)
+    fail_usage("compressor: comm_dtype must be f32 or bf16, got " + std::string(dtype_name(comm_dtype)));
+  if (!(ratio > 0 && ratio <= 1)) fail_usage("compressor: ratio must be in (0, 1], got " + std::to_string(ratio));
+}
+
+std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
+                                            const std::vector<nn::Param>& params) {
+  cfg.validate();
+  if (cfg.kind == "none") return detail::make_none(cfg, comm, params);
+  if (cfg.kind == "powersgd") return detail::make_powersgd(cfg, comm, params);
+  if (cfg.kind == "topk") return detail::make_topk(cfg, comm, params);
+  if (cfg.kind == "randomk") return detail::make_randomk(cfg, comm, params);
+  return detail::make_signum(cfg, comm, params);
+}
+
+namespace detail {
+
+uint64_t stream_key(uint64_t seed, uint64_t domain) {
+  // splitmix64 of the seed mixed with the domain: well-spread keys for nearby seeds.
+  uint64_t z = seed ^ (domain * 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void copy(Tensor& dst, const Tensor& src) { dst.copy_from_async(src, cuda::current_stream()); }
+
+int64_t kept(double ratio, int64_t numel) {
+  const auto k = static_cast<int64_t>(std::ceil(ratio * static_cast<double>(numel) - 1e-9));
+  return std::clamp<int64_t>(k, std::min<int64_t>(1, numel), numel);
+}
+
+Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params)
+    : cfg_(cfg), comm_(comm), world_(comm.size()) {
+  cfg_.validate();
+  for (const auto& p : params) {
+    if (!p.grad.defined()) fail_usage("compressor: parameter '" + p.name + "' has no gradient tensor");
+    if (p.grad.dtype() != DType::f32)
+      fail_usage("compressor: gradients must be f32, '" + p.name + "' is " + p.grad.str());
+    if (!layout_.empty() && p.grad.device() != device_)
+      fail_usage("compressor: every gradient must be on one device; '" + p.name + "' is on " +
+                 p.grad.device().str() + ", '" + layout_[0].name + "' on " + device_.str());
+    if (layout_.empty()) device_ = p.grad.device();
+    layout_.push_back({p.name, p.grad.shape(), p.grad.numel(), total_});
+    total_ += p.grad.numel();
+  }
+  if (!comm_.accepts(device_))
+    fail_usage("compressor: the " + std::string(comm::backend_name(comm_.backend())) +
+               " communicator does not take buffers on " + device_.str() +
+               " (NCCL needs CUDA tensors; use the mpi backend for CPU tensors)");
+  step_ = Tensor::zeros({1}, DType::i64);
+  bytes_.uncompressed = total_ * 4;
+}
+
+std::vector<std::pair<std::string, Tensor>> Base::state() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (error_.defined())
+    for (const auto& l : layout_) out.emplace_back("error/" + l.name, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape));
+  out.emplace_back("step", step_);
+  return out;
+}
+
+bool Base::per_rank(const std::string& state_name) const { return state_name.rfind("error/", 0) == 0; }
+
+Tensor& Base::flat_error() {
+  if (!error_.defined()) error_ = Tensor::zeros({total_}, DType::f32, device_);
+  return error_;
+}
+
+void Base::check_params(const std::vector<nn::Param>& params) const {
+  if (params.size() != layout_.size())
+    fail_usage("compressor: built for " + std::to_string(layout_.size()) + " parameters, called with " +
+               std::to_string(params.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    const auto& l = layout_[i];
+    if (p.name != l.name || !p.grad.defined() || p.grad.shape() != l.shape || p.grad.dtype() != DType::f32 ||
+        p.grad.device() != device_)
+      fail_usage("compressor: parameter " + std::to_string(i) + " is '" + p.name + "' " +
+                 (p.grad.defined() ? p.grad.str() : std::string("without a gradient")) + ", expected '" + l.name +
+                 "' f32" + shape_str(l.shape) + " on " + device_.str());
+  }
+}
+
+// Every rank must hold the same layout, configuration and shared random state, or the
+// collectives would mismatch (a hang or garbage). One all-reduce (max) of [v, -v] gives the
+// maximum and minimum of each number over ranks; they agree everywhere iff max == min, which
+// every rank sees alike, so every rank fails together.
+void Base::check_agreement() {
+  const auto k = kinds();
+  std::vector<double> v = {static_cast<double>(layout_.size()),
+                           static_cast<double>(total_),
+                           static_cast<double>(std::find(k.begin(), k.end(), cfg_.kind) - k.begin()),
+                           static_cast<double>(cfg_.seed & 0xffffffffull),
+                           static_cast<double>(cfg_.seed >> 32),
+                           static_cast<double>(cfg_.start_iter),
+                           static_cast<double>(step_.ptr<int64_t>()[0])};
+  static const char* const kWhat[] = {"number of parameters", "number of gradient elements", "compressor kind",
+                                      "seed (low bits)",      "seed (high bits)",            "start_iter",
+                                      "step counter"};
+  const size_t fixed = v.size();
+  for (double x : agreement()) v.push_back(x);
+  const size_t n = v.size();
+  std::vector<double> both(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    both[i] = v[i];
+    both[n + i] = -v[i];
+  }
+  Tensor t = Tensor::from_doubles(both, {static_cast<int64_t>(2 * n)}, DType::f64, device_);
+  comm_.all_reduce({t.data(), 2 * n, DType::f64, device_}, {t.data(), 2 * n, DType::f64, device_},
+                   comm::ReduceOp::max, comm::Mode::sync);
+  const auto r = t.to_doubles();
+  for (size_t i = 0; i < n; ++i) {
+    if (r[i] == -r[n + i] || (std::isnan(r[i]) && std::isnan(r[n + i]))) continue;
+    std::ostringstream os;
+    os << "compressor '" << cfg_.kind << "': the ranks disagree on the "
+       << (i < fixed ? kWhat[i] : "shared compressor state (the Q checksum: seed or restored state differ)")
+       << " (from " << -r[n + i] << " to " << r[i]
+       << "); every rank must build the same model and compressor options, with the same seed and state";
+    fail_usage(os.str());
+  }
+}
+
+void Base::plain_all_reduce(std::vector<nn::Param>& params) {
+  bytes_.sent = total_ * 4;
+  if (total_ == 0) return;
+  bool contiguous = true;
+  const auto* base = static_cast<const char*>(params[0].grad.data());
+  for (size_t i = 0; i < params.size() && contiguous; ++i)
+    contiguous = params[i].grad.shares_storage(params[0].grad) &&
+                 static_cast<const char*>(params[i].grad.data()) == base + layout_[i].offset * 4;
+  if (contiguous) {
+    comm::Buffer b{params[0].grad.data(), static_cast<size_t>(total_), DType::f32, device_};
+    comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
+    return;
+  }
+  if (!flat_.defined()) flat_ = Tensor::empty({total_}, DType::f32, device_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor dst = flat_.slice(layout_[i].offset, layout_[i].offset + layout_[i].numel);
+    copy(dst, params[i].grad.flatten());
+  }
+  comm::Buffer b{flat_.data(), static_cast<size_t>(total_), DType::f32, device_};
+  comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor dst = params[i].grad.flatten();
+    copy(dst, flat_.slice(layout_[i].offset, layout_[i].offset + layout_[i].numel));
+  }
+}
+
+void Base::aggregate(std::vector<nn::Param>& params, int64_t step) {
+  check_params(params);
+  if (step < 0) fail_usage("compressor: step must be >= 0, got " + std::to_string(step));
+  if (!checked_) {
+    check_agreement();
+    checked_ = true;
+  }
+  int64_t& counter = step_.ptr<int64_t>()[0];
+  if (cfg_.kind == "none" || step < cfg_.start_iter) {
+    plain_all_reduce(params);
+  } else {
+    // No compressed step has run yet (counter = 1 + the last step aggregated): compression
+    // begins now, with error buffers at zero.
+    const bool first = counter <= cfg_.start_iter;
+    compressed_step(params, step, first);
+  }
+  counter = step + 1;
+}
+
+namespace {
+class None final : public Base {
+ public:
+  using Base::Base;
+
+ protected:
+  void compressed_step(std::vector<nn::Param>& params, int64_t, bool) override { plain_all_reduce(params); }
+};
+}  // namespace
+
+std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params) {
+  return std::make_unique<None>(cfg, comm, params);
+}
+
+}  // namespace detail
+}  // namespace dtk::compress
