@@ -1,0 +1,247 @@
+// SGD and AdamW over the fused ops (ops::sgd_step, ops::adamw_step), learning-rate schedules and
+// global-norm gradient clipping.
+//
+// State is allocated at construction, zero, on the parameters' device; the step counter is an
+// i64 [1] tensor on the host (it is read on the host every step to form AdamW's bias
+// corrections, so keeping it there costs no device synchronisation; checkpoints save and
+// restore it like any other state tensor).
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+#include "dtk/optim/optimizer.h"
+
+namespace dtk::optim {
+
+// ------------------------------------------------------------------------------ OptimConfig
+
+namespace {
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, T fallback, const char* what) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) fail_usage(std::string(what) + ": '" + key + "' must be true or false, got " + v.dump());
+    return v.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) fail_usage(std::string(what) + ": '" + key + "' must be a string, got " + v.dump());
+    return v.get<std::string>();
+  } else {
+    if (!v.is_number()) fail_usage(std::string(what) + ": '" + key + "' must be a number, got " + v.dump());
+    return v.get<T>();
+  }
+}
+
+void check_keys(const nlohmann::json& j, const std::set<std::string>& known, const char* what) {
+  if (!j.is_object()) fail_usage(std::string(what) + ": expected a JSON object, got " + j.dump());
+  for (const auto& [k, v] : j.items()) {
+    if (known.count(k)) continue;
+    std::string list;
+    for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
+    fail_usage(std::string(what) + ": unknown key '" + k + "' (known: " + list + ")");
+  }
+}
+
+void validate(const OptimConfig& c) {
+  if (c.name != "sgd" && c.name != "adamw")
+    fail_usage("optimizer '" + c.name + "': expected sgd or adamw (shampoo is built by optim::make_shampoo)");
+  if (!(c.momentum >= 0 && c.momentum < 1)) fail_usage("optimizer: momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  if (c.name == "sgd" && c.nesterov && c.momentum == 0) fail_usage("optimizer: nesterov needs a momentum above 0");
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) fail_usage("optimizer: beta1 must be in [0, 1), got " + std::to_string(c.beta1));
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) fail_usage("optimizer: beta2 must be in [0, 1), got " + std::to_string(c.beta2));
+  if (!(c.eps > 0) || !std::isfinite(c.eps)) fail_usage("optimizer: eps must be finite and > 0, got " + std::to_string(c.eps));
+  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay))
+    fail_usage("optimizer: weight_decay must be finite and >= 0, got " + std::to_string(c.weight_decay));
+}
+
+}  // namespace
+
+nlohmann::json OptimConfig::to_json() const {
+  return {{"name", name}, {"momentum", momentum}, {"nesterov", nesterov}, {"beta1", beta1},
+          {"beta2", beta2}, {"eps", eps},         {"weight_decay", weight_decay}};
+}
+
+OptimConfig OptimConfig::from_json(const nlohmann::json& j) {
+  const char* what = "optimizer config";
+  check_keys(j, {"name", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay"}, what);
+  OptimConfig c;
+  c.name = field(j, "name", c.name, what);
+  c.momentum = field(j, "momentum", c.momentum, what);
+  c.nesterov = field(j, "nesterov", c.nesterov, what);
+  c.beta1 = field(j, "beta1", c.beta1, what);
+  c.beta2 = field(j, "beta2", c.beta2, what);
+  c.eps = field(j, "eps", c.eps, what);
+  c.weight_decay = field(j, "weight_decay", c.weight_decay, what);
+  validate(c);
+  return c;
+}
+
+// ------------------------------------------------------------------------------ SGD, AdamW
+
+namespace {
+
+// The parameters a step is given must be the ones the optimizer was built for.
+void check_params(const char* who, const std::vector<Shape>& shapes, const std::vector<nn::Param>& params) {
+  if (params.size() != shapes.size())
+    fail_usage(std::string(who) + ": step got " + std::to_string(params.size()) + " parameters, the optimizer was built for " +
+               std::to_string(shapes.size()));
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].value.shape() != shapes[i] || params[i].grad.shape() != shapes[i])
+      fail_usage(std::string(who) + ": parameter " + params[i].name + " is " + params[i].value.str() + ", the optimizer was built for " +
+                 shape_str(shapes[i]));
+}
+
+class BaseOptimizer : public Optimizer {
+ public:
+  BaseOptimizer(OptimConfig cfg, const std::vector<nn::Param>& params) : cfg_(std::move(cfg)) {
+    validate(cfg_);
+    for (const auto& p : params) {
+      if (!p.value.defined()) fail_usage("optimizer: parameter " + p.name + " has no value");
+      if (p.value.dtype() != DType::f32 && p.value.dtype() != DType::f64)
+        fail_usage("optimizer: parameter " + p.name + " must be f32 or f64, got " + p.value.str());
+      names_.push_back(p.name);
+      shapes_.push_back(p.value.shape());
+    }
+    step_ = Tensor::zeros({1}, DType::i64);
+  }
+  nlohmann::json config() const override { return cfg_.to_json(); }
+
+ protected:
+  // Advances the counter; returns the new step (counting from 1).
+  int64_t next_step() {
+    int64_t& s = *step_.ptr<int64_t>();
+    return ++s;
+  }
+  Tensor zeros_like(const nn::Param& p) { return Tensor::zeros(p.value.shape(), p.value.dtype(), p.value.device()); }
+
+  OptimConfig cfg_;
+  std::vector<std::string> names_;
+  std::vector<Shape> shapes_;
+  Tensor step_;  // i64 [1] on the host
+};
+
+class Sgd final : public BaseOptimizer {
+ public:
+  Sgd(const OptimConfig& cfg, const std::vector<nn::Param>& params) : BaseOptimizer(cfg, params) {
+    if (cfg_.momentum != 0)
+      for (const auto& p : params) buf_.push_back(zeros_like(p));
+  }
+  void step(std::vector<nn::Param>& params, double lr) override {
+    check_params("sgd", shapes_, params);
+    next_step();
+    Tensor none;
+    for (size_t i = 0; i < params.size(); ++i)
+      ops::sgd_step(params[i].value, params[i].grad, buf_.empty() ? none : buf_[i], lr, cfg_.momentum, cfg_.weight_decay,
+                    cfg_.nesterov);
+  }
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    std::vector<std::pair<std::string, Tensor>> s;
+    for (size_t i = 0; i < buf_.size(); ++i) s.emplace_back("momentum/" + names_[i], buf_[i]);
+    s.emplace_back("step", step_);
+    return s;
+  }
+
+ private:
+  std::vector<Tensor> buf_;
+};
+
+class AdamW final : public BaseOptimizer {
+ public:
+  AdamW(const OptimConfig& cfg, const std::vector<nn::Param>& params) : BaseOptimizer(cfg, params) {
+    for (const auto& p : params) {
+      m_.push_back(zeros_like(p));
+      v_.push_back(zeros_like(p));
+    }
+  }
+  void step(std::vector<nn::Param>& params, double lr) override {
+    check_params("adamw", shapes_, params);
+    const int64_t t = next_step();
+    for (size_t i = 0; i < params.size(); ++i)
+      ops::adamw_step(params[i].value, params[i].grad, m_[i], v_[i], lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
+                      cfg_.weight_decay, t);
+  }
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    std::vector<std::pair<std::string, Tensor>> s;
+    for (size_t i = 0; i < m_.size(); ++i) s.emplace_back("exp_avg/" + names_[i], m_[i]);
+    for (size_t i = 0; i < v_.size(); ++i) s.emplace_back("exp_avg_sq/" + names_[i], v_[i]);
+    s.emplace_back("step", step_);
+    return s;
+  }
+
+ private:
+  std::vector<Tensor> m_, v_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params) {
+  validate(cfg);
+  if (cfg.name == "sgd") return std::make_unique<Sgd>(cfg, params);
+  return std::make_unique<AdamW>(cfg, params);
+}
+
+// ------------------------------------------------------------------------------ Schedule
+
+// Warm-up: step s < warmup gives lr * (s + 1) / warmup (lr / warmup at step 0, lr at step
+// warmup - 1). Decay runs over steps [warmup, total]: progress q = (s - warmup) / (total - warmup)
+// clamped to [0, 1]; linear lr * (1 - (1 - min_ratio) q), cosine lr * (min_ratio + (1 - min_ratio)
+// (1 + cos(pi q)) / 2); from `total` on the rate stays at lr * min_ratio. When total <= warmup
+// the decay has no length: the rate is lr * min_ratio from step `warmup` on.
+double Schedule::at(int64_t step) const {
+  if (kind != "constant" && kind != "linear" && kind != "cosine")
+    fail_usage("schedule: unknown kind '" + kind + "' (expected constant, linear or cosine)");
+  if (!(lr >= 0) || !std::isfinite(lr)) fail_usage("schedule: lr must be finite and >= 0, got " + std::to_string(lr));
+  if (warmup < 0) fail_usage("schedule: warmup must be >= 0, got " + std::to_string(warmup));
+  if (!(min_ratio >= 0 && min_ratio <= 1)) fail_usage("schedule: min_ratio must be in [0, 1], got " + std::to_string(min_ratio));
+  if (step < 0) fail_usage("schedule: step must be >= 0, got " + std::to_string(step));
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (kind == "constant") return lr;
+  const int64_t span = total - warmup;
+  const double q = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(span));
+  if (kind == "linear") return lr * (1.0 - (1.0 - min_ratio) * q);
+  return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(std::numbers::pi * q)));
+}
+
+// ------------------------------------------------------------------------------ clipping
+
+// Each gradient's norm comes from the backend's reduction (accumulated in f64 on CPU and GPU);
+// the squares are summed over parameters in f64. The per-parameter norms go to one device
+// vector, read back once. A norm that is NaN or Inf is returned and nothing is scaled (the
+// caller decides whether to skip the step).
+double clip_grad_norm(std::vector<nn::Param>& params, double max_norm) {
+  if (!(max_norm >= 0) || std::isnan(max_norm)) fail_usage("clip_grad_norm: max_norm must be >= 0, got " + std::to_string(max_norm));
+  if (params.empty()) return 0.0;
+  for (const auto& p : params)
+    if (!p.grad.defined()) fail_usage("clip_grad_norm: parameter " + p.name + " has no gradient");
+  // Grouped by (device, dtype): one vector of norms per group, read once.
+  double sumsq = 0;
+  std::vector<bool> done(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (done[i]) continue;
+    const Tensor& g0 = params[i].grad;
+    std::vector<size_t> group;
+    for (size_t j = i; j < params.size(); ++j)
+      if (!done[j] && params[j].grad.device() == g0.device() && params[j].grad.dtype() == g0.dtype()) group.push_back(j);
+    Tensor out = Tensor::zeros({static_cast<int64_t>(group.size())}, g0.dtype(), g0.device());
+    for (size_t k = 0; k < group.size(); ++k) {
+      Tensor slot = out.slice(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1);
+      ops::reduce(ops::Reduce::norm2, ops::Axis::all, params[group[k]].grad.flatten(), slot);
+      done[group[k]] = true;
+    }
+    for (double n : out.to_doubles()) sumsq += n * n;
+  }
+  const double norm = std::sqrt(sumsq);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    const double c = max_norm / norm;
+    for (auto& p : params) ops::scale(p.grad, c, p.grad);
+  }
+  return norm;
+}
+
+}  // namespace dtk::optim
