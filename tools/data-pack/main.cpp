@@ -1,0 +1,340 @@
+// data-pack: write the HDF5 data files that the *-train programs read (see man data-pack):
+// byte-level token files from text, image files from MNIST idx and CIFAR-10 binary batches, and
+// the synthetic data materialised. Inputs are read whole and checked before anything is written;
+// outputs are written under a temporary name and renamed, so bad input leaves no output.
+#include <spdlog/spdlog.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dtk/cli/cli.h"
+#include "dtk/core/error.h"
+#include "dtk/data/dataset.h"
+
+namespace {
+using namespace dtk;
+namespace fs = std::filesystem;
+
+struct Args {
+  std::string output, val_output;
+  bool force = false;
+  double val_fraction = 0;
+  std::vector<std::string> inputs;  // text: files; mnist: images, labels; cifar10: batches
+  std::string images, labels;
+  int64_t classes = 10;
+  // synthetic
+  std::string kind;
+  int64_t samples = 10000, vocab = 256, seq_len = 64, input_dim = 64, synth_classes = 10;
+  uint64_t seed = 0;
+  bool validation = false;
+};
+Args a;
+
+// ---------------------------------------------------------------------------- input files
+void check_input(const std::string& p) {
+  std::error_code ec;
+  const auto st = fs::status(p, ec);
+  if (!fs::exists(st)) fail_usage(p + ": no such file");
+  if (fs::is_directory(st)) fail_usage(p + ": is a directory");
+  if (std::FILE* f = std::fopen(p.c_str(), "rb"))
+    std::fclose(f);
+  else
+    fail_usage(p + ": cannot be read (" + std::strerror(errno) + ")");
+}
+
+// The whole content of a file; gzip-compressed files are decompressed (zlib reads other files
+// as they are). A damaged or truncated gzip stream is bad input.
+std::vector<uint8_t> read_all(const std::string& p) {
+  gzFile f = gzopen(p.c_str(), "rb");
+  if (!f) fail_usage(p + ": cannot be read (" + std::strerror(errno) + ")");
+  gzbuffer(f, 1 << 20);
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> chunk(1 << 20);
+  for (;;) {
+    const int n = gzread(f, chunk.data(), static_cast<unsigned>(chunk.size()));
+    int err = Z_OK;
+    const char* msg = gzerror(f, &err);
+    if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
+      const std::string m = msg ? msg : "read error";
+      gzclose_r(f);
+      fail_usage(p + ": " + (err == Z_BUF_ERROR ? "the gzip stream is truncated" : "cannot be read: " + m));
+    }
+    if (n == 0) break;
+    out.insert(out.end(), chunk.begin(), chunk.begin() + n);
+  }
+  if (gzclose_r(f) != Z_OK) fail_usage(p + ": the gzip stream is truncated or damaged");
+  return out;
+}
+
+uint32_t be32(const std::vector<uint8_t>& b, size_t at) {
+  return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
+}
+
+std::string hex(uint32_t v) {
+  char s[16];
+  std::snprintf(s, sizeof s, "0x%08x", v);
+  return s;
+}
+
+// ---------------------------------------------------------------------------- outputs
+void check_output(const std::string& out, const std::vector<std::string>& inputs) {
+  if (out.empty()) fail_usage("no output given (-o OUT.h5)");
+  const fs::path o(out);
+  const fs::path parent = o.parent_path().empty() ? fs::path(".") : o.parent_path();
+  if (!fs::is_directory(parent)) fail_usage("cannot write " + out + ": the directory " + parent.string() + " does not exist");
+  std::error_code ec;
+  for (const auto& in : inputs)
+    if (fs::weakly_canonical(o, ec) == fs::weakly_canonical(in, ec))
+      fail_usage("the output " + out + " would overwrite the input " + in);
+  if (fs::is_directory(o)) fail_usage(out + " is a directory");
+  if (fs::exists(fs::symlink_status(o)) && !a.force) fail_usage(out + " exists; use --force to overwrite it");
+}
+
+nlohmann::json base_attrs(const std::string& source) {
+  return {{"source", source}, {"program", cli::version_string("data-pack")}};
+}
+
+void print_path(const std::string& p) { std::cout << p << '\n'; }
+
+// ---------------------------------------------------------------------------- subcommands
+int run_text() {
+  std::vector<uint32_t> tokens;
+  for (const auto& f : a.inputs) {
+    const auto bytes = read_all(f);
+    tokens.insert(tokens.end(), bytes.begin(), bytes.end());
+  }
+  const auto n = static_cast<int64_t>(tokens.size());
+  const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * a.val_fraction));
+  const int64_t n_train = n - n_val;
+  if (n_train < 2) fail_usage("too little text: " + std::to_string(n_train) + " training tokens (at least 2 make one window)");
+  if (a.val_fraction > 0 && n_val < 2)
+    fail_usage("too little text for --val-fraction " + std::to_string(a.val_fraction) + ": " + std::to_string(n_val) +
+               " validation tokens (at least 2 make one window)");
+  auto attrs = base_attrs("text");
+  attrs["tokenizer"] = "bytes";
+  attrs["inputs"] = nlohmann::json(a.inputs).dump();
+  attrs["split"] = "train";
+  data::write_token_file(a.output, std::span(tokens).first(static_cast<size_t>(n_train)), 256, attrs);
+  if (n_val > 0) {
+    attrs["split"] = "validation";
+    try {
+      data::write_token_file(a.val_output, std::span(tokens).subspan(static_cast<size_t>(n_train)), 256, attrs);
+    } catch (...) {
+      std::error_code ec;
+      fs::remove(a.output, ec);  // both outputs or neither
+      throw;
+    }
+  }
+  spdlog::info("{} tokens from {} file(s): {} training, {} validation", n, a.inputs.size(), n_train, n_val);
+  print_path(a.output);
+  if (n_val > 0) print_path(a.val_output);
+  return cli::kExitOk;
+}
+
+int run_mnist() {
+  const auto img = read_all(a.images), lab = read_all(a.labels);
+  if (img.size() < 16) fail_usage(a.images + ": truncated idx header (" + std::to_string(img.size()) + " bytes)");
+  if (be32(img, 0) != 0x00000803)
+    fail_usage(a.images + ": bad magic number " + hex(be32(img, 0)) + " (an idx3 image file starts with 0x00000803)");
+  if (lab.size() < 8) fail_usage(a.labels + ": truncated idx header (" + std::to_string(lab.size()) + " bytes)");
+  if (be32(lab, 0) != 0x00000801)
+    fail_usage(a.labels + ": bad magic number " + hex(be32(lab, 0)) + " (an idx1 label file starts with 0x00000801)");
+  const int64_t n = be32(img, 4), rows = be32(img, 8), cols = be32(img, 12), nl = be32(lab, 4);
+  const int64_t want = 16 + n * rows * cols;
+  if (static_cast<int64_t>(img.size()) != want)
+    fail_usage(a.images + ": " + std::to_string(n) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
+               " need " + std::to_string(want) + " bytes, the file has " + std::to_string(img.size()) +
+               (static_cast<int64_t>(img.size()) < want ? " (truncated)" : " (trailing bytes)"));
+  if (static_cast<int64_t>(lab.size()) != 8 + nl)
+    fail_usage(a.labels + ": " + std::to_string(nl) + " labels need " + std::to_string(8 + nl) + " bytes, the file has " +
+               std::to_string(lab.size()) + (static_cast<int64_t>(lab.size()) < 8 + nl ? " (truncated)" : " (trailing bytes)"));
+  if (nl != n) fail_usage(a.labels + ": " + std::to_string(nl) + " labels for " + std::to_string(n) + " images in " + a.images);
+  if (n == 0) fail_usage(a.images + ": holds no images");
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    labels[static_cast<size_t>(i)] = lab[static_cast<size_t>(8 + i)];
+    if (labels[static_cast<size_t>(i)] >= a.classes)
+      fail_usage(a.labels + ": label " + std::to_string(labels[static_cast<size_t>(i)]) + " of image " + std::to_string(i) +
+                 " is not below --classes " + std::to_string(a.classes));
+  }
+  auto attrs = base_attrs("mnist");
+  attrs["inputs"] = nlohmann::json(std::vector<std::string>{a.images, a.labels}).dump();
+  data::write_image_file(a.output, std::span(img).subspan(16), {n, rows, cols, 1}, labels, a.classes, attrs);
+  spdlog::info("{} images of {}x{}", n, rows, cols);
+  print_path(a.output);
+  return cli::kExitOk;
+}
+
+int run_cifar10() {
+  constexpr int64_t kRecord = 1 + 3 * 32 * 32;
+  std::vector<uint8_t> images;
+  std::vector<int32_t> labels;
+  for (const auto& f : a.inputs) {
+    const auto b = read_all(f);
+    if (b.empty() || b.size() % kRecord != 0)
+      fail_usage(f + ": " + std::to_string(b.size()) + " bytes is not a whole number of " + std::to_string(kRecord) +
+                 "-byte CIFAR-10 records (truncated record " + std::to_string(b.size() / kRecord) + ")");
+    const size_t n = b.size() / kRecord, first = labels.size();
+    images.resize(images.size() + n * 3072);
+    for (size_t r = 0; r < n; ++r) {
+      const uint8_t* rec = b.data() + r * kRecord;
+      if (rec[0] >= a.classes)
+        fail_usage(f + ": label " + std::to_string(rec[0]) + " of record " + std::to_string(r) +
+                   " is not below --classes " + std::to_string(a.classes) + " (is this a CIFAR-10 binary batch?)");
+      labels.push_back(rec[0]);
+      uint8_t* out = images.data() + (first + r) * 3072;
+      for (int c = 0; c < 3; ++c)  // CHW -> HWC
+        for (int p = 0; p < 1024; ++p) out[p * 3 + c] = rec[1 + c * 1024 + p];
+    }
+  }
+  const auto n = static_cast<int64_t>(labels.size());
+  auto attrs = base_attrs("cifar10");
+  attrs["inputs"] = nlohmann::json(a.inputs).dump();
+  data::write_image_file(a.output, images, {n, 32, 32, 3}, labels, a.classes, attrs);
+  spdlog::info("{} images of 32x32x3 from {} file(s)", n, a.inputs.size());
+  print_path(a.output);
+  return cli::kExitOk;
+}
+
+int run_synthetic() {
+  auto attrs = base_attrs(a.kind == "tokens" ? "synthetic-markov" : "synthetic-gaussian-mixture");
+  attrs["seed"] = a.seed;
+  attrs["split"] = a.validation ? "validation" : "train";
+  if (a.kind == "tokens") {
+    // One long sequence of the chain: its windows of any seq_len are stretches of a stationary
+    // chain, so the optimum of a model's loss on them is the entropy rate.
+    const data::MarkovChain chain(a.vocab, a.seed);
+    const int64_t n = a.samples * a.seq_len + 1;
+    std::vector<int32_t> seq(static_cast<size_t>(n));
+    chain.sample(a.validation ? data::MarkovChain::kFileValidation : data::MarkovChain::kFileTrain, 0, seq);
+    const std::vector<uint32_t> tokens(seq.begin(), seq.end());
+    attrs["successors"] = chain.successors();
+    attrs["seq_len"] = a.seq_len;
+    attrs["entropy_rate"] = chain.entropy_rate();
+    attrs["optimal_loss"] = chain.entropy_rate();
+    data::write_token_file(a.output, tokens, a.vocab, attrs);
+    spdlog::info("{} tokens of the synthetic language (vocab {}, entropy rate {:.6f} nats/token)", n, a.vocab,
+                 chain.entropy_rate());
+  } else {
+    nn::ModelConfig m;
+    m.arch = "mlp";
+    m.input_dim = a.input_dim;
+    m.classes = a.synth_classes;
+    const auto ds = data::open_dataset("synthetic", m, a.validation, a.seed);
+    std::vector<float> features;
+    std::vector<int32_t> labels;
+    features.reserve(static_cast<size_t>(a.samples * a.input_dim));
+    for (int64_t i = 0; i < a.samples; i += 4096) {
+      std::vector<int64_t> idx(static_cast<size_t>(std::min<int64_t>(4096, a.samples - i)));
+      std::iota(idx.begin(), idx.end(), i);
+      const nn::Batch b = ds->get(idx);
+      features.insert(features.end(), b.inputs.ptr<float>(), b.inputs.ptr<float>() + b.inputs.numel());
+      labels.insert(labels.end(), b.targets.ptr<int32_t>(), b.targets.ptr<int32_t>() + b.targets.numel());
+    }
+    attrs["optimal_loss"] = ds->optimal_loss();
+    attrs["optimal_loss_method"] = "monte-carlo";
+    data::write_feature_file(a.output, features, {a.samples, a.input_dim}, labels, a.synth_classes, attrs);
+    spdlog::info("{} samples of the Gaussian mixture ({} classes in {} dimensions, Bayes loss ~{:.4f} nats)", a.samples,
+                 a.synth_classes, a.input_dim, ds->optimal_loss());
+  }
+  print_path(a.output);
+  return cli::kExitOk;
+}
+
+// ---------------------------------------------------------------------------- the program
+CLI::App* text_cmd = nullptr;
+CLI::App* mnist_cmd = nullptr;
+CLI::App* cifar_cmd = nullptr;
+CLI::App* synth_cmd = nullptr;
+
+void add_output(CLI::App* sub) {
+  sub->add_option("-o,--output", a.output, "the HDF5 file to write")->required();
+  sub->add_flag("-f,--force", a.force, "overwrite an existing output");
+}
+
+cli::Program program() {
+  cli::Program p;
+  p.name = "data-pack";
+  p.description =
+      "Write the HDF5 data files that the dtk training programs read: byte-level token files from text, image "
+      "files from MNIST and CIFAR-10, and the synthetic data materialised.";
+  p.footer =
+      "Writes the path of each output on stdout. Inputs may be gzip-compressed.\n"
+      "Exit status: 0 success, 1 a failure while running, 2 bad usage or bad input (no output is left).\n"
+      "Example: data-pack text corpus/*.txt -o train.h5 --val-fraction 0.01 --val-output val.h5";
+  p.add_options = [](CLI::App& app) {
+    app.require_subcommand(1, 1);
+    app.fallthrough();
+    text_cmd = app.add_subcommand("text", "byte-level token file (vocab 256) from text files, concatenated");
+    text_cmd->add_option("FILE", a.inputs, "text files")->required();
+    add_output(text_cmd);
+    text_cmd->add_option("--val-fraction", a.val_fraction, "put this fraction of the tokens (the end) in --val-output")
+        ->check(CLI::Range(0.0, 0.999));
+    text_cmd->add_option("--val-output", a.val_output, "the validation token file");
+
+    mnist_cmd = app.add_subcommand("mnist", "image file from an MNIST idx3 image file and idx1 label file");
+    mnist_cmd->add_option("IMAGES", a.images, "idx3-ubyte images (e.g. train-images-idx3-ubyte[.gz])")->required();
+    mnist_cmd->add_option("LABELS", a.labels, "idx1-ubyte labels (e.g. train-labels-idx1-ubyte[.gz])")->required();
+    add_output(mnist_cmd);
+    mnist_cmd->add_option("--classes", a.classes, "number of classes")->check(CLI::Range(1, 256));
+
+    cifar_cmd = app.add_subcommand("cifar10", "image file from CIFAR-10 binary batches (stored NHWC)");
+    cifar_cmd->add_option("BATCH", a.inputs, "data_batch_*.bin / test_batch.bin")->required();
+    add_output(cifar_cmd);
+    cifar_cmd->add_option("--classes", a.classes, "number of classes")->check(CLI::Range(1, 256));
+
+    synth_cmd = app.add_subcommand("synthetic", "materialise the synthetic data (the Markov language or the mixture)");
+    synth_cmd->add_option("--kind", a.kind, "tokens (the Markov language) or classes (the Gaussian mixture)")
+        ->required()
+        ->check(CLI::IsMember({"tokens", "classes"}));
+    add_output(synth_cmd);
+    synth_cmd->add_option("--samples", a.samples, "samples (tokens: windows of --seq-len)")->check(CLI::PositiveNumber);
+    synth_cmd->add_option("--seed", a.seed, "the data seed (as --data-seed of the training programs)");
+    synth_cmd->add_flag("--validation", a.validation, "draw from the validation stream");
+    synth_cmd->add_option("--vocab", a.vocab, "tokens: vocabulary size")->check(CLI::Range(int64_t{2}, int64_t{1} << 31));
+    synth_cmd->add_option("--seq-len", a.seq_len, "tokens: window length; the file holds samples * seq_len + 1 tokens")
+        ->check(CLI::PositiveNumber);
+    synth_cmd->add_option("--input-dim", a.input_dim, "classes: feature dimension")->check(CLI::PositiveNumber);
+    synth_cmd->add_option("--classes", a.synth_classes, "classes: number of classes")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  };
+  p.validate = [](comm::Runtime& rt) {
+    if (rt.size() > 1)
+      fail_usage("data-pack runs as one process, but this job has " + std::to_string(rt.size()) + " ranks");
+    std::vector<std::string> inputs = a.inputs;
+    if (mnist_cmd->parsed()) inputs = {a.images, a.labels};
+    for (const auto& f : inputs) check_input(f);
+    check_output(a.output, inputs);
+    if (text_cmd->parsed()) {
+      if (a.val_fraction > 0 && a.val_output.empty()) fail_usage("--val-fraction needs --val-output VAL.h5");
+      if (!a.val_output.empty() && a.val_fraction <= 0) fail_usage("--val-output needs --val-fraction F > 0");
+      if (!a.val_output.empty()) {
+        check_output(a.val_output, inputs);
+        std::error_code ec;
+        if (fs::weakly_canonical(a.val_output, ec) == fs::weakly_canonical(a.output, ec))
+          fail_usage("--val-output and -o are the same file");
+      }
+    }
+    if (synth_cmd->parsed()) {
+      const double tokens = static_cast<double>(a.samples) * static_cast<double>(a.seq_len);
+      if (a.kind == "tokens" && tokens > 4e9) fail_usage("--samples x --seq-len is too large (at most 4e9 tokens)");
+      if (a.kind == "classes" && static_cast<double>(a.samples) * static_cast<double>(a.input_dim) > 4e9)
+        fail_usage("--samples x --input-dim is too large (at most 4e9 values)");
+    }
+  };
+  p.run = [](comm::Runtime&) {
+    if (text_cmd->parsed()) return run_text();
+    if (mnist_cmd->parsed()) return run_mnist();
+    if (cifar_cmd->parsed()) return run_cifar10();
+    return run_synthetic();
+  };
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return dtk::cli::main(argc, argv, program()); }
