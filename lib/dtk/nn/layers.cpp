@@ -260,7 +260,15 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
   losses_ = losses_buf_.get({N}, logits.dtype(), logits.device());
   ops::cross_entropy_forward(logits_, targets_, losses_);
   if (count_ == 0) return 0.0;
-  return ops::reduce_all(ops::Reduce::sum, losses_) / static_cast<double>(count_);
+  // The sum into our own buffers (ops::reduce_all and Tensor::item allocate).
+  Tensor sum = sum_buf_.get({1}, logits.dtype(), logits.device());
+  ops::reduce(ops::Reduce::sum, ops::Axis::all, losses_, sum);
+  if (sum.is_cuda()) {
+    Tensor h = host_sum_.get({1}, sum.dtype(), Device::cpu());
+    h.copy_from(sum);
+    sum = h;
+  }
+  return load_as_double(sum.dtype(), sum.data(), 0) / static_cast<double>(count_);
 }
 
 void CrossEntropy::backward(double scale, Tensor& dlogits) {
@@ -271,8 +279,7 @@ void CrossEntropy::backward(double scale, Tensor& dlogits) {
 
 void CrossEntropy::release() {
   logits_ = targets_ = losses_ = Tensor();
-  losses_buf_.release();
-  host_targets_.release();
+  for (Buffer* b : {&losses_buf_, &host_targets_, &sum_buf_, &host_sum_}) b->release();
 }
 
 // ---------------------------------------------------------------------------- ReluMlp

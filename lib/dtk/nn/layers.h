@@ -141,7 +141,7 @@ class CrossEntropy {
 
  private:
   Tensor logits_, targets_, losses_;
-  Buffer losses_buf_, host_targets_;
+  Buffer losses_buf_, host_targets_, sum_buf_, host_sum_;
   int64_t count_ = 0;
 };
 

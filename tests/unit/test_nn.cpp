@@ -1,0 +1,744 @@
+// dtk::nn: every layer and both models against central finite differences in f64 on the CPU;
+// activation checkpointing (bit-identical), the grad-ready hook, init, presets, configs, batch
+// checks and buffer reuse.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/core/philox.h"
+#include "dtk/core/tensor.h"
+#include "dtk/nn/layers.h"
+#include "dtk/nn/model.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::nn {
+namespace {
+
+using Vec = std::vector<double>;
+
+constexpr double kFdStep = 1e-6;
+constexpr double kFdTol = 1e-6;  // relative, with a floor of 1e-3 on the gradient's size
+
+Vec randn(int64_t n, uint64_t seed, double scale = 1.0, double mean = 0.0) {
+  Vec v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = mean + scale * philox::normal(seed, static_cast<uint64_t>(i));
+  return v;
+}
+
+Tensor rand_tensor(const Shape& s, uint64_t seed, double scale = 1.0, double mean = 0.0) {
+  return Tensor::from_doubles(randn(shape_numel(s), seed, scale, mean), s, DType::f64);
+}
+
+Tensor ids_tensor(const std::vector<int32_t>& v, const Shape& s) {
+  return Tensor::from_host(v.data(), s, DType::i32);
+}
+
+// A parameter outside a model (layer tests): f64 value, zero grad.
+Param make_param(const std::string& name, const Shape& s, uint64_t seed, double scale = 0.5, double mean = 0.0) {
+  Param p;
+  p.name = name;
+  p.value = rand_tensor(s, seed, scale, mean);
+  p.grad = Tensor::zeros(s, DType::f64);
+  return p;
+}
+
+// sum(y * r): the scalar whose gradient with respect to y is r.
+double weighted_sum(const Tensor& y, const Tensor& r) { return ops::dot(y, r); }
+
+struct Checked {
+  std::string name;
+  Tensor value;  // f64 on the CPU, perturbed in place
+  Tensor grad;   // the analytic gradient of loss() with respect to value
+};
+
+// Central differences of loss() at up to max_coords coordinates of each tensor (all when the
+// tensor is small), against the analytic gradients.
+void check_gradients(const std::function<double()>& loss, const std::vector<Checked>& tensors, int max_coords = 12,
+                     uint64_t seed = 99) {
+  for (const Checked& c : tensors) {
+    ASSERT_EQ(c.value.dtype(), DType::f64) << c.name;
+    ASSERT_EQ(c.value.numel(), c.grad.numel()) << c.name;
+    const Vec analytic = c.grad.to_doubles();
+    double* x = c.value.ptr<double>();
+    const int64_t n = c.value.numel();
+    std::vector<int64_t> coords;
+    if (n <= max_coords) {
+      for (int64_t i = 0; i < n; ++i) coords.push_back(i);
+    } else {
+      for (int k = 0; k < max_coords; ++k)
+        coords.push_back(static_cast<int64_t>(philox::uniform(seed, static_cast<uint64_t>(k) + 1000 * coords.size()) *
+                                              static_cast<double>(n)) %
+                         n);
+    }
+    int bad = 0;
+    double worst = 0;
+    for (int64_t i : coords) {
+      const double x0 = x[i];
+      x[i] = x0 + kFdStep;
+      const double lp = loss();
+      x[i] = x0 - kFdStep;
+      const double lm = loss();
+      x[i] = x0;
+      const double numeric = (lp - lm) / (2 * kFdStep);
+      const double a = analytic[static_cast<size_t>(i)];
+      const double err = std::fabs(a - numeric) / std::max({std::fabs(a), std::fabs(numeric), 1e-3});
+      worst = std::max(worst, err);
+      if (!(err <= kFdTol)) {
+        if (bad < 5) ADD_FAILURE() << c.name << "[" << i << "]: analytic " << a << ", numeric " << numeric;
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << c.name << " worst relative error " << worst;
+  }
+}
+
+// ---------------------------------------------------------------------------- layers
+
+TEST(NnLayers, LinearWithAndWithoutBias) {
+  for (bool bias : {true, false}) {
+    Param w = make_param("w", {4, 5}, 1);
+    Param b = make_param("b", {4}, 2);
+    Tensor x = rand_tensor({2, 3, 5}, 3);
+    Tensor r = rand_tensor({2, 3, 4}, 4);
+    Tensor y = Tensor::empty({2, 3, 4}, DType::f64);
+    Linear lin;
+    lin.bind(&w, bias ? &b : nullptr);
+    const auto loss = [&] {
+      lin.forward(x, y);
+      return weighted_sum(y, r);
+    };
+    loss();
+    // Forward against a plain reference.
+    const Vec xv = x.to_doubles(), wv = w.value.to_doubles(), bv = b.value.to_doubles(), yv = y.to_doubles();
+    for (int64_t n = 0; n < 6; ++n)
+      for (int64_t o = 0; o < 4; ++o) {
+        double s = bias ? bv[o] : 0.0;
+        for (int64_t i = 0; i < 5; ++i) s += xv[n * 5 + i] * wv[o * 5 + i];
+        EXPECT_NEAR(yv[n * 4 + o], s, 1e-12);
+      }
+    Tensor dx = Tensor::empty(x.shape(), DType::f64);
+    lin.backward(r, &dx);
+    std::vector<Checked> checked{{"w", w.value, w.grad}, {"x", x, dx}};
+    if (bias) checked.push_back({"b", b.value, b.grad});
+    check_gradients(loss, checked);
+    if (!bias) {
+      EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, b.grad), 0.0);
+    }
+    // Grads accumulate, and dx accumulates on request.
+    const Vec g1 = w.grad.to_doubles(), dx1 = dx.to_doubles();
+    loss();
+    lin.backward(r, &dx, true);
+    const Vec g2 = w.grad.to_doubles(), dx2 = dx.to_doubles();
+    for (size_t i = 0; i < g1.size(); ++i) EXPECT_NEAR(g2[i], 2 * g1[i], 1e-12);
+    for (size_t i = 0; i < dx1.size(); ++i) EXPECT_NEAR(dx2[i], 2 * dx1[i], 1e-12);
+  }
+}
+
+TEST(NnLayers, Embedding) {
+  Param table = make_param("table", {7, 3}, 5);
+  Tensor ids = ids_tensor({1, 4, 1, 6, 0, 4, 4, 2}, {2, 4});
+  Tensor r = rand_tensor({2, 4, 3}, 6);
+  Tensor out = Tensor::empty({2, 4, 3}, DType::f64);
+  Embedding emb;
+  emb.bind(&table);
+  const auto loss = [&] {
+    emb.forward(ids, out);
+    return weighted_sum(out, r);
+  };
+  loss();
+  EXPECT_EQ(out.to_doubles()[3], table.value.to_doubles()[4 * 3]);
+  emb.backward(r);
+  check_gradients(loss, {{"table", table.value, table.grad}}, 100);
+}
+
+TEST(NnLayers, RMSNorm) {
+  Param w = make_param("w", {8}, 7, 0.3, 1.0);
+  Tensor x = rand_tensor({2, 3, 8}, 8);
+  Tensor r = rand_tensor({2, 3, 8}, 9);
+  Tensor y = Tensor::empty(x.shape(), DType::f64);
+  RMSNorm norm;
+  norm.bind(&w, 1e-5);
+  const auto loss = [&] {
+    norm.forward(x, y);
+    return weighted_sum(y, r);
+  };
+  loss();
+  const Vec xv = x.to_doubles(), wv = w.value.to_doubles(), yv = y.to_doubles();
+  for (int row = 0; row < 6; ++row) {
+    double ms = 0;
+    for (int d = 0; d < 8; ++d) ms += xv[row * 8 + d] * xv[row * 8 + d];
+    const double rstd = 1 / std::sqrt(ms / 8 + 1e-5);
+    for (int d = 0; d < 8; ++d) EXPECT_NEAR(yv[row * 8 + d], xv[row * 8 + d] * rstd * wv[d], 1e-12);
+  }
+  Tensor dx = Tensor::empty(x.shape(), DType::f64);
+  norm.backward(r, dx);
+  check_gradients(loss, {{"w", w.value, w.grad}, {"x", x, dx}}, 48);
+}
+
+void attention_case(int64_t H, int64_t Hkv, int64_t hd, int64_t B, int64_t T) {
+  const int64_t D = 8;
+  Param wq = make_param("wq", {H * hd, D}, 10), wk = make_param("wk", {Hkv * hd, D}, 11);
+  Param wv = make_param("wv", {Hkv * hd, D}, 12), wo = make_param("wo", {D, H * hd}, 13);
+  Tensor x = rand_tensor({B, T, D}, 14);
+  Tensor r = rand_tensor({B, T, D}, 15);
+  Tensor y = Tensor::empty(x.shape(), DType::f64);
+  Attention attn;
+  attn.bind(&wq, &wk, &wv, &wo, {H, Hkv, hd, 10000.0});
+  const auto loss = [&] {
+    attn.forward(x, y);
+    return weighted_sum(y, r);
+  };
+  loss();
+  Workspace ws;
+  Tensor dx = Tensor::empty(x.shape(), DType::f64);
+  attn.backward(r, dx, ws, 1);
+  check_gradients(loss, {{"wq", wq.value, wq.grad},
+                         {"wk", wk.value, wk.grad},
+                         {"wv", wv.value, wv.grad},
+                         {"wo", wo.value, wo.grad},
+                         {"x", x, dx}},
+                  24);
+}
+
+TEST(NnLayers, AttentionGqaRope) {
+  attention_case(2, 1, 4, 2, 5);  // grouped-query, 2 query heads per kv head
+  attention_case(4, 2, 2, 1, 6);
+  attention_case(2, 2, 4, 2, 3);  // multi-head
+}
+
+TEST(NnLayers, AttentionIsCausal) {
+  // The output at position t does not depend on the inputs after t.
+  const int64_t D = 8, T = 5;
+  Param wq = make_param("wq", {8, D}, 20), wk = make_param("wk", {4, D}, 21);
+  Param wv = make_param("wv", {4, D}, 22), wo = make_param("wo", {D, 8}, 23);
+  Attention attn;
+  attn.bind(&wq, &wk, &wv, &wo, {2, 1, 4, 10000.0});
+  Tensor x = rand_tensor({1, T, D}, 24);
+  Tensor y1 = Tensor::empty(x.shape(), DType::f64), y2 = Tensor::empty(x.shape(), DType::f64);
+  attn.forward(x, y1);
+  x.ptr<double>()[4 * D + 3] += 1.0;  // change the last position only
+  attn.forward(x, y2);
+  const Vec a = y1.to_doubles(), b = y2.to_doubles();
+  for (int64_t i = 0; i < 4 * D; ++i) EXPECT_EQ(a[i], b[i]);
+  EXPECT_NE(a[4 * D], b[4 * D]);
+}
+
+TEST(NnLayers, FeedForwardSwiGLU) {
+  Param w1 = make_param("w1", {6, 8}, 30), w2 = make_param("w2", {8, 6}, 31), w3 = make_param("w3", {6, 8}, 32);
+  Tensor x = rand_tensor({2, 5, 8}, 33);
+  Tensor r = rand_tensor({2, 5, 8}, 34);
+  Tensor y = Tensor::empty(x.shape(), DType::f64);
+  FeedForward ffn;
+  ffn.bind(&w1, &w2, &w3);
+  const auto loss = [&] {
+    ffn.forward(x, y);
+    return weighted_sum(y, r);
+  };
+  loss();
+  Workspace ws;
+  Tensor dx = Tensor::empty(x.shape(), DType::f64);
+  ffn.backward(r, dx, ws);
+  check_gradients(loss, {{"w1", w1.value, w1.grad}, {"w2", w2.value, w2.grad}, {"w3", w3.value, w3.grad}, {"x", x, dx}},
+                  24);
+}
+
+TEST(NnLayers, CrossEntropyMeanOverCountedTargets) {
+  Tensor logits = rand_tensor({6, 5}, 40, 2.0);
+  Tensor targets = ids_tensor({0, 4, -1, 2, 2, 1}, {2, 3});
+  CrossEntropy ce;
+  const double scale = 1.7;
+  const auto loss = [&] { return scale * ce.forward(logits, targets); };
+  const double l = ce.forward(logits, targets);
+  EXPECT_EQ(ce.count(), 5);
+  // Reference: mean over the 5 counted rows.
+  const Vec x = logits.to_doubles();
+  const int t[] = {0, 4, -1, 2, 2, 1};
+  double ref = 0;
+  for (int row = 0; row < 6; ++row) {
+    if (t[row] < 0) continue;
+    double m = -1e300, s = 0;
+    for (int v = 0; v < 5; ++v) m = std::max(m, x[row * 5 + v]);
+    for (int v = 0; v < 5; ++v) s += std::exp(x[row * 5 + v] - m);
+    ref += m + std::log(s) - x[row * 5 + t[row]];
+  }
+  EXPECT_NEAR(l, ref / 5, 1e-12);
+  Tensor d = Tensor::empty(logits.shape(), DType::f64);
+  ce.backward(scale, d);
+  check_gradients(loss, {{"logits", logits, d}}, 30);
+  // Every target ignored: loss 0, gradient 0.
+  Tensor none = ids_tensor({-1, -1, -1, -1, -1, -1}, {6});
+  EXPECT_EQ(ce.forward(logits, none), 0.0);
+  ce.backward(1.0, d);
+  EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, d), 0.0);
+  // Out-of-range targets are a usage error.
+  EXPECT_THROW(ce.forward(logits, ids_tensor({0, 5, 0, 0, 0, 0}, {6})), UsageError);
+}
+
+TEST(NnLayers, ReluMlp) {
+  Param w0 = make_param("w0", {7, 6}, 50), b0 = make_param("b0", {7}, 51);
+  Param w1 = make_param("w1", {5, 7}, 52), b1 = make_param("b1", {5}, 53);
+  Param w2 = make_param("w2", {3, 5}, 54), b2 = make_param("b2", {3}, 55);
+  ReluMlp mlp;
+  mlp.bind({{&w0, &b0}, {&w1, &b1}, {&w2, &b2}});
+  Tensor x = rand_tensor({4, 6}, 56);
+  Tensor r = rand_tensor({4, 3}, 57);
+  const auto loss = [&] { return weighted_sum(mlp.forward(x), r); };
+  loss();
+  Tensor dx = Tensor::empty(x.shape(), DType::f64);
+  std::vector<int> order;
+  mlp.backward(r, [&](int i) { order.push_back(i); }, &dx);
+  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  check_gradients(loss, {{"w0", w0.value, w0.grad},
+                         {"b0", b0.value, b0.grad},
+                         {"w1", w1.value, w1.grad},
+                         {"b1", b1.value, b1.grad},
+                         {"w2", w2.value, w2.grad},
+                         {"b2", b2.value, b2.grad},
+                         {"x", x, dx}},
+                  24);
+}
+
+// ---------------------------------------------------------------------------- models
+
+ModelConfig tiny_llama() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.dim = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.ffn_hidden = 12;
+  c.vocab = 11;
+  c.seq_len = 8;
+  return c;
+}
+
+Batch tiny_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, bool with_ignored = false) {
+  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<int32_t>(philox::uniform(seed, i) * static_cast<double>(vocab));
+    y[i] = static_cast<int32_t>(philox::uniform(seed + 1, i) * static_cast<double>(vocab));
+  }
+  if (with_ignored) y[1] = -1;
+  return {ids_tensor(x, {B, T}), ids_tensor(y, {B, T})};
+}
+
+// Random values of a useful size (init's 0.02 would make every gradient tiny).
+void randomize(Model& m, uint64_t seed) {
+  Tensor v = rand_tensor({m.values().numel()}, seed, 0.4);
+  ops::cast(v, m.values());
+  for (Param& p : m.params())
+    if (p.name.find("norm") != std::string::npos) ops::add_scalar(p.value, 1.0, p.value);
+}
+
+std::vector<Checked> all_params(Model& m) {
+  std::vector<Checked> out;
+  for (Param& p : m.params()) out.push_back({p.name, p.value, p.grad});
+  return out;
+}
+
+TEST(NnLlama, ParameterNamesOrderAndBlocks) {
+  auto m = make_model(tiny_llama(), Device::cpu());
+  std::vector<std::string> want{"tok_embeddings.weight"};
+  for (int l = 0; l < 2; ++l)
+    for (const char* s : {"attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+                          "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w2.weight",
+                          "feed_forward.w3.weight"})
+      want.push_back("layers." + std::to_string(l) + "." + s);
+  want.push_back("norm.weight");
+  want.push_back("output.weight");
+  ASSERT_EQ(m->params().size(), want.size());
+  int64_t off = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const Param& p = m->params()[i];
+    EXPECT_EQ(p.name, want[i]);
+    EXPECT_EQ(p.value.dtype(), DType::f32);
+    EXPECT_TRUE(p.value.shares_storage(m->values()));
+    EXPECT_TRUE(p.grad.shares_storage(m->grads()));
+    EXPECT_EQ(static_cast<const char*>(p.value.data()) - static_cast<const char*>(m->values().data()), off * 4);
+    off += p.value.numel();
+  }
+  EXPECT_EQ(off, m->values().numel());
+  EXPECT_EQ(off, tiny_llama().num_params());
+  EXPECT_EQ(m->param("layers.1.attention.wk.weight").value.shape(), (Shape{4, 8}));
+  EXPECT_EQ(m->param("layers.1.attention.wo.weight").value.shape(), (Shape{8, 8}));
+  EXPECT_EQ(m->param("layers.0.feed_forward.w2.weight").value.shape(), (Shape{8, 12}));
+  EXPECT_EQ(m->param("output.weight").value.shape(), (Shape{11, 8}));
+  EXPECT_THROW(m->param("layers.2.attention.wq.weight"), UsageError);
+  ASSERT_EQ(m->num_blocks(), 4);
+  EXPECT_EQ(m->block_params(0), (std::vector<int>{0}));
+  EXPECT_EQ(m->block_params(1).size(), 9u);
+  EXPECT_EQ(m->block_params(3), (std::vector<int>{19, 20}));
+  for (int b = 0; b < 4; ++b)
+    for (int i : m->block_params(b)) EXPECT_EQ(m->params()[static_cast<size_t>(i)].block, b);
+}
+
+TEST(NnLlama, GradientsMatchFiniteDifferences) {
+  auto m = make_model(tiny_llama(), Device::cpu(), DType::f64);
+  EXPECT_EQ(m->dtype(), DType::f64);
+  m->init(1);
+  randomize(*m, 2);
+  const Batch batch = tiny_batch(2, 5, 11, 3, /*with_ignored=*/true);  // T = 5 < seq_len
+  const double scale = 0.75;
+  m->zero_grad();
+  const double loss0 = m->forward(batch);
+  EXPECT_TRUE(std::isfinite(loss0));
+  EXPECT_GT(loss0, 0.5);
+  m->backward(scale);
+  const auto loss = [&] { return scale * m->evaluate(batch); };
+  EXPECT_EQ(m->evaluate(batch), loss0);
+  check_gradients(loss, all_params(*m), 6);
+}
+
+TEST(NnLlama, GradientsWithMultiHeadKv) {
+  ModelConfig c = tiny_llama();
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.n_layers = 1;
+  auto m = make_model(c, Device::cpu(), DType::f64);
+  randomize(*m, 5);
+  const Batch batch = tiny_batch(1, 8, 11, 6);  // T = seq_len
+  m->zero_grad();
+  m->forward(batch);
+  m->backward(1.0);
+  check_gradients([&] { return m->evaluate(batch); }, all_params(*m), 6);
+}
+
+std::vector<float> grads_f32(Model& m) {
+  std::vector<float> g(static_cast<size_t>(m.grads().numel()));
+  std::memcpy(g.data(), m.grads().data(), g.size() * sizeof(float));
+  return g;
+}
+
+ModelConfig small_llama() {
+  ModelConfig c = tiny_llama();
+  c.dim = 16;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 24;
+  c.vocab = 13;
+  c.seq_len = 12;
+  return c;
+}
+
+TEST(NnLlama, ActivationCheckpointingIsBitIdentical) {
+  auto m = make_model(small_llama(), Device::cpu());
+  m->init(7);
+  const Batch b1 = tiny_batch(3, 12, 13, 8), b2 = tiny_batch(2, 9, 13, 9);
+  std::vector<double> losses[2];
+  std::vector<float> grads[2];
+  for (int ck = 0; ck < 2; ++ck) {
+    m->set_activation_checkpointing(ck == 1);
+    m->zero_grad();
+    losses[ck].push_back(m->forward(b1));
+    m->backward(0.5);
+    losses[ck].push_back(m->forward(b2));  // another shape: accumulates
+    m->backward(0.5);
+    grads[ck] = grads_f32(*m);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
+  // And a model that never ran without checkpointing gives the same.
+  auto m2 = make_model(small_llama(), Device::cpu());
+  m2->init(7);
+  m2->set_activation_checkpointing(true);
+  m2->zero_grad();
+  EXPECT_EQ(m2->forward(b1), losses[0][0]);
+  m2->backward(0.5);
+  EXPECT_EQ(m2->forward(b2), losses[0][1]);
+  m2->backward(0.5);
+  const std::vector<float> g2 = grads_f32(*m2);
+  EXPECT_EQ(std::memcmp(grads[0].data(), g2.data(), g2.size() * sizeof(float)), 0);
+}
+
+TEST(NnLlama, GradReadyHookOrderAndFinality) {
+  for (bool ckpt : {false, true}) {
+    auto m = make_model(small_llama(), Device::cpu());
+    m->init(11);
+    m->set_activation_checkpointing(ckpt);
+    const Batch b = tiny_batch(2, 10, 13, 12);
+    m->zero_grad();
+    m->forward(b);
+    std::vector<int> order;
+    std::map<int, std::vector<std::vector<double>>> at_fire;
+    m->backward(1.0, [&](int block) {
+      order.push_back(block);
+      for (int i : m->block_params(block)) at_fire[block].push_back(m->params()[static_cast<size_t>(i)].grad.to_doubles());
+    });
+    EXPECT_EQ(order, (std::vector<int>{4, 3, 2, 1, 0})) << "checkpointing " << ckpt;
+    for (const auto& [block, snaps] : at_fire) {
+      const auto& idx = m->block_params(block);
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const Param& p = m->params()[static_cast<size_t>(idx[k])];
+        EXPECT_EQ(snaps[k], p.grad.to_doubles()) << p.name << " changed after its block was reported ready";
+        EXPECT_GT(ops::reduce_all(ops::Reduce::absmax, p.grad), 0.0) << p.name;
+      }
+    }
+  }
+}
+
+TEST(NnLlama, EvaluateMatchesForwardAndKeepsThePendingBackward) {
+  auto m = make_model(small_llama(), Device::cpu());
+  m->init(3);
+  const Batch b1 = tiny_batch(2, 12, 13, 21), b2 = tiny_batch(4, 7, 13, 22);
+  m->zero_grad();
+  const double l1 = m->forward(b1);
+  m->backward(1.0);
+  const std::vector<float> want = grads_f32(*m);
+  for (bool ckpt : {false, true}) {
+    m->set_activation_checkpointing(ckpt);
+    m->zero_grad();
+    EXPECT_EQ(m->forward(b1), l1);
+    const double e2 = m->evaluate(b2);  // between forward and backward
+    EXPECT_EQ(m->evaluate(b1), l1);
+    m->backward(1.0);
+    const std::vector<float> got = grads_f32(*m);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0) << "checkpointing " << ckpt;
+    EXPECT_EQ(m->evaluate(b2), e2);
+  }
+  EXPECT_THROW(m->backward(1.0), Error);  // each backward needs its own forward
+}
+
+TEST(NnLlama, BatchChecks) {
+  auto m = make_model(tiny_llama(), Device::cpu());
+  m->init(1);
+  EXPECT_THROW(m->forward(tiny_batch(2, 9, 11, 1)), UsageError);  // T > seq_len
+  Batch bad = tiny_batch(2, 5, 11, 1);
+  bad.inputs.ptr<int32_t>()[3] = 11;  // id == vocab
+  EXPECT_THROW(m->forward(bad), UsageError);
+  bad = tiny_batch(2, 5, 11, 1);
+  bad.targets.ptr<int32_t>()[3] = 11;
+  EXPECT_THROW(m->forward(bad), UsageError);
+  bad = tiny_batch(2, 5, 11, 1);
+  bad.targets = bad.targets.reshape({10});
+  EXPECT_THROW(m->forward(bad), UsageError);
+  bad = tiny_batch(2, 5, 11, 1);
+  bad.inputs = Tensor::zeros({2, 5}, DType::f32);
+  EXPECT_THROW(m->forward(bad), UsageError);
+  EXPECT_THROW(m->backward(1.0), Error);
+  // A loss near log(vocab) at init.
+  EXPECT_NEAR(m->forward(tiny_batch(2, 5, 11, 1)), std::log(11.0), 0.1);
+}
+
+TEST(NnLlama, InitIsDeterministic) {
+  const ModelConfig c = small_llama();
+  auto a = make_model(c, Device::cpu()), b = make_model(c, Device::cpu()), d = make_model(c, Device::cpu());
+  auto f64 = make_model(c, Device::cpu(), DType::f64);
+  a->init(42);
+  b->init(42);
+  d->init(43);
+  f64->init(42);
+  const Vec va = a->values().to_doubles(), vb = b->values().to_doubles(), vd = d->values().to_doubles();
+  const Vec v64 = f64->values().to_doubles();
+  EXPECT_EQ(va, vb);
+  EXPECT_NE(va, vd);
+  for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i], static_cast<double>(static_cast<float>(v64[i]))) << i;
+  // Each parameter its own stream: a parameter's values do not depend on the others' sizes.
+  ModelConfig c2 = c;
+  c2.vocab = 29;  // changes tok_embeddings only
+  auto e = make_model(c2, Device::cpu());
+  e->init(42);
+  EXPECT_EQ(e->param("layers.1.attention.wq.weight").value.to_doubles(),
+            a->param("layers.1.attention.wq.weight").value.to_doubles());
+  // Norm weights 1; std 0.02, scaled for the output projections.
+  EXPECT_EQ(ops::reduce_all(ops::Reduce::min, a->param("norm.weight").value), 1.0);
+  EXPECT_EQ(ops::reduce_all(ops::Reduce::max, a->param("layers.0.ffn_norm.weight").value), 1.0);
+  const auto rms = [](const Tensor& t) { return ops::reduce_all(ops::Reduce::norm2, t) / std::sqrt(t.numel()); };
+  EXPECT_NEAR(rms(a->param("tok_embeddings.weight").value), 0.02, 0.004);
+  EXPECT_NEAR(rms(a->param("layers.0.attention.wo.weight").value), 0.02 / std::sqrt(6.0), 0.002);
+}
+
+TEST(NnLlama, NoAllocationPerStepForAFixedShape) {
+  auto m = make_model(small_llama(), Device::cpu());
+  m->init(5);
+  const Batch b = tiny_batch(2, 12, 13, 31), small = tiny_batch(1, 6, 13, 32);
+  for (bool ckpt : {false, true}) {
+    m->set_activation_checkpointing(ckpt);
+    for (int i = 0; i < 1; ++i) {  // warm up: buffers for this shape and mode
+      m->zero_grad();
+      m->forward(b);
+      m->backward(1.0);
+      m->evaluate(b);
+    }
+    const size_t before = memory_stats(Device::cpu()).allocations;
+    for (int i = 0; i < 2; ++i) {
+      m->zero_grad();
+      m->forward(b);
+      m->backward(1.0);
+      m->evaluate(b);
+      m->forward(small);  // a smaller batch reuses the allocations
+      m->backward(1.0);
+    }
+    EXPECT_EQ(memory_stats(Device::cpu()).allocations, before) << "checkpointing " << ckpt;
+  }
+}
+
+// ---------------------------------------------------------------------------- mlp
+
+ModelConfig tiny_mlp() {
+  ModelConfig c;
+  c.arch = "mlp";
+  c.input_dim = 6;
+  c.hidden = {7, 5};
+  c.classes = 4;
+  return c;
+}
+
+Batch mlp_batch(int64_t B, DType t, uint64_t seed) {
+  std::vector<int32_t> y(static_cast<size_t>(B));
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(philox::uniform(seed, i) * 4);
+  Tensor x = Tensor::from_doubles(randn(B * 6, seed + 1), {B, 6}, t);
+  return {x, ids_tensor(y, {B})};
+}
+
+TEST(NnMlp, ParametersAndGradients) {
+  auto m = make_model(tiny_mlp(), Device::cpu(), DType::f64);
+  ASSERT_EQ(m->params().size(), 6u);
+  EXPECT_EQ(m->params()[0].name, "layers.0.weight");
+  EXPECT_EQ(m->params()[0].value.shape(), (Shape{7, 6}));
+  EXPECT_EQ(m->params()[1].name, "layers.0.bias");
+  EXPECT_EQ(m->params()[5].name, "layers.2.bias");
+  EXPECT_EQ(m->params()[5].value.shape(), (Shape{4}));
+  EXPECT_EQ(m->num_blocks(), 3);
+  EXPECT_EQ(m->block_params(2), (std::vector<int>{4, 5}));
+  EXPECT_EQ(m->values().numel(), tiny_mlp().num_params());
+  m->init(3);
+  EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, m->param("layers.1.bias").value), 0.0);
+  randomize(*m, 4);
+  const Batch b = mlp_batch(5, DType::f64, 5);
+  m->zero_grad();
+  const double l = m->forward(b);
+  std::vector<int> order;
+  m->backward(2.0, [&](int block) { order.push_back(block); });
+  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(m->evaluate(b), l);
+  check_gradients([&] { return 2.0 * m->evaluate(b); }, all_params(*m), 40);
+  // f32 inputs into the f64 model are cast.
+  const Batch b32 = mlp_batch(5, DType::f32, 5);
+  EXPECT_NEAR(m->forward(b32), l, 1e-6);
+}
+
+TEST(NnMlp, BatchChecksAndF32Training) {
+  auto m = make_model(preset("mlp-small"), Device::cpu());
+  m->init(1);
+  EXPECT_NEAR(m->forward(Batch{Tensor::zeros({3, 32}, DType::f32), ids_tensor({1, 2, 9}, {3})}), std::log(10.0), 1e-6);
+  m->backward(1.0);
+  EXPECT_THROW(m->forward(Batch{Tensor::zeros({3, 31}, DType::f32), ids_tensor({1, 2, 9}, {3})}), UsageError);
+  EXPECT_THROW(m->forward(Batch{Tensor::zeros({3, 32}, DType::f32), ids_tensor({1, 2, 10}, {3})}), UsageError);
+  EXPECT_THROW(m->forward(Batch{Tensor::zeros({3, 32}, DType::f32), ids_tensor({1, 2}, {2})}), UsageError);
+  EXPECT_THROW(m->backward(1.0), Error);
+}
+
+// ---------------------------------------------------------------------------- configs
+
+TEST(NnConfig, PresetParameterCounts) {
+  const std::map<std::string, int64_t> want = {{"llama-tiny", 853120},   {"llama-small", 27795968},
+                                               {"llama-1b", 1104218112}, {"mlp-small", 6922},
+                                               {"mlp-mnist", 235146}};
+  EXPECT_EQ(preset_names().size(), want.size());
+  for (const std::string& name : preset_names()) {
+    const ModelConfig c = preset(name);
+    EXPECT_EQ(c.preset, name);
+    c.validate();
+    std::printf("[ preset   ] %-12s %14lld params, %.4g train FLOPs per %s\n", name.c_str(),
+                static_cast<long long>(c.num_params()), c.train_flops_per_item(), c.arch == "llama" ? "token" : "sample");
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_EQ(c.num_params(), want.at(name)) << name;
+    EXPECT_GT(c.train_flops_per_item(), 6.0 * static_cast<double>(c.num_params()) * 0.5) << name;
+  }
+  for (const char* name : {"llama-tiny", "mlp-small", "mlp-mnist"}) {
+    auto m = make_model(preset(name), Device::cpu());
+    EXPECT_EQ(m->values().numel(), preset(name).num_params()) << name;
+  }
+  try {
+    preset("llama-huge");
+    ADD_FAILURE() << "no error for an unknown preset";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("llama-small"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NnConfig, JsonRoundTripAndOverrides) {
+  for (const std::string& name : preset_names()) {
+    const ModelConfig c = preset(name);
+    EXPECT_EQ(ModelConfig::from_json(c.to_json()), c) << name;
+    EXPECT_EQ(ModelConfig::from_json(nlohmann::json::parse(c.to_json().dump())), c) << name;
+  }
+  ModelConfig c = preset("llama-tiny");
+  c.dim = 96;
+  c.n_layers = 3;
+  c.n_heads = 6;
+  c.n_kv_heads = 3;
+  c.ffn_hidden = 200;
+  c.vocab = 300;
+  c.seq_len = 32;
+  c.rope_theta = 5e5;
+  c.norm_eps = 1e-6;
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);
+  auto m = make_model(c, Device::cpu());
+  EXPECT_EQ(m->values().numel(), c.num_params());
+  EXPECT_EQ(m->config(), c);
+  ModelConfig h = preset("mlp-mnist");
+  h.hidden = {100, 50, 25};
+  EXPECT_EQ(ModelConfig::from_json(h.to_json()), h);
+  EXPECT_EQ(make_model(h, Device::cpu())->num_blocks(), 4);
+}
+
+void expect_usage_error(const std::function<void()>& f, const std::string& field) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << field;
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
+  const auto with = [](const std::function<void(ModelConfig&)>& edit, const char* base = "llama-tiny") {
+    ModelConfig c = preset(base);
+    edit(c);
+    return c;
+  };
+  const std::vector<std::pair<ModelConfig, std::string>> cases = {
+      {with([](ModelConfig& c) { c.dim = 130; }), "n_heads"},       // 130 % 4
+      {with([](ModelConfig& c) { c.n_kv_heads = 3; }), "n_kv_heads"},  // 4 % 3
+      {with([](ModelConfig& c) { c.n_heads = 8, c.dim = 120; }), "head dim"},  // 15, odd
+      {with([](ModelConfig& c) { c.vocab = 0; }), "vocab"},
+      {with([](ModelConfig& c) { c.seq_len = -1; }), "seq_len"},
+      {with([](ModelConfig& c) { c.n_layers = 0; }), "n_layers"},
+      {with([](ModelConfig& c) { c.ffn_hidden = 0; }), "ffn_hidden"},
+      {with([](ModelConfig& c) { c.rope_theta = 0; }), "rope_theta"},
+      {with([](ModelConfig& c) { c.norm_eps = -1; }), "norm_eps"},
+      {with([](ModelConfig& c) { c.arch = "gpt"; }), "arch"},
+      {with([](ModelConfig& c) { c.hidden = {64, 0}; }, "mlp-small"), "hidden[1]"},
+      {with([](ModelConfig& c) { c.classes = 0; }, "mlp-small"), "classes"},
+      {with([](ModelConfig& c) { c.input_dim = -3; }, "mlp-small"), "input_dim"},
+  };
+  for (const auto& [cfg, field] : cases) {
+    expect_usage_error([&] { cfg.validate(); }, field);
+    expect_usage_error([&] { make_model(cfg, Device::cpu()); }, field);
+    expect_usage_error([&] { ModelConfig::from_json(cfg.to_json()); }, field);
+  }
+  nlohmann::json j = preset("llama-tiny").to_json();
+  j["n_head"] = 4;
+  expect_usage_error([&] { ModelConfig::from_json(j); }, "n_head");
+  j = preset("llama-tiny").to_json();
+  j["dim"] = "128";
+  expect_usage_error([&] { ModelConfig::from_json(j); }, "dim");
+  j = preset("mlp-small").to_json();
+  j["hidden"] = {64, 1.5};
+  expect_usage_error([&] { ModelConfig::from_json(j); }, "hidden");
+  expect_usage_error([&] { make_model(preset("llama-tiny"), Device::cpu(), DType::bf16); }, "dtype");
+}
+
+}  // namespace
+}  // namespace dtk::nn
