@@ -740,5 +740,45 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
   expect_usage_error([&] { make_model(preset("llama-tiny"), Device::cpu(), DType::bf16); }, "dtype");
 }
 
+// ---------------------------------------------------------------------------- CUDA (skipped without a GPU)
+
+TEST(NnLlama, CudaMatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const Device gpu = Device::cuda(0);
+  const ModelConfig c = small_llama();
+  auto cpu_m = make_model(c, Device::cpu()), gpu_m = make_model(c, gpu);
+  cpu_m->init(17);
+  gpu_m->init(17);
+  EXPECT_EQ(cpu_m->values().to_doubles(), gpu_m->values().to_doubles());  // init is device-independent
+  const Batch b = tiny_batch(3, 11, 13, 18, true);
+  cpu_m->zero_grad();
+  gpu_m->zero_grad();
+  const double lc = cpu_m->forward(b);
+  const double lg = gpu_m->forward(b.to(gpu));
+  EXPECT_NEAR(lg, lc, 1e-5 * std::fabs(lc));
+  cpu_m->backward(1.0);
+  gpu_m->backward(1.0);
+  const Vec gc = cpu_m->grads().to_doubles(), gg = gpu_m->grads().to_doubles();
+  double gmax = 0, diff = 0;
+  for (size_t i = 0; i < gc.size(); ++i) {
+    gmax = std::max(gmax, std::fabs(gc[i]));
+    diff = std::max(diff, std::fabs(gc[i] - gg[i]));
+  }
+  EXPECT_LE(diff, 1e-4 * gmax);
+  EXPECT_EQ(gpu_m->evaluate(b.to(gpu)), lg);
+  // Checkpointing is bit-identical on the GPU too.
+  gpu_m->set_activation_checkpointing(true);
+  gpu_m->zero_grad();
+  EXPECT_EQ(gpu_m->forward(b.to(gpu)), lg);
+  gpu_m->backward(1.0);
+  EXPECT_EQ(gpu_m->grads().to_doubles(), gg);
+  // The mlp too.
+  auto mc = make_model(tiny_mlp(), Device::cpu()), mg = make_model(tiny_mlp(), gpu);
+  mc->init(5);
+  mg->init(5);
+  const Batch mb = mlp_batch(6, DType::f32, 6);
+  EXPECT_NEAR(mg->forward(mb.to(gpu)), mc->forward(mb), 1e-5);
+}
+
 }  // namespace
 }  // namespace dtk::nn

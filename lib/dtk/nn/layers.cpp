@@ -49,6 +49,9 @@ const int32_t* host_ids(const Tensor& t, Buffer& staging, int64_t lo, int64_t hi
     fail_usage(std::string(what) + " must be i32, got " + (t.defined() ? t.str() : "an undefined tensor"));
   const int32_t* p = t.ptr<int32_t>();
   if (t.is_cuda()) {
+    // The ids may come from work queued on the current stream (a non-blocking stream: the
+    // synchronous copy on the legacy stream would not wait for it).
+    cuda::stream_synchronize(cuda::current_stream());
     Tensor h = staging.get({t.numel()}, DType::i32, Device::cpu());
     h.copy_from(t);
     p = h.ptr<int32_t>();
@@ -265,6 +268,7 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
   ops::reduce(ops::Reduce::sum, ops::Axis::all, losses_, sum);
   if (sum.is_cuda()) {
     Tensor h = host_sum_.get({1}, sum.dtype(), Device::cpu());
+    cuda::stream_synchronize(cuda::current_stream());  // the reduction ran on the current stream
     h.copy_from(sum);
     sum = h;
   }
