@@ -247,6 +247,34 @@ TEST(Compress, ZeroGradientNoNaNAndRecovery) {
   }
 }
 
+// A zero column of Q (here restored so) would stay zero under warm start: it is redrawn, and
+// only it.
+TEST(Compress, ZeroColumnOfQRedrawn) {
+  const int64_t n = 20, m = 16;
+  auto g = make_grads({{"w", {n, m}}});
+  Config cfg = psgd(2);
+  cfg.orthogonalize = "mgs";
+  cfg.error_feedback = false;
+  auto c = make_compressor(cfg, *local(), g.params);
+  Tensor q = state_of(*c, "q/w");
+  Vec qv = get(q);
+  for (int64_t k = 0; k < m; ++k) qv[k * 2 + 1] = 0;
+  q.copy_from(Tensor::from_doubles(qv, {m, 2}, DType::f32));
+  const Vec grad = as_f32(low_rank(n, m, {3, 2}));
+  set(g.params[0], grad);
+  c->aggregate(g.params, 0);
+  const Vec q1 = get(state_of(*c, "q/w"));
+  double col0 = 0, col1 = 0;
+  for (int64_t k = 0; k < m; ++k) col0 += std::abs(q1[k * 2]), col1 += std::abs(q1[k * 2 + 1]);
+  EXPECT_GT(col0, 0.0);
+  EXPECT_GT(col1, 0.0);
+  // The update was rank 1 (one live column); with both columns back, the next is exact.
+  EXPECT_GT(max_abs_diff(get(g.params[0]), grad), 1e-2);
+  set(g.params[0], grad);
+  c->aggregate(g.params, 1);
+  EXPECT_LT(max_abs_diff(get(g.params[0]), grad), 1e-5);
+}
+
 TEST(Compress, StartIter) {
   auto g = make_grads({{"w", {32, 24}}, {"b", {24}}});
   Config cfg = psgd(2, 3);

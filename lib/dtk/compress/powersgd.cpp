@@ -259,14 +259,13 @@ class PowerSGD final : public Base {
     off = 0;
     for (auto& g : groups_) {
       for (int64_t b = 0; b < g.batch(); ++b, off += g.r) {
-        std::vector<uint8_t> mask(static_cast<size_t>(g.m * g.r), 0);
         bool any = false;
-        for (int64_t j = 0; j < g.r; ++j)
-          if (host[static_cast<size_t>(off + j)] == 0) {
-            any = true;
-            for (int64_t k = 0; k < g.m; ++k) mask[static_cast<size_t>(k * g.r + j)] = 1;
-          }
+        for (int64_t j = 0; j < g.r; ++j) any = any || host[static_cast<size_t>(off + j)] == 0;
         if (!any) continue;
+        std::vector<uint8_t> mask(static_cast<size_t>(g.m * g.r), 0);
+        for (int64_t j = 0; j < g.r; ++j)
+          if (host[static_cast<size_t>(off + j)] == 0)
+            for (int64_t k = 0; k < g.m; ++k) mask[static_cast<size_t>(k * g.r + j)] = 1;
         const size_t i = static_cast<size_t>(g.members[b]);
         Tensor fresh = Tensor::empty({g.m, g.r}, DType::f32, device_);
         ops::normal_(fresh, guard_key_,
