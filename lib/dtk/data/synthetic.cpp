@@ -34,11 +34,26 @@ philox::U4 draw(uint64_t key, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
 uint32_t lo(uint64_t x) { return static_cast<uint32_t>(x); }
 uint32_t hi(uint64_t x) { return static_cast<uint32_t>(x >> 32); }
 
-// A standard normal from one Philox block (Box-Muller, as philox::normal).
-double normal_of(const philox::U4& w) {
+// Two independent standard normals from one Philox block (Box-Muller, both branches; the
+// exact-operation log and cos of philox.h, so every machine draws the same numbers).
+void normal_pair(const philox::U4& w, double* a, double* b) {
   const double u1 = 1.0 - unit(w.x[0], w.x[1]);
   const double u2 = unit(w.x[2], w.x[3]);
-  return std::sqrt(-2.0 * philox::log_unit(u1)) * philox::cos_turns(u2);
+  const double r = std::sqrt(-2.0 * philox::log_unit(u1));
+  double t = u2 - 0.25;  // sin(2 pi u2) = cos(2 pi (u2 - 1/4)); both steps exact
+  if (t < 0) t += 1.0;
+  *a = r * philox::cos_turns(u2);
+  *b = r * philox::cos_turns(t);
+}
+
+// n standard normals, element k from block (k / 2, tag, index): the same for any n' >= n.
+void normals(uint64_t key, uint32_t tag, uint64_t index, int64_t n, double* out) {
+  for (int64_t k = 0; k < n; k += 2) {
+    double a, b;
+    normal_pair(draw(key, static_cast<uint32_t>(k / 2), tag, lo(index), hi(index)), &a, &b);
+    out[k] = a;
+    if (k + 1 < n) out[k + 1] = b;
+  }
 }
 
 }  // namespace
@@ -210,15 +225,21 @@ class MarkovDataset final : public Dataset {
 // A mixture of `classes` Gaussians N(mu_c, I) in input_dim dimensions with equal weights. The
 // means are N(0, 4.5/D I) draws, so two means lie about 3 apart in any dimension (pairwise Bayes
 // error about Phi(-1.5) = 6.7%): learnable, not trivial. The Bayes classifier is linear
-// (logit_c = mu_c . x - |mu_c|^2 / 2), so an MLP can reach the Bayes loss. optimal_loss() is a
-// Monte Carlo estimate of it over a fixed stream of samples (deterministic; describe() gives its
-// standard error).
+// (logit_c = mu_c . x - |mu_c|^2 / 2), so an MLP can reach the Bayes loss.
+//
+// optimal_loss() is a Monte Carlo estimate of the Bayes loss E[-log p(y | x)], deterministic
+// (a fixed stream of draws) and cheap in any dimension: with x = mu_y + z, the posterior depends
+// on z only through its projection onto the span of the means (the rest adds the same |z_perp|^2
+// to every class), so each draw needs r = rank of the means <= min(C, D) normals, not D. The
+// classes are stratified (draw i has class i mod C). describe() gives its standard error.
 class MixtureDataset final : public Dataset {
  public:
   MixtureDataset(const nn::ModelConfig& m, bool validation, uint64_t seed)
       : D_(m.input_dim), C_(m.classes), validation_(validation), seed_(seed) {
     if (D_ < 1) fail_usage("synthetic classification: the model's input_dim must be positive");
     if (C_ < 2) fail_usage("synthetic classification: the model needs at least 2 classes");
+    if (C_ > (int64_t{1} << 20) || C_ * D_ > (int64_t{1} << 31))
+      fail_usage("synthetic classification: classes x input_dim is too large");
     const uint64_t key = derive_key(seed, detail::kTagMixtureMeans);
     const double scale = 3.0 / std::sqrt(2.0 * static_cast<double>(D_));
     means_.resize(static_cast<size_t>(C_ * D_));
@@ -235,8 +256,14 @@ class MixtureDataset final : public Dataset {
     std::vector<double> row(static_cast<size_t>(D_));
 #pragma omp parallel for schedule(static) firstprivate(row) if (B * D_ >= 65536)
     for (int64_t b = 0; b < B; ++b) {
-      py[b] = sample(key_, static_cast<uint64_t>(indices[static_cast<size_t>(b)]), row.data());
-      for (int64_t j = 0; j < D_; ++j) px[b * D_ + j] = static_cast<float>(row[static_cast<size_t>(j)]);
+      const uint64_t index = static_cast<uint64_t>(indices[static_cast<size_t>(b)]);
+      const philox::U4 w = draw(key_, 0, 0, lo(index), hi(index));
+      const auto label = static_cast<int32_t>(
+          std::min<double>(unit(w.x[0], w.x[1]) * static_cast<double>(C_), static_cast<double>(C_ - 1)));
+      normals(key_, 1, index, D_, row.data());
+      const double* mu = &means_[static_cast<size_t>(label * D_)];
+      for (int64_t j = 0; j < D_; ++j) px[b * D_ + j] = static_cast<float>(mu[j] + row[static_cast<size_t>(j)]);
+      py[b] = label;
     }
     return {x, y};
   }
@@ -260,37 +287,59 @@ class MixtureDataset final : public Dataset {
   }
 
  private:
-  // Sample `index` of the stream under `key`: its label, and its features into x (D doubles).
-  int32_t sample(uint64_t key, uint64_t index, double* x) const {
-    const philox::U4 w = draw(key, 0, 0, lo(index), hi(index));
-    const auto y = static_cast<int32_t>(
-        std::min<double>(unit(w.x[0], w.x[1]) * static_cast<double>(C_), static_cast<double>(C_ - 1)));
-    const double* mu = &means_[static_cast<size_t>(y * D_)];
-    for (int64_t j = 0; j < D_; ++j)
-      x[j] = mu[j] + normal_of(draw(key, static_cast<uint32_t>(j), 1, lo(index), hi(index)));
-    return y;
-  }
   void bayes() const {
     std::call_once(bayes_once_, [this] {
-      const double work = static_cast<double>(C_) * static_cast<double>(D_);
-      bayes_n_ = static_cast<int64_t>(std::clamp(4e8 / work, 4000.0, 50000.0));
+      // An orthonormal basis of the span of the means (Gram-Schmidt, twice; dependent means
+      // dropped) and each mean's coordinates in it.
+      const size_t D = static_cast<size_t>(D_), C = static_cast<size_t>(C_);
+      std::vector<std::vector<double>> basis;
+      for (size_t c = 0; c < C && basis.size() < D; ++c) {
+        std::vector<double> v(means_.begin() + static_cast<std::ptrdiff_t>(c * D),
+                              means_.begin() + static_cast<std::ptrdiff_t>((c + 1) * D));
+        double n0 = 0;
+        for (double e : v) n0 += e * e;
+        for (int pass = 0; pass < 2; ++pass)
+          for (const auto& q : basis) {
+            double dot = 0;
+            for (size_t j = 0; j < D; ++j) dot += q[j] * v[j];
+            for (size_t j = 0; j < D; ++j) v[j] -= dot * q[j];
+          }
+        double n = 0;
+        for (double e : v) n += e * e;
+        if (n <= 1e-20 * n0 || n == 0) continue;
+        for (double& e : v) e /= std::sqrt(n);
+        basis.push_back(std::move(v));
+      }
+      const size_t r = basis.size();
+      std::vector<double> coord(C * r);
+      for (size_t c = 0; c < C; ++c)
+        for (size_t k = 0; k < r; ++k) {
+          double dot = 0;
+          for (size_t j = 0; j < D; ++j) dot += basis[k][j] * means_[c * D + j];
+          coord[c * r + k] = dot;
+        }
+      const double work = static_cast<double>(C) * static_cast<double>(r + 1);
+      bayes_n_ = static_cast<int64_t>(std::clamp(2e8 / work, 2000.0, 200000.0));
       const uint64_t key = derive_key(seed_, detail::kTagMixtureBayes);
       std::vector<double> loss(static_cast<size_t>(bayes_n_));
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < bayes_n_; ++i) {
-        std::vector<double> x(static_cast<size_t>(D_)), logit(static_cast<size_t>(C_));
-        const int32_t y = sample(key, static_cast<uint64_t>(i), x.data());
+        std::vector<double> e(r), logit(C);
+        normals(key, 0, static_cast<uint64_t>(i), static_cast<int64_t>(r), e.data());
+        const size_t y = static_cast<size_t>(i) % C;
         double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t c = 0; c < C_; ++c) {
-          const double* mu = &means_[static_cast<size_t>(c * D_)];
+        for (size_t c = 0; c < C; ++c) {
           double d2 = 0;
-          for (int64_t j = 0; j < D_; ++j) d2 += (x[j] - mu[j]) * (x[j] - mu[j]);
+          for (size_t k = 0; k < r; ++k) {
+            const double d = coord[y * r + k] - coord[c * r + k] + e[k];
+            d2 += d * d;
+          }
           logit[c] = -0.5 * d2;
           mx = std::max(mx, logit[c]);
         }
         double se = 0;
         for (double l : logit) se += std::exp(l - mx);
-        loss[static_cast<size_t>(i)] = mx + std::log(se) - logit[static_cast<size_t>(y)];
+        loss[static_cast<size_t>(i)] = mx + std::log(se) - logit[y];
       }
       double m = 0, m2 = 0;
       for (double l : loss) m += l;
