@@ -85,8 +85,14 @@ class DataFiles : public ::testing::Test {
   void SetUp() override {
     char tmpl[] = "/tmp/dtk-data-XXXXXX";
     dir_ = mkdtemp(tmpl);
+    open_ids_ = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    // Every HDF5 file, dataset and attribute opened, including on the error paths, was closed.
+    EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), open_ids_);
+    fs::remove_all(dir_);
+  }
+  ssize_t open_ids_ = 0;
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   fs::path dir_;
 };

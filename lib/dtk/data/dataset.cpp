@@ -33,7 +33,7 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
   auto g = h5io::lock();
   h5io::quiet();
   try {
-    const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
+    const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, h5io::file_access());
     if (f < 0) {
       const std::string m = h5io::last_error();
       fail("cannot create " + tmp.string() + (m.empty() ? "" : ": " + m));

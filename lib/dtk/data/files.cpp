@@ -279,7 +279,7 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
   if (!std::ifstream(path, std::ios::binary)) fail_usage(path + ": cannot be read (permissions?)");
   auto g = h5io::lock();
   h5io::quiet();
-  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5io::file_access()));
   if (!file.valid()) {
     const std::string m = h5io::last_error();
     fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));

@@ -60,6 +60,14 @@ void check_status(herr_t status, const std::string& what) {
   }
 }
 
+Id file_access() {
+  Id fapl(check(H5Pcreate(H5P_FILE_ACCESS), "file access properties"));
+#if H5_VERSION_GE(1, 10, 7)
+  H5Pset_file_locking(fapl, true, true);
+#endif
+  return fapl;
+}
+
 bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
 
 namespace {

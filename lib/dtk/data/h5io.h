@@ -46,6 +46,10 @@ std::string last_error();  // the innermost message of HDF5's error stack, then 
 hid_t check(hid_t id, const std::string& what);
 void check_status(herr_t status, const std::string& what);
 
+// File access properties for data files: the default driver, with file locking where the file
+// system supports it and none where it does not (Lustre, some NFS mounts), instead of an error.
+Id file_access();
+
 // Attributes.
 bool has_attr(hid_t obj, const char* name);
 // An integer attribute (any integer type, a scalar or one element); nullopt-like: false when
