@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
+#include "dtk/optim/json_fields.h"
 #include "dtk/optim/optimizer.h"
 
 namespace dtk::optim {
@@ -22,31 +22,8 @@ namespace dtk::optim {
 
 namespace {
 
-template <typename T>
-T field(const nlohmann::json& j, const char* key, T fallback, const char* what) {
-  if (!j.contains(key)) return fallback;
-  const auto& v = j.at(key);
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!v.is_boolean()) fail_usage(std::string(what) + ": '" + key + "' must be true or false, got " + v.dump());
-    return v.get<bool>();
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (!v.is_string()) fail_usage(std::string(what) + ": '" + key + "' must be a string, got " + v.dump());
-    return v.get<std::string>();
-  } else {
-    if (!v.is_number()) fail_usage(std::string(what) + ": '" + key + "' must be a number, got " + v.dump());
-    return v.get<T>();
-  }
-}
-
-void check_keys(const nlohmann::json& j, const std::set<std::string>& known, const char* what) {
-  if (!j.is_object()) fail_usage(std::string(what) + ": expected a JSON object, got " + j.dump());
-  for (const auto& [k, v] : j.items()) {
-    if (known.count(k)) continue;
-    std::string list;
-    for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
-    fail_usage(std::string(what) + ": unknown key '" + k + "' (known: " + list + ")");
-  }
-}
+using detail::check_keys;
+using detail::field;
 
 void validate(const OptimConfig& c) {
   if (c.name != "sgd" && c.name != "adamw")

@@ -1,0 +1,966 @@
+// Distributed Shampoo (shampoo.h). Layout of the work on one rank:
+//
+// The blocks this rank owns are grouped by block shape (std::map order: deterministic). A group
+// keeps its state as batches ([B, b_k, b_k] factors and roots, [B, n] grafting / filtered /
+// momentum tensors), so that one batched GEMM (one batched eigendecomposition at root steps)
+// serves every block of the group; a group is processed in chunks of at most kChunkElements
+// elements so that the scratch buffers stay bounded.
+//
+// Every step, per chunk: the gradient blocks are gathered into a contiguous scratch (a device
+// gather through a precomputed index, or plain copies for blocks that are contiguous ranges of
+// their parameter); the factors are updated by batched GEMMs; the filtered gradient, the
+// grafting direction and (from the start step) the preconditioned direction are computed; the
+// final search direction is written straight into this rank's segment of the flat gathered
+// buffer. One all_gather_v of that buffer gives every rank all directions, in rank order; each
+// parameter then takes its direction through a gather index (or contiguous segments).
+//
+// Memory on every rank, beyond the owned state: the gathered buffer (4 bytes per parameter
+// element, plus 2 with bf16 communication) and the update indices (8 bytes per element of
+// parameters whose blocks are not contiguous ranges of them).
+#include "dtk/optim/shampoo.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+#include "dtk/optim/json_fields.h"
+
+namespace dtk::optim {
+
+// ------------------------------------------------------------------------------ config
+
+nlohmann::json ShampooConfig::to_json() const {
+  return {{"name", "shampoo"},
+          {"max_preconditioner_dim", max_preconditioner_dim},
+          {"beta2", beta2},
+          {"factor_dtype", factor_dtype},
+          {"epsilon", epsilon},
+          {"use_bias_correction", use_bias_correction},
+          {"precondition_frequency", precondition_frequency},
+          {"start_preconditioning_step", start_preconditioning_step},
+          {"exponent_override", exponent_override},
+          {"root_method", root_method},
+          {"newton_max_iters", newton_max_iters},
+          {"newton_tolerance", newton_tolerance},
+          {"grafting", grafting},
+          {"grafting_beta2", grafting_beta2},
+          {"grafting_epsilon", grafting_epsilon},
+          {"beta1", beta1},
+          {"momentum", momentum},
+          {"nesterov", nesterov},
+          {"weight_decay", weight_decay},
+          {"trainers_per_group", trainers_per_group},
+          {"communication_dtype", communication_dtype}};
+}
+
+ShampooConfig ShampooConfig::from_json(const nlohmann::json& j) {
+  using detail::field;
+  const char* what = "shampoo config";
+  detail::check_keys(j,
+                     {"name", "max_preconditioner_dim", "beta2", "factor_dtype", "epsilon", "use_bias_correction",
+                      "precondition_frequency", "start_preconditioning_step", "exponent_override", "root_method",
+                      "newton_max_iters", "newton_tolerance", "grafting", "grafting_beta2", "grafting_epsilon", "beta1",
+                      "momentum", "nesterov", "weight_decay", "trainers_per_group", "communication_dtype"},
+                     what);
+  if (field<std::string>(j, "name", "shampoo", what) != "shampoo")
+    fail_usage(std::string(what) + ": 'name' must be \"shampoo\", got " + j.at("name").dump());
+  ShampooConfig c;
+  c.max_preconditioner_dim = field(j, "max_preconditioner_dim", c.max_preconditioner_dim, what);
+  c.beta2 = field(j, "beta2", c.beta2, what);
+  c.factor_dtype = field(j, "factor_dtype", c.factor_dtype, what);
+  c.epsilon = field(j, "epsilon", c.epsilon, what);
+  c.use_bias_correction = field(j, "use_bias_correction", c.use_bias_correction, what);
+  c.precondition_frequency = field(j, "precondition_frequency", c.precondition_frequency, what);
+  c.start_preconditioning_step = field(j, "start_preconditioning_step", c.start_preconditioning_step, what);
+  c.exponent_override = field(j, "exponent_override", c.exponent_override, what);
+  c.root_method = field(j, "root_method", c.root_method, what);
+  c.newton_max_iters = field(j, "newton_max_iters", c.newton_max_iters, what);
+  c.newton_tolerance = field(j, "newton_tolerance", c.newton_tolerance, what);
+  c.grafting = field(j, "grafting", c.grafting, what);
+  c.grafting_beta2 = field(j, "grafting_beta2", c.grafting_beta2, what);
+  c.grafting_epsilon = field(j, "grafting_epsilon", c.grafting_epsilon, what);
+  c.beta1 = field(j, "beta1", c.beta1, what);
+  c.momentum = field(j, "momentum", c.momentum, what);
+  c.nesterov = field(j, "nesterov", c.nesterov, what);
+  c.weight_decay = field(j, "weight_decay", c.weight_decay, what);
+  c.trainers_per_group = field(j, "trainers_per_group", c.trainers_per_group, what);
+  c.communication_dtype = field(j, "communication_dtype", c.communication_dtype, what);
+  c.validate();
+  return c;
+}
+
+void ShampooConfig::validate() const {
+  auto bad = [](const std::string& opt, const std::string& need, const std::string& got) {
+    fail_usage("shampoo: " + opt + " must be " + need + ", got " + got);
+  };
+  auto num = [](double v) { return nlohmann::json(v).dump(); };
+  if (max_preconditioner_dim < 1) bad("max_preconditioner_dim", ">= 1", std::to_string(max_preconditioner_dim));
+  if (!(beta2 >= 0 && beta2 <= 1)) bad("beta2", "in [0, 1]", num(beta2));
+  if (factor_dtype != "f32" && factor_dtype != "f64") bad("factor_dtype", "f32 or f64", "'" + factor_dtype + "'");
+  if (!(epsilon >= 0) || !std::isfinite(epsilon)) bad("epsilon", "finite and >= 0", num(epsilon));
+  if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", std::to_string(precondition_frequency));
+  if (start_preconditioning_step < 1 && start_preconditioning_step != -1)
+    bad("start_preconditioning_step", ">= 1 (or -1: precondition_frequency)", std::to_string(start_preconditioning_step));
+  if (!(exponent_override >= 0) || !std::isfinite(exponent_override))
+    bad("exponent_override", "finite and >= 0 (0: 2 * order)", num(exponent_override));
+  if (root_method != "eigh" && root_method != "newton") bad("root_method", "eigh or newton", "'" + root_method + "'");
+  if (root_method == "newton") {
+    if (exponent_override != 0 && (exponent_override != std::floor(exponent_override) || exponent_override > 64))
+      bad("exponent_override", "an integer in [1, 64] with root_method newton", num(exponent_override));
+    if (newton_max_iters < 1) bad("newton_max_iters", ">= 1", std::to_string(newton_max_iters));
+    if (!(newton_tolerance > 0)) bad("newton_tolerance", "> 0", num(newton_tolerance));
+  }
+  if (grafting != "none" && grafting != "sgd" && grafting != "adagrad" && grafting != "rmsprop" && grafting != "adam")
+    bad("grafting", "none, sgd, adagrad, rmsprop or adam", "'" + grafting + "'");
+  if (!(grafting_beta2 >= 0 && grafting_beta2 < 1)) bad("grafting_beta2", "in [0, 1)", num(grafting_beta2));
+  if (!(grafting_epsilon > 0) || !std::isfinite(grafting_epsilon)) bad("grafting_epsilon", "finite and > 0", num(grafting_epsilon));
+  if (!(beta1 >= 0 && beta1 < 1)) bad("beta1", "in [0, 1)", num(beta1));
+  if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
+  if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) bad("weight_decay", "finite and >= 0", num(weight_decay));
+  if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", std::to_string(trainers_per_group));
+  if (communication_dtype != "f32" && communication_dtype != "bf16")
+    bad("communication_dtype", "f32 or bf16", "'" + communication_dtype + "'");
+}
+
+// ------------------------------------------------------------------------------ blocking
+
+ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_dim) {
+  if (max_dim < 1) fail_usage("shampoo: max_preconditioner_dim must be >= 1, got " + std::to_string(max_dim));
+  ShampooBlocking b;
+  Shape sq;
+  for (int64_t d : shape) {
+    if (d < 0) fail_usage("shampoo: negative dimension in " + shape_str(shape));
+    if (d == 0) return b;  // no elements: no blocks
+    if (d != 1) sq.push_back(d);
+  }
+  // Merge from the last dim backwards while the product stays <= max_dim.
+  for (auto it = sq.rbegin(); it != sq.rend(); ++it) {
+    if (!b.merged.empty() && b.merged.back() <= max_dim / *it)
+      b.merged.back() *= *it;
+    else
+      b.merged.push_back(*it);
+  }
+  std::reverse(b.merged.begin(), b.merged.end());
+  const size_t k = b.merged.size();
+  std::vector<int64_t> grid(k), idx(k, 0);
+  for (size_t i = 0; i < k; ++i) grid[i] = (b.merged[i] + max_dim - 1) / max_dim;
+  while (true) {
+    Shape s(k);
+    std::vector<int64_t> off(k);
+    for (size_t i = 0; i < k; ++i) {
+      off[i] = idx[i] * max_dim;
+      s[i] = std::min(max_dim, b.merged[i] - off[i]);
+    }
+    b.block_shapes.push_back(s);
+    b.offsets.push_back(off);
+    size_t i = k;
+    while (i > 0) {
+      --i;
+      if (++idx[i] < grid[i]) break;
+      idx[i] = 0;
+      if (i == 0) return b;
+    }
+    if (k == 0) return b;
+  }
+}
+
+std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks) {
+  if (ranks < 1) fail_usage("shampoo_assign: ranks must be >= 1");
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> out(sizes.size(), 0);
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[i] = r;
+    load[static_cast<size_t>(r)] += sizes[i];
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------ the optimizer
+
+namespace {
+
+constexpr int64_t kChunkElements = int64_t(1) << 24;
+constexpr int kMaxFailures = 4;  // the fourth consecutive failure of a block's root is an error
+
+struct BlockDesc {
+  int param = 0;
+  int index = 0;  // in the row-major grid of the parameter's blocks
+  Shape dims;     // the block's shape ([] for a scalar parameter)
+  std::vector<int64_t> offset;
+  int64_t numel = 1;
+  int owner = 0;            // rank in the group
+  bool contiguous = false;  // a contiguous range of the parameter's elements, in order
+  int64_t start = 0;        // its first element, when contiguous
+  int64_t recv_offset = 0;  // where its direction lies in the gathered buffer
+  std::string prefix;       // "shampoo/<param>/block<i>/"
+};
+
+struct Group {
+  Shape dims;
+  int order = 0;
+  int64_t n = 1;            // elements per block
+  std::vector<int> blocks;  // global block ids, ascending
+  int64_t chunk = 1;        // blocks per chunk
+  int64_t send_offset = 0;  // in this rank's segment
+  std::vector<Tensor> factor, root;  // [B, b_k, b_k]
+  Tensor graft, filtered, momentum;  // [B, n]
+  Tensor failures;                   // i64 [B] on the host
+  std::vector<Tensor> rotate;        // order >= 3: transposition indices over one chunk
+  struct Run {
+    int param;
+    int64_t b0, b1;  // blocks [b0, b1) of the group
+    Tensor index;    // their elements in the parameter; undefined: each block is contiguous
+  };
+  std::vector<Run> runs;
+};
+
+struct ParamUpdate {
+  std::vector<std::array<int64_t, 3>> segments;  // (param start, gathered start, length)
+  Tensor index;                                   // [numel] positions in the gathered buffer
+};
+
+Shape strides_of(const Shape& s) {
+  Shape st(s.size(), 1);
+  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+
+// The parameter's flat indices of a block's elements, in the block's row-major order (appended).
+void block_elements(const Shape& merged, const BlockDesc& b, std::vector<int64_t>& out) {
+  const size_t k = b.dims.size();
+  if (k == 0) {
+    out.push_back(0);
+    return;
+  }
+  const Shape st = strides_of(merged);
+  std::vector<int64_t> i(k, 0);
+  const int64_t last = b.dims[k - 1];
+  while (true) {
+    int64_t base = 0;
+    for (size_t d = 0; d < k; ++d) base += (b.offset[d] + i[d]) * st[d];
+    for (int64_t j = 0; j < last; ++j) out.push_back(base + j);
+    if (k == 1) return;
+    size_t d = k - 1;
+    while (d > 0) {
+      --d;
+      if (++i[d] < b.dims[d]) break;
+      i[d] = 0;
+      if (d == 0) return;
+    }
+  }
+}
+
+Tensor upload_i64(const std::vector<int64_t>& v, Device d) {
+  return Tensor::from_host(v.data(), {static_cast<int64_t>(v.size())}, DType::i64, d);
+}
+
+void copy_into(Tensor dst, const Tensor& src) { dst.copy_from_async(src, cuda::current_stream()); }
+
+Tensor rows(const Tensor& flat, int64_t b, int64_t n) { return flat.slice(0, b * n).reshape({b, n}); }
+
+class Shampoo final : public Optimizer {
+ public:
+  Shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params, comm::Communicator& comm)
+      : cfg_(cfg) {
+    cfg_.validate();
+    start_ = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
+    fdtype_ = cfg_.factor_dtype == "f64" ? DType::f64 : DType::f32;
+    bf16_ = cfg_.communication_dtype == "bf16";
+    check_and_record(params);
+    // Groups of g consecutive ranks.
+    const int world = comm.size(), rank = comm.rank();
+    const int g = cfg_.trainers_per_group == 0 ? world : cfg_.trainers_per_group;
+    if (g > world || world % g != 0)
+      fail_usage("shampoo: trainers_per_group " + std::to_string(g) + " must divide the world size " + std::to_string(world));
+    if (g == world) {
+      group_ = &comm;
+    } else {
+      group_holder_ = comm.split(rank / g, rank);
+      group_ = group_holder_.get();
+    }
+    group_size_ = g;
+    group_rank_ = group_->rank();
+    in_group0_ = rank < g;
+    if (group_size_ > 1 && !group_->accepts(device_))
+      fail_usage("shampoo: the communicator (" + std::string(comm::backend_name(group_->backend())) +
+                 ") does not accept buffers on " + device_.str() + ", where the parameters live");
+    build_blocks(params);
+    build_layout();
+    allocate_groups();
+    build_updates(params);
+  }
+
+  nlohmann::json config() const override { return cfg_.to_json(); }
+
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    std::vector<std::pair<std::string, Tensor>> s;
+    for (size_t bi = 0; bi < blocks_.size(); ++bi) {
+      const auto& [gi, i] = where_[bi];
+      if (gi < 0) continue;
+      Group& gr = groups_[static_cast<size_t>(gi)];
+      const BlockDesc& b = blocks_[bi];
+      const Shape elem = b.dims.empty() ? Shape{1} : b.dims;
+      for (int k = 0; k < gr.order; ++k) s.emplace_back(b.prefix + "factor" + std::to_string(k), gr.factor[k].select(i));
+      for (int k = 0; k < gr.order; ++k) s.emplace_back(b.prefix + "root" + std::to_string(k), gr.root[k].select(i));
+      if (gr.graft.defined()) s.emplace_back(b.prefix + "graft", gr.graft.select(i).reshape(elem));
+      if (gr.filtered.defined()) s.emplace_back(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem));
+      if (gr.momentum.defined()) s.emplace_back(b.prefix + "momentum", gr.momentum.select(i).reshape(elem));
+      s.emplace_back(b.prefix + "root_failures", gr.failures.slice(i, i + 1));
+    }
+    s.emplace_back("step", step_);
+    return s;
+  }
+
+  int owner(const std::string& name) const override {
+    if (name == "step") return -1;
+    const size_t slash = name.rfind('/');
+    const auto it = slash == std::string::npos ? prefix_to_block_.end() : prefix_to_block_.find(name.substr(0, slash + 1));
+    if (it == prefix_to_block_.end()) fail_usage("shampoo: no state tensor named '" + name + "'");
+    const BlockDesc& b = blocks_[static_cast<size_t>(it->second)];
+    // The writer is the owner in group 0 (group-local rank = world rank there); a rank of another
+    // group that holds a copy answers -1 for it: a replica, restored by name, never written.
+    if (!in_group0_ && b.owner == group_rank_) return -1;
+    return b.owner;
+  }
+
+  void step(std::vector<nn::Param>& params, double lr) override {
+    if (params.size() != shapes_.size())
+      fail_usage("shampoo: step got " + std::to_string(params.size()) + " parameters, the optimizer was built for " +
+                 std::to_string(shapes_.size()));
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].value.shape() != shapes_[i] || params[i].grad.shape() != shapes_[i] ||
+          params[i].value.device() != device_ || params[i].grad.device() != device_)
+        fail_usage("shampoo: parameter " + params[i].name + " is " + params[i].value.str() +
+                   ", the optimizer was built for f32" + shape_str(shapes_[i]) + " on " + device_.str());
+    if (!std::isfinite(lr)) fail_usage("shampoo: the learning rate is not finite");
+    const int64_t t = ++*step_.ptr<int64_t>();
+    const bool precond = t >= start_;
+    const bool root_step = precond && (t - start_) % cfg_.precondition_frequency == 0;
+    nan_code_ = fatal_code_ = std::numeric_limits<int64_t>::max();
+
+    for (auto& gr : groups_)
+      for (int64_t c0 = 0; c0 < static_cast<int64_t>(gr.blocks.size()); c0 += gr.chunk)
+        process_chunk(gr, c0, std::min<int64_t>(c0 + gr.chunk, static_cast<int64_t>(gr.blocks.size())), params, t,
+                      precond, root_step);
+
+    if (root_step) agree_and_raise(t);
+    communicate();
+    apply(params, lr);
+  }
+
+ private:
+  // ---------------------------------------------------------------- construction
+  void check_and_record(const std::vector<nn::Param>& params) {
+    if (!params.empty()) device_ = params[0].value.device();
+    for (const auto& p : params) {
+      if (!p.value.defined() || !p.grad.defined()) fail_usage("shampoo: parameter " + p.name + " has no value or gradient");
+      if (p.value.dtype() != DType::f32 || p.grad.dtype() != DType::f32)
+        fail_usage("shampoo: parameter " + p.name + " must be f32 (value and gradient), got " + p.value.str());
+      if (p.value.device() != device_ || p.grad.device() != device_)
+        fail_usage("shampoo: every parameter must live on one device; " + p.name + " is on " + p.value.device().str() +
+                   ", " + params[0].name + " on " + device_.str());
+      if (p.grad.shape() != p.value.shape())
+        fail_usage("shampoo: the gradient of " + p.name + " is " + p.grad.str() + ", the value " + p.value.str());
+      names_.push_back(p.name);
+      shapes_.push_back(p.value.shape());
+    }
+    step_ = Tensor::zeros({1}, DType::i64);
+  }
+
+  void build_blocks(const std::vector<nn::Param>& params) {
+    std::vector<int64_t> sizes;
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      const ShampooBlocking bl = shampoo_blocking(shapes_[pi], cfg_.max_preconditioner_dim);
+      merged_.push_back(bl.merged);
+      for (size_t i = 0; i < bl.block_shapes.size(); ++i) {
+        BlockDesc b;
+        b.param = static_cast<int>(pi);
+        b.index = static_cast<int>(i);
+        b.dims = bl.block_shapes[i];
+        b.offset = bl.offsets[i];
+        b.numel = shape_numel(b.dims);
+        b.prefix = "shampoo/" + params[pi].name + "/block" + std::to_string(i) + "/";
+        // Contiguous: every dim after some j is whole, every dim before j has extent 1.
+        const size_t k = b.dims.size();
+        if (k == 0) {
+          b.contiguous = true;
+        } else {
+          size_t j = k - 1;
+          while (j > 0 && b.dims[j] == bl.merged[j]) --j;
+          b.contiguous = true;
+          for (size_t d = 0; d < j; ++d)
+            if (b.dims[d] != 1) b.contiguous = false;
+          const Shape st = strides_of(bl.merged);
+          for (size_t d = 0; d < k; ++d) b.start += b.offset[d] * st[d];
+        }
+        if (!prefix_to_block_.emplace(b.prefix, static_cast<int>(blocks_.size())).second)
+          fail_usage("shampoo: two parameters are named '" + params[pi].name + "'");
+        sizes.push_back(b.numel);
+        blocks_.push_back(std::move(b));
+      }
+    }
+    const std::vector<int> owners = shampoo_assign(sizes, group_size_);
+    for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i].owner = owners[i];
+  }
+
+  // Every rank's segment: its blocks grouped by shape (map order), ascending within a group.
+  void build_layout() {
+    std::vector<std::map<Shape, std::vector<int>>> per_rank(static_cast<size_t>(group_size_));
+    for (size_t i = 0; i < blocks_.size(); ++i)
+      per_rank[static_cast<size_t>(blocks_[i].owner)][blocks_[i].dims].push_back(static_cast<int>(i));
+    counts_.assign(static_cast<size_t>(group_size_), 0);
+    int64_t pos = 0;
+    for (int r = 0; r < group_size_; ++r) {
+      if (r == group_rank_) my_offset_ = pos;
+      for (auto& [dims, list] : per_rank[static_cast<size_t>(r)]) {
+        if (r == group_rank_) {
+          Group gr;
+          gr.dims = dims;
+          gr.order = static_cast<int>(dims.size());
+          gr.n = shape_numel(dims);
+          gr.blocks = list;
+          gr.send_offset = pos - my_offset_;
+          groups_.push_back(std::move(gr));
+        }
+        for (int bi : list) {
+          blocks_[static_cast<size_t>(bi)].recv_offset = pos;
+          pos += blocks_[static_cast<size_t>(bi)].numel;
+          counts_[static_cast<size_t>(r)] += static_cast<size_t>(blocks_[static_cast<size_t>(bi)].numel);
+        }
+      }
+    }
+    total_ = pos;
+    where_.assign(blocks_.size(), {-1, 0});
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i = 0; i < groups_[gi].blocks.size(); ++i)
+        where_[static_cast<size_t>(groups_[gi].blocks[i])] = {static_cast<int>(gi), static_cast<int64_t>(i)};
+  }
+
+  void allocate_groups() {
+    const bool graft_state = cfg_.grafting == "adagrad" || cfg_.grafting == "rmsprop" || cfg_.grafting == "adam";
+    int64_t scratch = 1, max_chunk = 1, max_n = 1;
+    bool rotate64 = false;
+    for (auto& gr : groups_) {
+      const int64_t B = static_cast<int64_t>(gr.blocks.size());
+      gr.chunk = std::clamp<int64_t>(kChunkElements / gr.n, 1, B);
+      scratch = std::max(scratch, gr.chunk * gr.n);
+      max_chunk = std::max(max_chunk, gr.chunk);
+      max_n = std::max(max_n, gr.n);
+      for (int k = 0; k < gr.order; ++k) {
+        const int64_t b = gr.dims[static_cast<size_t>(k)];
+        gr.factor.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
+        gr.root.push_back(Tensor::empty({B, b, b}, DType::f32, device_));
+        fill_identity(gr.root.back());
+      }
+      if (graft_state) gr.graft = Tensor::zeros({B, gr.n}, DType::f32, device_);
+      if (cfg_.beta1 > 0) gr.filtered = Tensor::zeros({B, gr.n}, DType::f32, device_);
+      if (cfg_.momentum > 0) gr.momentum = Tensor::zeros({B, gr.n}, DType::f32, device_);
+      gr.failures = Tensor::zeros({B}, DType::i64);
+      // Rotations for the factors of order >= 3: [C, r, c] -> [C, c, r] with r = b_k.
+      if (gr.order >= 3) {
+        if (fdtype_ == DType::f64) rotate64 = true;
+        for (int k = 0; k + 1 < gr.order; ++k) {
+          const int64_t r = gr.dims[static_cast<size_t>(k)], c = gr.n / r;
+          std::vector<int64_t> idx(static_cast<size_t>(gr.chunk * gr.n));
+          for (int64_t bi = 0; bi < gr.chunk; ++bi)
+            for (int64_t j = 0; j < c; ++j)
+              for (int64_t i = 0; i < r; ++i) idx[static_cast<size_t>(bi * gr.n + j * r + i)] = bi * gr.n + i * c + j;
+          gr.rotate.push_back(upload_i64(idx, device_));
+        }
+      }
+      // Runs of consecutive blocks of one parameter, for gathering the gradient blocks.
+      for (int64_t i = 0; i < B;) {
+        const int p = blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(i)])].param;
+        int64_t j = i;
+        bool contiguous = true;
+        while (j < B && blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(j)])].param == p) {
+          contiguous = contiguous && blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(j)])].contiguous;
+          ++j;
+        }
+        Group::Run run{p, i, j, {}};
+        if (!contiguous) {
+          std::vector<int64_t> idx;
+          idx.reserve(static_cast<size_t>((j - i) * gr.n));
+          for (int64_t q = i; q < j; ++q)
+            block_elements(merged_[static_cast<size_t>(p)], blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(q)])], idx);
+          run.index = upload_i64(idx, device_);
+        }
+        gr.runs.push_back(std::move(run));
+        i = j;
+      }
+    }
+    for (Tensor* t : {&sc_grad_, &sc_a_, &sc_b_, &sc_c_, &sc_d_}) *t = Tensor::empty({scratch}, DType::f32, device_);
+    if (cfg_.momentum > 0) sc_e_ = Tensor::empty({scratch}, DType::f32, device_);
+    if (fdtype_ == DType::f64) sc_g64_ = Tensor::empty({scratch}, DType::f64, device_);
+    if (rotate64) {
+      sc_c64_ = Tensor::empty({scratch}, DType::f64, device_);
+      sc_d64_ = Tensor::empty({scratch}, DType::f64, device_);
+    }
+    sc_ng_ = Tensor::empty({max_chunk}, DType::f32, device_);
+    sc_np_ = Tensor::empty({max_chunk}, DType::f32, device_);
+    ones_ = Tensor::empty({max_n}, DType::f32, device_);
+    ops::fill(ones_, 1.0);
+    recv_ = Tensor::zeros({std::max<int64_t>(total_, 1)}, DType::f32, device_);
+    if (bf16_) recv16_ = Tensor::zeros({std::max<int64_t>(total_, 1)}, DType::bf16, device_);
+    agree_ = Tensor::zeros({2}, DType::i64, device_);
+  }
+
+  void fill_identity(Tensor& batch) {
+    const int64_t B = batch.dim(0), b = batch.dim(1);
+    const int64_t tile = std::clamp<int64_t>(kChunkElements / (b * b), 1, std::max<int64_t>(B, 1));
+    std::vector<float> eye(static_cast<size_t>(tile * b * b), 0.0f);
+    for (int64_t t = 0; t < tile; ++t)
+      for (int64_t i = 0; i < b; ++i) eye[static_cast<size_t>(t * b * b + i * b + i)] = 1.0f;
+    const Tensor src = Tensor::from_host(eye.data(), {tile, b, b}, DType::f32, device_);
+    for (int64_t s = 0; s < B; s += tile) {
+      const int64_t e = std::min(B, s + tile);
+      batch.slice(s, e).copy_from(src.slice(0, e - s));
+    }
+  }
+
+  // How each parameter takes its direction from the gathered buffer.
+  void build_updates(const std::vector<nn::Param>& params) {
+    std::vector<std::vector<int>> of_param(params.size());
+    for (size_t i = 0; i < blocks_.size(); ++i) of_param[static_cast<size_t>(blocks_[i].param)].push_back(static_cast<int>(i));
+    int64_t max_index = 0;
+    updates_.resize(params.size());
+    for (size_t p = 0; p < params.size(); ++p) {
+      ParamUpdate& u = updates_[p];
+      bool contiguous = true;
+      std::vector<std::array<int64_t, 3>> segs;
+      for (int bi : of_param[p]) {
+        const BlockDesc& b = blocks_[static_cast<size_t>(bi)];
+        contiguous = contiguous && b.contiguous;
+        segs.push_back({b.start, b.recv_offset, b.numel});
+      }
+      if (contiguous) {
+        std::sort(segs.begin(), segs.end());
+        for (const auto& s : segs) {
+          if (!u.segments.empty()) {
+            auto& l = u.segments.back();
+            if (l[0] + l[2] == s[0] && l[1] + l[2] == s[1]) {
+              l[2] += s[2];
+              continue;
+            }
+          }
+          u.segments.push_back(s);
+        }
+      }
+      if (!contiguous || u.segments.size() > 32) {
+        u.segments.clear();
+        const int64_t numel = shape_numel(shapes_[p]);
+        std::vector<int64_t> idx(static_cast<size_t>(numel));
+        std::vector<int64_t> el;
+        for (int bi : of_param[p]) {
+          const BlockDesc& b = blocks_[static_cast<size_t>(bi)];
+          el.clear();
+          block_elements(merged_[p], b, el);
+          for (size_t j = 0; j < el.size(); ++j) idx[static_cast<size_t>(el[j])] = b.recv_offset + static_cast<int64_t>(j);
+        }
+        u.index = upload_i64(idx, device_);
+        max_index = std::max(max_index, std::min(numel, kChunkElements));
+      }
+    }
+    if (max_index > 0) sc_upd_ = Tensor::empty({max_index}, DType::f32, device_);
+  }
+
+  // ---------------------------------------------------------------- one step
+  void process_chunk(Group& gr, int64_t c0, int64_t c1, const std::vector<nn::Param>& params, int64_t t, bool precond,
+                     bool root_step) {
+    const int64_t Bc = c1 - c0, n = gr.n;
+    Tensor G = rows(sc_grad_, Bc, n);
+    extract(gr, c0, c1, params, G);
+    update_factors(gr, c0, c1, G);
+    if (root_step) compute_roots(gr, c0, c1, t);
+
+    // Filtered gradient.
+    Tensor Mh = G;
+    if (cfg_.beta1 > 0) {
+      Tensor M = gr.filtered.slice(c0, c1);
+      ops::lerp(M, G, 1.0 - cfg_.beta1, M);
+      Mh = M;
+      if (cfg_.use_bias_correction) {
+        Mh = rows(sc_a_, Bc, n);
+        ops::scale(M, 1.0 / (1.0 - std::pow(cfg_.beta1, static_cast<double>(t))), Mh);
+      }
+    }
+    // Grafting direction.
+    Tensor Dg = Mh;
+    if (gr.graft.defined()) {
+      Tensor A = gr.graft.slice(c0, c1);
+      Tensor S = rows(sc_b_, Bc, n);
+      ops::mul(G, G, S);
+      if (cfg_.grafting == "adagrad")
+        ops::add(A, S, A);
+      else
+        ops::lerp(A, S, 1.0 - cfg_.grafting_beta2, A);
+      if (cfg_.grafting == "adam") {
+        ops::scale(A, 1.0 / (1.0 - std::pow(cfg_.grafting_beta2, static_cast<double>(t))), S);
+        ops::sqrt(S, S);
+      } else {
+        ops::sqrt(A, S);
+      }
+      ops::add_scalar(S, cfg_.grafting_epsilon, S);
+      ops::div(Mh, S, S);
+      Dg = S;
+    }
+    Tensor dst = recv_.slice(my_offset_ + gr.send_offset + c0 * n, my_offset_ + gr.send_offset + c1 * n).reshape({Bc, n});
+    Tensor T = cfg_.momentum > 0 ? rows(sc_e_, Bc, n) : dst;
+    if (!precond) {
+      copy_into(T, Dg);
+    } else {
+      Tensor P = precondition(gr, c0, c1, Mh);
+      if (cfg_.grafting == "none") {
+        copy_into(T, P);
+      } else {
+        // Per block: D = P * ||Dg|| / ||P||, the scale broadcast over the block by an outer
+        // product with ones (exact: one term per element).
+        Tensor ng = sc_ng_.slice(0, Bc), np = sc_np_.slice(0, Bc);
+        ops::reduce(ops::Reduce::norm2, ops::Axis::rows, Dg, ng);
+        ops::reduce(ops::Reduce::norm2, ops::Axis::rows, P, np);
+        ops::clamp(np, std::numeric_limits<float>::min(), std::numeric_limits<double>::infinity(), np);
+        ops::div(ng, np, ng);
+        Tensor S = rows(sc_b_, Bc, n);
+        ops::gemm(false, false, 1.0, ng.reshape({Bc, 1}), ones_.slice(0, n).reshape({1, n}), 0.0, S);
+        ops::mul(P, S, T);
+      }
+    }
+    if (cfg_.momentum > 0) {
+      ops::fill(dst, 0.0);
+      Tensor mom = gr.momentum.slice(c0, c1);
+      ops::sgd_step(dst, T, mom, -1.0, cfg_.momentum, 0.0, cfg_.nesterov);  // dst = 0 + D
+    }
+  }
+
+  void extract(const Group& gr, int64_t c0, int64_t c1, const std::vector<nn::Param>& params, Tensor& G) {
+    const int64_t n = gr.n;
+    Tensor flat = G.flatten();
+    for (const auto& run : gr.runs) {
+      const int64_t lo = std::max(run.b0, c0), hi = std::min(run.b1, c1);
+      if (lo >= hi) continue;
+      const Tensor src = params[static_cast<size_t>(run.param)].grad.flatten();
+      if (run.index.defined()) {
+        Tensor out = flat.slice((lo - c0) * n, (hi - c0) * n);
+        ops::gather(src, run.index.slice((lo - run.b0) * n, (hi - run.b0) * n), out);
+      } else {
+        for (int64_t i = lo; i < hi; ++i) {
+          const BlockDesc& b = blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(i)])];
+          copy_into(flat.slice((i - c0) * n, (i - c0 + 1) * n), src.slice(b.start, b.start + n));
+        }
+      }
+    }
+  }
+
+  void update_factors(Group& gr, int64_t c0, int64_t c1, const Tensor& G) {
+    if (gr.order == 0) return;
+    const int64_t Bc = c1 - c0, n = gr.n;
+    Tensor X = G;
+    if (fdtype_ == DType::f64) {
+      X = rows(sc_g64_, Bc, n);
+      ops::cast(G, X);
+    }
+    const double alpha = cfg_.beta2 == 1 ? 1.0 : 1.0 - cfg_.beta2, beta = cfg_.beta2;
+    const auto& d = gr.dims;
+    if (gr.order == 1) {
+      const Tensor v = X.reshape({Bc, n, 1});
+      Tensor F = gr.factor[0].slice(c0, c1);
+      ops::gemm(false, true, alpha, v, v, beta, F);
+    } else if (gr.order == 2) {
+      const Tensor m = X.reshape({Bc, d[0], d[1]});
+      Tensor F0 = gr.factor[0].slice(c0, c1), F1 = gr.factor[1].slice(c0, c1);
+      ops::gemm(false, true, alpha, m, m, beta, F0);
+      ops::gemm(true, false, alpha, m, m, beta, F1);
+    } else {
+      // Unfold along dim k by rotating the dims: [b_k, rest] -> [rest, b_k] = [b_{k+1}, ...].
+      Tensor cur = X;
+      for (int k = 0; k < gr.order; ++k) {
+        const int64_t b = d[static_cast<size_t>(k)];
+        const Tensor m = cur.reshape({Bc, b, n / b});
+        Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0, c1);
+        ops::gemm(false, true, alpha, m, m, beta, F);
+        if (k + 1 < gr.order) {
+          Tensor& buf = fdtype_ == DType::f64 ? (k % 2 ? sc_d64_ : sc_c64_) : (k % 2 ? sc_d_ : sc_c_);
+          Tensor next = buf.slice(0, Bc * n);
+          ops::gather(cur.flatten(), gr.rotate[static_cast<size_t>(k)].slice(0, Bc * n), next);
+          cur = next;
+        }
+      }
+    }
+  }
+
+  // P = Mh x_0 R_0 ... x_{K-1} R_{K-1}: each product contracts the leading dim and appends the
+  // new one at the end, so after K products the dims are back in order.
+  Tensor precondition(Group& gr, int64_t c0, int64_t c1, const Tensor& Mh) {
+    const int64_t Bc = c1 - c0, n = gr.n;
+    Tensor X = Mh;
+    for (int k = 0; k < gr.order; ++k) {
+      const int64_t b = gr.dims[static_cast<size_t>(k)];
+      Tensor Y = (k % 2 ? sc_d_ : sc_c_).slice(0, Bc * n).reshape({Bc, n / b, b});
+      ops::gemm(true, false, 1.0, X.reshape({Bc, b, n / b}), gr.root[static_cast<size_t>(k)].slice(c0, c1), 0.0, Y);
+      X = Y;
+    }
+    return X.reshape({Bc, n});
+  }
+
+  double root_exponent(int order) const { return cfg_.exponent_override > 0 ? cfg_.exponent_override : 2.0 * order; }
+
+  // Roots of the chunk's factors; failures per block counted, fatal conditions recorded.
+  void compute_roots(Group& gr, int64_t c0, int64_t c1, int64_t t) {
+    const int64_t Bc = c1 - c0;
+    std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
+    const double p = root_exponent(gr.order);
+    const bool correct = cfg_.use_bias_correction && cfg_.beta2 < 1;
+    const double corr = correct ? 1.0 / (1.0 - std::pow(cfg_.beta2, static_cast<double>(t))) : 1.0;
+    for (int k = 0; k < gr.order; ++k) {
+      const int64_t b = gr.dims[static_cast<size_t>(k)];
+      const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
+      for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
+        const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
+        const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
+        if (ops::count_nonfinite(F) > 0) {
+          for (int64_t i = 0; i < nb; ++i)
+            if (ops::count_nonfinite(F.select(i)) > 0) {
+              nonfinite[static_cast<size_t>(r0 + i)] = 1;
+              nan_code_ = std::min(nan_code_, encode(gr.blocks[static_cast<size_t>(c0 + r0 + i)], k));
+            }
+          continue;  // an error on every rank follows (agree_and_raise)
+        }
+        Tensor Fc = F;
+        if (correct) {
+          Fc = Tensor::empty(F.shape(), fdtype_, device_);
+          ops::scale(F, corr, Fc);
+        }
+        std::vector<char> ok(static_cast<size_t>(nb), 1);
+        Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
+        if (cfg_.root_method == "eigh")
+          root_eigh(Fc, p, out, ok);
+        else
+          root_newton(Fc, p, out, ok);
+        Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
+        const bool all_ok = std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
+        if (all_ok) {
+          ops::cast(out, R);
+        } else {
+          for (int64_t i = 0; i < nb; ++i) {
+            Tensor Ri = R.select(i);
+            if (ok[static_cast<size_t>(i)]) {
+              ops::cast(out.select(i), Ri);
+              continue;
+            }
+            // Retry in f64 (ops::inverse_root: eigendecomposition in f64 with the same rule).
+            Tensor Fd = Fc.select(i);
+            if (fdtype_ != DType::f64) {
+              Fd = Tensor::empty({b, b}, DType::f64, device_);
+              ops::cast(Fc.select(i), Fd);
+            }
+            Tensor Od = Tensor::empty({b, b}, DType::f64, device_);
+            ops::RootOptions o;
+            o.method = ops::RootMethod::eigh;
+            o.eps = cfg_.epsilon;
+            if (ops::inverse_root(Fd, p, o, Od))
+              ops::cast(Od, Ri);
+            else
+              failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
+          }
+        }
+      }
+    }
+    int64_t* fails = gr.failures.ptr<int64_t>();
+    for (int64_t i = 0; i < Bc; ++i) {
+      if (nonfinite[static_cast<size_t>(i)]) continue;
+      int64_t& f = fails[c0 + i];
+      if (!failed[static_cast<size_t>(i)]) {
+        f = 0;
+        continue;
+      }
+      ++f;
+      const int bi = gr.blocks[static_cast<size_t>(c0 + i)];
+      if (f >= kMaxFailures) {
+        fatal_code_ = std::min(fatal_code_, encode(bi, 0));
+      } else {
+        spdlog::warn("shampoo: the inverse root of {} failed at step {} (failure {} in a row); it keeps its previous root",
+                     block_label(bi), t, f);
+      }
+    }
+  }
+
+  // R = V diag((mu + shift)^(-1/p)) V^T for the batch, eigendecomposed in the factor dtype.
+  void root_eigh(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {
+    const int64_t nb = Fc.dim(0), b = Fc.dim(1);
+    Tensor w = Tensor::empty({nb, b}, fdtype_, device_), V = Tensor::empty({nb, b, b}, fdtype_, device_);
+    try {
+      ops::eigh(Fc, w, V);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error&) {
+      std::fill(ok.begin(), ok.end(), 0);  // the solver failed: every block retries in f64
+      return;
+    }
+    const std::vector<double> mu = w.to_doubles();
+    std::vector<double> dexp(static_cast<size_t>(nb * b * b), 0.0);
+    const double eps = cfg_.epsilon;
+    for (int64_t i = 0; i < nb; ++i) {
+      const double* m = mu.data() + i * b;
+      bool good = std::isfinite(m[0]);
+      const double m0 = m[0] + eps;
+      const double shift = m0 < eps ? eps - m0 : 0.0;
+      std::vector<double> d(static_cast<size_t>(b));
+      for (int64_t j = 0; j < b && good; ++j) {
+        d[static_cast<size_t>(j)] = std::pow(m[j] + eps + shift, -1.0 / p);
+        good = std::isfinite(m[j]) && std::isfinite(d[static_cast<size_t>(j)]);
+      }
+      if (!good) {
+        ok[static_cast<size_t>(i)] = 0;
+        continue;
+      }
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t c = 0; c < b; ++c) dexp[static_cast<size_t>((i * b + r) * b + c)] = d[static_cast<size_t>(c)];
+    }
+    const Tensor D = Tensor::from_doubles(dexp, {nb, b, b}, fdtype_, device_);
+    Tensor VD = Tensor::empty({nb, b, b}, fdtype_, device_);
+    ops::mul(V, D, VD);
+    ops::gemm(false, true, 1.0, VD, V, 0.0, out);
+    if (ops::count_nonfinite(out) > 0)
+      for (int64_t i = 0; i < nb; ++i)
+        if (ops::count_nonfinite(out.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
+  }
+
+  void root_newton(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {
+    ops::RootOptions o;
+    o.method = ops::RootMethod::newton;
+    o.eps = cfg_.epsilon;
+    o.max_iters = cfg_.newton_max_iters;
+    o.tolerance = cfg_.newton_tolerance;
+    if (ops::inverse_root(Fc, p, o, out)) return;
+    for (int64_t i = 0; i < Fc.dim(0); ++i) {
+      Tensor oi = out.select(i);
+      ok[static_cast<size_t>(i)] = ops::inverse_root(Fc.select(i), p, o, oi) ? 1 : 0;
+    }
+  }
+
+  static int64_t encode(int block, int k) { return static_cast<int64_t>(block) * 1024 + k; }
+
+  std::string block_label(int bi) const {
+    const BlockDesc& b = blocks_[static_cast<size_t>(bi)];
+    return "block " + std::to_string(b.index) + " " + shape_str(b.dims) + " of parameter '" +
+           names_[static_cast<size_t>(b.param)] + "' " + shape_str(shapes_[static_cast<size_t>(b.param)]);
+  }
+
+  // Every rank of the group learns the first fatal condition, so that all raise the same error.
+  void agree_and_raise(int64_t t) {
+    int64_t codes[2] = {nan_code_, fatal_code_};
+    if (group_size_ > 1) {
+      agree_.copy_from(Tensor::from_host(codes, {2}, DType::i64));
+      comm::Buffer buf{agree_.data(), 2, DType::i64, device_};
+      group_->all_reduce(buf, buf, comm::ReduceOp::min, comm::Mode::sync);
+      const Tensor host = agree_.to(Device::cpu());
+      codes[0] = host.ptr<int64_t>()[0];
+      codes[1] = host.ptr<int64_t>()[1];
+    }
+    constexpr int64_t none = std::numeric_limits<int64_t>::max();
+    if (codes[0] != none) {
+      const int bi = static_cast<int>(codes[0] / 1024), k = static_cast<int>(codes[0] % 1024);
+      const BlockDesc& b = blocks_[static_cast<size_t>(bi)];
+      fail("shampoo: the Kronecker factor " + std::to_string(k) + " of " + block_label(bi) +
+           " holds NaN or Inf at step " + std::to_string(t) + ": the gradients of parameter '" +
+           names_[static_cast<size_t>(b.param)] +
+           "' were not finite. Check the loss and the data, lower the learning rate, or clip the gradients");
+    }
+    if (codes[1] != none)
+      fail("shampoo: the inverse root of " + block_label(static_cast<int>(codes[1] / 1024)) + " failed " +
+           std::to_string(kMaxFailures) + " times in a row (step " + std::to_string(t) +
+           "): its factors are too ill-conditioned; raise epsilon (now " + nlohmann::json(cfg_.epsilon).dump() +
+           ") or use factor_dtype f64");
+  }
+
+  void communicate() {
+    if (total_ == 0) return;
+    const size_t mine = counts_[static_cast<size_t>(group_rank_)];
+    if (bf16_) {
+      Tensor my32 = recv_.slice(my_offset_, my_offset_ + static_cast<int64_t>(mine));
+      Tensor my16 = recv16_.slice(my_offset_, my_offset_ + static_cast<int64_t>(mine));
+      if (mine) ops::cast(my32, my16);
+      if (group_size_ > 1) {
+        comm::Buffer all{recv16_.data(), static_cast<size_t>(total_), DType::bf16, device_};
+        group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync);
+      }
+      Tensor all16 = recv16_.slice(0, total_), all32 = recv_.slice(0, total_);
+      ops::cast(all16, all32);  // every rank applies the same rounded directions
+    } else if (group_size_ > 1) {
+      comm::Buffer all{recv_.data(), static_cast<size_t>(total_), DType::f32, device_};
+      group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync);
+    }
+  }
+
+  void apply(std::vector<nn::Param>& params, double lr) {
+    for (size_t p = 0; p < params.size(); ++p) {
+      Tensor value = params[p].value.flatten();
+      if (value.numel() == 0) continue;
+      if (cfg_.weight_decay > 0) ops::scale(value, 1.0 - lr * cfg_.weight_decay, value);
+      const ParamUpdate& u = updates_[p];
+      if (u.index.defined()) {
+        for (int64_t e0 = 0; e0 < value.numel(); e0 += kChunkElements) {
+          const int64_t e1 = std::min(value.numel(), e0 + kChunkElements);
+          Tensor tmp = sc_upd_.slice(0, e1 - e0);
+          ops::gather(recv_, u.index.slice(e0, e1), tmp);
+          Tensor part = value.slice(e0, e1);
+          ops::axpy(-lr, tmp, part);
+        }
+      } else {
+        for (const auto& s : u.segments) {
+          Tensor part = value.slice(s[0], s[0] + s[2]);
+          ops::axpy(-lr, recv_.slice(s[1], s[1] + s[2]), part);
+        }
+      }
+    }
+  }
+
+  ShampooConfig cfg_;
+  std::shared_ptr<comm::Communicator> group_holder_;
+  comm::Communicator* group_ = nullptr;
+  int group_size_ = 1, group_rank_ = 0;
+  bool in_group0_ = true;
+  int64_t start_ = 1;
+  DType fdtype_ = DType::f32;
+  bool bf16_ = false;
+  Device device_{};
+
+  std::vector<std::string> names_;
+  std::vector<Shape> shapes_, merged_;
+  std::vector<BlockDesc> blocks_;
+  std::unordered_map<std::string, int> prefix_to_block_;
+  std::vector<std::pair<int, int64_t>> where_;  // block -> (group, index in it), group -1: not held
+  std::vector<Group> groups_;
+  std::vector<ParamUpdate> updates_;
+  std::vector<size_t> counts_;  // elements per rank of the group
+  int64_t my_offset_ = 0, total_ = 0;
+
+  Tensor step_;  // i64 [1] on the host
+  Tensor recv_, recv16_, agree_;
+  Tensor sc_grad_, sc_a_, sc_b_, sc_c_, sc_d_, sc_e_, sc_g64_, sc_c64_, sc_d64_, sc_ng_, sc_np_, ones_, sc_upd_;
+  int64_t nan_code_ = 0, fatal_code_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
+                                        comm::Communicator& comm) {
+  return std::make_unique<Shampoo>(cfg, params, comm);
+}
+
+}  // namespace dtk::optim

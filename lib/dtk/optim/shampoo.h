@@ -1,0 +1,120 @@
+// dtk::optim — Distributed Shampoo (Shi et al. 2023): blocked Kronecker-factored preconditioning
+// with grafting, the preconditioner work of the blocks split over the ranks, and one all-gather of
+// the search directions per step.
+//
+// Per parameter: size-1 dims are dropped; adjacent dims are merged, from the last one backwards,
+// while their product stays <= max_preconditioner_dim; every merged dim is split into blocks of at
+// most that size. A block of order K (its number of dims) has one Kronecker factor per dim,
+//   F_k = beta2 F_k + (1 - beta2) G_(k) G_(k)^T     (beta2 = 1: F_k += G_(k) G_(k)^T, AdaGrad's sum)
+// with G_(k) the block of the raw gradient unfolded along dim k, and an inverse root
+// R_k = (F_k + eps I)^(-1/p), p = 2K unless overridden, recomputed every precondition_frequency
+// steps from start_preconditioning_step (identity before the first computation).
+//
+// One step (t counts from 1; every block on its owner):
+//   M = beta1 M + (1 - beta1) G, Mh = M / (1 - beta1^t)     (beta1 = 0: Mh = G)
+//   D_graft = grafting step of Mh (sgd: Mh; adagrad: Mh / (sqrt(sum G^2) + graft_eps); rmsprop:
+//             Mh / (sqrt(EMA G^2) + graft_eps); adam: as rmsprop with EMA / (1 - graft_beta2^t))
+//   t <  start: D = D_graft
+//   t >= start: P = Mh x_0 R_0 x_1 R_1 ... (mode products), D = P ||D_graft|| / ||P|| per block
+//               (grafting none: D = P)
+//   momentum:   B = mu B + D; D = nesterov ? D + mu B : B
+// then every rank applies p = p - lr wd p - lr D (decoupled weight decay).
+//
+// Inverse roots by symmetric eigendecomposition (batched over blocks of one size) in the factor
+// dtype: with mu = eig(F) + eps ascending, every mu is shifted up by eps - mu_0 when mu_0 < eps,
+// then R = V diag(mu^(-1/p)) V^T. A block whose computation fails (the solver, or a non-finite
+// result) is retried in f64 (ops::inverse_root); if that fails too it keeps its previous root, with
+// a warning; its fourth consecutive failure is an Error naming the block. A NaN or Inf in a factor
+// is an Error naming the parameter. root_method "newton" uses the coupled Newton iteration instead.
+//
+// Distribution: the blocks are assigned to the ranks of a group greedily, largest first (by number
+// of elements, ties by block order), each to the least-loaded rank (ties: the lowest rank):
+// deterministic, the same on every rank. Only the owner keeps a block's state and computes its
+// factors, root and search direction; the directions travel in one all_gather_v per step (f32 or
+// bf16) over one flat buffer, and every rank applies the whole update. trainers_per_group g splits
+// the world into world/g groups of g consecutive ranks that each compute every block (no
+// communication between groups; g = 1: every rank computes everything, no communication at all).
+//
+// Use from a training loop: step() must be called on every rank of the communicator, with the
+// same (already aggregated) gradients and lr everywhere; it communicates (one all_gather_v within
+// the group per step when the group has more than one rank, and on root steps one small
+// all-reduce so that every rank raises the same error). Its buffers live on the parameters'
+// device, so the communicator must accept that device (nccl for cuda, mpi or local for cpu).
+//
+// State and checkpoints: state() lists the tensors this rank holds, named by block so that the
+// names do not depend on the world size:
+//   shampoo/<param>/block<i>/factor<k>      [b_k, b_k] factor dtype   (k < order)
+//   shampoo/<param>/block<i>/root<k>        [b_k, b_k] f32
+//   shampoo/<param>/block<i>/graft          block shape, f32 (adagrad, rmsprop, adam grafting)
+//   shampoo/<param>/block<i>/filtered_grad  block shape, f32 (beta1 > 0)
+//   shampoo/<param>/block<i>/momentum       block shape, f32 (momentum > 0)
+//   shampoo/<param>/block<i>/root_failures  i64 [1] on the host (consecutive failed roots)
+//   step                                    i64 [1] on the host, replicated
+// i is the block's index in the row-major grid of the parameter's blocks. owner(name) gives the
+// rank that writes the tensor: for a block, its owner in group 0 (ranks [0, g)); ranks of other
+// groups hold identical copies, for which owner() answers -1 on that rank (a replica: restored by
+// name, never written), so ckpt::save_state writes every tensor once and ckpt::load_state
+// restores every copy. A state saved on any world size restores on any other: the blocking does
+// not depend on it, and each rank reads the blocks it now owns.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dtk/comm/comm.h"
+#include "dtk/optim/optimizer.h"
+
+namespace dtk::optim {
+
+struct ShampooConfig {
+  // blocking
+  int64_t max_preconditioner_dim = 1024;
+  // Kronecker factors
+  double beta2 = 0.95;              // factor EMA; 1: the AdaGrad sum
+  std::string factor_dtype = "f32";  // "f32" | "f64"
+  double epsilon = 1e-12;           // added to the factors' eigenvalues (eps I)
+  bool use_bias_correction = true;  // Mh = M / (1 - beta1^t); factors / (1 - beta2^t) when beta2 < 1
+  // inverse roots
+  int64_t precondition_frequency = 100;
+  int64_t start_preconditioning_step = -1;  // -1: precondition_frequency
+  double exponent_override = 0;             // 0: R_k = F_k^(-1/(2 order)); else F_k^(-1/exponent_override)
+  std::string root_method = "eigh";         // "eigh" | "newton"
+  int newton_max_iters = 100;
+  double newton_tolerance = 1e-6;
+  // grafting
+  std::string grafting = "adam";  // "none" | "sgd" | "adagrad" | "rmsprop" | "adam"
+  double grafting_beta2 = 0.95;   // rmsprop, adam
+  double grafting_epsilon = 1e-8;
+  // first moment, momentum, weight decay
+  double beta1 = 0.9;  // gradient filtering (0: none)
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;  // decoupled: p -= lr * weight_decay * p
+  // distribution
+  int trainers_per_group = 0;                // 0: the whole world in one group
+  std::string communication_dtype = "f32";  // search directions all-gathered as "f32" | "bf16"
+
+  nlohmann::json to_json() const;                       // with "name": "shampoo"
+  static ShampooConfig from_json(const nlohmann::json& j);  // UsageError naming the key
+  void validate() const;                                 // UsageError naming the option
+};
+
+// The blocking of a parameter of this shape (world-size independent).
+struct ShampooBlocking {
+  Shape merged;                              // size-1 dims dropped, small dims merged ([] for a scalar)
+  std::vector<Shape> block_shapes;           // row-major over the grid of blocks ([] for a scalar)
+  std::vector<std::vector<int64_t>> offsets;  // each block's offset in `merged`
+};
+ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_preconditioner_dim);
+
+// Greedy assignment: sizes largest first (ties by index), each to the least-loaded of `ranks`
+// (ties by lower rank). Returns the rank of each item.
+std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks);
+
+// The optimizer over `params` (f32, all on one device). Collective over comm (it may split it).
+std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
+                                        comm::Communicator& comm);
+
+}  // namespace dtk::optim

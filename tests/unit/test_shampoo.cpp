@@ -1,0 +1,446 @@
+// Distributed Shampoo in a world of one: blocking and merging, one step against a direct f64
+// computation (L^(-1/4) G R^(-1/4) with grafting), vectors and order-3 blocks, several steps of
+// every feature against the f64 reference of tests/common/shampoo_reference.h, root failures
+// (a singular factor keeps its previous root; the fourth failure is an error; NaN is an error
+// naming the parameter), state round trip, configs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../common/shampoo_reference.h"
+#include "dtk/comm/local/local_comm.h"
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+#include "dtk/optim/shampoo.h"
+
+namespace dtk::optim {
+namespace {
+
+using shampoo_ref::Vec;
+
+struct Model {
+  std::vector<nn::Param> params;
+  std::vector<Shape> shapes;
+  std::vector<Vec> values;  // the f64 copies of the initial values
+};
+
+Model make_model(const std::vector<std::pair<std::string, Shape>>& specs, uint64_t seed = 1) {
+  Model m;
+  for (const auto& [name, shape] : specs) {
+    const Vec v = shampoo_ref::random_values(static_cast<size_t>(shape_numel(shape)), seed++);
+    m.params.push_back({name, Tensor::from_doubles(v, shape, DType::f32), Tensor::zeros(shape, DType::f32), 0});
+    m.shapes.push_back(shape);
+    m.values.push_back(v);
+  }
+  return m;
+}
+
+std::vector<Vec> grads_at(const std::vector<Shape>& shapes, int step) {
+  std::vector<Vec> g;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    g.push_back(shampoo_ref::random_values(static_cast<size_t>(shape_numel(shapes[i])), 5000 + 100 * step + i, 0.5));
+  return g;
+}
+
+void set_grads(Model& m, const std::vector<Vec>& g) {
+  for (size_t i = 0; i < m.params.size(); ++i)
+    m.params[i].grad.copy_from(Tensor::from_doubles(g[i], m.shapes[i], DType::f32));
+}
+
+// max |x - ref| over max |ref - start|: the error relative to how far the run moved.
+double rel_err(const std::vector<nn::Param>& ps, const std::vector<Vec>& ref, const std::vector<Vec>& start) {
+  double err = 0, moved = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Vec x = ps[i].value.to_doubles();
+    for (size_t e = 0; e < x.size(); ++e) {
+      err = std::max(err, std::fabs(x[e] - ref[i][e]));
+      moved = std::max(moved, std::fabs(ref[i][e] - start[i][e]));
+    }
+  }
+  return err / moved;
+}
+
+ShampooConfig every_step_config() {
+  ShampooConfig c;
+  c.precondition_frequency = 1;
+  c.start_preconditioning_step = 1;
+  return c;
+}
+
+// ---------------------------------------------------------------------------- blocking
+
+TEST(Shampoo, BlockingMergesAndSplits) {
+  // 4096 x 11008: nothing merges (4096 * 11008 > 1024); 4 x 11 blocks, the last column 768 wide.
+  auto b = shampoo_blocking({4096, 11008}, 1024);
+  EXPECT_EQ(b.merged, (Shape{4096, 11008}));
+  ASSERT_EQ(b.block_shapes.size(), 44u);
+  EXPECT_EQ(b.block_shapes[0], (Shape{1024, 1024}));
+  EXPECT_EQ(b.block_shapes[10], (Shape{1024, 768}));
+  EXPECT_EQ(b.offsets[10], (std::vector<int64_t>{0, 10240}));
+  EXPECT_EQ(b.block_shapes[11], (Shape{1024, 1024}));
+  EXPECT_EQ(b.offsets[11], (std::vector<int64_t>{1024, 0}));
+  EXPECT_EQ(b.block_shapes[43], (Shape{1024, 768}));
+  EXPECT_EQ(b.offsets[43], (std::vector<int64_t>{3072, 10240}));
+  int full = 0;
+  for (const auto& s : b.block_shapes) full += s == Shape{1024, 1024};
+  EXPECT_EQ(full, 40);
+  // A conv weight 64 x 64 x 3 x 3: 3 * 3 * 64 = 576 merges, 64 * 576 does not: one 64 x 576 block.
+  b = shampoo_blocking({64, 64, 3, 3}, 1024);
+  EXPECT_EQ(b.merged, (Shape{64, 576}));
+  ASSERT_EQ(b.block_shapes.size(), 1u);
+  EXPECT_EQ(b.block_shapes[0], (Shape{64, 576}));
+  // 16 x 32 = 512 <= 1024: one vector block (order 1).
+  b = shampoo_blocking({16, 32}, 1024);
+  EXPECT_EQ(b.merged, (Shape{512}));
+  ASSERT_EQ(b.block_shapes.size(), 1u);
+  EXPECT_EQ(b.block_shapes[0], (Shape{512}));
+  // Merging runs from the last dim backwards: 256 * 4 first, then 4 stays alone.
+  EXPECT_EQ(shampoo_blocking({4, 256, 4}, 1024).merged, (Shape{4, 1024}));
+  // Size-1 dims dropped; a parameter of one element has one block of order 0.
+  EXPECT_EQ(shampoo_blocking({1, 5, 1, 3}, 1024).merged, (Shape{15}));
+  b = shampoo_blocking({1, 1}, 1024);
+  EXPECT_TRUE(b.merged.empty());
+  ASSERT_EQ(b.block_shapes.size(), 1u);
+  EXPECT_TRUE(b.block_shapes[0].empty());
+  // A long vector splits; an empty parameter has no block.
+  b = shampoo_blocking({2000}, 1024);
+  ASSERT_EQ(b.block_shapes.size(), 2u);
+  EXPECT_EQ(b.block_shapes[1], (Shape{976}));
+  EXPECT_TRUE(shampoo_blocking({3, 0}, 1024).block_shapes.empty());
+  EXPECT_THROW(shampoo_blocking({3}, 0), UsageError);
+}
+
+TEST(Shampoo, AssignmentIsGreedyLargestFirst) {
+  // 9 (item 1) -> r0, 9 (item 2) -> r1, 5 -> r0 (14), 4 -> r1 (13), 1 -> r1 (14).
+  EXPECT_EQ(shampoo_assign({5, 9, 9, 1, 4}, 2), (std::vector<int>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(shampoo_assign({3, 3, 3}, 1), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(shampoo_assign({1, 1}, 4), (std::vector<int>{0, 1}));
+}
+
+TEST(Shampoo, StateNamesFollowTheBlocks) {
+  auto comm = comm::make_local_communicator();
+  ShampooConfig c;
+  c.max_preconditioner_dim = 10;
+  c.momentum = 0.9;
+  Model m = make_model({{"w", {40, 107}}, {"conv", {6, 4, 3, 3}}, {"v", {16, 2}}, {"s", {1}}});
+  auto opt = make_shampoo(c, m.params, *comm);
+  std::map<std::string, Shape> st;
+  for (auto& [name, t] : opt->state()) st[name] = t.shape();
+  // 40 x 107 with blocks of 10: 4 x 11 blocks, the last column 7 wide.
+  EXPECT_EQ(st.at("shampoo/w/block0/factor0"), (Shape{10, 10}));
+  EXPECT_EQ(st.at("shampoo/w/block10/factor1"), (Shape{7, 7}));
+  EXPECT_EQ(st.at("shampoo/w/block10/root1"), (Shape{7, 7}));
+  EXPECT_EQ(st.at("shampoo/w/block43/graft"), (Shape{10, 7}));
+  EXPECT_EQ(st.at("shampoo/w/block43/filtered_grad"), (Shape{10, 7}));
+  EXPECT_EQ(st.at("shampoo/w/block43/momentum"), (Shape{10, 7}));
+  EXPECT_EQ(st.at("shampoo/w/block43/root_failures"), (Shape{1}));
+  EXPECT_FALSE(st.count("shampoo/w/block44/factor0"));
+  // 6 x 4 x 3 x 3 with 10: 3 * 3 = 9 merges, 4 * 9 does not: [6, 4, 9], one block of order 3.
+  EXPECT_EQ(st.at("shampoo/conv/block0/factor2"), (Shape{9, 9}));
+  EXPECT_EQ(st.at("shampoo/conv/block0/graft"), (Shape{6, 4, 9}));
+  // 16 x 2 = 32 > 10: [16, 2], blocks [10, 2] and [6, 2].
+  EXPECT_EQ(st.at("shampoo/v/block1/factor0"), (Shape{6, 6}));
+  // A scalar: no factor, per-element state of shape [1].
+  EXPECT_FALSE(st.count("shampoo/s/block0/factor0"));
+  EXPECT_EQ(st.at("shampoo/s/block0/graft"), (Shape{1}));
+  EXPECT_EQ(st.at("step"), (Shape{1}));
+  for (auto& [name, t] : opt->state()) EXPECT_EQ(opt->owner(name), name == "step" ? -1 : 0) << name;
+  EXPECT_THROW(opt->owner("shampoo/nothing/block0/factor0"), UsageError);
+  EXPECT_EQ(opt->config().at("name"), "shampoo");
+}
+
+// ---------------------------------------------------------------------------- one step, direct
+
+// One step on a 5 x 5 matrix (max_preconditioner_dim 5, so that it stays a matrix): W1 = W0 - lr * P * ||D_adagrad|| / ||P||, P = L^(-1/4) G R^(-1/4),
+// L = G G^T, R = G^T G (beta2 = 1, beta1 = 0: the raw gradient), computed here directly in f64.
+TEST(Shampoo, OneStepMatchesDirectComputation) {
+  auto comm = comm::make_local_communicator();
+  for (const std::string graft : {"adagrad", "sgd", "none"}) {
+    ShampooConfig c = every_step_config();
+    c.beta1 = 0;
+    c.beta2 = 1;
+    c.grafting = graft;
+    c.grafting_epsilon = 1e-8;
+    c.max_preconditioner_dim = 5;  // 5 * 5 <= 1024 would merge into a vector
+    Model m = make_model({{"w", {5, 5}}});
+    const Vec g = shampoo_ref::random_values(25, 77);
+    set_grads(m, {g});
+    auto opt = make_shampoo(c, m.params, *comm);
+    const double lr = 0.1;
+    opt->step(m.params, lr);
+
+    Vec gt(25);
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 5; ++j) gt[size_t(j * 5 + i)] = g[size_t(i * 5 + j)];
+    const Vec L = shampoo_ref::matmul(g, gt, 5, 5, 5), R = shampoo_ref::matmul(gt, g, 5, 5, 5);
+    const Vec Li = shampoo_ref::inverse_root(L, 5, c.epsilon, 4), Ri = shampoo_ref::inverse_root(R, 5, c.epsilon, 4);
+    const Vec P = shampoo_ref::matmul(shampoo_ref::matmul(Li, g, 5, 5, 5), Ri, 5, 5, 5);
+    Vec D = g;
+    if (graft == "adagrad")
+      for (size_t e = 0; e < 25; ++e) D[e] = g[e] / (std::fabs(g[e]) + 1e-8);
+    const double s = graft == "none" ? 1.0 : shampoo_ref::norm(D) / shampoo_ref::norm(P);
+    Vec want(25);
+    for (size_t e = 0; e < 25; ++e) want[e] = m.values[0][e] - lr * s * P[e];
+    EXPECT_LT(rel_err(m.params, {want}, m.values), 1e-5) << graft;
+  }
+}
+
+// A vector (order 1: (g g^T + eps I)^(-1/2) g) and an order-3 block over several steps, each
+// against the reference; eps large enough that the rank-deficient early factors are well posed
+// in f32.
+TEST(Shampoo, VectorAndOrder3MatchReference) {
+  auto comm = comm::make_local_communicator();
+  ShampooConfig c = every_step_config();
+  c.epsilon = 1e-3;
+  c.max_preconditioner_dim = 6;  // [3, 4, 5]: 4 * 5 = 20 > 6, so nothing merges
+  Model m = make_model({{"v", {6}}, {"t", {3, 4, 5}}});
+  EXPECT_EQ(shampoo_blocking({3, 4, 5}, 6).merged, (Shape{3, 4, 5}));
+  auto opt = make_shampoo(c, m.params, *comm);
+  shampoo_ref::Reference ref(c, m.shapes);
+  std::vector<Vec> want = m.values;
+  for (int s = 0; s < 4; ++s) {
+    const auto g = grads_at(m.shapes, s);
+    set_grads(m, g);
+    opt->step(m.params, 0.05);
+    ref.step(want, g, 0.05);
+  }
+  EXPECT_LT(rel_err(m.params, want, m.values), 2e-5);
+}
+
+// ---------------------------------------------------------------------------- every feature
+
+struct Case {
+  std::string label;
+  void (*tweak)(ShampooConfig&);
+  double tol = 1e-5;  // relative to the distance moved; f32 gives about 1e-6
+};
+
+TEST(Shampoo, SeveralStepsMatchReference) {
+  auto comm = comm::make_local_communicator();
+  const std::vector<Case> cases = {
+      {"adam grafting, momentum, nesterov, wd", [](ShampooConfig&) {}},
+      {"adagrad grafting, beta2 1", [](ShampooConfig& c) { c.grafting = "adagrad"; c.beta2 = 1; }},
+      {"rmsprop grafting, no bias correction", [](ShampooConfig& c) { c.grafting = "rmsprop"; c.use_bias_correction = false; }},
+      {"sgd grafting, beta1 0", [](ShampooConfig& c) { c.grafting = "sgd"; c.beta1 = 0; }},
+      // Without grafting the size of P follows the factors' small eigenvalues, which amplify
+      // the f32 rounding of the factors (about 5e-5 here; 5e-7 with f64 factors).
+      {"no grafting, plain momentum", [](ShampooConfig& c) { c.grafting = "none"; c.nesterov = false; }, 2e-4},
+      {"no grafting, f64 factors", [](ShampooConfig& c) { c.grafting = "none"; c.factor_dtype = "f64"; }},
+      {"f64 factors", [](ShampooConfig& c) { c.factor_dtype = "f64"; }},
+      {"newton roots", [](ShampooConfig& c) { c.root_method = "newton"; c.newton_tolerance = 1e-10; c.newton_max_iters = 200; }},
+      {"exponent override 2", [](ShampooConfig& c) { c.exponent_override = 2; }},
+      {"no momentum, no wd", [](ShampooConfig& c) { c.momentum = 0; c.nesterov = false; c.weight_decay = 0; }},
+  };
+  for (const Case& k : cases) {
+    ShampooConfig c;
+    c.max_preconditioner_dim = 5;
+    c.precondition_frequency = 2;
+    c.start_preconditioning_step = 2;  // step 1: grafting alone; roots at 2, 4, 6
+    c.epsilon = 1e-3;
+    c.beta1 = 0.9;
+    c.beta2 = 0.95;
+    c.grafting = "adam";
+    c.grafting_beta2 = 0.9;
+    c.momentum = 0.5;
+    c.nesterov = true;
+    c.weight_decay = 0.01;
+    k.tweak(c);
+    // [6, 4]: blocks [5, 4], [1, 4]; [8]: [5], [3]; [3, 4, 5]: one order-3 block; [12, 7]: 3 x 2
+    // blocks; [1]: order 0.
+    Model m = make_model({{"a", {6, 4}}, {"b", {8}}, {"c", {3, 4, 5}}, {"d", {12, 7}}, {"e", {1}}});
+    auto opt = make_shampoo(c, m.params, *comm);
+    shampoo_ref::Reference ref(c, m.shapes);
+    std::vector<Vec> want = m.values;
+    for (int s = 0; s < 6; ++s) {
+      const auto g = grads_at(m.shapes, s);
+      set_grads(m, g);
+      opt->step(m.params, 0.05);
+      ref.step(want, g, 0.05);
+    }
+    EXPECT_LT(rel_err(m.params, want, m.values), k.tol) << k.label;
+  }
+}
+
+TEST(Shampoo, Bf16CommunicationStaysClose) {
+  auto comm = comm::make_local_communicator();
+  ShampooConfig c = every_step_config();
+  c.epsilon = 1e-3;
+  Model a = make_model({{"w", {7, 9}}}), b = make_model({{"w", {7, 9}}});
+  c.communication_dtype = "bf16";
+  auto oa = make_shampoo(c, a.params, *comm);
+  c.communication_dtype = "f32";
+  auto ob = make_shampoo(c, b.params, *comm);
+  for (int s = 0; s < 3; ++s) {
+    const auto g = grads_at(a.shapes, s);
+    set_grads(a, g);
+    set_grads(b, g);
+    oa->step(a.params, 0.1);
+    ob->step(b.params, 0.1);
+  }
+  const std::vector<Vec> fb = {b.params[0].value.to_doubles()};
+  const double e = rel_err(a.params, fb, a.values);
+  EXPECT_LT(e, 1e-2);
+  EXPECT_GT(e, 0.0);  // the directions were rounded
+}
+
+// ---------------------------------------------------------------------------- failures
+
+Tensor state_of(Optimizer& opt, const std::string& name) {
+  for (auto& [n, t] : opt.state())
+    if (n == name) return t;
+  ADD_FAILURE() << "no state " << name;
+  return {};
+}
+
+// A zero gradient with eps = 0 leaves a zero (singular) factor: its root fails in f32 and in
+// f64; the block keeps its previous root (the identity) and counts the failure; a good step
+// resets the count; a fourth failure in a row is an error naming the block.
+TEST(Shampoo, SingularFactorKeepsPreviousRootThenFails) {
+  auto comm = comm::make_local_communicator();
+  ShampooConfig c = every_step_config();
+  c.epsilon = 0;
+  c.beta2 = 1;
+  c.beta1 = 0;
+  c.grafting = "sgd";
+  c.max_preconditioner_dim = 4;  // a 4 x 4 block (not a merged vector of 16)
+  Model m = make_model({{"layers.0.w", {4, 4}}});
+  const Vec before = m.values[0];
+  auto opt = make_shampoo(c, m.params, *comm);
+  set_grads(m, {Vec(16, 0.0)});
+  for (int s = 1; s <= 3; ++s) {
+    opt->step(m.params, 0.1);
+    EXPECT_EQ(state_of(*opt, "shampoo/layers.0.w/block0/root_failures").item(), s);
+    const Vec r = state_of(*opt, "shampoo/layers.0.w/block0/root0").to_doubles();
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) EXPECT_EQ(r[size_t(i * 4 + j)], i == j ? 1.0 : 0.0);
+  }
+  EXPECT_EQ(m.params[0].value.to_doubles(), before);  // zero directions, no NaN
+  // A full-rank gradient: the roots succeed, the count resets.
+  set_grads(m, {shampoo_ref::random_values(16, 9)});
+  opt->step(m.params, 0.1);
+  EXPECT_EQ(state_of(*opt, "shampoo/layers.0.w/block0/root_failures").item(), 0);
+  EXPECT_NE(state_of(*opt, "shampoo/layers.0.w/block0/root0").to_doubles()[1], 0.0);
+
+  Model z = make_model({{"layers.0.w", {4, 4}}});
+  auto oz = make_shampoo(c, z.params, *comm);
+  set_grads(z, {Vec(16, 0.0)});
+  for (int s = 1; s <= 3; ++s) oz->step(z.params, 0.1);
+  try {
+    oz->step(z.params, 0.1);
+    ADD_FAILURE() << "no error at the fourth failure";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "a UsageError: " << e.what();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("layers.0.w"), std::string::npos) << what;
+    EXPECT_NE(what.find("block 0"), std::string::npos) << what;
+  }
+}
+
+TEST(Shampoo, NonFiniteFactorIsAnErrorNamingTheParameter) {
+  auto comm = comm::make_local_communicator();
+  for (double bad : {NAN, INFINITY}) {
+    ShampooConfig c = every_step_config();
+    Model m = make_model({{"ok", {3, 3}}, {"layers.3.feed_forward.w2.weight", {4, 6}}});
+    auto opt = make_shampoo(c, m.params, *comm);
+    auto g = grads_at(m.shapes, 0);
+    g[1][5] = bad;
+    set_grads(m, g);
+    try {
+      opt->step(m.params, 0.1);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("layers.3.feed_forward.w2.weight"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- state
+
+// Save every state tensor after 4 steps, build a fresh optimizer, copy the state in, continue:
+// bit-identical to the run that never stopped (roots at 2, 4, 6: step 5 uses restored roots).
+TEST(Shampoo, StateRoundTripIsBitIdentical) {
+  auto comm = comm::make_local_communicator();
+  ShampooConfig c;
+  c.max_preconditioner_dim = 5;
+  c.precondition_frequency = 2;
+  c.start_preconditioning_step = 2;
+  c.epsilon = 1e-3;
+  c.momentum = 0.5;
+  c.weight_decay = 0.01;
+  const std::vector<std::pair<std::string, Shape>> specs = {{"a", {6, 4}}, {"b", {8}}, {"c", {3, 4, 5}}};
+  Model full = make_model(specs);
+  auto of = make_shampoo(c, full.params, *comm);
+  for (int s = 0; s < 7; ++s) {
+    set_grads(full, grads_at(full.shapes, s));
+    of->step(full.params, 0.05);
+  }
+  Model part = make_model(specs);
+  auto op = make_shampoo(c, part.params, *comm);
+  for (int s = 0; s < 4; ++s) {
+    set_grads(part, grads_at(part.shapes, s));
+    op->step(part.params, 0.05);
+  }
+  std::map<std::string, Tensor> saved;
+  for (auto& [name, t] : op->state()) saved[name] = t.clone();
+  Model resumed = make_model(specs, 99);  // other values: the restore must bring everything
+  for (size_t i = 0; i < resumed.params.size(); ++i) resumed.params[i].value.copy_from(part.params[i].value);
+  auto orr = make_shampoo(c, resumed.params, *comm);
+  size_t restored = 0;
+  for (auto& [name, t] : orr->state()) {
+    ASSERT_TRUE(saved.count(name)) << name;
+    t.copy_from(saved.at(name));
+    ++restored;
+  }
+  EXPECT_EQ(restored, saved.size());
+  for (int s = 4; s < 7; ++s) {
+    set_grads(resumed, grads_at(resumed.shapes, s));
+    orr->step(resumed.params, 0.05);
+  }
+  for (size_t i = 0; i < full.params.size(); ++i)
+    EXPECT_EQ(resumed.params[i].value.to_doubles(), full.params[i].value.to_doubles()) << specs[i].first;
+}
+
+TEST(Shampoo, ConfigJsonAndValidation) {
+  ShampooConfig c;
+  c.grafting = "rmsprop";
+  c.max_preconditioner_dim = 256;
+  c.trainers_per_group = 2;
+  c.communication_dtype = "bf16";
+  const ShampooConfig d = ShampooConfig::from_json(c.to_json());
+  EXPECT_EQ(d.to_json(), c.to_json());
+  auto expect_usage = [](const nlohmann::json& j, const std::string& word) {
+    try {
+      ShampooConfig::from_json(j);
+      ADD_FAILURE() << "no error for " << j.dump();
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  expect_usage({{"grafting", "lion"}}, "grafting");
+  expect_usage({{"beta2", 1.5}}, "beta2");
+  expect_usage({{"factor_dtype", "bf16"}}, "factor_dtype");
+  expect_usage({{"precondition_frequency", 0}}, "precondition_frequency");
+  expect_usage({{"max_preconditioner_dim", 2.5}}, "max_preconditioner_dim");
+  expect_usage({{"root_method", "newton"}, {"exponent_override", 2.5}}, "exponent_override");
+  expect_usage({{"communication_dtype", "f16"}}, "communication_dtype");
+  expect_usage({{"nesterov", true}, {"momentum", 0}}, "nesterov");
+  expect_usage({{"name", "adamw"}}, "name");
+  expect_usage({{"max_precond_dim", 3}}, "max_precond_dim");
+  // trainers_per_group must divide the world.
+  auto comm = comm::make_local_communicator();
+  Model m = make_model({{"w", {3, 3}}});
+  ShampooConfig g;
+  g.trainers_per_group = 2;
+  EXPECT_THROW(make_shampoo(g, m.params, *comm), UsageError);
+  // Parameters other than those it was built for.
+  auto opt = make_shampoo({}, m.params, *comm);
+  Model other = make_model({{"w", {3, 4}}});
+  EXPECT_THROW(opt->step(other.params, 0.1), UsageError);
+}
+
+}  // namespace
+}  // namespace dtk::optim
