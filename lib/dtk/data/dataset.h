@@ -20,13 +20,19 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;  // number of samples
   // The samples with these indices (each in [0, size())) as one host batch, in this order
-  // (layout of nn::Batch for the dataset's kind).
+  // (layout of nn::Batch for the dataset's kind). Safe to call from several threads (a
+  // prefetching thread); files read only the rows asked for. A token file whose window holds a
+  // token >= its vocab_size throws UsageError naming the file and the position.
   virtual nn::Batch get(std::span<const int64_t> indices) const = 0;
   // {"source": "synthetic-markov" | path, "kind": "tokens" | "classification", "samples": N,
   //  "tokens": ..., "vocab_size" | "classes": ..., "entropy_rate": nats/token (synthetic only)}
   virtual nlohmann::json describe() const = 0;
   // The optimum of the mean loss (nats) a model can reach on this data when it is known
   // (synthetic data: the entropy rate of the chain; the Bayes loss of the mixture); NaN otherwise.
+  // The entropy rate is exact and is the exact optimum of the windowed loss too (sequences start
+  // in the stationary distribution; the first target has its predecessor as context). The Bayes
+  // loss is a deterministic Monte Carlo estimate (describe(): optimal_loss_stderr, ~0.003). Files
+  // report their `optimal_loss` attribute (data-pack writes it for synthetic data).
   virtual double optimal_loss() const;
 };
 
@@ -38,7 +44,8 @@ class Dataset {
 //   of seq_len + 1 tokens) or a classification file (`images` u8 [N,H,W,C] scaled to [0,1] and
 //   flattened, or `features` f32 [N,D]; `labels` integer [N]). Checked against the model
 //   (vocab_size <= vocab, feature size == input_dim, labels < classes): UsageError naming the
-//   file and the mismatch.
+//   file and the mismatch. `validation` and `seed` matter only for "synthetic" (a file is what
+//   it is: pass the validation file itself). Synthetic datasets have 2^40 samples.
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelConfig& model, bool validation,
                                       uint64_t seed);
 
