@@ -1,0 +1,252 @@
+// Distributed Shampoo over 1, 2 and 4 ranks: the blocks spread over the ranks (each held once),
+// the same weights as a world of one (bit for bit) and as the f64 reference, for trainer groups
+// and bf16 directions too; the state saved by block with its owner (ckpt::save_state) restores on
+// another world size and continues exactly; a NaN factor stops every rank with the same error.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../common/shampoo_reference.h"
+#include "dtk/ckpt/state.h"
+#include "dtk/comm/comm.h"
+#include "dtk/comm/local/local_comm.h"
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+#include "dtk/optim/shampoo.h"
+
+namespace dtk::optim {
+namespace {
+namespace fs = std::filesystem;
+using comm::Runtime;
+using shampoo_ref::Vec;
+
+const std::vector<std::pair<std::string, Shape>> kSpecs = {
+    {"tok_embeddings.weight", {12, 7}}, {"layers.0.attention_norm.weight", {8}}, {"layers.0.w", {6, 4}},
+    {"layers.0.conv", {3, 4, 5}},       {"layers.0.scale", {1}},                  {"output.weight", {20, 3}}};
+
+struct RunState {
+  std::vector<nn::Param> params;
+  std::vector<Shape> shapes;
+  std::vector<Vec> start;
+};
+
+RunState make_run() {
+  RunState r;
+  uint64_t seed = 1;
+  for (const auto& [name, shape] : kSpecs) {
+    const Vec v = shampoo_ref::random_values(static_cast<size_t>(shape_numel(shape)), seed++);
+    r.params.push_back({name, Tensor::from_doubles(v, shape, DType::f32), Tensor::zeros(shape, DType::f32), 0});
+    r.shapes.push_back(shape);
+    r.start.push_back(v);
+  }
+  return r;
+}
+
+std::vector<Vec> grads_at(const std::vector<Shape>& shapes, int step) {
+  std::vector<Vec> g;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    g.push_back(shampoo_ref::random_values(static_cast<size_t>(shape_numel(shapes[i])), 7000 + 100 * step + i, 0.5));
+  return g;
+}
+
+void steps(Optimizer& opt, RunState& r, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    const auto g = grads_at(r.shapes, s);
+    for (size_t i = 0; i < r.params.size(); ++i) r.params[i].grad.copy_from(Tensor::from_doubles(g[i], r.shapes[i], DType::f32));
+    opt.step(r.params, 0.05);
+  }
+}
+
+ShampooConfig base_config() {
+  ShampooConfig c;
+  c.max_preconditioner_dim = 5;  // many blocks: 3 x 2, 2, 2 x 1, 1, 1, 4 x 1
+  c.precondition_frequency = 2;
+  c.start_preconditioning_step = 2;
+  c.epsilon = 1e-3;
+  c.momentum = 0.5;
+  c.nesterov = true;
+  c.weight_decay = 0.01;
+  return c;
+}
+
+std::vector<Vec> values(const RunState& r) {
+  std::vector<Vec> v;
+  for (const auto& p : r.params) v.push_back(p.value.to_doubles());
+  return v;
+}
+
+fs::path shared_tmpdir() {
+  std::string name;
+  if (Runtime::get().rank() == 0) {
+    char tmpl[] = "/tmp/dtk-shampoo-XXXXXX";
+    name = mkdtemp(tmpl);
+  }
+  return Runtime::get().gather_strings(name)[0];
+}
+
+int sum_over_ranks(comm::Communicator& c, int v) {
+  c.all_reduce({&v, 1, DType::i32, {}}, {&v, 1, DType::i32, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+  return v;
+}
+
+std::vector<ckpt::StateEntry> entries(Optimizer& opt, RunState& r) {
+  std::vector<ckpt::StateEntry> e;
+  for (auto& p : r.params) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
+  for (auto& [name, t] : opt.state()) e.push_back({"optim/" + name, t, opt.owner(name)});
+  return e;
+}
+
+// ---------------------------------------------------------------------------- invariance
+
+TEST(ShampooMpi, WorldSizeInvariance) {
+  auto world = Runtime::get().world();
+  auto local = comm::make_local_communicator();
+  const int n = world->size();
+  struct Variant {
+    std::string label;
+    int group;
+    std::string dtype;
+  };
+  std::vector<Variant> variants = {{"one group", 0, "f32"}, {"bf16 directions", 0, "bf16"}, {"groups of 1", 1, "f32"}};
+  if (n == 4) variants.push_back({"groups of 2", 2, "f32"});
+  for (const auto& v : variants) {
+    ShampooConfig c = base_config();
+    c.trainers_per_group = v.group;
+    c.communication_dtype = v.dtype;
+    RunState a = make_run(), b = make_run();
+    auto dist = make_shampoo(c, a.params, *world);
+    ShampooConfig cl = c;
+    cl.trainers_per_group = 0;
+    auto one = make_shampoo(cl, b.params, *local);
+    steps(*dist, a, 0, 6);
+    steps(*one, b, 0, 6);
+    EXPECT_EQ(values(a), values(b)) << v.label << " on " << n << " ranks";
+    if (v.dtype == "f32") {
+      shampoo_ref::Reference ref(c, a.shapes);
+      std::vector<Vec> want = a.start;
+      for (int s = 0; s < 6; ++s) ref.step(want, grads_at(a.shapes, s), 0.05);
+      double err = 0, moved = 0;
+      const auto got = values(a);
+      for (size_t i = 0; i < got.size(); ++i)
+        for (size_t e = 0; e < got[i].size(); ++e) {
+          err = std::max(err, std::fabs(got[i][e] - want[i][e]));
+          moved = std::max(moved, std::fabs(want[i][e] - a.start[i][e]));
+        }
+      EXPECT_LT(err / moved, 1e-5) << v.label;
+    }
+    // Each block is held by one rank of each group; group 0 writes it.
+    int held = 0, written = 0;
+    for (auto& [name, t] : dist->state())
+      if (name.size() > 7 && name.substr(name.size() - 7) == "factor0") {
+        ++held;
+        if (dist->owner(name) == world->rank()) ++written;
+        else EXPECT_EQ(dist->owner(name), -1) << name;  // a copy in another group
+      }
+    int blocks = 0;
+    for (auto& [name, t] : one->state())
+      if (name.size() > 7 && name.substr(name.size() - 7) == "factor0") ++blocks;
+    const int groups = v.group == 0 ? 1 : n / v.group;
+    EXPECT_EQ(sum_over_ranks(*world, held), blocks * groups) << v.label;
+    EXPECT_EQ(sum_over_ranks(*world, written), blocks) << v.label;
+    if (v.group == 0 && n > 1) {
+      EXPECT_GT(held, 0) << "rank " << world->rank() << " owns no block";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- state
+
+// N ranks save after 4 steps; a world of one restores and continues: the same weights as a world
+// of one that never stopped. Then the reverse: a world of one saves, N ranks (in one group, and
+// in groups of one) restore and continue.
+TEST(ShampooMpi, StateRestoresOnAnotherWorldSize) {
+  auto world = Runtime::get().world();
+  auto local = comm::make_local_communicator();
+  const int rank = world->rank(), n = world->size();
+  const fs::path dir = shared_tmpdir();
+  const ShampooConfig c = base_config();
+
+  RunState ref = make_run();
+  auto oref = make_shampoo(c, ref.params, *local);
+  steps(*oref, ref, 0, 7);
+  const auto want = values(ref);
+
+  for (int group : {0, 1}) {
+    ShampooConfig cd = c;
+    cd.trainers_per_group = group;
+    // N ranks -> 1.
+    {
+      RunState a = make_run();
+      auto od = make_shampoo(cd, a.params, *world);
+      steps(*od, a, 0, 4);
+      ckpt::Metadata meta;
+      meta.world_size = n;
+      meta.step = 4;
+      const fs::path file = dir / ("n" + std::to_string(group) + ".h5");
+      ckpt::save_state(file, entries(*od, a), meta, *world);
+      RunState b = make_run();
+      for (auto& p : b.params) ops::fill(p.value, 0.0);
+      auto o1 = make_shampoo(c, b.params, *local);
+      auto e = entries(*o1, b);
+      ckpt::Reader r(file);
+      ckpt::load_state(r, e, 0, 1);
+      steps(*o1, b, 4, 7);
+      EXPECT_EQ(values(b), want) << "saved on " << n << " ranks (groups " << group << "), restored on 1";
+    }
+    // 1 -> N.
+    {
+      const fs::path file = dir / ("one" + std::to_string(group) + ".h5");
+      RunState a = make_run();
+      auto o1 = make_shampoo(c, a.params, *local);
+      steps(*o1, a, 0, 4);
+      if (rank == 0) {
+        ckpt::Metadata meta;
+        meta.world_size = 1;
+        meta.step = 4;
+        ckpt::save_state(file, entries(*o1, a), meta, *local);
+      }
+      world->barrier();
+      RunState b = make_run();
+      for (auto& p : b.params) ops::fill(p.value, 0.0);
+      auto od = make_shampoo(cd, b.params, *world);
+      auto e = entries(*od, b);
+      ckpt::Reader r(file);
+      ckpt::load_state(r, e, rank, n);
+      steps(*od, b, 4, 7);
+      EXPECT_EQ(values(b), want) << "saved on 1 rank, restored on " << n << " (groups " << group << ")";
+    }
+  }
+  world->barrier();
+  if (rank == 0) fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------- errors
+
+// A NaN in one parameter's gradient: every rank, owner or not, raises the error naming it, and
+// the ranks stay in step (the next collective still matches).
+TEST(ShampooMpi, NanStopsEveryRankWithTheSameError) {
+  auto world = Runtime::get().world();
+  ShampooConfig c = base_config();
+  c.start_preconditioning_step = 1;
+  c.precondition_frequency = 1;
+  RunState a = make_run();
+  auto opt = make_shampoo(c, a.params, *world);
+  auto g = grads_at(a.shapes, 0);
+  g[3][7] = NAN;  // layers.0.conv
+  for (size_t i = 0; i < a.params.size(); ++i) a.params[i].grad.copy_from(Tensor::from_doubles(g[i], a.shapes[i], DType::f32));
+  int raised = 0;
+  try {
+    opt->step(a.params, 0.05);
+  } catch (const Error& e) {
+    raised = std::string(e.what()).find("layers.0.conv") != std::string::npos;
+    EXPECT_TRUE(raised) << e.what();
+  }
+  EXPECT_EQ(sum_over_ranks(*world, raised), world->size());
+}
+
+}  // namespace
+}  // namespace dtk::optim
