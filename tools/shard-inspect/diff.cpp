@@ -49,6 +49,7 @@ class Diff : public Command {
   void add_options(CLI::App& sub) override {
     sub.add_option("A", a_path_, "the first checkpoint")->required();
     sub.add_option("B", b_path_, "the second checkpoint (the reference of relative differences)")->required();
+    sub.add_option("NAME", names_, "only these tensors, or groups ending in / (model/); default all");
     sub.add_option("--rtol", rtol_, "relative tolerance: |a - b| <= atol + rtol * |b| counts as the same")
         ->check(CLI::NonNegativeNumber);
     sub.add_option("--atol", atol_, "absolute tolerance")->check(CLI::NonNegativeNumber);
@@ -58,11 +59,19 @@ class Diff : public Command {
   void validate() override {
     a_ = open_input(a_path_);
     b_ = open_input(b_path_);
+    for (const auto& n : names_) {
+      bool any = false;
+      for (const auto* r : {a_.get(), b_.get()})
+        for (const auto& t : r->tensors()) any = any || selected(t.name, n);
+      if (!any) fail_usage("no tensor " + n + " in " + a_path_ + " or " + b_path_);
+    }
   }
   int run() override {
     std::set<std::string> names;
-    for (const auto& t : a_->tensors()) names.insert(t.name);
-    for (const auto& t : b_->tensors()) names.insert(t.name);
+    for (const auto* r : {a_.get(), b_.get()})
+      for (const auto& t : r->tensors())
+        if (names_.empty() || std::any_of(names_.begin(), names_.end(), [&](const auto& n) { return selected(t.name, n); }))
+          names.insert(t.name);
     Table table({"name", "result", "max_abs", "max_rel", "differing", "a", "b"});
     nlohmann::json rows = nlohmann::json::array(), only_a = nlohmann::json::array(), only_b = nlohmann::json::array();
     int64_t compared = 0, different = 0;
@@ -113,6 +122,10 @@ class Diff : public Command {
   }
 
  private:
+  // A NAME selects a tensor by its full name, or a group when it ends in '/'.
+  static bool selected(const std::string& tensor, const std::string& name) {
+    return tensor == name || (!name.empty() && name.back() == '/' && tensor.rfind(name, 0) == 0);
+  }
   Difference compare(const ckpt::TensorInfo& ta, const ckpt::TensorInfo& tb) const {
     Difference d;
     const size_t elem = std::max<size_t>({dtype_size(ta.dtype), dtype_size(tb.dtype), 8});
@@ -126,6 +139,7 @@ class Diff : public Command {
   }
 
   std::string a_path_, b_path_;
+  std::vector<std::string> names_;
   double rtol_ = 0, atol_ = 0;
   bool quiet_ = false, json_ = false;
   std::unique_ptr<ckpt::Reader> a_, b_;

@@ -73,6 +73,8 @@ int main(int argc, char** argv, const Program& p) {
   app.set_version_flag("--version", version_string(p.name));
   app.set_config("--config", "", "read options from a TOML or INI file (CLI11 config format)");
   app.option_defaults()->always_capture_default();
+  // A repeated option takes its last value, as in most Unix tools (a script can override a default).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   Common common;
   app.add_option("--log-level", common.log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))

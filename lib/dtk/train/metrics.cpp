@@ -26,9 +26,9 @@ Metrics::~Metrics() {
   if (own_) std::fclose(f_);
 }
 
-void Metrics::write(const nlohmann::json& record) {
+void Metrics::write(const nlohmann::ordered_json& record) {
   if (!f_) return;
-  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string line = record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   std::fprintf(f_, "%s\n", line.c_str());
   std::fflush(f_);
 }

@@ -14,7 +14,7 @@ class Metrics {
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
-  void write(const nlohmann::json& record);  // one line, flushed
+  void write(const nlohmann::ordered_json& record);  // one line, flushed
 
  private:
   std::FILE* f_ = nullptr;

@@ -159,8 +159,8 @@ void validate(const Options& o, int world_size) {
                " ranks no sample; use at least one sample per rank");
   if (o.optimizer != "sgd" && o.optimizer != "adamw" && o.optimizer != "shampoo")
     fail_usage("unknown --optimizer '" + o.optimizer + "' (expected sgd or adamw)");
-  if (o.warmup >= o.steps && o.schedule != "constant" && o.warmup > 0)
-    fail_usage("--warmup " + std::to_string(o.warmup) + " is not shorter than --steps " + std::to_string(o.steps));
+  if (o.warmup > o.steps)
+    fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
   const Device d = parse_device(o.device);
   if (d.is_cuda() && cuda::device_count() == 0)
     fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
@@ -269,7 +269,7 @@ class Trainer {
       if (!std::isfinite(loss)) fail("the loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                      "; lower --lr or raise --warmup");
 
-      nlohmann::json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+      nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
