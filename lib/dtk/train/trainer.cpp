@@ -12,6 +12,7 @@
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
+#include "dtk/optim/shampoo.h"
 #include "dtk/parallel/data_parallel.h"
 #include "dtk/train/metrics.h"
 
@@ -220,6 +221,13 @@ class Trainer {
 
     if (s.optimizer) {
       optim_ = s.optimizer(model_->params(), *comm_);
+    } else if (o.optimizer == "shampoo") {  // any program can run Shampoo, with its defaults
+      optim::ShampooConfig sc;
+      sc.beta1 = o.beta1;
+      sc.beta2 = o.beta2;
+      sc.weight_decay = o.weight_decay;
+      sc.nesterov = o.nesterov;
+      optim_ = optim::make_shampoo(sc, model_->params(), *comm_);
     } else {
       optim::OptimConfig oc;
       oc.name = o.optimizer;
@@ -239,6 +247,12 @@ class Trainer {
       sync_ = parallel::make_allreduce_sync(*model_, *comm_, o.bucket_bytes);
     }
 
+    {  // optimizer state held by this rank; the metrics report the largest over ranks
+      double bytes = 0;
+      for (auto& [name, t] : optim_->state()) bytes += static_cast<double>(t.bytes());
+      host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+      optim_state_bytes_ = static_cast<int64_t>(bytes);
+    }
     if (!o.resume.empty()) resume(checkpoint_path(o.resume));
     else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
     parallel::broadcast_params(*model_, *comm_);
@@ -273,7 +287,8 @@ class Trainer {
                           {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
-                          {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak}};
+                          {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak},
+                          {"optim_state_bytes", optim_state_bytes_}};
       const compress::Bytes b = sync_->bytes();
       m["comm_bytes"] = b.sent;
       if (compressor_) {
@@ -430,6 +445,7 @@ class Trainer {
   std::unique_ptr<parallel::GradSync> sync_;
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;
+  int64_t optim_state_bytes_ = 0;  // the largest over ranks
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
 };
 
