@@ -812,28 +812,32 @@ class Shampoo final : public Optimizer {
       return;
     }
     const std::vector<double> mu = w.to_doubles();
-    std::vector<double> dexp(static_cast<size_t>(nb * b * b), 0.0);
+    std::vector<double> d(static_cast<size_t>(nb * b), 0.0);
     const double eps = cfg_.epsilon;
     for (int64_t i = 0; i < nb; ++i) {
       const double* m = mu.data() + i * b;
+      double* di = d.data() + i * b;
       bool good = std::isfinite(m[0]);
       const double m0 = m[0] + eps;
       const double shift = m0 < eps ? eps - m0 : 0.0;
-      std::vector<double> d(static_cast<size_t>(b));
       for (int64_t j = 0; j < b && good; ++j) {
-        d[static_cast<size_t>(j)] = std::pow(m[j] + eps + shift, -1.0 / p);
-        good = std::isfinite(m[j]) && std::isfinite(d[static_cast<size_t>(j)]);
+        di[j] = std::pow(m[j] + eps + shift, -1.0 / p);
+        good = std::isfinite(m[j]) && std::isfinite(di[j]);
       }
       if (!good) {
         ok[static_cast<size_t>(i)] = 0;
-        continue;
+        std::fill(di, di + b, 0.0);
       }
-      for (int64_t r = 0; r < b; ++r)
-        for (int64_t c = 0; c < b; ++c) dexp[static_cast<size_t>((i * b + r) * b + c)] = d[static_cast<size_t>(c)];
     }
-    const Tensor D = Tensor::from_doubles(dexp, {nb, b, b}, fdtype_, device_);
+    // V diag(d): the columns of V scaled by d, through Dexp[i] = ones [b, 1] x d_i [1, b] (exact:
+    // one product per element), then R = (V diag(d)) V^T.
+    const Tensor D1 = Tensor::from_doubles(d, {nb, 1, b}, fdtype_, device_);
+    Tensor ones = Tensor::empty({nb, b, 1}, fdtype_, device_);
+    ops::fill(ones, 1.0);
+    Tensor Dexp = Tensor::empty({nb, b, b}, fdtype_, device_);
+    ops::gemm(false, false, 1.0, ones, D1, 0.0, Dexp);
     Tensor VD = Tensor::empty({nb, b, b}, fdtype_, device_);
-    ops::mul(V, D, VD);
+    ops::mul(V, Dexp, VD);
     ops::gemm(false, true, 1.0, VD, V, 0.0, out);
     if (ops::count_nonfinite(out) > 0)
       for (int64_t i = 0; i < nb; ++i)
