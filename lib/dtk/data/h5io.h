@@ -1,6 +1,5 @@
-// Internal to dtk::data: a minimal RAII layer over the HDF5 C API for the dataset files (data
-// sits below ckpt in the module order, so it cannot use ckpt's helpers). Every HDF5 call of the
-// data module runs under lock(): the HDF5 library dtk links is not built thread-safe, and the
+// Internal to dtk::data: HDF5 helpers for the dataset files, over core/h5.h's RAII ids and error
+// handling. Every HDF5 call of the data module runs under lock(): the HDF5 library dtk links is not built thread-safe, and the
 // training loop may assemble batches on a thread of its own.
 #pragma once
 #include <hdf5.h>
@@ -12,39 +11,17 @@
 #include <utility>
 #include <vector>
 
+#include "dtk/core/h5.h"
+
 namespace dtk::data::h5io {
 
-// An owned hid_t, closed with the right H5?close for its kind.
-class Id {
- public:
-  Id() = default;
-  explicit Id(hid_t id) : id_(id) {}
-  ~Id() { reset(); }
-  Id(Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)) {}
-  Id& operator=(Id&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = std::exchange(o.id_, H5I_INVALID_HID);
-    }
-    return *this;
-  }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  hid_t get() const { return id_; }
-  operator hid_t() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  void reset();
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-};
+using dtk::h5::check;
+using dtk::h5::check_status;
+using dtk::h5::Id;
+using dtk::h5::last_error;
+using dtk::h5::quiet;
 
 std::unique_lock<std::recursive_mutex> lock();
-void quiet();              // no printing by HDF5 itself (once per process)
-std::string last_error();  // the innermost message of HDF5's error stack, then clears it
-// Error("<what>: <HDF5 message>") when id / status is negative.
-hid_t check(hid_t id, const std::string& what);
-void check_status(herr_t status, const std::string& what);
 
 // File access properties for data files: the default driver, with file locking where the file
 // system supports it and none where it does not (Lustre, some NFS mounts), instead of an error.

@@ -1,0 +1,45 @@
+// Thin RAII over the HDF5 C API, shared by the modules that read and write HDF5 files (data,
+// ckpt): owned ids closed with the right H5?close, HDF5's own error printing silenced, and
+// failures as dtk::Error carrying the innermost message of HDF5's error stack.
+#pragma once
+#include <hdf5.h>
+
+#include <string>
+#include <utility>
+
+namespace dtk::h5 {
+
+// An owned hid_t, closed with the right H5?close for its kind.
+class Id {
+ public:
+  Id() = default;
+  explicit Id(hid_t id) : id_(id) {}
+  ~Id() { reset(); }
+  Id(Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)) {}
+  Id& operator=(Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+    }
+    return *this;
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+// Silences HDF5's own printing of errors (once per process); failures become exceptions.
+void quiet();
+// The innermost message of the current HDF5 error stack ("" when empty).
+std::string last_error();
+// Throws Error("<what>: <HDF5 message>") when id < 0 / status < 0.
+hid_t check(hid_t id, const std::string& what);
+void check_status(herr_t status, const std::string& what);
+
+}  // namespace dtk::h5
