@@ -227,6 +227,7 @@ class Trainer {
       sc.beta2 = o.beta2;
       sc.weight_decay = o.weight_decay;
       sc.nesterov = o.nesterov;
+      sc.momentum = o.nesterov ? o.momentum : 0.0;  // Shampoo's default is no momentum
       optim_ = optim::make_shampoo(sc, model_->params(), *comm_);
     } else {
       optim::OptimConfig oc;
