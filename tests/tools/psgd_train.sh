@@ -32,6 +32,15 @@ for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_ms", "pe
 PY
 else bad "learning run (exit $rc)" "$(cat $tmp/e)"; fi
 
+# ---- a packed classification file of another input size (--input-dim) ----
+datapack=$(dirname "$psgd")/../data-pack/data-pack
+if $datapack synthetic --kind classes --input-dim 48 --samples 512 -o cls.h5 >/dev/null 2>&1; then
+  run $psgd --model mlp-small --input-dim 48 --data cls.h5 --steps 3 --global-batch 16 --log-level warn
+  [ $rc = 0 ] && ok "mlp on a packed file with --input-dim" || bad "mlp --input-dim (exit $rc)" "$(cat $tmp/e)"
+  run $psgd --model mlp-small --data cls.h5 --steps 3
+  [ $rc = 2 ] && grep -q "cls.h5" $tmp/e && ok "input size mismatch names the file" || bad "input mismatch (exit $rc)" "$(cat $tmp/e)"
+else bad "data-pack synthetic"; fi
+
 # ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----
 resume_check() {
   local name=$1; shift

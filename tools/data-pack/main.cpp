@@ -294,7 +294,7 @@ cli::Program program() {
         ->check(CLI::IsMember({"tokens", "classes"}));
     add_output(synth_cmd);
     synth_cmd->add_option("--samples", a.samples, "samples (tokens: windows of --seq-len)")->check(CLI::PositiveNumber);
-    synth_cmd->add_option("--seed", a.seed, "the data seed (as --data-seed of the training programs)");
+    synth_cmd->add_option("--seed", a.seed, "the data seed (the --seed of the training programs gives the same data)");
     synth_cmd->add_flag("--validation", a.validation, "draw from the validation stream");
     synth_cmd->add_option("--vocab", a.vocab, "tokens: vocabulary size")->check(CLI::Range(int64_t{2}, int64_t{1} << 31));
     synth_cmd->add_option("--seq-len", a.seq_len, "tokens: window length; the file holds samples * seq_len + 1 tokens")

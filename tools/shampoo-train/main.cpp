@@ -72,7 +72,7 @@ cli::Program program() {
     c.momentum = momentum->count() > 0 ? o.momentum : 0.0;
     c.nesterov = o.nesterov;
     c.use_bias_correction = !no_bias_correction;
-    c.validate();
+    if (o.optimizer == "shampoo") c.validate();
     if (c.trainers_per_group > 0 && rt.size() % c.trainers_per_group != 0)
       fail_usage("--trainers-per-group " + std::to_string(c.trainers_per_group) + " does not divide the " +
                  std::to_string(rt.size()) + " ranks");

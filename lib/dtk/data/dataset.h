@@ -39,7 +39,7 @@ class Dataset {
 // Opens a training or validation dataset for a model:
 //   spec "synthetic": llama -> the sparse Markov-chain language over the model's vocab and
 //   seq_len; mlp -> the Gaussian mixture over input_dim and classes. validation selects a
-//   disjoint stream of the same distribution. seed picks the chain / mixture (data_seed).
+//   disjoint stream of the same distribution. seed (the run's --seed) picks the chain / mixture.
 //   spec FILE.h5: a token file (1-D `tokens` u16/u32, attribute vocab_size; samples are windows
 //   of seq_len + 1 tokens) or a classification file (`images` u8 [N,H,W,C] scaled to [0,1] and
 //   flattened, or `features` f32 [N,D]; `labels` integer [N]). Checked against the model

@@ -37,6 +37,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(CLI::PositiveNumber);
   app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(CLI::PositiveNumber);
   app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--classes", o.classes, "number of classes (mlp)")->group(g)->check(CLI::PositiveNumber);
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "recompute each block's forward during backward instead of keeping its activations")->group(g);
 
@@ -125,6 +127,8 @@ nn::ModelConfig resolve_model(const Options& o) {
     same("--kv-heads", o.kv_heads, c.n_kv_heads);
     same("--ffn-hidden", o.ffn_hidden, c.ffn_hidden);
     same("--vocab", o.vocab, c.vocab);
+    same("--input-dim", o.input_dim, c.input_dim);
+    same("--classes", o.classes, c.classes);
     if (c.arch == "llama") same("--layers", o.layers, c.n_layers);
     // seq_len may change between runs of a llama (RoPE has no trained length).
     if (o.seq_len) c.seq_len = *o.seq_len;
@@ -133,6 +137,7 @@ nn::ModelConfig resolve_model(const Options& o) {
   }
   c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
   if (c.arch == "llama") {
+    if (o.input_dim || o.classes) fail_usage("--input-dim and --classes apply to mlp models, not " + c.preset);
     if (o.dim) c.dim = *o.dim;
     if (o.layers) c.n_layers = *o.layers;
     if (o.heads) c.n_heads = *o.heads;
@@ -148,6 +153,8 @@ nn::ModelConfig resolve_model(const Options& o) {
       const size_t n = o.layers ? static_cast<size_t>(*o.layers) : c.hidden.size();
       c.hidden.assign(n, width);
     }
+    if (o.input_dim) c.input_dim = *o.input_dim;
+    if (o.classes) c.classes = *o.classes;
   }
   c.validate();
   return c;

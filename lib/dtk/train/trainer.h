@@ -30,7 +30,7 @@ namespace dtk::train {
 struct Options {
   // model
   std::string model = "llama-tiny";
-  std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len;
+  std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len, input_dim, classes;
   bool activation_checkpointing = false;
   // data
   std::string data = "synthetic", val_data;
