@@ -12,6 +12,7 @@
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
+#include "dtk/ops/ops.h"
 #include "dtk/optim/shampoo.h"
 #include "dtk/parallel/data_parallel.h"
 #include "dtk/train/metrics.h"
@@ -433,6 +434,8 @@ class Trainer {
     spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}", s_.program, cfg_.preset,
                  cfg_.num_params(), world_, device_.str(), o_.global_batch);
     spdlog::info("data: {}", train_->describe().dump());
+    if (!device_.is_cuda())
+      if (const std::string w = ops::cpu_backend_warning(); !w.empty()) spdlog::warn("{}", w);
     const double opt = train_->optimal_loss();
     if (std::isfinite(opt)) spdlog::info("the optimal loss on this data is {:.4f} nats", opt);
   }

@@ -58,3 +58,15 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
 }
 
 }  // namespace dtk::ops::cpu
+
+namespace dtk::ops {
+
+std::string cpu_backend_warning() {
+  if (openblas_get_parallel() != 1) return {};  // 0 sequential, 2 OpenMP
+  return "OpenBLAS is its pthread build, whose threads compete with dtk's OpenMP threads for the cores "
+         "(several times slower on small models); select the OpenMP build: scripts/install-deps does, or "
+         "update-alternatives --set libopenblas.so.0-$(gcc -print-multiarch) "
+         "/usr/lib/$(gcc -print-multiarch)/openblas-openmp/libopenblas.so.0";
+}
+
+}  // namespace dtk::ops
