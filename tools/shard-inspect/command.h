@@ -28,7 +28,8 @@ class Command {
 // What every writing subcommand shares: the input CKPT, -o OUT, --force and --gzip.
 class WriteCommand : public Command {
  protected:
-  void add_io_options(CLI::App& sub, const std::string& input_help);
+  // --gzip only where the output is HDF5 (hdf5_output).
+  void add_io_options(CLI::App& sub, const std::string& input_help, bool hdf5_output = true);
   // Opens the input, then checks the output (a directory when it will be a sharded state).
   void open(bool directory_output);
   void open_like_input() { open_input_only(); check(in_->sharded()); }

@@ -51,12 +51,13 @@ void check_output(const fs::path& out, bool force, bool directory, const ckpt::R
     fail_usage(out.string() + " is a directory but not a sharded state; --force replaces only sharded states");
 }
 
-void WriteCommand::add_io_options(CLI::App& sub, const std::string& input_help) {
+void WriteCommand::add_io_options(CLI::App& sub, const std::string& input_help, bool hdf5_output) {
   sub.add_option("CKPT", input_, input_help)->required();
   sub.add_option("-o,--output", output_, "where to write (a file, or a directory for a sharded state)")->required();
   sub.add_flag("-f,--force", force_, "overwrite an existing output");
-  sub.add_option("--gzip", gzip_, "compress datasets with HDF5's deflate filter at this level (0: none)")
-      ->check(CLI::Range(0, 9));
+  if (hdf5_output)
+    sub.add_option("--gzip", gzip_, "compress datasets with HDF5's deflate filter at this level (0: none)")
+        ->check(CLI::Range(0, 9));
 }
 
 void WriteCommand::open_input_only() { in_ = open_input(input_); }

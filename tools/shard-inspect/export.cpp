@@ -1,5 +1,6 @@
 // export: a checkpoint as safetensors (https://github.com/huggingface/safetensors, "Format") or
 // as NumPy's npz (a zip of NAME.npy files, stored, zip64 where needed).
+#include <algorithm>
 #include <zlib.h>
 
 #include <bit>
@@ -40,9 +41,16 @@ const char* safetensors_dtype(DType t) {
 // 8-byte little-endian header size N, N bytes of JSON (tensors in name order, then
 // __metadata__, padded with spaces to a multiple of 8), then the data in header order.
 void write_safetensors(const ckpt::Reader& in, AtomicFile& out) {
+  // Wider elements first (then by name): with the header padded to 8 bytes, every tensor's data
+  // starts at a multiple of its element size, as memory-mapping loaders want.
+  std::vector<const ckpt::TensorInfo*> order;
+  for (const auto& t : in.tensors()) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto* a, const auto* b) { return dtype_size(a->dtype) > dtype_size(b->dtype); });
   nlohmann::ordered_json header;
   uint64_t offset = 0;
-  for (const auto& t : in.tensors()) {
+  for (const auto* tp : order) {
+    const auto& t = *tp;
     header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
   }
@@ -65,8 +73,8 @@ void write_safetensors(const ckpt::Reader& in, AtomicFile& out) {
   put<uint64_t>(head, json.size());
   out.write(head);
   out.write(json);
-  for (const auto& t : in.tensors())
-    for_each_chunk(in, t, rows_per_chunk(t, dtype_size(t.dtype), kChunkBytes),
+  for (const auto* t : order)
+    for_each_chunk(in, *t, rows_per_chunk(*t, dtype_size(t->dtype), kChunkBytes),
                    [&](int64_t, const Tensor& rows) { out.write(rows.data(), rows.bytes()); });
 }
 
@@ -282,7 +290,7 @@ void write_npz(const ckpt::Reader& in, AtomicFile& out) {
 class Export : public WriteCommand {
  public:
   void add_options(CLI::App& sub) override {
-    add_io_options(sub, "a full checkpoint or a sharded state");
+    add_io_options(sub, "a full checkpoint or a sharded state", false);
     sub.add_option("--format", format_, "safetensors or npz")->required()->check(CLI::IsMember({"safetensors", "npz"}));
   }
   void validate() override { open(false); }
