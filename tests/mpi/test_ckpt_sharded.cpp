@@ -10,21 +10,14 @@
 #include "dtk/comm/comm.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
+#include "../common/shared_tmpdir.h"
 
 namespace dtk::ckpt {
 namespace {
 namespace fs = std::filesystem;
 using comm::Runtime;
 
-// A directory every rank agrees on (rank 0 makes it, the name is broadcast).
-fs::path shared_tmpdir() {
-  std::string name;
-  if (Runtime::get().rank() == 0) {
-    char tmpl[] = "/tmp/dtk-sharded-XXXXXX";
-    name = mkdtemp(tmpl);
-  }
-  return Runtime::get().gather_strings(name)[0];
-}
+using test::shared_tmpdir;
 
 // Rows of dim 0 split as evenly as possible, the first ranks taking the extra rows.
 void split_rows(int64_t rows, int n, std::vector<int64_t>& off, std::vector<int64_t>& len) {

@@ -9,20 +9,14 @@
 #include "dtk/ckpt/state.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
+#include "../common/shared_tmpdir.h"
 
 namespace dtk::ckpt {
 namespace {
 namespace fs = std::filesystem;
 using comm::Runtime;
 
-fs::path shared_tmpdir() {
-  std::string name;
-  if (Runtime::get().rank() == 0) {
-    char tmpl[] = "/tmp/dtk-state-XXXXXX";
-    name = mkdtemp(tmpl);
-  }
-  return Runtime::get().gather_strings(name)[0];
-}
+using test::shared_tmpdir;
 
 Tensor filled(const Shape& s, DType t, uint64_t seed) {
   Tensor x = Tensor::empty(s, t);

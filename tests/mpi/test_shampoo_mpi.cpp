@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../common/shampoo_reference.h"
+#include "../common/shared_tmpdir.h"
 #include "dtk/ckpt/state.h"
 #include "dtk/comm/comm.h"
 #include "dtk/comm/local/local_comm.h"
@@ -79,14 +80,7 @@ std::vector<Vec> values(const RunState& r) {
   return v;
 }
 
-fs::path shared_tmpdir() {
-  std::string name;
-  if (Runtime::get().rank() == 0) {
-    char tmpl[] = "/tmp/dtk-shampoo-XXXXXX";
-    name = mkdtemp(tmpl);
-  }
-  return Runtime::get().gather_strings(name)[0];
-}
+using test::shared_tmpdir;
 
 int sum_over_ranks(comm::Communicator& c, int v) {
   c.all_reduce({&v, 1, DType::i32, {}}, {&v, 1, DType::i32, {}}, comm::ReduceOp::sum, comm::Mode::sync);

@@ -2,19 +2,11 @@
 # psgd-train end to end: learning on the embedded synthetic data, exact resume (llama and mlp),
 # world-size invariance of plain and PowerSGD training, compressor state across resume, bytes
 # per step, and bad input that exits 2 on every rank without touching existing files.
-#   psgd_train.sh MPIEXEC PSGD_TRAIN SHARD_INSPECT [quick]
+#   psgd_train.sh MPIEXEC PSGD_TRAIN SHARD_INSPECT
 set -u
+. "$(dirname "$0")/train_lib.sh"
 mpiexec=$1 psgd=$2 si=$3
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -25; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-# A small llama that trains in seconds on 2 cores.
-small="--model llama-tiny --dim 32 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 64 --seq-len 16"
 common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
-last() { tail -1 "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
-run() { "$@" >"$tmp/o" 2>"$tmp/e"; rc=$?; }
 
 # ---- learning: the loss falls from ln(vocab) toward the chain's entropy rate ----
 run $psgd $common --steps 150 --lr 1e-2 --metrics learn.jsonl
@@ -84,12 +76,6 @@ PY
 
 # ---- bad input: exit 2 on every rank, nothing written, existing files untouched ----
 cp full.h5 keep.h5; sum=$(md5sum < keep.h5)
-expect2() {
-  local name=$1 msg=$2; shift 2
-  run "$@"
-  if [ $rc = 2 ] && grep -q -- "$msg" "$tmp/e" && [ ! -s "$tmp/o" ]; then ok "bad input: $name"
-  else bad "bad input: $name (exit $rc)" "$(cat $tmp/e)"; fi
-}
 expect2 "missing data file" "no such file" $mpiexec -n 2 $psgd $common --data nothere.h5 --steps 2 --save keep.h5
 expect2 "not a dataset" "nothere\|not an HDF5\|keep.h5" $psgd $common --data keep.h5 --steps 2
 expect2 "missing checkpoint" "no such checkpoint" $mpiexec -n 2 $psgd $common --resume nothere.h5 --steps 2
@@ -106,5 +92,4 @@ expect2 "truncated checkpoint" "trunc.h5" $mpiexec -n 2 $psgd $common --resume t
 run $psgd --help
 [ $rc = 0 ] && grep -q -- "--compressor" "$tmp/o" && grep -q -- "--global-batch" "$tmp/o" && ok "--help" || bad "--help" "$(cat $tmp/o)"
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -3,15 +3,9 @@
 # exact resume, resume on another world size (blocks reassigned), bad input.
 #   shampoo_train.sh MPIEXEC SHAMPOO_TRAIN SHARD_INSPECT
 set -u
+. "$(dirname "$0")/train_lib.sh"
 mpiexec=$1 st=$2 si=$3
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -25; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-small="--model llama-tiny --dim 32 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 64 --seq-len 16"
 common="$small --global-batch 8 --lr 3e-3 --warmup 2 --eval-every 0 --log-level warn --precondition-frequency 3 --max-preconditioner-dim 48 --shampoo-epsilon 1e-6"
-run() { "$@" >"$tmp/o" 2>"$tmp/e"; rc=$?; }
 
 # ---- learning ----
 run $st $common --steps 60 --metrics learn.jsonl
@@ -58,17 +52,10 @@ run $st $common --steps 3 --optimizer adamw
 [ $rc = 0 ] && ok "--optimizer adamw" || bad "adamw (exit $rc)" "$(cat $tmp/e)"
 
 # ---- bad input ----
-expect2() {
-  local name=$1 msg=$2; shift 2
-  run "$@"
-  if [ $rc = 2 ] && grep -q -- "$msg" "$tmp/e" && [ ! -s "$tmp/o" ]; then ok "bad input: $name"
-  else bad "bad input: $name (exit $rc)" "$(cat $tmp/e)"; fi
-}
 expect2 "groups do not divide the world" "trainers-per-group" $mpiexec -n 4 $st $common --steps 2 --trainers-per-group 3
 expect2 "unknown optimizer" "optimizer" $st $common --steps 2 --optimizer lion
 expect2 "unknown root method" "root-method" $st $common --steps 2 --root-method cholesky
 run $st --help
 [ $rc = 0 ] && grep -q -- "--precondition-frequency" "$tmp/o" && ok "--help" || bad "--help"
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish
