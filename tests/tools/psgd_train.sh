@@ -89,6 +89,10 @@ head -c 3000 keep.h5 > trunc.h5
 expect2 "truncated checkpoint" "trunc.h5" $mpiexec -n 2 $psgd $common --resume trunc.h5 --steps 30
 [ "$(md5sum < keep.h5)" = "$sum" ] && ok "existing checkpoint untouched" || bad "keep.h5 changed"
 [ -z "$(ls -A | grep -E '\.tmp|^x\.h5$')" ] && ok "no partial output" || bad "partial output" "$(ls -A)"
+run $mpiexec -n 2 $psgd $small --global-batch 4 --steps 30 --lr 1e6 --clip 0 --optimizer sgd --momentum 0 \
+  --compressor none --log-level warn --checkpoint-dir nan --checkpoint-every 1
+[ $rc = 1 ] && grep -q "loss is NaN at step" $tmp/e && ok "a diverging run stops with exit 1, naming the step" \
+  || bad "divergence (exit $rc)" "$(cat $tmp/e)"
 run $psgd --help
 [ $rc = 0 ] && grep -q -- "--compressor" "$tmp/o" && grep -q -- "--global-batch" "$tmp/o" && ok "--help" || bad "--help" "$(cat $tmp/o)"
 

@@ -289,8 +289,9 @@ class Trainer {
       optim_->step(model_->params(), lr);
       if (device_.is_cuda()) cuda::synchronize();
       const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
-      if (!std::isfinite(loss)) fail("the loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
-                                     "; lower --lr or raise --warmup");
+      if (!std::isfinite(loss))
+        fail(std::string("the loss is ") + (std::isnan(loss) ? "NaN" : "infinite") + " at step " + std::to_string(step + 1) +
+             "; lower --lr, raise --warmup or clip (--clip)");
 
       nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
