@@ -114,6 +114,14 @@ class Communicator {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
+// The minimum and maximum over the ranks of each value: one max all-reduce of (v, -v) in a
+// buffer on `d`, so it runs on every backend (NCCL needs device memory). The values agree on
+// every rank iff min == max. Collective.
+struct Range {
+  double min = 0, max = 0;
+};
+std::vector<Range> min_max_over_ranks(Communicator& comm, const std::vector<double>& values, Device d);
+
 // How the process was started.
 enum class Launcher { singleton, openmpi, mpich, srun };
 std::string_view launcher_name(Launcher l);

@@ -4,6 +4,7 @@
 
 #include "dtk/comm/comm.h"
 #include "dtk/core/error.h"
+#include "dtk/core/tensor.h"
 
 namespace dtk::comm {
 
@@ -42,6 +43,22 @@ Backend parse_backend(std::string_view s) {
 void wait_all(std::vector<Work>& works) {
   for (auto& w : works) w.wait();
   works.clear();
+}
+
+std::vector<Range> min_max_over_ranks(Communicator& comm, const std::vector<double>& values, Device d) {
+  const size_t n = values.size();
+  std::vector<double> both(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    both[i] = values[i];
+    both[n + i] = -values[i];
+  }
+  Tensor t = Tensor::from_doubles(both, {static_cast<int64_t>(2 * n)}, DType::f64, d);
+  const Buffer b{t.data(), 2 * n, DType::f64, d};
+  comm.all_reduce(b, b, ReduceOp::max, Mode::sync);
+  const std::vector<double> r = t.to_doubles();
+  std::vector<Range> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = {-r[n + i], r[i]};
+  return out;
 }
 
 void Communicator::check_counts(const char* op, const Buffer& send, const Buffer& recv, size_t send_count,

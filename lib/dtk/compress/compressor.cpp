@@ -173,22 +173,13 @@ void Base::check_agreement() {
                                       "step counter"};
   const size_t fixed = v.size();
   for (double x : agreement()) v.push_back(x);
-  const size_t n = v.size();
-  std::vector<double> both(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    both[i] = v[i];
-    both[n + i] = -v[i];
-  }
-  Tensor t = Tensor::from_doubles(both, {static_cast<int64_t>(2 * n)}, DType::f64, device_);
-  comm_.all_reduce({t.data(), 2 * n, DType::f64, device_}, {t.data(), 2 * n, DType::f64, device_},
-                   comm::ReduceOp::max, comm::Mode::sync);
-  const auto r = t.to_doubles();
-  for (size_t i = 0; i < n; ++i) {
-    if (r[i] == -r[n + i] || (std::isnan(r[i]) && std::isnan(r[n + i]))) continue;
+  const std::vector<comm::Range> r = comm::min_max_over_ranks(comm_, v, device_);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (r[i].min == r[i].max || (std::isnan(r[i].min) && std::isnan(r[i].max))) continue;
     std::ostringstream os;
     os << "compressor '" << cfg_.kind << "': the ranks disagree on the "
        << (i < fixed ? kWhat[i] : "shared compressor state (the Q checksum: seed or restored state differ)")
-       << " (from " << -r[n + i] << " to " << r[i]
+       << " (from " << r[i].min << " to " << r[i].max
        << "); every rank must build the same model and compressor options, with the same seed and state";
     fail_usage(os.str());
   }

@@ -96,13 +96,11 @@ class CompressedSync final : public GradSync {
 
 void check_replicated(const Tensor& t, comm::Communicator& comm, const std::string& what) {
   if (comm.size() == 1) return;
-  double mine = static_cast<double>(checksum(t));
-  double lo = mine, hi = mine;
-  comm.all_reduce({&lo, 1, DType::f64, {}}, {&lo, 1, DType::f64, {}}, comm::ReduceOp::min, comm::Mode::sync);
-  comm.all_reduce({&hi, 1, DType::f64, {}}, {&hi, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
-  if (lo != hi)
-    fail(what + " differ between ranks (checksums from " + std::to_string(static_cast<uint64_t>(lo)) + " to " +
-         std::to_string(static_cast<uint64_t>(hi)) + ", this rank " + std::to_string(static_cast<uint64_t>(mine)) + ")");
+  const double mine = static_cast<double>(checksum(t));
+  const comm::Range r = comm::min_max_over_ranks(comm, {mine}, t.device())[0];
+  if (r.min != r.max)
+    fail(what + " differ between ranks (checksums from " + std::to_string(static_cast<uint64_t>(r.min)) + " to " +
+         std::to_string(static_cast<uint64_t>(r.max)) + ", this rank " + std::to_string(static_cast<uint64_t>(mine)) + ")");
 }
 
 void broadcast_params(nn::Model& model, comm::Communicator& comm) {
