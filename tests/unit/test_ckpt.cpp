@@ -53,8 +53,10 @@ TEST_F(Ckpt, RoundTripEveryDtypeAndShape) {
   std::vector<std::pair<std::string, Tensor>> ts;
   int k = 0;
   for (DType t : kAllDTypes)
-    for (const Shape& s : {Shape{}, Shape{0}, Shape{1}, Shape{7}, Shape{1003}, Shape{3, 0}, Shape{33, 17}, Shape{2, 3, 5}})
-      ts.emplace_back("model/t" + std::to_string(k++) + "." + std::string(dtype_name(t)), random(s, t, k));
+    for (const Shape& s : {Shape{}, Shape{0}, Shape{1}, Shape{7}, Shape{1003}, Shape{3, 0}, Shape{33, 17}, Shape{2, 3, 5}}) {
+      ++k;
+      ts.emplace_back("model/t" + std::to_string(k - 1) + "." + std::string(dtype_name(t)), random(s, t, k));
+    }
   {
     FileWriter w(p, {.gzip = 4});
     for (auto& [n, t] : ts) w.write(n, t);
