@@ -11,7 +11,6 @@ cli::Program program() {
   static train::Options o;
   static optim::ShampooConfig c;
   static bool no_bias_correction = false;
-  static CLI::Option* momentum = nullptr;
   o.optimizer = "shampoo";
   cli::Program p;
   p.name = "shampoo-train";
@@ -30,7 +29,6 @@ cli::Program program() {
   p.add_options = [](CLI::App& app) {
     train::add_options(app, o);
     app.get_option("--optimizer")->description("shampoo (default), adamw or sgd");
-    momentum = app.get_option("--momentum");
     const char* g = "Shampoo";
     app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
                    "merge dims while their product stays below this, and split dims into blocks of at most it")
@@ -60,17 +58,10 @@ cli::Program program() {
     app.add_option("--direction-dtype", c.communication_dtype, "search directions all-gathered in f32 or bf16")
         ->group(g)->check(CLI::IsMember({"f32", "bf16"}));
   };
-  // The common options --beta1 (gradient filtering), --beta2 (factor decay; 1: AdaGrad's sum),
-  // --weight-decay (decoupled), --momentum (only when given: Shampoo's default is none) and
-  // --nesterov carry into Shampoo.
   p.validate = [](comm::Runtime& rt) {
     if (o.optimizer != "shampoo" && o.optimizer != "adamw" && o.optimizer != "sgd")
       fail_usage("unknown --optimizer '" + o.optimizer + "' (expected shampoo, adamw or sgd)");
-    c.beta1 = o.beta1;
-    c.beta2 = o.beta2;
-    c.weight_decay = o.weight_decay;
-    c.momentum = momentum->count() > 0 ? o.momentum : 0.0;
-    c.nesterov = o.nesterov;
+    c = train::shampoo_config(o, c);  // the common --beta1, --beta2, --weight-decay, --momentum, --nesterov
     c.use_bias_correction = !no_bias_correction;
     if (o.optimizer == "shampoo") c.validate();
     if (c.trainers_per_group > 0 && rt.size() % c.trainers_per_group != 0)

@@ -13,7 +13,6 @@
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 #include "dtk/ops/ops.h"
-#include "dtk/optim/shampoo.h"
 #include "dtk/parallel/data_parallel.h"
 #include "dtk/train/metrics.h"
 
@@ -63,8 +62,9 @@ void add_options(CLI::App& app, Options& o) {
       ->group(g)->check(CLI::Range(0.0, 1.0));
   app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(CLI::NonNegativeNumber);
   app.add_option("--optimizer", o.optimizer, "sgd or adamw")->group(g);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->group(g)->check(CLI::Range(0.0, 1.0));
-  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD)")->group(g);
+  app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
+      ->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
   app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(CLI::NonNegativeNumber);
   app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(CLI::Range(0.0, 1.0));
   app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(CLI::Range(0.0, 1.0));
@@ -199,6 +199,15 @@ void validate(const Options& o, int world_size) {
   }
 }
 
+optim::ShampooConfig shampoo_config(const Options& o, optim::ShampooConfig base) {
+  base.beta1 = o.beta1;
+  base.beta2 = o.beta2;
+  base.weight_decay = o.weight_decay;
+  base.nesterov = o.nesterov;
+  base.momentum = o.momentum.value_or(o.nesterov ? 0.9 : 0.0);
+  return base;
+}
+
 // ------------------------------------------------------------------------------------ the loop
 
 namespace {
@@ -230,17 +239,11 @@ class Trainer {
     if (s.optimizer) {
       optim_ = s.optimizer(model_->params(), *comm_);
     } else if (o.optimizer == "shampoo") {  // any program can run Shampoo, with its defaults
-      optim::ShampooConfig sc;
-      sc.beta1 = o.beta1;
-      sc.beta2 = o.beta2;
-      sc.weight_decay = o.weight_decay;
-      sc.nesterov = o.nesterov;
-      sc.momentum = o.nesterov ? o.momentum : 0.0;  // Shampoo's default is no momentum
-      optim_ = optim::make_shampoo(sc, model_->params(), *comm_);
+      optim_ = optim::make_shampoo(shampoo_config(o), model_->params(), *comm_);
     } else {
       optim::OptimConfig oc;
       oc.name = o.optimizer;
-      oc.momentum = o.momentum;
+      if (o.momentum) oc.momentum = *o.momentum;
       oc.nesterov = o.nesterov;
       oc.beta1 = o.beta1;
       oc.beta2 = o.beta2;

@@ -23,6 +23,7 @@
 #include "dtk/compress/compressor.h"
 #include "dtk/nn/model.h"
 #include "dtk/optim/optimizer.h"
+#include "dtk/optim/shampoo.h"
 
 namespace dtk::train {
 
@@ -44,7 +45,8 @@ struct Options {
   double min_lr_ratio = 0.1;
   double clip = 1.0;  // 0: no clipping
   std::string optimizer = "adamw";
-  double momentum = 0.9, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  std::optional<double> momentum;  // unset: SGD 0.9, Shampoo none (0.9 with --nesterov)
+  double weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   bool nesterov = false;
   uint64_t seed = 0;
   std::string device = "cpu";
@@ -63,6 +65,10 @@ void add_options(CLI::App& app, Options& o);
 // Checks the options (UsageError naming the option) and returns the resolved model config.
 nn::ModelConfig resolve_model(const Options& o);
 void validate(const Options& o, int world_size);
+// Shampoo's configuration: `base` (a program's Shampoo options) with the common options applied:
+// --beta1 filters the gradient, --beta2 decays the factors, --weight-decay is decoupled,
+// --momentum and --nesterov act on the search direction.
+optim::ShampooConfig shampoo_config(const Options& o, optim::ShampooConfig base = {});
 
 // What a program adds to the loop.
 struct Strategy {
