@@ -26,6 +26,7 @@ uint64_t checksum(const Tensor& t) {
 class AllReduceSync final : public GradSync {
  public:
   AllReduceSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) : model_(model), comm_(comm) {
+    bytes_.sent = bytes_.uncompressed = static_cast<int64_t>(model.grads().bytes());  // every step the same
     // Buckets from the last parameter backwards (the order backward completes them), each a
     // contiguous range of the flat gradient buffer, closed once it reaches bucket_bytes.
     const auto& ps = model.params();
@@ -33,18 +34,17 @@ class AllReduceSync final : public GradSync {
     const size_t esize = dtype_size(model.grads().dtype());
     Bucket cur;
     for (size_t i = ps.size(); i-- > 0;) {
-      const Param& p = ps[i];
+      const nn::Param& p = ps[i];
       const int64_t off = (static_cast<const char*>(p.grad.data()) - base) / static_cast<int64_t>(esize);
-      if (cur.count == 0) cur.end = off + p.grad.numel();
+      if (cur.size() == 0) cur.end = off + p.grad.numel();
       cur.begin = off;
-      cur.count = cur.end - cur.begin;
       cur.min_block = std::min(cur.min_block, p.block);
-      if (static_cast<size_t>(cur.count) * esize >= bucket_bytes) {
+      if (static_cast<size_t>(cur.size()) * esize >= bucket_bytes) {
         buckets_.push_back(cur);
         cur = Bucket{};
       }
     }
-    if (cur.count > 0) buckets_.push_back(cur);
+    if (cur.size() > 0) buckets_.push_back(cur);
   }
 
   void on_block_ready(int block) override {
@@ -55,21 +55,19 @@ class AllReduceSync final : public GradSync {
   void finish(int64_t) override {
     while (next_ < buckets_.size()) start(buckets_[next_++]);
     comm::wait_all(inflight_);
-    inflight_.clear();
     next_ = 0;
-    bytes_.sent = bytes_.uncompressed = model_.grads().numel() * 4;
   }
 
   compress::Bytes bytes() const override { return bytes_; }
 
  private:
-  using Param = nn::Param;
-  struct Bucket {
-    int64_t begin = 0, end = 0, count = 0;
-    int min_block = 1 << 30;
+  struct Bucket {  // elements [begin, end) of the flat gradient buffer
+    int64_t begin = 0, end = 0;
+    int min_block = 1 << 30;  // the lowest block it covers: ready once that block is
+    int64_t size() const { return end - begin; }
   };
   void start(const Bucket& b) {
-    comm::Buffer buf = buffer_of(model_.grads()).slice(static_cast<size_t>(b.begin), static_cast<size_t>(b.count));
+    comm::Buffer buf = buffer_of(model_.grads()).slice(static_cast<size_t>(b.begin), static_cast<size_t>(b.size()));
     inflight_.push_back(comm_.all_reduce(buf, buf, comm::ReduceOp::sum, comm::Mode::async));
   }
 
