@@ -139,6 +139,10 @@ expect_rc 0 "verify converted sharded state" verify shf16
 expect_rc 0 "extract" extract sh model/ramp optim/step -o ex.h5
 run ls ex.h5
 [ "$(grep -vc '^#' <<<"$out")" = 2 ] && "$si" show ex.h5 | grep -q '^step  *42$' && ok "extract keeps only those, same metadata" || bad "extract" "$out"
+run extract full.h5 optim/ -o exg.h5
+[ $rc = 0 ] && run ls exg.h5 && ! grep -q '^model/' <<<"$out" && grep -q '^optim/' <<<"$out" && ok "extract a group (optim/)" || bad "extract group" "$out" "$err"
+run stats full.h5 optim/ model/ramp
+[ $rc = 0 ] && grep -q '^optim/step ' <<<"$out" && grep -q '^model/ramp ' <<<"$out" && ! grep -q '^model/w' <<<"$out" && ok "stats of a group and a tensor" || bad "stats group" "$out" "$err"
 expect_rc 1 "diff reports tensors only in A" diff full.h5 ex.h5
 grep -Eq '^model/w.f32 +only-in-a' <<<"$out" && ok "... and names them" || bad "only-in-a" "$out"
 

@@ -94,6 +94,11 @@ Tensor to_f64(const Tensor& t);
 // ---------------------------------------------------------------------------- inputs, outputs
 // Opens a checkpoint (a file, a sharded state's directory or its index.h5); UsageError if bad.
 std::unique_ptr<ckpt::Reader> open_input(const fs::path& p);
+
+// NAME arguments select tensors by full name, or a group by a prefix ending in '/' (model/).
+bool selected(const std::string& tensor, const std::vector<std::string>& names);
+// UsageError naming the first NAME that selects no tensor of any of the inputs.
+void check_names(const std::vector<std::string>& names, std::initializer_list<const ckpt::Reader*> inputs);
 // Checks that `out` may be written: its directory exists, it is not the input, and it does not
 // exist unless `force` (then it must be of the kind written: a directory for sharded states).
 void check_output(const fs::path& out, bool force, bool directory, const ckpt::Reader& in);

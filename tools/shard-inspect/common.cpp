@@ -51,6 +51,24 @@ void check_output(const fs::path& out, bool force, bool directory, const ckpt::R
     fail_usage(out.string() + " is a directory but not a sharded state; --force replaces only sharded states");
 }
 
+bool selected(const std::string& tensor, const std::vector<std::string>& names) {
+  for (const auto& n : names)
+    if (tensor == n || (!n.empty() && n.back() == '/' && tensor.rfind(n, 0) == 0)) return true;
+  return false;
+}
+
+void check_names(const std::vector<std::string>& names, std::initializer_list<const ckpt::Reader*> inputs) {
+  for (const auto& n : names) {
+    bool any = false;
+    std::string where;
+    for (const auto* in : inputs) {
+      for (const auto& t : in->tensors()) any = any || selected(t.name, {n});
+      where += (where.empty() ? "" : " or ") + in->path().string();
+    }
+    if (!any) fail_usage("no tensor " + n + " in " + where);
+  }
+}
+
 void WriteCommand::add_io_options(CLI::App& sub, const std::string& input_help, bool hdf5_output) {
   sub.add_option("CKPT", input_, input_help)->required();
   sub.add_option("-o,--output", output_, "where to write (a file, or a directory for a sharded state)")->required();

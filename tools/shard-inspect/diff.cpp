@@ -59,18 +59,13 @@ class Diff : public Command {
   void validate() override {
     a_ = open_input(a_path_);
     b_ = open_input(b_path_);
-    for (const auto& n : names_) {
-      bool any = false;
-      for (const auto* r : {a_.get(), b_.get()})
-        for (const auto& t : r->tensors()) any = any || selected(t.name, n);
-      if (!any) fail_usage("no tensor " + n + " in " + a_path_ + " or " + b_path_);
-    }
+    check_names(names_, {a_.get(), b_.get()});
   }
   int run() override {
     std::set<std::string> names;
     for (const auto* r : {a_.get(), b_.get()})
       for (const auto& t : r->tensors())
-        if (names_.empty() || std::any_of(names_.begin(), names_.end(), [&](const auto& n) { return selected(t.name, n); }))
+        if (names_.empty() || selected(t.name, names_))
           names.insert(t.name);
     Table table({"name", "result", "max_abs", "max_rel", "differing", "a", "b"});
     nlohmann::json rows = nlohmann::json::array(), only_a = nlohmann::json::array(), only_b = nlohmann::json::array();
@@ -122,10 +117,6 @@ class Diff : public Command {
   }
 
  private:
-  // A NAME selects a tensor by its full name, or a group when it ends in '/'.
-  static bool selected(const std::string& tensor, const std::string& name) {
-    return tensor == name || (!name.empty() && name.back() == '/' && tensor.rfind(name, 0) == 0);
-  }
   Difference compare(const ckpt::TensorInfo& ta, const ckpt::TensorInfo& tb) const {
     Difference d;
     const size_t elem = std::max<size_t>({dtype_size(ta.dtype), dtype_size(tb.dtype), 8});

@@ -155,16 +155,16 @@ class StatsCmd : public ReadCommand {
  public:
   void add_options(CLI::App& sub) override {
     add_input(sub);
-    sub.add_option("NAME", names_, "only these tensors (default: all)");
+    sub.add_option("NAME", names_, "only these tensors, or groups ending in / (model/); default all");
   }
   void validate() override {
     ReadCommand::validate();
-    for (const auto& n : names_) in_->info(n);  // UsageError naming a missing tensor
+    check_names(names_, {in_.get()});
   }
   int run() override {
     std::vector<const ckpt::TensorInfo*> ts;
     for (const auto& t : in_->tensors())
-      if (names_.empty() || std::find(names_.begin(), names_.end(), t.name) != names_.end()) ts.push_back(&t);
+      if (names_.empty() || selected(t.name, names_)) ts.push_back(&t);
     Table table({"name", "dtype", "numel", "l2", "min", "max", "mean", "std", "nan", "inf"});
     nlohmann::json j = nlohmann::json::array();
     for (const auto* t : ts) {

@@ -123,16 +123,16 @@ class Extract : public WriteCommand {
  public:
   void add_options(CLI::App& sub) override {
     add_io_options(sub, "a full checkpoint or a sharded state");
-    sub.add_option("NAME", names_, "the tensors to keep")->required();
+    sub.add_option("NAME", names_, "the tensors to keep, or groups ending in / (model/)")->required();
   }
   void validate() override {
     open(false);
-    for (const auto& n : names_) in_->info(n);  // UsageError naming a missing tensor
+    check_names(names_, {in_.get()});
   }
   int run() override {
     std::vector<ckpt::TensorInfo> plan;
     for (const auto& t : in_->tensors())
-      if (std::find(names_.begin(), names_.end(), t.name) != names_.end()) plan.push_back(whole(t));
+      if (selected(t.name, names_)) plan.push_back(whole(t));
     rewrite(*in_, plan, 0, output_, write_options());
     return 0;
   }
