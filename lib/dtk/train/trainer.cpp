@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <spdlog/spdlog.h>
+#include <tuple>
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/core/error.h"
@@ -235,6 +236,8 @@ class Trainer {
     if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
     else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
     sampler_ = std::make_unique<data::Sampler>(train_->size(), o.global_batch, o.seed);
+    if (val_) val_sampler_ = std::make_unique<data::Sampler>(val_->size(), o.global_batch, o.seed + 1);
+    std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
 
     if (s.optimizer) {
       optim_ = s.optimizer(model_->params(), *comm_);
@@ -336,19 +339,14 @@ class Trainer {
   // Forward and backward over this rank's share of the step's global batch; gradients
   // aggregated on return. Returns the global-batch mean loss (the same on every rank).
   double train_step(int64_t step) {
-    const std::vector<int64_t> idx = sampler_->global_indices(step);
-    const auto [begin, end] = data::Sampler::shard(o_.global_batch, rank_, world_);
-    const int64_t n = end - begin, mb = o_.micro_batch > 0 ? o_.micro_batch : n;
     const auto t0 = Clock::now();
     model_->zero_grad();
     double loss_sum = 0;
     const nn::GradReadyFn hook = [this](int b) { sync_->on_block_ready(b); };
-    for (int64_t i = 0; i < n; i += mb) {
-      const int64_t k = std::min(mb, n - i);
-      const nn::Batch batch = train_->get({idx.data() + begin + i, static_cast<size_t>(k)}).to(device_);
+    for_each_micro_batch(*train_, sampler_->global_indices(step), [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
-      model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch), i + k >= n ? hook : nn::GradReadyFn{});
-    }
+      model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch), last ? hook : nn::GradReadyFn{});
+    });
     if (device_.is_cuda()) cuda::synchronize();
     const auto t_sync = Clock::now();
     compute_s_ = std::chrono::duration<double>(t_sync - t0).count();
@@ -360,19 +358,23 @@ class Trainer {
 
   // The validation loss over eval_batches fixed global batches (the same every time).
   double evaluate() {
-    data::Sampler vs(val_->size(), o_.global_batch, o_.seed + 1);
-    const auto [begin, end] = data::Sampler::shard(o_.global_batch, rank_, world_);
-    const int64_t mb = o_.micro_batch > 0 ? o_.micro_batch : end - begin;
     double sum = 0;
-    for (int64_t b = 0; b < o_.eval_batches; ++b) {
-      const std::vector<int64_t> idx = vs.global_indices(b);
-      for (int64_t i = begin; i < end; i += mb) {
-        const int64_t k = std::min(mb, end - i);
-        const nn::Batch batch = val_->get({idx.data() + i, static_cast<size_t>(k)}).to(device_);
+    for (int64_t b = 0; b < o_.eval_batches; ++b)
+      for_each_micro_batch(*val_, val_sampler_->global_indices(b), [&](const nn::Batch& batch, int64_t k, bool) {
         sum += model_->evaluate(batch) * static_cast<double>(k);
-      }
-    }
+      });
     return sum_over_ranks(sum) / static_cast<double>(o_.global_batch * o_.eval_batches);
+  }
+
+  // This rank's rows [begin_, end_) of a global batch, in micro-batches on the device:
+  // f(batch, samples, last micro-batch).
+  template <class F>
+  void for_each_micro_batch(const data::Dataset& ds, const std::vector<int64_t>& global, F&& f) {
+    const int64_t n = end_ - begin_, mb = o_.micro_batch > 0 ? o_.micro_batch : n;
+    for (int64_t i = 0; i < n; i += mb) {
+      const int64_t k = std::min(mb, n - i);
+      f(ds.get({global.data() + begin_ + i, static_cast<size_t>(k)}).to(device_), k, i + k >= n);
+    }
   }
 
   double sum_over_ranks(double v) {
@@ -453,7 +455,8 @@ class Trainer {
   int rank_ = 0, world_ = 1;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<data::Dataset> train_, val_;
-  std::unique_ptr<data::Sampler> sampler_;
+  std::unique_ptr<data::Sampler> sampler_, val_sampler_;
+  int64_t begin_ = 0, end_ = 0;  // this rank's rows of every global batch
   std::unique_ptr<optim::Optimizer> optim_;
   optim::Schedule schedule_;
   std::unique_ptr<compress::Compressor> compressor_;
