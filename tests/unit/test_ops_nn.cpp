@@ -462,7 +462,8 @@ struct AttnCase {
   int64_t B, T, H, Hkv, hd;
 };
 const AttnCase kAttnCases[] = {{2, 7, 4, 2, 4}, {1, 7, 2, 2, 8}, {2, 1, 4, 2, 4}, {1, 1, 2, 2, 8},
-                               {1, 7, 3, 1, 8}, {2, 13, 4, 4, 6}};
+                               {1, 7, 3, 1, 8}, {2, 13, 4, 4, 6},
+                               {1, 150, 2, 1, 2}};  // three 64-row query tiles, the last partial
 
 TEST(OpsNN, AttentionForward) {
   for (const AttnCase& c : kAttnCases)

@@ -1,27 +1,45 @@
-// CPU causal self-attention with grouped-query heads, the straightforward O(T^2) way, in double.
-// The forward saves lse (the log-sum-exp of each score row); the backward recomputes the
-// probabilities P = exp(s - lse) from q and k, so it is the exact gradient of the forward.
+// CPU causal self-attention with grouped-query heads, as matrix products in the tensor's precision
+// (f32 for training, f64 for the gradient checks).
+//
+// The queries of each (batch, head) go in tiles of kTile rows. A tile's scores S = scale Q K^T
+// are one GEMM over only the keys it can see (0 .. its last row): the causal mask skips the
+// tiles above the diagonal. Softmax runs in place on S (the row's masked tail set to 0), and the
+// tile's output is out = P V, another GEMM. The forward saves lse, the log-sum-exp of each score
+// row; the backward recomputes P = exp(S - lse) tile by tile, so it is the exact gradient of the
+// forward:
+//   dP = dout V^T,  D_t = dout_t . out_t,  dS = P (dP - D_t),
+//   dq = scale dS K,  dk += scale dS^T q,  dv += P^T dout.
+// Q, K, V and their gradients are read and written in place through leading dimensions
+// (q [B, T, H, hd] is, for one (b, h), a [T, hd] matrix with row stride H hd): no copies.
+//
+// Threads: the forward's tasks are (batch, head, tile), the backward's (batch, kv head), which
+// owns its dk and dv rows and sums over the group's heads and tiles in a fixed order: no races,
+// no atomics, and results that do not depend on the number of threads. Each task's GEMMs run on
+// one thread (OpenBLAS's OpenMP build does not fork inside a parallel region); when there are
+// fewer tasks than threads, the tasks run one after another and each GEMM uses every thread.
 //
 // Layouts: q, out, dq [B, T, H, hd]; k, v, dk, dv [B, T, Hkv, hd]; lse [B, H, T].
 // Query head h reads kv head h / (H / Hkv).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
 
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
-}
+constexpr int64_t kTile = 64;  // query rows per tile
 
 struct Dims {
-  int64_t B, T, H, Hkv, hd, group;
+  int64_t B, T, H, Hkv, hd, group, tiles;
+  int q_ld, kv_ld;  // row strides of one head's [T, hd] matrix
   double scale;
   int64_t q_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * hd; }
   int64_t kv_at(int64_t b, int64_t t, int64_t g) const { return ((b * T + t) * Hkv + g) * hd; }
@@ -36,15 +54,89 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
   d.hd = q.dim(3);
   d.Hkv = k.dim(2);
   d.group = d.H / d.Hkv;
+  d.tiles = (d.T + kTile - 1) / kTile;
+  d.q_ld = static_cast<int>(d.H * d.hd);
+  d.kv_ld = static_cast<int>(d.Hkv * d.hd);
   d.scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   return d;
 }
 
+// C = alpha op(A) op(B) + beta C, row-major, with explicit leading dimensions.
+void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* a, int lda, const float* b, int ldb,
+          double beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+              static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c, ldc);
+}
+void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
+          double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+              b, ldb, beta, c, ldc);
+}
+
+// Softmax of the row s[0, n) in place, s[n, width) set to 0; returns the log-sum-exp.
+DTK_SIMD_CLONES float softmax_row(float* s, int64_t n, int64_t width) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  float l = 0;
+#pragma omp simd reduction(+ : l)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_f32(s[j] - m);
+    l += s[j];
+  }
+  const float inv = 1.0f / l;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  for (int64_t j = n; j < width; ++j) s[j] = 0;
+  return m + std::log(l);
+}
+double softmax_row(double* s, int64_t n, int64_t width) {
+  double m = -HUGE_VAL;
+  for (int64_t j = 0; j < n; ++j) m = std::fmax(m, s[j]);
+  double l = 0;
+  for (int64_t j = 0; j < n; ++j) l += (s[j] = std::exp(s[j] - m));
+  for (int64_t j = 0; j < n; ++j) s[j] /= l;
+  for (int64_t j = n; j < width; ++j) s[j] = 0;
+  return m + std::log(l);
+}
+
+// The backward's row: p[0, n) = exp(s - lse), ds = p (dp - D); both zero on [n, width).
+DTK_SIMD_CLONES void softmax_grad_row(float* s, float* dp, float lse, float D, int64_t n, int64_t width) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = exp_f32(s[j] - lse);
+    s[j] = p;
+    dp[j] = p * (dp[j] - D);
+  }
+  for (int64_t j = n; j < width; ++j) s[j] = dp[j] = 0;
+}
+void softmax_grad_row(double* s, double* dp, double lse, double D, int64_t n, int64_t width) {
+  for (int64_t j = 0; j < n; ++j) {
+    const double p = std::exp(s[j] - lse);
+    s[j] = p;
+    dp[j] = p * (dp[j] - D);
+  }
+  for (int64_t j = n; j < width; ++j) s[j] = dp[j] = 0;
+}
+
 template <typename T>
-double dot_hd(const T* a, const T* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// Runs f(task, thread) for task in [0, n): in parallel with one thread per task when there are
+// enough tasks, else one after another (each GEMM then threads itself).
+template <typename F>
+void for_tasks(int64_t n, F&& f) {
+  const int threads = omp_get_max_threads();
+  if (n >= threads && threads > 1) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) f(i, omp_get_thread_num());
+  } else {
+    for (int64_t i = 0; i < n; ++i) f(i, 0);
+  }
 }
 
 template <typename T, typename L>
@@ -55,45 +147,23 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
   const T* vp = v.ptr<T>();
   T* op = out.ptr<T>();
   L* lp = lse.ptr<L>();
-  const int64_t rows = d.B * d.H * d.T;
-#pragma omp parallel
-  {
-    std::vector<double> s(static_cast<size_t>(d.T));
-    std::vector<double> acc(static_cast<size_t>(d.hd));
-#pragma omp for schedule(dynamic, 16)
-    for (int64_t row = 0; row < rows; ++row) {
-      // row = (b, h, t), t fastest: the order of lse
-      const int64_t t = row % d.T, h = (row / d.T) % d.H, b = row / (d.T * d.H);
-      const int64_t g = h / d.group;
-      const T* qr = qp + d.q_at(b, t, h);
-      double m = -HUGE_VAL;
-      for (int64_t j = 0; j <= t; ++j) {
-        s[j] = dot_hd(qr, kp + d.kv_at(b, j, g), d.hd) * d.scale;
-        m = std::fmax(m, s[j]);
-      }
-      double l = 0;
-      for (int64_t j = 0; j <= t; ++j) {
-        s[j] = std::exp(s[j] - m);
-        l += s[j];
-      }
-      for (int64_t c = 0; c < d.hd; ++c) acc[c] = 0;
-      for (int64_t j = 0; j <= t; ++j) {
-        const T* vr = vp + d.kv_at(b, j, g);
-        const double p = s[j] / l;
-        for (int64_t c = 0; c < d.hd; ++c) acc[c] += p * static_cast<double>(vr[c]);
-      }
-      T* orow = op + d.q_at(b, t, h);
-      for (int64_t c = 0; c < d.hd; ++c) orow[c] = static_cast<T>(acc[c]);
-      lp[d.lse_at(b, h, t)] = static_cast<L>(m + std::log(l));
-    }
-  }
+  std::vector<std::vector<T>> scratch(static_cast<size_t>(omp_get_max_threads()));
+  // Tasks (b, h, tile), the largest tiles (most keys) first for a balanced dynamic schedule.
+  for_tasks(d.B * d.H * d.tiles, [&](int64_t task, int thread) {
+    const int64_t tile = d.tiles - 1 - task % d.tiles, h = (task / d.tiles) % d.H, b = task / (d.tiles * d.H);
+    const int64_t g = h / d.group, t0 = tile * kTile, t1 = std::min(d.T, t0 + kTile), m = t1 - t0;
+    std::vector<T>& S = scratch[static_cast<size_t>(thread)];
+    S.resize(static_cast<size_t>(kTile * d.T));
+    const int n = static_cast<int>(t1), hd = static_cast<int>(d.hd);
+    gemm(false, true, static_cast<int>(m), n, hd, d.scale, qp + d.q_at(b, t0, h), d.q_ld, kp + d.kv_at(b, 0, g),
+         d.kv_ld, 0.0, S.data(), n);
+    for (int64_t r = 0; r < m; ++r)
+      lp[d.lse_at(b, h, t0 + r)] = static_cast<L>(softmax_row(S.data() + r * n, t0 + r + 1, n));
+    gemm(false, false, static_cast<int>(m), hd, n, 1.0, S.data(), n, vp + d.kv_at(b, 0, g), d.kv_ld, 0.0,
+         op + d.q_at(b, t0, h), d.q_ld);
+  });
 }
 
-// With P_tj = exp(s_tj - lse_t), dP_tj = dout_t . v_j and D_t = dout_t . out_t = sum_j P_tj dP_tj:
-//   dS_tj = P_tj (dP_tj - D_t),  dq_t = scale sum_j dS_tj k_j,
-//   dk_j = scale sum_{h in group, t >= j} dS_tj q_t,  dv_j = sum_{h in group, t >= j} P_tj dout_t.
-// Pass 1 owns each query row (dq and D_t); pass 2 owns each key row (dk, dv), summing over the
-// query heads of its group and t in a fixed order: no races, no atomics.
 template <typename T, typename L>
 void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                     const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
@@ -107,64 +177,39 @@ void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   T* dqp = dq.ptr<T>();
   T* dkp = dk.ptr<T>();
   T* dvp = dv.ptr<T>();
-  const int64_t qrows = d.B * d.H * d.T;
-  std::vector<double> Dt(static_cast<size_t>(qrows));
-
-#pragma omp parallel
-  {
-    std::vector<double> acc(static_cast<size_t>(d.hd));
-#pragma omp for schedule(dynamic, 16)
-    for (int64_t row = 0; row < qrows; ++row) {
-      const int64_t t = row % d.T, h = (row / d.T) % d.H, b = row / (d.T * d.H);
-      const int64_t g = h / d.group;
-      const T* qr = qp + d.q_at(b, t, h);
-      const T* gr = gp + d.q_at(b, t, h);
-      const double lse_t = static_cast<double>(lp[d.lse_at(b, h, t)]);
-      const double D = dot_hd(gr, op + d.q_at(b, t, h), d.hd);
-      Dt[row] = D;
-      for (int64_t c = 0; c < d.hd; ++c) acc[c] = 0;
-      for (int64_t j = 0; j <= t; ++j) {
-        const T* kr = kp + d.kv_at(b, j, g);
-        const double p = std::exp(dot_hd(qr, kr, d.hd) * d.scale - lse_t);
-        const double ds = p * (dot_hd(gr, vp + d.kv_at(b, j, g), d.hd) - D);
-        for (int64_t c = 0; c < d.hd; ++c) acc[c] += ds * static_cast<double>(kr[c]);
-      }
-      T* dqr = dqp + d.q_at(b, t, h);
-      for (int64_t c = 0; c < d.hd; ++c) dqr[c] = static_cast<T>(acc[c] * d.scale);
-    }
-  }
-
-  const int64_t kvrows = d.B * d.Hkv * d.T;
-#pragma omp parallel
-  {
-    std::vector<double> acck(static_cast<size_t>(d.hd)), accv(static_cast<size_t>(d.hd));
-#pragma omp for schedule(dynamic, 16)
-    for (int64_t row = 0; row < kvrows; ++row) {
-      const int64_t j = row % d.T, g = (row / d.T) % d.Hkv, b = row / (d.T * d.Hkv);
-      const T* kr = kp + d.kv_at(b, j, g);
-      const T* vr = vp + d.kv_at(b, j, g);
-      for (int64_t c = 0; c < d.hd; ++c) acck[c] = accv[c] = 0;
-      for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
-        for (int64_t t = j; t < d.T; ++t) {
-          const T* qr = qp + d.q_at(b, t, h);
-          const T* gr = gp + d.q_at(b, t, h);
-          const double lse_t = static_cast<double>(lp[d.lse_at(b, h, t)]);
-          const double p = std::exp(dot_hd(qr, kr, d.hd) * d.scale - lse_t);
-          const double ds = p * (dot_hd(gr, vr, d.hd) - Dt[(b * d.H + h) * d.T + t]);
-          for (int64_t c = 0; c < d.hd; ++c) {
-            acck[c] += ds * static_cast<double>(qr[c]);
-            accv[c] += p * static_cast<double>(gr[c]);
-          }
+  const int hd = static_cast<int>(d.hd);
+  std::vector<std::vector<T>> scratch(static_cast<size_t>(omp_get_max_threads()));
+  for_tasks(d.B * d.Hkv, [&](int64_t task, int thread) {
+    const int64_t g = task % d.Hkv, b = task / d.Hkv;
+    std::vector<T>& buf = scratch[static_cast<size_t>(thread)];
+    buf.resize(static_cast<size_t>(2 * kTile * d.T));
+    T* S = buf.data();
+    T* dP = S + kTile * d.T;
+    T* dkg = dkp + d.kv_at(b, 0, g);
+    T* dvg = dvp + d.kv_at(b, 0, g);
+    for (int64_t t = 0; t < d.T; ++t)
+      for (int64_t c = 0; c < d.hd; ++c) dkg[t * d.kv_ld + c] = dvg[t * d.kv_ld + c] = T(0);
+    const T* kg = kp + d.kv_at(b, 0, g);
+    const T* vg = vp + d.kv_at(b, 0, g);
+    for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
+      for (int64_t tile = 0; tile < d.tiles; ++tile) {
+        const int64_t t0 = tile * kTile, t1 = std::min(d.T, t0 + kTile);
+        const int m = static_cast<int>(t1 - t0), n = static_cast<int>(t1);
+        const T* qt = qp + d.q_at(b, t0, h);
+        const T* gt = gp + d.q_at(b, t0, h);
+        gemm(false, true, m, n, hd, d.scale, qt, d.q_ld, kg, d.kv_ld, 0.0, S, n);  // S = scale q K^T
+        gemm(false, true, m, n, hd, 1.0, gt, d.q_ld, vg, d.kv_ld, 0.0, dP, n);     // dP = dout V^T
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t t = t0 + r;
+          const T D = dot(gp + d.q_at(b, t, h), op + d.q_at(b, t, h), d.hd);
+          softmax_grad_row(S + r * n, dP + r * n, static_cast<T>(lp[d.lse_at(b, h, t)]), D, t + 1, n);
         }
-      }
-      T* dkr = dkp + d.kv_at(b, j, g);
-      T* dvr = dvp + d.kv_at(b, j, g);
-      for (int64_t c = 0; c < d.hd; ++c) {
-        dkr[c] = static_cast<T>(acck[c] * d.scale);
-        dvr[c] = static_cast<T>(accv[c]);
+        gemm(false, false, m, hd, n, d.scale, dP, n, kg, d.kv_ld, 0.0, dqp + d.q_at(b, t0, h), d.q_ld);  // dq
+        gemm(true, false, n, hd, m, d.scale, dP, n, qt, d.q_ld, 1.0, dkg, d.kv_ld);  // dk += scale dS^T q
+        gemm(true, false, n, hd, m, 1.0, S, n, gt, d.q_ld, 1.0, dvg, d.kv_ld);       // dv += P^T dout
       }
     }
-  }
+  });
 }
 
 }  // namespace

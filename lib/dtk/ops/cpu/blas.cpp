@@ -1,6 +1,7 @@
 // CPU gemm: OpenBLAS cblas_?gemm in row-major layout, one call per matrix of a batch (OpenBLAS
 // threads each call; small batched products are rare in dtk and stay correct this way).
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -60,6 +61,12 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
 }  // namespace dtk::ops::cpu
 
 namespace dtk::ops {
+
+void set_cpu_threads(int n) {
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+int cpu_threads() { return omp_get_max_threads(); }
 
 std::string cpu_backend_warning() {
   if (openblas_get_parallel() != 1) return {};  // 0 sequential, 2 OpenMP

@@ -5,19 +5,12 @@
 #include <cstdint>
 
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
 
-// Loops below this size stay on one thread: forking costs more than the work.
-constexpr int64_t kParallelMin = 1 << 15;
-
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
-}
 
 // out[i] = f(a[i])
 template <typename T, typename F>

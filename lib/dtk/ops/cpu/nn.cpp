@@ -1,44 +1,168 @@
 // CPU neural-network ops: softmax and log-softmax, cross entropy, RMSNorm, activations, RoPE and
-// embeddings. Row ops accumulate in double (f32 too). Every loop that a thread runs owns its
-// outputs, and every sum runs serially in a fixed order, so results do not depend on the number
-// of threads. Index inputs (targets, ids) are validated in a serial pass before the parallel loop,
-// because an exception must not leave an OpenMP region.
+// embeddings. f32 rows are computed in f32 by vectorised kernels (common.h: exp_f32, one clone
+// per instruction set); f64 (the gradient checks) in double with libm. Every loop that a thread
+// runs owns its outputs, and every sum runs in a fixed order within its row, so results do not
+// depend on the number of threads. Index inputs (targets, ids) are validated in a serial pass
+// before the parallel loop, because an exception must not leave an OpenMP region.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 15;  // elements below which a loop stays on one thread
-constexpr int64_t kColBlock = 64;          // columns per task of the column-wise accumulations
+constexpr int64_t kColBlock = 64;  // columns per task of the column-wise accumulations
 
+// ---- row kernels: generic in T, instantiated for double as they are and for float inside the
+// cloned wrappers below, where each clone vectorises them for its instruction set.
+inline float vexp(float x) { return exp_f32(x); }
+inline double vexp(double x) { return std::exp(x); }
+
+// max of the row and log(sum exp(x - max))
+template <typename T>
+inline void max_logsum(const T* x, int64_t n, T& max_out, T& logsum_out) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += vexp(x[i] - m);
+  max_out = m;
+  logsum_out = std::log(s);
+}
+
+// y = exp(x - shift)
+template <typename T>
+inline void exp_shifted(const T* x, T shift, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = vexp(x[i] - shift);
+}
+
+// dlogits = (softmax(x) - onehot(t)) * scale
+template <typename T>
+inline void ce_grad_row(const T* x, int32_t t, T scale, T* d, int64_t n) {
+  T m, logsum;
+  max_logsum(x, n, m, logsum);
+  const T shift = m + logsum;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = vexp(x[i] - shift) * scale;
+  d[t] -= scale;
+}
+
+// y = x rstd w; returns rstd
+template <typename T>
+inline T rmsnorm_row(const T* x, const T* w, T eps, T* y, int64_t n) {
+  T ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const T rs = T(1) / std::sqrt(ss / static_cast<T>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * rs * w[i];
+  return rs;
+}
+
+// dx = rs w dy - x rs^3 / n sum(dy w x)
+template <typename T>
+inline void rmsnorm_grad_row(const T* x, const T* w, T rs, const T* dy, T* dx, int64_t n) {
+  T dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t i = 0; i < n; ++i) dot += dy[i] * w[i] * x[i];
+  const T k = rs * rs * rs * dot / static_cast<T>(n);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = rs * dy[i] * w[i] - x[i] * k;
+}
+
+template <typename T>
+inline T sigmoid(T x) {
+  return T(1) / (T(1) + vexp(-x));
+}
+
+// y = silu(a) * b (b null: silu(a))
+template <typename T>
+inline void swiglu_chunk(const T* a, const T* b, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * sigmoid(a[i]) * (b ? b[i] : T(1));
+}
+
+// da = dy b silu'(a), db = dy silu(a) (b null: da = dy silu'(a)); reads before writing (aliasing)
+template <typename T>
+inline void swiglu_grad_chunk(const T* a, const T* b, const T* dy, T* da, T* db, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const T av = a[i], bv = b ? b[i] : T(1), g = dy[i];
+    const T s = sigmoid(av);
+    da[i] = g * bv * (s + av * s * (T(1) - s));
+    if (db) db[i] = g * av * s;
+  }
+}
+
+// The float instantiations, one clone per instruction set.
+DTK_SIMD_CLONES void max_logsum_f32(const float* x, int64_t n, float& m, float& ls) { max_logsum(x, n, m, ls); }
+DTK_SIMD_CLONES void exp_shifted_f32(const float* x, float s, float* y, int64_t n) { exp_shifted(x, s, y, n); }
+DTK_SIMD_CLONES void ce_grad_row_f32(const float* x, int32_t t, float s, float* d, int64_t n) {
+  ce_grad_row(x, t, s, d, n);
+}
+DTK_SIMD_CLONES float rmsnorm_row_f32(const float* x, const float* w, float eps, float* y, int64_t n) {
+  return rmsnorm_row(x, w, eps, y, n);
+}
+DTK_SIMD_CLONES void rmsnorm_grad_row_f32(const float* x, const float* w, float rs, const float* dy, float* dx,
+                                          int64_t n) {
+  rmsnorm_grad_row(x, w, rs, dy, dx, n);
+}
+DTK_SIMD_CLONES void swiglu_chunk_f32(const float* a, const float* b, float* y, int64_t n) { swiglu_chunk(a, b, y, n); }
+DTK_SIMD_CLONES void swiglu_grad_chunk_f32(const float* a, const float* b, const float* dy, float* da, float* db,
+                                           int64_t n) {
+  swiglu_grad_chunk(a, b, dy, da, db, n);
+}
+// Overloads that pick the float clone or the double template.
+void max_logsum_row(const float* x, int64_t n, float& m, float& ls) { max_logsum_f32(x, n, m, ls); }
+void max_logsum_row(const double* x, int64_t n, double& m, double& ls) { max_logsum(x, n, m, ls); }
+void exp_shifted_row(const float* x, float s, float* y, int64_t n) { exp_shifted_f32(x, s, y, n); }
+void exp_shifted_row(const double* x, double s, double* y, int64_t n) { exp_shifted(x, s, y, n); }
+void ce_grad(const float* x, int32_t t, float s, float* d, int64_t n) { ce_grad_row_f32(x, t, s, d, n); }
+void ce_grad(const double* x, int32_t t, double s, double* d, int64_t n) { ce_grad_row(x, t, s, d, n); }
+float rmsnorm1(const float* x, const float* w, float eps, float* y, int64_t n) { return rmsnorm_row_f32(x, w, eps, y, n); }
+double rmsnorm1(const double* x, const double* w, double eps, double* y, int64_t n) { return rmsnorm_row(x, w, eps, y, n); }
+void rmsnorm_grad1(const float* x, const float* w, float rs, const float* dy, float* dx, int64_t n) {
+  rmsnorm_grad_row_f32(x, w, rs, dy, dx, n);
+}
+void rmsnorm_grad1(const double* x, const double* w, double rs, const double* dy, double* dx, int64_t n) {
+  rmsnorm_grad_row(x, w, rs, dy, dx, n);
+}
+void swiglu1(const float* a, const float* b, float* y, int64_t n) { swiglu_chunk_f32(a, b, y, n); }
+void swiglu1(const double* a, const double* b, double* y, int64_t n) { swiglu_chunk(a, b, y, n); }
+void swiglu_grad1(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n) {
+  swiglu_grad_chunk_f32(a, b, dy, da, db, n);
+}
+void swiglu_grad1(const double* a, const double* b, const double* dy, double* da, double* db, int64_t n) {
+  swiglu_grad_chunk(a, b, dy, da, db, n);
+}
+
+// An elementwise op over n elements in chunks, the chunks in parallel when n is large.
+constexpr int64_t kChunk = 4096;
 template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
+void chunked(int64_t n, F&& f) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(kChunk, n - c * kChunk));
 }
 
 int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.dim(-1); }
 int64_t rows_of(const Tensor& t) {
   const int64_t n = last_dim(t);
   return n == 0 ? 0 : t.numel() / n;
-}
-
-// max and log(sum exp(x - max)) of a row, in double.
-template <typename T>
-void row_max_logsum(const T* x, int64_t n, double* max_out, double* logsum_out) {
-  double m = -HUGE_VAL;
-  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, static_cast<double>(x[i]));
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - m);
-  *max_out = m;
-  *logsum_out = std::log(s);
 }
 
 template <typename T, typename F>
@@ -58,11 +182,6 @@ void map2(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const int64_t n = out.numel();
 #pragma omp parallel for if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], z[i]);
-}
-
-template <typename T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
 }
 
 constexpr double kGeluK = 0.7978845608028654;  // sqrt(2 / pi)
@@ -94,12 +213,9 @@ void softmax_forward(const Tensor& x, Tensor& y) {
     T* yp = y.ptr<T>();
 #pragma omp parallel for if (rows * n > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = xp + r * n;
-      T* yr = yp + r * n;
-      double m, logsum;
-      row_max_logsum(xr, n, &m, &logsum);
-      const double shift = m + logsum;
-      for (int64_t i = 0; i < n; ++i) yr[i] = static_cast<T>(std::exp(static_cast<double>(xr[i]) - shift));
+      T m, logsum;
+      max_logsum_row(xp + r * n, n, m, logsum);
+      exp_shifted_row(xp + r * n, m + logsum, yp + r * n, n);
     }
   });
 }
@@ -134,9 +250,9 @@ void log_softmax_forward(const Tensor& x, Tensor& y) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = xp + r * n;
       T* yr = yp + r * n;
-      double m, logsum;
-      row_max_logsum(xr, n, &m, &logsum);
-      for (int64_t i = 0; i < n; ++i) yr[i] = static_cast<T>((static_cast<double>(xr[i]) - m) - logsum);
+      T m, logsum;
+      max_logsum_row(xr, n, m, logsum);
+      for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - m) - logsum;
     }
   });
 }
@@ -178,9 +294,9 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
         continue;
       }
       const T* xr = xp + r * V;
-      double m, logsum;
-      row_max_logsum(xr, V, &m, &logsum);
-      lp[r] = static_cast<T>((m + logsum) - static_cast<double>(xr[tp[r]]));
+      T m, logsum;
+      max_logsum_row(xr, V, m, logsum);
+      lp[r] = (m + logsum) - xr[tp[r]];
     }
   });
 }
@@ -202,13 +318,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
         for (int64_t i = 0; i < V; ++i) dr[i] = T(0);
         continue;
       }
-      double m, logsum;
-      row_max_logsum(xr, V, &m, &logsum);
-      const double shift = m + logsum;
-      for (int64_t i = 0; i < V; ++i) {
-        const double p = std::exp(static_cast<double>(xr[i]) - shift);
-        dr[i] = static_cast<T>((p - (i == t ? 1.0 : 0.0)) * scale);
-      }
+      ce_grad(xr, t, static_cast<T>(scale), dr, V);
     }
   });
 }
@@ -225,14 +335,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
     T* rp = rstd.ptr<T>();
 #pragma omp parallel for if (rows * D > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = xp + r * D;
-      T* yr = yp + r * D;
-      double ss = 0;
-      for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(xr[i]) * static_cast<double>(xr[i]);
-      const double rs = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
-      for (int64_t i = 0; i < D; ++i)
-        yr[i] = static_cast<T>(static_cast<double>(xr[i]) * rs * static_cast<double>(wp[i]));
-      rp[r] = static_cast<T>(rs);
+      rp[r] = rmsnorm1(xp + r * D, wp, static_cast<T>(eps), yp + r * D, D);
     }
   });
 }
@@ -268,18 +371,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
     }
 #pragma omp parallel for if (rows * D > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = xp + r * D;
-      const T* dyr = dyp + r * D;
-      T* dxr = dxp + r * D;
-      const double rs = static_cast<double>(rp[r]);
-      double dot = 0;
-      for (int64_t i = 0; i < D; ++i)
-        dot += static_cast<double>(dyr[i]) * static_cast<double>(wp[i]) * static_cast<double>(xr[i]);
-      const double k = rs * rs * rs * dot / static_cast<double>(D);
-      for (int64_t i = 0; i < D; ++i) {
-        const double g = static_cast<double>(dyr[i]) * static_cast<double>(wp[i]);
-        dxr[i] = static_cast<T>(rs * g - static_cast<double>(xr[i]) * k);
-      }
+      rmsnorm_grad1(xp + r * D, wp, rp[r], dyp + r * D, dxp + r * D, D);
     }
   });
 }
@@ -289,16 +381,20 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
 void silu_forward(const Tensor& x, Tensor& y) {
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    map1<T>(x, y, [](T v) { return v * sigmoid(v); });
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    chunked(x.numel(), [&](int64_t i, int64_t n) { swiglu1(xp + i, static_cast<const T*>(nullptr), yp + i, n); });
   });
 }
 
 void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    map2<T>(x, dy, dx, [](T v, T g) {
-      const T s = sigmoid(v);
-      return g * (s + v * s * (T(1) - s));
+    const T* xp = x.ptr<T>();
+    const T* gp = dy.ptr<T>();
+    T* dxp = dx.ptr<T>();
+    chunked(x.numel(), [&](int64_t i, int64_t n) {
+      swiglu_grad1(xp + i, static_cast<const T*>(nullptr), gp + i, dxp + i, static_cast<T*>(nullptr), n);
     });
   });
 }
@@ -344,7 +440,10 @@ void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
 void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    map2<T>(a, b, y, [](T av, T bv) { return av * sigmoid(av) * bv; });
+    const T* ap = a.ptr<T>();
+    const T* bp = b.ptr<T>();
+    T* yp = y.ptr<T>();
+    chunked(a.numel(), [&](int64_t i, int64_t n) { swiglu1(ap + i, bp + i, yp + i, n); });
   });
 }
 
@@ -356,48 +455,75 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor&
     const T* gp = dy.ptr<T>();
     T* dap = da.ptr<T>();
     T* dbp = db.ptr<T>();
-    const int64_t n = a.numel();
-#pragma omp parallel for if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      // read everything before writing: da / db may alias a / b / dy
-      const T av = ap[i], bv = bp[i], g = gp[i];
-      const T s = sigmoid(av);
-      dap[i] = g * bv * (s + av * s * (T(1) - s));
-      dbp[i] = g * av * s;
-    }
+    chunked(a.numel(), [&](int64_t i, int64_t n) { swiglu_grad1(ap + i, bp + i, gp + i, dap + i, dbp + i, n); });
   });
 }
 
 // ---------------------------------------------------------------------------- rope
 
-void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
-  const int64_t B = x.dim(0), T_ = x.dim(1), H = x.dim(2), hd = x.dim(3), half = hd / 2;
-  // cos and sin of every (position, pair), in double
-  std::vector<double> cs(static_cast<size_t>(T_ * half)), sn(static_cast<size_t>(T_ * half));
-  for (int64_t t = 0; t < T_; ++t) {
-    const double pos = static_cast<double>(pos0 + t);
+namespace {
+
+// cos and sin of every (position, pair) of a RoPE call, computed once per (T, hd, theta, pos0)
+// in double and kept (with f32 copies): the same few tables serve every layer and step.
+struct RopeTable {
+  std::vector<double> cos, sin;
+  std::vector<float> cosf, sinf;
+};
+std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta, int64_t pos0) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, double, int64_t>, std::shared_ptr<const RopeTable>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[{T, hd, theta, pos0}];
+  if (slot) return slot;
+  if (cache.size() > 64) {  // unusual: many lengths; start over rather than grow without bound
+    cache.clear();
+    return rope_table(T, hd, theta, pos0);
+  }
+  auto t = std::make_shared<RopeTable>();
+  const int64_t half = hd / 2;
+  for (int64_t p = 0; p < T; ++p) {
+    const double pos = static_cast<double>(pos0 + p);
     for (int64_t i = 0; i < half; ++i) {
       const double angle = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-      cs[t * half + i] = std::cos(angle);
-      sn[t * half + i] = inverse ? -std::sin(angle) : std::sin(angle);
+      t->cos.push_back(std::cos(angle));
+      t->sin.push_back(std::sin(angle));
     }
   }
+  t->cosf.assign(t->cos.begin(), t->cos.end());
+  t->sinf.assign(t->sin.begin(), t->sin.end());
+  slot = t;
+  return slot;
+}
+
+const double* cos_of(const RopeTable& t, double) { return t.cos.data(); }
+const double* sin_of(const RopeTable& t, double) { return t.sin.data(); }
+const float* cos_of(const RopeTable& t, float) { return t.cosf.data(); }
+const float* sin_of(const RopeTable& t, float) { return t.sinf.data(); }
+
+}  // namespace
+
+void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
+  const int64_t B = x.dim(0), T_ = x.dim(1), H = x.dim(2), hd = x.dim(3), half = hd / 2;
+  const auto table = rope_table(T_, hd, theta, pos0);
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.ptr<T>();
     T* yp = y.ptr<T>();
+    const T* cs = cos_of(*table, T{});
+    const T* sn = sin_of(*table, T{});
+    const T sign = inverse ? T(-1) : T(1);
 #pragma omp parallel for collapse(2) if (x.numel() > kParallelMin)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < T_; ++t) {
-        const double* c = cs.data() + t * half;
-        const double* s = sn.data() + t * half;
+        const T* c = cs + t * half;
+        const T* s = sn + t * half;
         for (int64_t h = 0; h < H; ++h) {
           const int64_t base = ((b * T_ + t) * H + h) * hd;
+#pragma omp simd
           for (int64_t i = 0; i < half; ++i) {
-            const double x0 = static_cast<double>(xp[base + 2 * i]);
-            const double x1 = static_cast<double>(xp[base + 2 * i + 1]);
-            yp[base + 2 * i] = static_cast<T>(x0 * c[i] - x1 * s[i]);
-            yp[base + 2 * i + 1] = static_cast<T>(x0 * s[i] + x1 * c[i]);
+            const T x0 = xp[base + 2 * i], x1 = xp[base + 2 * i + 1], si = sign * s[i];
+            yp[base + 2 * i] = x0 * c[i] - x1 * si;
+            yp[base + 2 * i + 1] = x0 * si + x1 * c[i];
           }
         }
       }

@@ -4,18 +4,12 @@
 #include <cstdint>
 
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 14;
-
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
-}
 
 }  // namespace
 

@@ -8,16 +8,11 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
-
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
-}
 
 // The reduction kinds as compile-time policies: map each element, combine, finish.
 template <Reduce K>

@@ -8,18 +8,12 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 15;
-
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
-}
 
 void check_indices(const char* op, const int64_t* idx, int64_t n, int64_t limit) {
   for (int64_t j = 0; j < n; ++j)
