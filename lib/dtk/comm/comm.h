@@ -146,6 +146,7 @@ class Runtime {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }  // ranks on this node
   Launcher launcher() const { return launcher_; }
   bool mpi_initialized() const { return mpi_; }
   double timeout_s() const { return opts_.timeout_s; }
@@ -169,7 +170,7 @@ class Runtime {
   Options opts_;
   Launcher launcher_;
   bool mpi_ = false;
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::shared_ptr<Communicator> mpi_world_, nccl_world_, local_world_;
   int* argc_;
   char*** argv_;

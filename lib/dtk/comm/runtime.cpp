@@ -60,13 +60,14 @@ void Runtime::set_timeout(double timeout_s) {
 void Runtime::init_mpi() {
   if (mpi_) return;
   int provided = 0;
-  MPI_Init_thread(argc_, argv_, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(argc_, argv_, MPI_THREAD_MULTIPLE, &provided);  // the communication threads (mpi_comm.cpp)
   mpi_ = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
   MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_size(node, &local_size_);
   MPI_Comm_free(&node);
   mpi_types_init();
 }
@@ -100,7 +101,11 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
       return local_world_;
     case Backend::mpi:
       init_mpi();
-      if (!mpi_world_) mpi_world_ = make_mpi_communicator(MPI_COMM_WORLD, false);
+      if (!mpi_world_) {  // a duplicate: its communication thread never meets the runtime's own calls
+        MPI_Comm dup;
+        MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+        mpi_world_ = make_mpi_communicator(dup, true);
+      }
       return mpi_world_;
     case Backend::nccl:
 #ifdef DTK_HAVE_NCCL

@@ -136,6 +136,11 @@ struct RootOptions {
 // iteration. Returns false (out untouched) when the method fails: no convergence, NaN or Inf.
 bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out);
 
+// ---------------------------------------------------------------------------- CPU threads
+// The threads the CPU backend's loops and OpenBLAS use (OpenMP's max threads, for this thread).
+void set_cpu_threads(int n);
+int cpu_threads();
+
 // ---------------------------------------------------------------------------- backend notes
 // A warning about the CPU backend's set-up, empty when there is none: OpenBLAS's pthread build
 // runs its own thread pool beside the ops' OpenMP threads, and the two compete for the cores

@@ -1,5 +1,6 @@
 #include "dtk/train/trainer.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -74,6 +75,9 @@ void add_options(CLI::App& app, Options& o) {
 
   g = "Run";
   app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
+  app.add_option("--threads", o.threads,
+                 "CPU threads per rank (default: OMP_NUM_THREADS if set, else the cores the launcher bound the "
+                 "rank to, else the node's cores shared among its ranks)")->group(g)->check(CLI::PositiveNumber);
   app.add_option_function<double>(
          "--bucket-mb", [&o](double mb) { o.bucket_bytes = static_cast<size_t>(mb * (1 << 20)); },
          "gradient all-reduce bucket size in MiB (default 25)")->group(g)->check(CLI::PositiveNumber);
@@ -106,6 +110,25 @@ fs::path checkpoint_path(const std::string& arg) {
   }
   if (!fs::exists(p)) fail_usage(arg + ": no such checkpoint");
   return p;
+}
+
+// This rank's CPU threads and why: --threads; OMP_NUM_THREADS; the CPUs the launcher bound the
+// rank to (mpiexec --bind-to, srun --cpus-per-task) when fewer than the node's; else the node's
+// cores shared equally among the ranks on it, so that ranks never run more busy threads than
+// there are cores.
+std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtime& rt) {
+  if (o.threads > 0) return {o.threads, "--threads"};
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0)
+    return {std::atoi(env), "OMP_NUM_THREADS"};
+  const int node = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : node;
+  if (bound > 0 && bound < node)
+    return {bound, std::to_string(bound) + " CPUs bound to this rank by the launcher"};
+  const int ranks = std::max(1, rt.local_size());
+  return {std::max(1, node / ranks), std::to_string(node) + " cores shared by " + std::to_string(ranks) +
+                                         " rank(s) on this node"};
 }
 
 }  // namespace
@@ -220,6 +243,9 @@ class Trainer {
  public:
   Trainer(const Options& o, const Strategy& s, comm::Runtime& rt)
       : o_(o), s_(s), rt_(rt), device_(parse_device(o.device)), cfg_(resolve_model(o)) {
+    const auto [threads, why] = resolve_threads(o, rt);
+    ops::set_cpu_threads(threads);
+    spdlog::info("CPU threads per rank: {} ({})", threads, why);
     if (device_.is_cuda()) {
       device_ = Device::cuda(rt.local_rank() % cuda::device_count());
       cuda::set_device(device_.index);

@@ -50,6 +50,7 @@ struct Options {
   bool nesterov = false;
   uint64_t seed = 0;
   std::string device = "cpu";
+  int threads = 0;  // CPU threads of each rank; 0: OMP_NUM_THREADS, else the rank's share of the node's cores
   size_t bucket_bytes = 25u << 20;
   // evaluation, output, checkpoints
   int64_t eval_every = 50, eval_batches = 4, log_every = 10;
