@@ -19,7 +19,7 @@ std::vector<std::shared_ptr<Communicator>> communicators() {
 
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 const Mode kModes[] = {Mode::sync, Mode::async};
-const size_t kCounts[] = {0, 1, 7, 1003};
+const size_t kCounts[] = {0, 1, 7, 1003, (1 << 18) + 3};  // the last: >= 1 MiB (4- and 8-byte types): the ring
 
 TEST(Comm, Topology) {
   for (auto& c : communicators()) {

@@ -2,12 +2,40 @@
 // host memory (copied in before the operation starts, copied out when it completes), so several
 // ranks can share one GPU. MPI has no bf16 or f16: they travel as 2-byte datatypes of ours with
 // reduction ops of ours; avg is a sum divided on completion.
+//
+// The communication thread. MPI's nonblocking collectives progress only inside MPI calls, so an
+// all-reduce started before a backward pass would mostly wait for the next MPI call. Instead,
+// async operations on host buffers are queued to one thread per communicator that owns them, the
+// CPU counterpart of a GPU's communication stream: it runs them one at a time in program order,
+// starting each and driving it with MPI_Test, yielding the core (sched_yield) between tests so
+// that a busy compute thread keeps it, while an idle core lets it run at full speed. Completion
+// reaches the caller through the Work handle. A sync operation first waits for the queue to
+// empty, then runs on the caller's thread: program order holds on every rank, and small blocking
+// collectives keep their latency. The thread needs MPI_THREAD_MULTIPLE; without it, or with
+// DTK_COMM_THREAD=0, for device buffers, and for a lone send or receive (its peer operation on
+// this rank may be queued behind it), async operations are MPI's nonblocking calls as they are,
+// progressed by Work::test and wait.
+//
+// All-reduce algorithms, chosen by size: below kRingMinBytes (or on one rank) MPI's own (latency-
+// bound: recursive doubling and friends); from there a ring over point-to-point messages, whose
+// every rank sends and receives 2 (W - 1) / W of the buffer, the bandwidth optimum (Open MPI's
+// default nonblocking all-reduce on 2 ranks, libnbc's binomial tree, sends it twice in sequence).
+// The ring reduces each segment at one rank and copies it to the others, so every rank ends with
+// the same bits. DTK_ALLREDUCE_ALGO=mpi|ring forces one (comm-bench compares them).
 #include "dtk/comm/mpi/mpi_comm.h"
 
+#include <sched.h>
+
+#include <atomic>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <string_view>
+#include <thread>
 #include <utility>
 
 #include "dtk/comm/watchdog.h"
@@ -135,13 +163,17 @@ struct Staging {
   std::vector<std::shared_ptr<void>> keep;
   std::vector<std::function<void()>> on_done;  // in order
   std::vector<int> ints;  // counts and displacements of v-collectives, alive until completion
+  bool device = false;    // a buffer is in device memory (copies run on the caller's thread)
+  bool queued = true;     // may wait its turn on the communication thread (not a lone send or
+                          // receive: its peer operation may be queued behind it)
 };
 
 // Host pointers for send and recv: the buffers themselves on the host; pinned copies for device
 // buffers (one copy when one lies inside the other, so in-place stays in place).
 Staging stage(const Buffer& send, const Buffer& recv, bool copy_recv_in = false) {
   Staging s;
-  if (!send.device.is_cuda() && !recv.device.is_cuda()) {
+  s.device = send.device.is_cuda() || recv.device.is_cuda();
+  if (!s.device) {
     s.send = send.data;
     s.recv = recv.data;
     return s;
@@ -173,6 +205,174 @@ Staging stage(const Buffer& send, const Buffer& recv, bool copy_recv_in = false)
     s.on_done.push_back([recv, host] { cuda::memcpy(recv.data, host, recv.bytes()); });
   }
   return s;
+}
+
+// How the communication thread waits for requests: test, and give the core away in between.
+void poll(MPI_Request* r, int n, const char* what) {
+  for (;;) {
+    int flag = 0;
+    check_mpi(MPI_Testall(n, r, &flag, MPI_STATUSES_IGNORE), what);
+    if (flag) return;
+    sched_yield();
+  }
+}
+void block(MPI_Request* r, int n, const char* what) { check_mpi(MPI_Waitall(n, r, MPI_STATUSES_IGNORE), what); }
+using WaitFn = void (*)(MPI_Request*, int, const char*);
+
+constexpr size_t kRingMinBytes = 1 << 20;
+constexpr int kRingTag = 0x64746b;  // "dtk": point-to-point messages of the ring all-reduce
+
+enum class Algo { automatic, mpi, ring };
+Algo allreduce_algo() {
+  static const Algo a = [] {
+    const char* e = std::getenv("DTK_ALLREDUCE_ALGO");
+    const std::string_view v = e ? e : "auto";
+    if (v == "mpi") return Algo::mpi;
+    if (v == "ring") return Algo::ring;
+    if (v != "auto") fail_usage("DTK_ALLREDUCE_ALGO=" + std::string(v) + ": expected auto, mpi or ring");
+    return Algo::automatic;
+  }();
+  return a;
+}
+
+// Ring all-reduce of n elements in place in buf: a reduce-scatter then an all-gather around the
+// ring (rank r sends to r + 1 and receives from r - 1), over W segments of about n / W elements.
+void ring_all_reduce(void* buf, int n, MPI_Datatype dt, size_t esize, MPI_Op op, MPI_Comm comm, int rank, int size,
+                     WaitFn wait) {
+  std::vector<int> off(size + 1);
+  for (int i = 0; i <= size; ++i) off[i] = static_cast<int>(static_cast<int64_t>(n) * i / size);
+  auto* p = static_cast<char*>(buf);
+  std::vector<char> tmp(static_cast<size_t>(n / size + 1) * esize);  // the largest segment
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  auto seg = [&](int i) { return ((i % size) + size) % size; };
+  for (int s = 0; s < size - 1; ++s) {  // reduce-scatter: after it, rank r holds segment r + 1
+    const int out = seg(rank - s), in = seg(rank - s - 1);
+    const int nin = off[in + 1] - off[in];
+    MPI_Request r[2];
+    check_mpi(MPI_Irecv(tmp.data(), nin, dt, left, kRingTag, comm, &r[0]), "all_reduce (ring)");
+    check_mpi(MPI_Isend(p + off[out] * esize, off[out + 1] - off[out], dt, right, kRingTag, comm, &r[1]),
+              "all_reduce (ring)");
+    wait(r, 2, "all_reduce (ring)");
+    check_mpi(MPI_Reduce_local(tmp.data(), p + off[in] * esize, nin, dt, op), "all_reduce (ring)");
+  }
+  for (int s = 0; s < size - 1; ++s) {  // all-gather of the reduced segments
+    const int out = seg(rank + 1 - s), in = seg(rank - s);
+    MPI_Request r[2];
+    check_mpi(MPI_Irecv(p + off[in] * esize, off[in + 1] - off[in], dt, left, kRingTag, comm, &r[0]),
+              "all_reduce (ring)");
+    check_mpi(MPI_Isend(p + off[out] * esize, off[out + 1] - off[out], dt, right, kRingTag, comm, &r[1]),
+              "all_reduce (ring)");
+    wait(r, 2, "all_reduce (ring)");
+  }
+}
+
+// The communication thread of a communicator (see the file comment).
+class CommThread {
+ public:
+  struct Op final : Work::State {
+    std::function<void()> body;
+    const char* what = "";
+    size_t bytes = 0;
+    CommThread* owner = nullptr;
+    std::atomic<bool> done{false};
+    std::string error;  // written before done when the body failed
+
+    bool test() override {
+      if (!done.load(std::memory_order_acquire)) return false;
+      rethrow();
+      return true;
+    }
+    void wait() override {
+      if (!done.load(std::memory_order_acquire)) {
+        watchdog::Scope scope(what, bytes);
+        std::unique_lock lock(owner->mu_);
+        owner->done_cv_.wait(lock, [this] { return done.load(std::memory_order_acquire); });
+      }
+      rethrow();
+    }
+    void rethrow() {
+      if (error.empty()) return;
+      std::string e = std::move(error);
+      error.clear();
+      fail(e);
+    }
+  };
+
+  ~CommThread() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::shared_ptr<Op> submit(const char* what, size_t bytes, std::function<void()> body) {
+    auto op = std::make_shared<Op>();
+    op->body = std::move(body);
+    op->what = what;
+    op->bytes = bytes;
+    op->owner = this;
+    {
+      std::lock_guard lock(mu_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      queue_.push_back(op);
+      ++pending_;
+    }
+    work_cv_.notify_one();
+    return op;
+  }
+
+  // Returns once every submitted operation has completed.
+  void drain(const char* what, size_t bytes) {
+    std::unique_lock lock(mu_);
+    if (pending_ == 0) return;
+    watchdog::Scope scope(what, bytes);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<Op> op;
+      {
+        std::unique_lock lock(mu_);
+        work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, nothing left
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        op->body();
+      } catch (const std::exception& e) {
+        op->error = e.what();
+      }
+      op->body = nullptr;  // release the staging buffers before the caller sees completion
+      {
+        std::lock_guard lock(mu_);
+        op->done.store(true, std::memory_order_release);
+        --pending_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  size_t pending_ = 0;  // queued or running
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+bool comm_thread_wanted() {
+  static const bool on = [] {
+    const char* e = std::getenv("DTK_COMM_THREAD");
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    return level == MPI_THREAD_MULTIPLE && !(e && std::string_view(e) == "0");
+  }();
+  return on;
 }
 
 struct MpiWork final : Work::State {
@@ -212,8 +412,10 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_size(node, &local_size_);
     MPI_Comm_free(&node);
+    if (comm_thread_wanted()) thread_ = std::make_unique<CommThread>();
   }
   ~MpiCommunicator() override {
+    thread_.reset();  // finishes what is queued
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (owned_ && !finalized) MPI_Comm_free(&comm_);
@@ -230,6 +432,15 @@ class MpiCommunicator final : public Communicator {
     if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
     auto dt = datatype(send.dtype);
     auto mop = mpi_op(send.dtype, op);
+    const Algo algo = allreduce_algo();
+    const bool ring = size_ > 1 && algo != Algo::mpi && (algo == Algo::ring || send.bytes() >= kRingMinBytes);
+    if (ring && (mode == Mode::sync || threaded(st))) {
+      const size_t esize = dtype_size(send.dtype), bytes = send.bytes();
+      return run("all_reduce", bytes, mode, std::move(st), [=, this](Staging& s, WaitFn wait) {
+        if (!inplace) std::memcpy(s.recv, s.send, bytes);
+        ring_all_reduce(s.recv, n, dt, esize, mop, comm_, rank_, size_, wait);
+      });
+    }
     return launch("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       const void* sb = inplace ? MPI_IN_PLACE : s.send;
       return r ? MPI_Iallreduce(sb, s.recv, n, dt, mop, comm_, r) : MPI_Allreduce(sb, s.recv, n, dt, mop, comm_);
@@ -362,6 +573,8 @@ class MpiCommunicator final : public Communicator {
     const int n = as_int(buf.count, "send");
     Staging st;
     st.send = buf.data;
+    st.device = buf.device.is_cuda();
+    st.queued = false;
     if (buf.device.is_cuda()) {
       auto block = pinned_pool().get(buf.bytes());
       cuda::memcpy(block.get(), buf.data, buf.bytes());
@@ -379,6 +592,8 @@ class MpiCommunicator final : public Communicator {
     const int n = as_int(buf.count, "recv");
     Staging st;
     st.recv = buf.data;
+    st.device = buf.device.is_cuda();
+    st.queued = false;
     if (buf.device.is_cuda()) {
       auto block = pinned_pool().get(buf.bytes());
       st.recv = block.get();
@@ -422,9 +637,15 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // Runs call(staging, nullptr) (blocking, no allocation) or call(staging, &request) (nonblocking).
+  // Whether an async operation with this staging runs on the communication thread.
+  bool threaded(const Staging& st) const { return thread_ && !st.device && st.queued; }
+
+  // Runs call(staging, nullptr) (blocking, no allocation) or call(staging, &request) (nonblocking),
+  // the latter on the communication thread when there is one.
   template <typename Call>
   Work launch(const char* what, size_t bytes, Mode mode, Staging st, Call call) {
     if (mode == Mode::sync) {
+      if (thread_) thread_->drain(what, bytes);  // program order: everything queued goes first
       {
         watchdog::Scope scope(what, bytes);
         check_mpi(call(st, nullptr), what);
@@ -432,12 +653,38 @@ class MpiCommunicator final : public Communicator {
       for (auto& f : st.on_done) f();
       return Work();
     }
+    if (threaded(st))
+      return Work(thread_->submit(what, bytes, [what, st = std::move(st), call]() mutable {
+        MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        check_mpi(call(st, r), what);
+        poll(r, 2, what);
+        for (auto& f : st.on_done) f();
+      }));
     auto w = std::make_shared<MpiWork>();
     w->what = what;
     w->bytes = bytes;
     w->staging = std::move(st);
     check_mpi(call(w->staging, w->req), what);
     return Work(std::move(w));
+  }
+
+  // Runs body(staging, wait) to completion: on the caller's thread with blocking waits (sync), or
+  // on the communication thread with polling waits (async; the caller checks threaded() first).
+  template <typename Body>
+  Work run(const char* what, size_t bytes, Mode mode, Staging st, Body body) {
+    if (mode == Mode::sync) {
+      if (thread_) thread_->drain(what, bytes);
+      {
+        watchdog::Scope scope(what, bytes);
+        body(st, &block);
+      }
+      for (auto& f : st.on_done) f();
+      return Work();
+    }
+    return Work(thread_->submit(what, bytes, [st = std::move(st), body]() mutable {
+      body(st, &poll);
+      for (auto& f : st.on_done) f();
+    }));
   }
 
   size_t check_v(const char* op, const std::vector<size_t>& counts) const {
@@ -471,6 +718,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   bool owned_;
+  std::unique_ptr<CommThread> thread_;  // null: async operations are MPI's nonblocking calls
 };
 
 }  // namespace

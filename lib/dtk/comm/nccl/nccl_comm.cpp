@@ -1,16 +1,22 @@
 // The NCCL backend: device buffers, operations on the communicator's own CUDA stream, which
-// first waits for the work already queued on the compute stream (the legacy default stream), so
-// the inputs are ready. Work::wait polls the completion event under the watchdog, and checks
-// NCCL's asynchronous errors while it waits.
+// first waits (an event) for the work already queued on the compute stream (cuda::current_stream),
+// so the inputs are ready. Completion is an event recorded on the communicator's stream after the
+// operation. Work::wait makes the compute stream wait for that event: the host never blocks and
+// never spins, and the compute stream's later work sees the result. Work::test queries the event
+// and NCCL's asynchronous errors. A sync operation also blocks the host until completion (the
+// caller may read the result from the host), in a blocking-sync event wait under the watchdog.
+// Events come from a pool of the communicator's, not one cudaEventCreate per collective.
 #include "dtk/comm/nccl/nccl_comm.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <thread>
+#include <mutex>
+#include <vector>
 
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
+#include "dtk/core/tensor.h"
 
 namespace dtk::comm {
 namespace {
@@ -48,15 +54,45 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+cudaStream_t compute_stream() { return static_cast<cudaStream_t>(cuda::current_stream().handle); }
+
+// Completion events, reused. Blocking-sync events: a host wait on one sleeps instead of spinning.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t get() {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "event");
+    return e;
+  }
+  void put(cudaEvent_t e) {
+    std::lock_guard lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 struct NcclWork final : Work::State {
+  std::shared_ptr<EventPool> pool;
   cudaEvent_t event = nullptr;
   ncclComm_t comm = nullptr;
   const char* what = "";
   size_t bytes = 0;
-  std::shared_ptr<void> keep;  // scratch memory alive until completion
+  std::shared_ptr<void> keep;  // scratch memory of the operation
 
   ~NcclWork() override {
-    if (event) cudaEventDestroy(event);
+    if (event) pool->put(event);  // a later record is safe: stream waits already enqueued keep theirs
   }
   bool test() override {
     const cudaError_t e = cudaEventQuery(event);
@@ -68,9 +104,14 @@ struct NcclWork final : Work::State {
     keep.reset();
     return true;
   }
-  void wait() override {
+  // The compute stream waits for completion; the host goes on.
+  void wait() override { check_cuda(cudaStreamWaitEvent(compute_stream(), event, 0), what); }
+  // The host waits for completion (sync operations), asleep, under the watchdog.
+  void wait_host() {
+    check_async();
     watchdog::Scope scope(what, bytes);
-    while (!test()) std::this_thread::yield();
+    check_cuda(cudaEventSynchronize(event), what);
+    check_async();
   }
   void check_async() {
     ncclResult_t r = ncclSuccess;
@@ -171,11 +212,12 @@ class NcclCommunicator final : public Communicator {
     const char* src = static_cast<const char*>(send.data);
     if (send.data == recv.data && send.bytes()) {  // in place: send from a device copy
       void* p = cuda::malloc_device(send.bytes());
-      scratch = std::shared_ptr<void>(p, [](void* q) { cuda::free_device(q); });
-      check_cuda(cudaMemcpyAsync(p, send.data, send.bytes(), cudaMemcpyDeviceToDevice, stream_), "copy");
+      scratch = std::shared_ptr<void>(p, [](void* q) { cuda::free_device(q); });  // cudaFree: synchronises
       src = static_cast<const char*>(p);
     }
     return enqueue("all_to_all", send.bytes(), mode, [&] {
+      if (scratch)  // after the stream's wait for the inputs
+        check_cuda(cudaMemcpyAsync(scratch.get(), send.data, send.bytes(), cudaMemcpyDeviceToDevice, stream_), "copy");
       ncclResult_t r = ncclGroupStart();
       for (int q = 0; q < size_ && r == ncclSuccess; ++q) {
         r = ncclSend(src + q * bb, block, t, q, comm_, stream_);
@@ -223,18 +265,19 @@ class NcclCommunicator final : public Communicator {
  private:
   template <typename Call>
   Work enqueue(const char* what, size_t bytes, Mode mode, Call call, std::shared_ptr<void> keep = {}) {
-    check_cuda(cudaEventRecord(ready_, nullptr), "event record");  // inputs queued on the compute stream
+    check_cuda(cudaEventRecord(ready_, compute_stream()), "event record");  // the inputs' producers
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "stream wait");
     check_nccl(call(), what);
     auto w = std::make_shared<NcclWork>();
+    w->pool = events_;
     w->comm = comm_;
     w->what = what;
     w->bytes = bytes;
     w->keep = std::move(keep);
-    check_cuda(cudaEventCreateWithFlags(&w->event, cudaEventDisableTiming), "event");
+    w->event = events_->get();
     check_cuda(cudaEventRecord(w->event, stream_), "event record");
     if (mode == Mode::sync) {
-      w->wait();
+      w->wait_host();
       return Work();
     }
     return Work(std::move(w));
@@ -251,6 +294,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
   void* scratch_ = nullptr;
 };
 
