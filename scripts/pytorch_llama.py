@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""The llama of DESIGN.md ("Models") in PyTorch, trained as psgd-train trains it: the baseline
+of scripts/bench-vs-pytorch. Not part of dtk (dtk does not depend on torch).
+
+One process trains alone; under mpiexec (OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR/MASTER_PORT) the
+processes form a gloo group and train with DistributedDataParallel (25 MiB buckets), optionally
+with the PowerSGD comm hook. The options carry psgd-train's names and defaults (AdamW, clipping
+by global norm, the cosine schedule of lib/dtk/optim), and the metrics are psgd-train's JSON lines
+(step, loss, lr, grad_norm, tokens_per_s, step_time_ms), so the two read alike.
+
+  python3 scripts/pytorch_llama.py --model-config '{"dim": 128, ...}' --tokens TOKENS.bin \\
+      --global-batch 16 --steps 30 --threads 2
+
+--model-config is the model_config of a dtk checkpoint (shard-inspect show --json). --tokens is a
+raw little-endian token stream (h5dump -b of a data-pack token file); sample k is the window of
+seq_len + 1 tokens at k * seq_len, as dtk reads token files, and step s takes samples
+s * global_batch .. (s + 1) * global_batch - 1 (wrapping around), each rank its contiguous share.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+# ------------------------------------------------------------------------------------ the model
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(seq_len, head_dim, theta):
+    """cos and sin [seq_len, head_dim / 2] of the angles pos * theta^(-2i / head_dim)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """Rotates the pairs (2i, 2i + 1) of each head of x [batch, seq, heads, head_dim]."""
+    pairs = x.unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = c["n_heads"], c["n_kv_heads"]
+        self.head_dim = c["dim"] // self.n_heads
+        self.wq = nn.Linear(c["dim"], self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(c["dim"], self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(c["dim"], self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, c["dim"], bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, t, self.n_kv_heads, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
+        # grouped-query attention: query head h reads key/value head h / (n_heads / n_kv_heads)
+        group = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, t, head_dim]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(mask, float("-inf"))
+        out = F.softmax(scores, dim=-1) @ v
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.w1 = nn.Linear(c["dim"], c["ffn_hidden"], bias=False)
+        self.w2 = nn.Linear(c["ffn_hidden"], c["dim"], bias=False)
+        self.w3 = nn.Linear(c["dim"], c["ffn_hidden"], bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.attention_norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.attention = Attention(c)
+        self.ffn_norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.feed_forward = FeedForward(c)
+
+    def forward(self, h, cos, sin, mask):
+        h = h + self.attention(self.attention_norm(h), cos, sin, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """Parameter names and shapes as dtk's (Meta's): tok_embeddings, layers.i.*, norm, output."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(c["vocab"], c["dim"])
+        self.layers = nn.ModuleList(Block(c) for _ in range(c["n_layers"]))
+        self.norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.output = nn.Linear(c["dim"], c["vocab"], bias=False)
+        # constants, not buffers (as in Meta's code): DDP has nothing to broadcast each step
+        self.cos, self.sin = rope_tables(c["seq_len"], c["dim"] // c["n_heads"], c["rope_theta"])
+        self.mask = torch.ones(c["seq_len"], c["seq_len"], dtype=torch.bool).triu(1)
+        # dtk's initialisation: N(0, 0.02), the residual projections scaled by 1 / sqrt(2 layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                continue
+            std = 0.02
+            if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                std /= math.sqrt(2 * c["n_layers"])
+            nn.init.normal_(p, 0.0, std)
+
+    def forward(self, tokens, targets):
+        t = tokens.shape[1]
+        cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask)
+        logits = self.output(self.norm(h))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+# ---------------------------------------------------------------------------------- training
+
+def one_bucket_at_a_time(hook):
+    """The DDP comm hook `hook`, its buckets run one after the other within a step.
+
+    torch 1.13's powerSGD_hook issues a bucket's P and Q all-reduces from completion callbacks,
+    so with several buckets in flight the ranks can issue collectives in different orders; gloo
+    then pairs messages of different collectives and aborts ("enforce fail at pair.cc: op.preamble.
+    length <= op.nbytes"). Starting bucket k + 1's hook when bucket k's future completes gives every
+    rank the same order (DDP hands the buckets over in index order on every rank)."""
+    previous = [None]
+
+    def run(state, bucket):
+        if previous[0] is None:
+            fut = hook(state, bucket)
+        else:
+            fut = torch.futures.Future()
+
+            def start(_):
+                def finish(f):
+                    try:
+                        fut.set_result(f.value())
+                    except Exception as e:  # noqa: BLE001 - handed to DDP, which raises it
+                        fut.set_exception(e)
+                hook(state, bucket).then(finish)
+            previous[0].then(start)
+        previous[0] = None if bucket.is_last() else fut
+        return fut
+    return run
+
+
+def lr_at(step, a):
+    """lib/dtk/optim Schedule::at: linear warm-up, then constant, linear or cosine decay to
+    min_lr_ratio * lr at the last step."""
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    if a.schedule == "constant":
+        return a.lr
+    span = a.steps - a.warmup
+    q = 1.0 if span <= 0 else min(1.0, (step - a.warmup) / span)
+    if a.schedule == "linear":
+        return a.lr * (1.0 - (1.0 - a.min_lr_ratio) * q)
+    return a.lr * (a.min_lr_ratio + (1.0 - a.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * q)))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-config", required=True, help="dtk's model_config JSON (arch llama)")
+    p.add_argument("--tokens", required=True, help="raw little-endian token stream")
+    p.add_argument("--tokens-dtype", default="uint16", choices=["uint16", "uint32"])
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--schedule", default="cosine", choices=["constant", "linear", "cosine"])
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0, help="global L2 norm (0: off)")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--compressor", default="none", choices=["none", "powersgd"])
+    p.add_argument("--rank", type=int, default=2, help="PowerSGD rank")
+    p.add_argument("--start-iter", type=int, default=10)
+    p.add_argument("--min-compression-rate", type=float, default=2)
+    p.add_argument("--bucket-mb", type=float, default=25)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-from", help="start from the weights of a dtk checkpoint (shard-inspect export --format npz)")
+    p.add_argument("--metrics", default="-", help="JSON-lines metrics file (- for stdout)")
+    return p.parse_args(argv)
+
+
+def load_windows(a, seq_len):
+    """Every whole window of seq_len + 1 tokens at multiples of seq_len: [windows, seq_len + 1]."""
+    with open(a.tokens, "rb") as f:
+        data = bytearray(f.read())
+    # torch 1.13 has no uint16: widen through int32 (tokens are below 2^31)
+    if a.tokens_dtype == "uint16":
+        tokens = torch.frombuffer(data, dtype=torch.int16).to(torch.int32) & 0xFFFF
+    else:
+        tokens = torch.frombuffer(data, dtype=torch.int32)
+    n = (tokens.numel() - 1) // seq_len
+    if n < 1:
+        sys.exit(f"{a.tokens}: {tokens.numel()} tokens, fewer than one window of {seq_len + 1}")
+    return tokens[: n * seq_len + 1].long().unfold(0, seq_len + 1, seq_len).contiguous()
+
+
+def load_npz(model, path):
+    """The weights model/NAME of a dtk checkpoint exported as npz; every name and shape must match."""
+    import numpy as np
+    z = np.load(path)
+    theirs = {k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")}
+    ours = dict(model.named_parameters())
+    if set(theirs) != set(ours):
+        sys.exit(f"{path}: parameters differ; only in the checkpoint: {sorted(set(theirs) - set(ours))}, "
+                 f"only here: {sorted(set(ours) - set(theirs))}")
+    with torch.no_grad():
+        for name, p in ours.items():
+            if tuple(theirs[name].shape) != tuple(p.shape):
+                sys.exit(f"{path}: {name} is {list(theirs[name].shape)} there, {list(p.shape)} here")
+            p.copy_(torch.from_numpy(theirs[name]))
+
+
+def main(argv):
+    a = parse_args(argv)
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", 0)))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    c = json.loads(a.model_config)
+    if c.get("arch") != "llama":
+        sys.exit(f"--model-config: arch {c.get('arch')!r}, only llama is supported")
+    if a.global_batch % world:
+        sys.exit(f"--global-batch {a.global_batch} does not split evenly over {world} processes")
+
+    model = Llama(c)
+    if a.init_from:
+        load_npz(model, a.init_from)
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+        if a.compressor == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=a.rank, start_powerSGD_iter=a.start_iter,
+                min_compression_rate=a.min_compression_rate, use_error_feedback=True, warm_start=True,
+                random_seed=a.seed)
+            ddp.register_comm_hook(state, one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
+    else:
+        ddp = model
+    params = [p for p in model.parameters()]
+    optim = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
+
+    windows = load_windows(a, c["seq_len"])
+    share = a.global_batch // world
+    rows = torch.arange(rank * share, (rank + 1) * share)
+    tokens_per_step = a.global_batch * c["seq_len"]
+    if rank == 0:
+        print(f"pytorch_llama: torch {torch.__version__}, llama {sum(p.numel() for p in params)} parameters, "
+              f"{world} process(es) x {torch.get_num_threads()} thread(s), {a.compressor}, "
+              f"{windows.shape[0]} windows of {c['seq_len'] + 1} tokens", file=sys.stderr)
+    out = (sys.stdout if a.metrics == "-" else open(a.metrics, "w")) if rank == 0 else None
+
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        lr = lr_at(step, a)
+        for group in optim.param_groups:
+            group["lr"] = lr
+        batch = windows[(step * a.global_batch + rows) % windows.shape[0]]
+        loss = ddp(batch[:, :-1], batch[:, 1:])
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, a.clip) if a.clip > 0 else torch.zeros(())
+        optim.step()
+        # the global-batch mean loss, as psgd-train reports it (one small all-reduce)
+        loss = loss.detach()
+        if world > 1:
+            dist.all_reduce(loss)
+            loss /= world
+        loss = loss.item()
+        dt = time.perf_counter() - t0
+        if not math.isfinite(loss):
+            sys.exit(f"the loss is {loss} at step {step + 1}")
+        if out:
+            out.write(json.dumps({"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
+                                  "tokens_per_s": tokens_per_step / dt, "step_time_ms": dt * 1e3}) + "\n")
+            out.flush()
+    if out:
+        out.flush()
+    if world > 1:
+        # torch 1.13 can deadlock tearing gloo down at exit (the process group's destructor, run
+        # with the GIL held, joins a worker thread that waits for the GIL): leave without it
+        dist.barrier()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
