@@ -154,13 +154,17 @@ def one_bucket_at_a_time(hook):
         else:
             fut = torch.futures.Future()
 
+            def finish(f):
+                try:
+                    fut.set_result(f.value())
+                except Exception as e:  # handed to DDP, which raises it in backward
+                    fut.set_exception(e)
+
             def start(_):
-                def finish(f):
-                    try:
-                        fut.set_result(f.value())
-                    except Exception as e:  # noqa: BLE001 - handed to DDP, which raises it
-                        fut.set_exception(e)
-                hook(state, bucket).then(finish)
+                try:
+                    hook(state, bucket).then(finish)
+                except Exception as e:
+                    fut.set_exception(e)
             previous[0].then(start)
         previous[0] = None if bucket.is_last() else fut
         return fut
@@ -268,7 +272,7 @@ def main(argv):
             ddp.register_comm_hook(state, one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
     else:
         ddp = model
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     optim = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
 
     windows = load_windows(a, c["seq_len"])
