@@ -139,7 +139,6 @@ bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
 // ---------------------------------------------------------------------------- CPU threads
 // The threads the CPU backend's loops and OpenBLAS use (OpenMP's max threads, for this thread).
 void set_cpu_threads(int n);
-int cpu_threads();
 
 // ---------------------------------------------------------------------------- backend notes
 // A warning about the CPU backend's set-up, empty when there is none: OpenBLAS's pthread build

@@ -20,7 +20,6 @@
 //
 // Layouts: q, out, dq [B, T, H, hd]; k, v, dk, dv [B, T, Hkv, hd]; lse [B, H, T].
 // Query head h reads kv head h / (H / Hkv).
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -59,45 +58,6 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
   d.kv_ld = static_cast<int>(d.Hkv * d.hd);
   d.scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   return d;
-}
-
-// C = alpha op(A) op(B) + beta C, row-major, with explicit leading dimensions.
-void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* a, int lda, const float* b, int ldb,
-          double beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
-              static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c, ldc);
-}
-void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
-          double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
-              b, ldb, beta, c, ldc);
-}
-
-// Softmax of the row s[0, n) in place, s[n, width) set to 0; returns the log-sum-exp.
-DTK_SIMD_CLONES float softmax_row(float* s, int64_t n, int64_t width) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
-  float l = 0;
-#pragma omp simd reduction(+ : l)
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = exp_f32(s[j] - m);
-    l += s[j];
-  }
-  const float inv = 1.0f / l;
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-  for (int64_t j = n; j < width; ++j) s[j] = 0;
-  return m + std::log(l);
-}
-double softmax_row(double* s, int64_t n, int64_t width) {
-  double m = -HUGE_VAL;
-  for (int64_t j = 0; j < n; ++j) m = std::fmax(m, s[j]);
-  double l = 0;
-  for (int64_t j = 0; j < n; ++j) l += (s[j] = std::exp(s[j] - m));
-  for (int64_t j = 0; j < n; ++j) s[j] /= l;
-  for (int64_t j = n; j < width; ++j) s[j] = 0;
-  return m + std::log(l);
 }
 
 // The backward's row: p[0, n) = exp(s - lse), ds = p (dp - D); both zero on [n, width).
@@ -155,11 +115,15 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
     std::vector<T>& S = scratch[static_cast<size_t>(thread)];
     S.resize(static_cast<size_t>(kTile * d.T));
     const int n = static_cast<int>(t1), hd = static_cast<int>(d.hd);
-    gemm(false, true, static_cast<int>(m), n, hd, d.scale, qp + d.q_at(b, t0, h), d.q_ld, kp + d.kv_at(b, 0, g),
+    blas_gemm(false, true, static_cast<int>(m), n, hd, d.scale, qp + d.q_at(b, t0, h), d.q_ld, kp + d.kv_at(b, 0, g),
          d.kv_ld, 0.0, S.data(), n);
-    for (int64_t r = 0; r < m; ++r)
-      lp[d.lse_at(b, h, t0 + r)] = static_cast<L>(softmax_row(S.data() + r * n, t0 + r + 1, n));
-    gemm(false, false, static_cast<int>(m), hd, n, 1.0, S.data(), n, vp + d.kv_at(b, 0, g), d.kv_ld, 0.0,
+    for (int64_t r = 0; r < m; ++r) {  // the row's visible keys 0..t, the rest masked to 0
+      T* row = S.data() + r * n;
+      const int64_t seen = t0 + r + 1;
+      lp[d.lse_at(b, h, t0 + r)] = static_cast<L>(softmax_row(row, row, seen, T(1)));
+      std::fill(row + seen, row + n, T(0));
+    }
+    blas_gemm(false, false, static_cast<int>(m), hd, n, 1.0, S.data(), n, vp + d.kv_at(b, 0, g), d.kv_ld, 0.0,
          op + d.q_at(b, t0, h), d.q_ld);
   });
 }
@@ -197,16 +161,16 @@ void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
         const int m = static_cast<int>(t1 - t0), n = static_cast<int>(t1);
         const T* qt = qp + d.q_at(b, t0, h);
         const T* gt = gp + d.q_at(b, t0, h);
-        gemm(false, true, m, n, hd, d.scale, qt, d.q_ld, kg, d.kv_ld, 0.0, S, n);  // S = scale q K^T
-        gemm(false, true, m, n, hd, 1.0, gt, d.q_ld, vg, d.kv_ld, 0.0, dP, n);     // dP = dout V^T
+        blas_gemm(false, true, m, n, hd, d.scale, qt, d.q_ld, kg, d.kv_ld, 0.0, S, n);  // S = scale q K^T
+        blas_gemm(false, true, m, n, hd, 1.0, gt, d.q_ld, vg, d.kv_ld, 0.0, dP, n);     // dP = dout V^T
         for (int64_t r = 0; r < m; ++r) {
           const int64_t t = t0 + r;
           const T D = dot(gp + d.q_at(b, t, h), op + d.q_at(b, t, h), d.hd);
           softmax_grad_row(S + r * n, dP + r * n, static_cast<T>(lp[d.lse_at(b, h, t)]), D, t + 1, n);
         }
-        gemm(false, false, m, hd, n, d.scale, dP, n, kg, d.kv_ld, 0.0, dqp + d.q_at(b, t0, h), d.q_ld);  // dq
-        gemm(true, false, n, hd, m, d.scale, dP, n, qt, d.q_ld, 1.0, dkg, d.kv_ld);  // dk += scale dS^T q
-        gemm(true, false, n, hd, m, 1.0, S, n, gt, d.q_ld, 1.0, dvg, d.kv_ld);       // dv += P^T dout
+        blas_gemm(false, false, m, hd, n, d.scale, dP, n, kg, d.kv_ld, 0.0, dqp + d.q_at(b, t0, h), d.q_ld);  // dq
+        blas_gemm(true, false, n, hd, m, d.scale, dP, n, qt, d.q_ld, 1.0, dkg, d.kv_ld);  // dk += scale dS^T q
+        blas_gemm(true, false, n, hd, m, 1.0, S, n, gt, d.q_ld, 1.0, dvg, d.kv_ld);       // dv += P^T dout
       }
     }
   });

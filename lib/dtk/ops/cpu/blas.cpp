@@ -7,20 +7,11 @@
 #include <cstdint>
 
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/common.h"
 
 namespace dtk::ops::cpu {
 
 namespace {
-
-void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const float* a,
-                int lda, const float* b, int ldb, double beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c,
-              ldc);
-}
-void cblas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a,
-                int lda, const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 template <typename T>
 void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
@@ -41,12 +32,10 @@ void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const
   // Row-major leading dimensions are the stored row lengths (at least 1 for BLAS).
   const int lda = std::max<int>(1, static_cast<int>(a.dim(-1)));
   const int ldb = std::max<int>(1, static_cast<int>(b.dim(-1)));
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   const T* ap = a.ptr<T>();
   const T* bp = b.ptr<T>();
   for (int64_t i = 0; i < batch; ++i)
-    cblas_gemm(ta, tb, m, n, k, alpha, ap + i * a_stride, lda, bp + i * b_stride, ldb, beta, cp + i * c_stride, n);
+    blas_gemm(trans_a, trans_b, m, n, k, alpha, ap + i * a_stride, lda, bp + i * b_stride, ldb, beta, cp + i * c_stride, n);
 }
 
 }  // namespace
@@ -66,7 +55,6 @@ void set_cpu_threads(int n) {
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
-int cpu_threads() { return omp_get_max_threads(); }
 
 std::string cpu_backend_warning() {
   if (openblas_get_parallel() != 1) return {};  // 0 sequential, 2 OpenMP

@@ -9,6 +9,8 @@
 // between clones only in the order of the sums a simd reduction splits into lanes, never with the
 // number of threads.
 #pragma once
+#include <cblas.h>
+
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -65,5 +67,22 @@ inline float exp_f32(float x) {
   const float y = p * s1 * s2;
   return x != x ? x : x > kHi ? std::numeric_limits<float>::infinity() : x < kLo ? 0.0f : y;
 }
+
+// C = alpha op(A) op(B) + beta C, row-major, with explicit leading dimensions (OpenBLAS).
+inline void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* a, int lda, const float* b,
+                      int ldb, double beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+              static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c, ldc);
+}
+inline void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+                      int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+              b, ldb, beta, c, ldc);
+}
+
+// y[0, n) = scale * softmax(x[0, n)) in one exp pass (y may be x); returns the row's log-sum-exp.
+// f32: vectorised (nn.cpp); f64: libm.
+float softmax_row(const float* x, float* y, int64_t n, float scale);
+double softmax_row(const double* x, double* y, int64_t n, double scale);
 
 }  // namespace dtk::ops::cpu

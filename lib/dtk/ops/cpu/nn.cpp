@@ -25,14 +25,14 @@ namespace {
 
 constexpr int64_t kColBlock = 64;  // columns per task of the column-wise accumulations
 
-// ---- row kernels: generic in T, instantiated for double as they are and for float inside the
-// cloned wrappers below, where each clone vectorises them for its instruction set.
+// ---- row kernels, written once in T. The f32 overloads are DTK_SIMD_CLONES: each clone inlines
+// the template and vectorises it for its instruction set; the f64 overloads are plain.
 inline float vexp(float x) { return exp_f32(x); }
 inline double vexp(double x) { return std::exp(x); }
 
 // max of the row and log(sum exp(x - max))
 template <typename T>
-inline void max_logsum(const T* x, int64_t n, T& max_out, T& logsum_out) {
+inline void max_logsum_t(const T* x, int64_t n, T& max_out, T& logsum_out) {
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
@@ -43,27 +43,27 @@ inline void max_logsum(const T* x, int64_t n, T& max_out, T& logsum_out) {
   logsum_out = std::log(s);
 }
 
-// y = exp(x - shift)
+// y = exp(x - max) * (scale / sum), one exp per element; returns the log-sum-exp
 template <typename T>
-inline void exp_shifted(const T* x, T shift, T* y, int64_t n) {
+inline T softmax_row_t(const T* x, T* y, int64_t n, T scale) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  T l = 0;
+#pragma omp simd reduction(+ : l)
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = vexp(x[i] - m);
+    l += y[i];
+  }
+  const T k = scale / l;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = vexp(x[i] - shift);
-}
-
-// dlogits = (softmax(x) - onehot(t)) * scale
-template <typename T>
-inline void ce_grad_row(const T* x, int32_t t, T scale, T* d, int64_t n) {
-  T m, logsum;
-  max_logsum(x, n, m, logsum);
-  const T shift = m + logsum;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) d[i] = vexp(x[i] - shift) * scale;
-  d[t] -= scale;
+  for (int64_t i = 0; i < n; ++i) y[i] *= k;
+  return m + std::log(l);
 }
 
 // y = x rstd w; returns rstd
 template <typename T>
-inline T rmsnorm_row(const T* x, const T* w, T eps, T* y, int64_t n) {
+inline T rmsnorm_row_t(const T* x, const T* w, T eps, T* y, int64_t n) {
   T ss = 0;
 #pragma omp simd reduction(+ : ss)
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -75,7 +75,7 @@ inline T rmsnorm_row(const T* x, const T* w, T eps, T* y, int64_t n) {
 
 // dx = rs w dy - x rs^3 / n sum(dy w x)
 template <typename T>
-inline void rmsnorm_grad_row(const T* x, const T* w, T rs, const T* dy, T* dx, int64_t n) {
+inline void rmsnorm_grad_row_t(const T* x, const T* w, T rs, const T* dy, T* dx, int64_t n) {
   T dot = 0;
 #pragma omp simd reduction(+ : dot)
   for (int64_t i = 0; i < n; ++i) dot += dy[i] * w[i] * x[i];
@@ -91,14 +91,14 @@ inline T sigmoid(T x) {
 
 // y = silu(a) * b (b null: silu(a))
 template <typename T>
-inline void swiglu_chunk(const T* a, const T* b, T* y, int64_t n) {
+inline void swiglu_t(const T* a, const T* b, T* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] * sigmoid(a[i]) * (b ? b[i] : T(1));
 }
 
 // da = dy b silu'(a), db = dy silu(a) (b null: da = dy silu'(a)); reads before writing (aliasing)
 template <typename T>
-inline void swiglu_grad_chunk(const T* a, const T* b, const T* dy, T* da, T* db, int64_t n) {
+inline void swiglu_grad_t(const T* a, const T* b, const T* dy, T* da, T* db, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const T av = a[i], bv = b ? b[i] : T(1), g = dy[i];
@@ -108,46 +108,27 @@ inline void swiglu_grad_chunk(const T* a, const T* b, const T* dy, T* da, T* db,
   }
 }
 
-// The float instantiations, one clone per instruction set.
-DTK_SIMD_CLONES void max_logsum_f32(const float* x, int64_t n, float& m, float& ls) { max_logsum(x, n, m, ls); }
-DTK_SIMD_CLONES void exp_shifted_f32(const float* x, float s, float* y, int64_t n) { exp_shifted(x, s, y, n); }
-DTK_SIMD_CLONES void ce_grad_row_f32(const float* x, int32_t t, float s, float* d, int64_t n) {
-  ce_grad_row(x, t, s, d, n);
+DTK_SIMD_CLONES void max_logsum(const float* x, int64_t n, float& m, float& ls) { max_logsum_t(x, n, m, ls); }
+void max_logsum(const double* x, int64_t n, double& m, double& ls) { max_logsum_t(x, n, m, ls); }
+DTK_SIMD_CLONES float rmsnorm_row(const float* x, const float* w, float eps, float* y, int64_t n) {
+  return rmsnorm_row_t(x, w, eps, y, n);
 }
-DTK_SIMD_CLONES float rmsnorm_row_f32(const float* x, const float* w, float eps, float* y, int64_t n) {
-  return rmsnorm_row(x, w, eps, y, n);
+double rmsnorm_row(const double* x, const double* w, double eps, double* y, int64_t n) {
+  return rmsnorm_row_t(x, w, eps, y, n);
 }
-DTK_SIMD_CLONES void rmsnorm_grad_row_f32(const float* x, const float* w, float rs, const float* dy, float* dx,
-                                          int64_t n) {
-  rmsnorm_grad_row(x, w, rs, dy, dx, n);
+DTK_SIMD_CLONES void rmsnorm_grad_row(const float* x, const float* w, float rs, const float* dy, float* dx, int64_t n) {
+  rmsnorm_grad_row_t(x, w, rs, dy, dx, n);
 }
-DTK_SIMD_CLONES void swiglu_chunk_f32(const float* a, const float* b, float* y, int64_t n) { swiglu_chunk(a, b, y, n); }
-DTK_SIMD_CLONES void swiglu_grad_chunk_f32(const float* a, const float* b, const float* dy, float* da, float* db,
-                                           int64_t n) {
-  swiglu_grad_chunk(a, b, dy, da, db, n);
+void rmsnorm_grad_row(const double* x, const double* w, double rs, const double* dy, double* dx, int64_t n) {
+  rmsnorm_grad_row_t(x, w, rs, dy, dx, n);
 }
-// Overloads that pick the float clone or the double template.
-void max_logsum_row(const float* x, int64_t n, float& m, float& ls) { max_logsum_f32(x, n, m, ls); }
-void max_logsum_row(const double* x, int64_t n, double& m, double& ls) { max_logsum(x, n, m, ls); }
-void exp_shifted_row(const float* x, float s, float* y, int64_t n) { exp_shifted_f32(x, s, y, n); }
-void exp_shifted_row(const double* x, double s, double* y, int64_t n) { exp_shifted(x, s, y, n); }
-void ce_grad(const float* x, int32_t t, float s, float* d, int64_t n) { ce_grad_row_f32(x, t, s, d, n); }
-void ce_grad(const double* x, int32_t t, double s, double* d, int64_t n) { ce_grad_row(x, t, s, d, n); }
-float rmsnorm1(const float* x, const float* w, float eps, float* y, int64_t n) { return rmsnorm_row_f32(x, w, eps, y, n); }
-double rmsnorm1(const double* x, const double* w, double eps, double* y, int64_t n) { return rmsnorm_row(x, w, eps, y, n); }
-void rmsnorm_grad1(const float* x, const float* w, float rs, const float* dy, float* dx, int64_t n) {
-  rmsnorm_grad_row_f32(x, w, rs, dy, dx, n);
+DTK_SIMD_CLONES void swiglu(const float* a, const float* b, float* y, int64_t n) { swiglu_t(a, b, y, n); }
+void swiglu(const double* a, const double* b, double* y, int64_t n) { swiglu_t(a, b, y, n); }
+DTK_SIMD_CLONES void swiglu_grad(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n) {
+  swiglu_grad_t(a, b, dy, da, db, n);
 }
-void rmsnorm_grad1(const double* x, const double* w, double rs, const double* dy, double* dx, int64_t n) {
-  rmsnorm_grad_row(x, w, rs, dy, dx, n);
-}
-void swiglu1(const float* a, const float* b, float* y, int64_t n) { swiglu_chunk_f32(a, b, y, n); }
-void swiglu1(const double* a, const double* b, double* y, int64_t n) { swiglu_chunk(a, b, y, n); }
-void swiglu_grad1(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n) {
-  swiglu_grad_chunk_f32(a, b, dy, da, db, n);
-}
-void swiglu_grad1(const double* a, const double* b, const double* dy, double* da, double* db, int64_t n) {
-  swiglu_grad_chunk(a, b, dy, da, db, n);
+void swiglu_grad(const double* a, const double* b, const double* dy, double* da, double* db, int64_t n) {
+  swiglu_grad_t(a, b, dy, da, db, n);
 }
 
 // An elementwise op over n elements in chunks, the chunks in parallel when n is large.
@@ -203,6 +184,11 @@ void check_ids(const char* op, const int32_t* ids, int64_t n, int64_t V) {
 
 }  // namespace
 
+DTK_SIMD_CLONES float softmax_row(const float* x, float* y, int64_t n, float scale) {
+  return softmax_row_t(x, y, n, scale);
+}
+double softmax_row(const double* x, double* y, int64_t n, double scale) { return softmax_row_t(x, y, n, scale); }
+
 // ---------------------------------------------------------------------------- softmax
 
 void softmax_forward(const Tensor& x, Tensor& y) {
@@ -213,9 +199,7 @@ void softmax_forward(const Tensor& x, Tensor& y) {
     T* yp = y.ptr<T>();
 #pragma omp parallel for if (rows * n > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      T m, logsum;
-      max_logsum_row(xp + r * n, n, m, logsum);
-      exp_shifted_row(xp + r * n, m + logsum, yp + r * n, n);
+      softmax_row(xp + r * n, yp + r * n, n, T(1));
     }
   });
 }
@@ -251,7 +235,7 @@ void log_softmax_forward(const Tensor& x, Tensor& y) {
       const T* xr = xp + r * n;
       T* yr = yp + r * n;
       T m, logsum;
-      max_logsum_row(xr, n, m, logsum);
+      max_logsum(xr, n, m, logsum);
       for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - m) - logsum;
     }
   });
@@ -295,7 +279,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
       }
       const T* xr = xp + r * V;
       T m, logsum;
-      max_logsum_row(xr, V, m, logsum);
+      max_logsum(xr, V, m, logsum);
       lp[r] = (m + logsum) - xr[tp[r]];
     }
   });
@@ -318,7 +302,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
         for (int64_t i = 0; i < V; ++i) dr[i] = T(0);
         continue;
       }
-      ce_grad(xr, t, static_cast<T>(scale), dr, V);
+      softmax_row(xr, dr, V, static_cast<T>(scale));  // (softmax - onehot) * scale
+      dr[t] -= static_cast<T>(scale);
     }
   });
 }
@@ -335,7 +320,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
     T* rp = rstd.ptr<T>();
 #pragma omp parallel for if (rows * D > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      rp[r] = rmsnorm1(xp + r * D, wp, static_cast<T>(eps), yp + r * D, D);
+      rp[r] = rmsnorm_row(xp + r * D, wp, static_cast<T>(eps), yp + r * D, D);
     }
   });
 }
@@ -371,7 +356,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
     }
 #pragma omp parallel for if (rows * D > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      rmsnorm_grad1(xp + r * D, wp, rp[r], dyp + r * D, dxp + r * D, D);
+      rmsnorm_grad_row(xp + r * D, wp, rp[r], dyp + r * D, dxp + r * D, D);
     }
   });
 }
@@ -383,7 +368,7 @@ void silu_forward(const Tensor& x, Tensor& y) {
     using T = decltype(tag);
     const T* xp = x.ptr<T>();
     T* yp = y.ptr<T>();
-    chunked(x.numel(), [&](int64_t i, int64_t n) { swiglu1(xp + i, static_cast<const T*>(nullptr), yp + i, n); });
+    chunked(x.numel(), [&](int64_t i, int64_t n) { swiglu(xp + i, static_cast<const T*>(nullptr), yp + i, n); });
   });
 }
 
@@ -394,7 +379,7 @@ void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
     const T* gp = dy.ptr<T>();
     T* dxp = dx.ptr<T>();
     chunked(x.numel(), [&](int64_t i, int64_t n) {
-      swiglu_grad1(xp + i, static_cast<const T*>(nullptr), gp + i, dxp + i, static_cast<T*>(nullptr), n);
+      swiglu_grad(xp + i, static_cast<const T*>(nullptr), gp + i, dxp + i, static_cast<T*>(nullptr), n);
     });
   });
 }
@@ -443,7 +428,7 @@ void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
     const T* ap = a.ptr<T>();
     const T* bp = b.ptr<T>();
     T* yp = y.ptr<T>();
-    chunked(a.numel(), [&](int64_t i, int64_t n) { swiglu1(ap + i, bp + i, yp + i, n); });
+    chunked(a.numel(), [&](int64_t i, int64_t n) { swiglu(ap + i, bp + i, yp + i, n); });
   });
 }
 
@@ -455,7 +440,7 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor&
     const T* gp = dy.ptr<T>();
     T* dap = da.ptr<T>();
     T* dbp = db.ptr<T>();
-    chunked(a.numel(), [&](int64_t i, int64_t n) { swiglu_grad1(ap + i, bp + i, gp + i, dap + i, dbp + i, n); });
+    chunked(a.numel(), [&](int64_t i, int64_t n) { swiglu_grad(ap + i, bp + i, gp + i, dap + i, dbp + i, n); });
   });
 }
 
@@ -472,13 +457,10 @@ struct RopeTable {
 std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta, int64_t pos0) {
   static std::mutex mu;
   static std::map<std::tuple<int64_t, int64_t, double, int64_t>, std::shared_ptr<const RopeTable>> cache;
+  const auto key = std::make_tuple(T, hd, theta, pos0);
   std::lock_guard lock(mu);
-  auto& slot = cache[{T, hd, theta, pos0}];
-  if (slot) return slot;
-  if (cache.size() > 64) {  // unusual: many lengths; start over rather than grow without bound
-    cache.clear();
-    return rope_table(T, hd, theta, pos0);
-  }
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 64) cache.clear();  // unusual: many lengths; start over rather than grow without bound
   auto t = std::make_shared<RopeTable>();
   const int64_t half = hd / 2;
   for (int64_t p = 0; p < T; ++p) {
@@ -491,8 +473,8 @@ std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta,
   }
   t->cosf.assign(t->cos.begin(), t->cos.end());
   t->sinf.assign(t->sin.begin(), t->sin.end());
-  slot = t;
-  return slot;
+  cache.emplace(key, t);
+  return t;
 }
 
 const double* cos_of(const RopeTable& t, double) { return t.cos.data(); }
