@@ -26,6 +26,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -237,12 +238,13 @@ Algo allreduce_algo() {
 
 // Ring all-reduce of n elements in place in buf: a reduce-scatter then an all-gather around the
 // ring (rank r sends to r + 1 and receives from r - 1), over W segments of about n / W elements.
+// tmp receives a segment; it grows to the largest segment once and is reused.
 void ring_all_reduce(void* buf, int n, MPI_Datatype dt, size_t esize, MPI_Op op, MPI_Comm comm, int rank, int size,
-                     WaitFn wait) {
+                     std::vector<char>& tmp, WaitFn wait) {
   std::vector<int> off(size + 1);
   for (int i = 0; i <= size; ++i) off[i] = static_cast<int>(static_cast<int64_t>(n) * i / size);
   auto* p = static_cast<char*>(buf);
-  std::vector<char> tmp(static_cast<size_t>(n / size + 1) * esize);  // the largest segment
+  tmp.resize(std::max(tmp.size(), static_cast<size_t>(n / size + 1) * esize));
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   auto seg = [&](int i) { return ((i % size) + size) % size; };
   for (int s = 0; s < size - 1; ++s) {  // reduce-scatter: after it, rank r holds segment r + 1
@@ -438,7 +440,7 @@ class MpiCommunicator final : public Communicator {
       const size_t esize = dtype_size(send.dtype), bytes = send.bytes();
       return run("all_reduce", bytes, mode, std::move(st), [=, this](Staging& s, WaitFn wait) {
         if (!inplace) std::memcpy(s.recv, s.send, bytes);
-        ring_all_reduce(s.recv, n, dt, esize, mop, comm_, rank_, size_, wait);
+        ring_all_reduce(s.recv, n, dt, esize, mop, comm_, rank_, size_, ring_tmp_, wait);
       });
     }
     return launch("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
@@ -636,7 +638,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  // Runs call(staging, nullptr) (blocking, no allocation) or call(staging, &request) (nonblocking).
   // Whether an async operation with this staging runs on the communication thread.
   bool threaded(const Staging& st) const { return thread_ && !st.device && st.queued; }
 
@@ -644,22 +645,13 @@ class MpiCommunicator final : public Communicator {
   // the latter on the communication thread when there is one.
   template <typename Call>
   Work launch(const char* what, size_t bytes, Mode mode, Staging st, Call call) {
-    if (mode == Mode::sync) {
-      if (thread_) thread_->drain(what, bytes);  // program order: everything queued goes first
-      {
-        watchdog::Scope scope(what, bytes);
-        check_mpi(call(st, nullptr), what);
-      }
-      for (auto& f : st.on_done) f();
-      return Work();
-    }
+    if (mode == Mode::sync) return now(what, bytes, st, [&] { check_mpi(call(st, nullptr), what); });
     if (threaded(st))
-      return Work(thread_->submit(what, bytes, [what, st = std::move(st), call]() mutable {
+      return run(what, bytes, mode, std::move(st), [what, call](Staging& s, WaitFn wait) {
         MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-        check_mpi(call(st, r), what);
-        poll(r, 2, what);
-        for (auto& f : st.on_done) f();
-      }));
+        check_mpi(call(s, r), what);
+        wait(r, 2, what);
+      });
     auto w = std::make_shared<MpiWork>();
     w->what = what;
     w->bytes = bytes;
@@ -672,19 +664,24 @@ class MpiCommunicator final : public Communicator {
   // on the communication thread with polling waits (async; the caller checks threaded() first).
   template <typename Body>
   Work run(const char* what, size_t bytes, Mode mode, Staging st, Body body) {
-    if (mode == Mode::sync) {
-      if (thread_) thread_->drain(what, bytes);
-      {
-        watchdog::Scope scope(what, bytes);
-        body(st, &block);
-      }
-      for (auto& f : st.on_done) f();
-      return Work();
-    }
+    if (mode == Mode::sync) return now(what, bytes, st, [&] { body(st, &block); });
     return Work(thread_->submit(what, bytes, [st = std::move(st), body]() mutable {
       body(st, &poll);
       for (auto& f : st.on_done) f();
     }));
+  }
+
+  // A sync operation: once everything queued has completed (program order), f() on this thread
+  // under the watchdog, then the staging's completion steps.
+  template <typename F>
+  Work now(const char* what, size_t bytes, Staging& st, F f) {
+    if (thread_) thread_->drain(what, bytes);
+    {
+      watchdog::Scope scope(what, bytes);
+      f();
+    }
+    for (auto& step : st.on_done) step();
+    return Work();
   }
 
   size_t check_v(const char* op, const std::vector<size_t>& counts) const {
@@ -719,6 +716,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   bool owned_;
   std::unique_ptr<CommThread> thread_;  // null: async operations are MPI's nonblocking calls
+  std::vector<char> ring_tmp_;  // the ring's receive segment: one ring runs at a time (the queue, or
+                                // the caller after draining it)
 };
 
 }  // namespace
