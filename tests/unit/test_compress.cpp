@@ -302,6 +302,89 @@ TEST(Compress, StartIter) {
   }
 }
 
+// Buckets: ranges of parameters from the last one backwards, each closed once it reaches the
+// bucket size, covering every parameter once.
+TEST(Compress, Buckets) {
+  auto g = make_grads({{"a", {8, 8}}, {"b", {8}}, {"c", {16, 4}}, {"d", {2}}, {"e", {4, 4}}});
+  Config cfg = psgd();
+  using R = std::vector<std::pair<size_t, size_t>>;
+  auto ranges = [&](size_t bucket_bytes) {
+    R out;
+    const auto c = make_compressor(cfg, *local(), g.params, bucket_bytes);
+    for (auto b : c->buckets()) out.emplace_back(b.first, b.last);
+    return out;
+  };
+  EXPECT_EQ(ranges(SIZE_MAX), (R{{0, 5}}));
+  EXPECT_EQ(ranges(1), (R{{4, 5}, {3, 4}, {2, 3}, {1, 2}, {0, 1}}));
+  // e + d = 72 bytes < 300, + c = 328: closed; b + a = 288, the rest.
+  EXPECT_EQ(ranges(300), (R{{2, 5}, {0, 2}}));
+  EXPECT_THROW(make_compressor(cfg, *local(), g.params, 0), UsageError);
+  // Buckets start in order, between begin() and finish().
+  auto c = make_compressor(cfg, *local(), g.params, 1);
+  EXPECT_THROW(c->bucket_ready(0), Error);
+  c->begin(g.params, 0);
+  EXPECT_THROW(c->bucket_ready(1), Error);
+  c->bucket_ready(0);
+  c->finish();
+  EXPECT_THROW(c->finish(), Error);
+}
+
+// Every kind gives the same grads and state bit for bit however the grads are bucketed and
+// whether the buckets are started one by one or by finish(), on plain steps (before
+// start_iter) and compressed ones, with contiguous grads or not.
+TEST(Compress, BucketingDoesNotChangeTheResult) {
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"wq", {32, 24}}, {"norm", {24}}, {"wk", {32, 24}}, {"w1", {40, 24}}, {"tiny", {3, 3}}, {"w2", {24, 40}}};
+  std::vector<std::pair<std::string, Config>> cfgs;
+  for (const char* kind : {"none", "powersgd", "topk", "randomk", "signum"}) {
+    Config c = psgd(2, 2);
+    c.kind = kind;
+    cfgs.emplace_back(kind, c);
+  }
+  for (const char* mode : {"full", "projection"})
+    for (DType wire : {DType::f32, DType::bf16}) {
+      Config c = psgd(3, 1);
+      c.error_mode = mode;
+      c.comm_dtype = wire;
+      cfgs.emplace_back(std::string("powersgd ") + mode + " " + std::string(dtype_name(wire)), c);
+    }
+  Config cold = psgd(2, 0);
+  cold.warm_start = false;
+  cfgs.emplace_back("powersgd cold", cold);
+  for (const auto& [what, cfg] : cfgs)
+    for (bool contiguous : {true, false}) {
+      SCOPED_TRACE(what + (contiguous ? " contiguous" : " separate"));
+      std::vector<Vec> results;
+      for (size_t bucket_bytes : {SIZE_MAX, size_t{1}, size_t{4000}, size_t{1}})  // the last: started by finish()
+      {
+        const bool incremental = results.size() != 3;
+        auto g = make_grads(shapes, Device::cpu(), contiguous);
+        auto c = make_compressor(cfg, *local(), g.params, bucket_bytes);
+        Vec out;
+        for (int step = 0; step < 4; ++step) {
+          for (size_t i = 0; i < g.params.size(); ++i) set(g.params[i], as_f32(random_vec(g.params[i].grad.numel(), 50 * step + i)));
+          c->begin(g.params, step);
+          if (incremental)
+            for (size_t k = 0; k < c->buckets().size(); ++k) {
+              c->bucket_ready(k);
+              c->progress();
+            }
+          c->finish();
+          for (auto& p : g.params) {
+            const Vec v = get(p);
+            out.insert(out.end(), v.begin(), v.end());
+          }
+        }
+        for (auto& [name, t] : c->state()) {
+          const Vec v = t.to_doubles();
+          out.insert(out.end(), v.begin(), v.end());
+        }
+        results.push_back(out);
+      }
+      for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "run " << r;
+    }
+}
+
 // bf16 on the wire: P and Q rounded to 8 bits of mantissa.
 TEST(Compress, Bf16Wire) {
   const int64_t n = 64, m = 48;

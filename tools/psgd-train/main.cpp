@@ -54,8 +54,8 @@ cli::Program program() {
     s.program = "psgd-train";
     s.config = c.to_json();
     if (c.kind != "none")
-      s.compressor = [](comm::Communicator& comm, const std::vector<nn::Param>& params) {
-        return compress::make_compressor(c, comm, params);
+      s.compressor = [](comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes) {
+        return compress::make_compressor(c, comm, params, bucket_bytes);
       };
     return train::run(o, s, rt);
   };

@@ -19,7 +19,8 @@ comm::Buffer buffer(const Tensor& t) {
 // Shared by topk and randomk: k_i coordinates of every tensor, packed in parameter order.
 class Sparse : public Base {
  public:
-  Sparse(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params) : Base(cfg, comm, params) {
+  Sparse(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
+      : Base(cfg, comm, params, bucket_bytes) {
     for (const auto& l : layout_) {
       k_.push_back(kept(cfg_.ratio, l.numel));
       koff_.push_back(k_total_);
@@ -70,7 +71,8 @@ class Sparse : public Base {
 // one all-gather each); the aggregate is sum over ranks of the scattered values / W.
 class TopK final : public Sparse {
  public:
-  TopK(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params) : Sparse(cfg, comm, params) {
+  TopK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
+      : Sparse(cfg, comm, params, bucket_bytes) {
     bool small = true;
     for (const auto& l : layout_) small = small && l.numel <= INT32_MAX;
     const DType wire = small ? DType::i32 : DType::i64;  // indices travel as i32 when they fit
@@ -125,8 +127,8 @@ class TopK final : public Sparse {
 // not rescaled by n / k: error feedback carries the rest into later steps.
 class RandomK final : public Sparse {
  public:
-  RandomK(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params)
-      : Sparse(cfg, comm, params), key_(stream_key(cfg.seed, kDomainRandomK)) {}
+  RandomK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
+      : Sparse(cfg, comm, params, bucket_bytes), key_(stream_key(cfg.seed, kDomainRandomK)) {}
 
   // The coordinates of tensor i at a step: randomk_indices under the step's key, at the
   // tensor's offset in the flat gradient (tensor i draws counters [offset_i, offset_i + k_i)).
@@ -170,7 +172,8 @@ class RandomK final : public Sparse {
 // sign missed: error_r = M_r - (||M_r||_1 / n) sign(M_r).
 class Signum final : public Base {
  public:
-  Signum(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params) : Base(cfg, comm, params) {
+  Signum(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
+      : Base(cfg, comm, params, bucket_bytes) {
     // Votes travel as sign + 1 in {0, 1, 2}; their sum over W ranks (at most 2W) must be exact.
     vote_ = world_ <= 127 ? DType::u8 : world_ <= 1024 ? DType::f16 : DType::f32;
     int64_t most = 0;
@@ -237,16 +240,16 @@ class Signum final : public Base {
 
 }  // namespace
 
-std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params) {
-  return std::make_unique<TopK>(cfg, comm, params);
+std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes) {
+  return std::make_unique<TopK>(cfg, comm, params, bucket_bytes);
 }
-std::unique_ptr<Compressor> make_randomk(const Config& cfg, comm::Communicator& comm,
-                                         const std::vector<nn::Param>& params) {
-  return std::make_unique<RandomK>(cfg, comm, params);
+std::unique_ptr<Compressor> make_randomk(const Config& cfg, comm::Communicator& comm, const Params& params,
+                                         size_t bucket_bytes) {
+  return std::make_unique<RandomK>(cfg, comm, params, bucket_bytes);
 }
-std::unique_ptr<Compressor> make_signum(const Config& cfg, comm::Communicator& comm,
-                                        const std::vector<nn::Param>& params) {
-  return std::make_unique<Signum>(cfg, comm, params);
+std::unique_ptr<Compressor> make_signum(const Config& cfg, comm::Communicator& comm, const Params& params,
+                                        size_t bucket_bytes) {
+  return std::make_unique<Signum>(cfg, comm, params, bucket_bytes);
 }
 
 }  // namespace dtk::compress::detail

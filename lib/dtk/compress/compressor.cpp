@@ -77,13 +77,14 @@ void Config::validate() const {
 }
 
 std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
-                                            const std::vector<nn::Param>& params) {
+                                            const std::vector<nn::Param>& params, size_t bucket_bytes) {
   cfg.validate();
-  if (cfg.kind == "none") return detail::make_none(cfg, comm, params);
-  if (cfg.kind == "powersgd") return detail::make_powersgd(cfg, comm, params);
-  if (cfg.kind == "topk") return detail::make_topk(cfg, comm, params);
-  if (cfg.kind == "randomk") return detail::make_randomk(cfg, comm, params);
-  return detail::make_signum(cfg, comm, params);
+  if (bucket_bytes == 0) fail_usage("the gradient bucket size must be positive");
+  if (cfg.kind == "none") return detail::make_none(cfg, comm, params, bucket_bytes);
+  if (cfg.kind == "powersgd") return detail::make_powersgd(cfg, comm, params, bucket_bytes);
+  if (cfg.kind == "topk") return detail::make_topk(cfg, comm, params, bucket_bytes);
+  if (cfg.kind == "randomk") return detail::make_randomk(cfg, comm, params, bucket_bytes);
+  return detail::make_signum(cfg, comm, params, bucket_bytes);
 }
 
 namespace detail {
@@ -103,7 +104,7 @@ int64_t kept(double ratio, int64_t numel) {
   return std::clamp<int64_t>(k, std::min<int64_t>(1, numel), numel);
 }
 
-Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params)
+Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes)
     : cfg_(cfg), comm_(comm), world_(comm.size()) {
   cfg_.validate();
   for (const auto& p : params) {
@@ -123,6 +124,19 @@ Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Pa
                " (NCCL needs CUDA tensors; use the mpi backend for CPU tensors)");
   step_ = Tensor::zeros({1}, DType::i64);
   bytes_.uncompressed = total_ * 4;
+  // Buckets from the last parameter backwards; empty parameters join the bucket around them.
+  ParamRange cur{params.size(), params.size()};
+  int64_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    cur.first = i;
+    bytes += layout_[i].numel * 4;
+    if (static_cast<uint64_t>(bytes) >= bucket_bytes) {
+      buckets_.push_back(cur);
+      cur = {i, i};
+      bytes = 0;
+    }
+  }
+  if (cur.first < cur.last) buckets_.push_back(cur);
 }
 
 std::vector<std::pair<std::string, Tensor>> Base::state() {
@@ -185,49 +199,90 @@ void Base::check_agreement() {
   }
 }
 
-void Base::plain_all_reduce(std::vector<nn::Param>& params) {
-  bytes_.sent = total_ * 4;
-  if (total_ == 0) return;
-  bool contiguous = true;
-  const auto* base = static_cast<const char*>(params[0].grad.data());
-  for (size_t i = 0; i < params.size() && contiguous; ++i)
-    contiguous = params[i].grad.shares_storage(params[0].grad) &&
-                 static_cast<const char*>(params[i].grad.data()) == base + layout_[i].offset * 4;
-  if (contiguous) {
-    comm::Buffer b{params[0].grad.data(), static_cast<size_t>(total_), DType::f32, device_};
-    comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
-    return;
-  }
-  if (!flat_.defined()) flat_ = Tensor::empty({total_}, DType::f32, device_);
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor dst = flat_.slice(layout_[i].offset, layout_[i].offset + layout_[i].numel);
-    copy(dst, params[i].grad.flatten());
-  }
-  comm::Buffer b{flat_.data(), static_cast<size_t>(total_), DType::f32, device_};
-  comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor dst = params[i].grad.flatten();
-    copy(dst, flat_.slice(layout_[i].offset, layout_[i].offset + layout_[i].numel));
-  }
-}
-
-void Base::aggregate(std::vector<nn::Param>& params, int64_t step) {
+void Base::begin(std::vector<nn::Param>& params, int64_t step) {
+  if (params_) fail("compressor: begin() called again before finish()");
   check_params(params);
   if (step < 0) fail_usage("compressor: step must be >= 0, got " + std::to_string(step));
   if (!checked_) {
     check_agreement();
     checked_ = true;
   }
-  int64_t& counter = step_.ptr<int64_t>()[0];
-  if (cfg_.kind == "none" || step < cfg_.start_iter) {
-    plain_all_reduce(params);
-  } else {
-    // No compressed step has run yet (counter = 1 + the last step aggregated): compression
-    // begins now, with error buffers at zero.
-    const bool first = counter <= cfg_.start_iter;
-    compressed_step(params, step, first);
+  params_ = &params;
+  step_now_ = step;
+  next_ = 0;
+  plain_ = cfg_.kind == "none" || step < cfg_.start_iter;
+  if (plain_) {
+    bytes_.sent = total_ * 4;
+    contiguous_ = true;
+    const auto* base = params.empty() ? nullptr : static_cast<const char*>(params[0].grad.data());
+    for (size_t i = 0; i < params.size() && contiguous_; ++i)
+      contiguous_ = params[i].grad.shares_storage(params[0].grad) &&
+                    static_cast<const char*>(params[i].grad.data()) == base + layout_[i].offset * 4;
+    return;
   }
-  counter = step + 1;
+  // No compressed step has run yet (step_ = 1 + the last step aggregated): compression begins
+  // now, with error buffers at zero.
+  first_ = step_.ptr<int64_t>()[0] <= cfg_.start_iter;
+  begin_compressed(step, first_);
+}
+
+void Base::bucket_ready(size_t k) {
+  if (!params_) fail("compressor: bucket_ready() outside begin() and finish()");
+  if (k != next_ || k >= buckets_.size())
+    fail("compressor: bucket " + std::to_string(k) + " ready out of order (expected " + std::to_string(next_) + " of " +
+         std::to_string(buckets_.size()) + ")");
+  ++next_;
+  if (plain_)
+    start_plain(k);
+  else
+    compress_bucket(*params_, k);
+}
+
+void Base::progress() {
+  for (auto& w : inflight_) w.test();
+}
+
+void Base::finish() {
+  if (!params_) fail("compressor: finish() without begin()");
+  while (next_ < buckets_.size()) bucket_ready(next_);
+  std::vector<nn::Param>& params = *params_;
+  if (plain_) {
+    wait_tracked();
+    if (!contiguous_)
+      for (size_t i = 0; i < params.size(); ++i) {
+        Tensor dst = params[i].grad.flatten();
+        copy(dst, flat_.slice(layout_[i].offset, layout_[i].offset + layout_[i].numel));
+      }
+  } else {
+    compressed_step(params, step_now_, first_);
+    wait_tracked();
+  }
+  params_ = nullptr;
+  step_.ptr<int64_t>()[0] = step_now_ + 1;
+}
+
+void Base::wait_tracked() {
+  comm::wait_all(inflight_);
+  inflight_.clear();
+}
+
+void Base::start_plain(size_t k) {
+  const int64_t b = bucket_begin(k), e = bucket_end(k);
+  if (e == b) return;
+  std::vector<nn::Param>& params = *params_;
+  void* data = nullptr;
+  if (contiguous_) {
+    data = static_cast<char*>(params[0].grad.data()) + b * 4;
+  } else {
+    if (!flat_.defined()) flat_ = Tensor::empty({total_}, DType::f32, device_);
+    for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) {
+      Tensor dst = flat_.slice(layout_[i].offset, layout_[i].offset + layout_[i].numel);
+      copy(dst, params[i].grad.flatten());
+    }
+    data = static_cast<char*>(flat_.data()) + b * 4;
+  }
+  const comm::Buffer buf{data, static_cast<size_t>(e - b), DType::f32, device_};
+  track(comm_.all_reduce(buf, buf, comm::ReduceOp::sum, comm::Mode::async));
 }
 
 namespace {
@@ -236,12 +291,13 @@ class None final : public Base {
   using Base::Base;
 
  protected:
-  void compressed_step(std::vector<nn::Param>& params, int64_t, bool) override { plain_all_reduce(params); }
+  // Never called: every step of kind none is a plain step.
+  void compressed_step(std::vector<nn::Param>&, int64_t, bool) override {}
 };
 }  // namespace
 
-std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params) {
-  return std::make_unique<None>(cfg, comm, params);
+std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes) {
+  return std::make_unique<None>(cfg, comm, params, bucket_bytes);
 }
 
 }  // namespace detail

@@ -32,9 +32,11 @@
 //             feedback (EF-signSGD) error_r = M_r - (||M_r||_1 / n) sign(M_r), the rank's own
 //             compression error. Sent: sum of n * (1, 2 or 4) + 4.
 // Steps before start_iter are plain all-reduces (every kind), and error buffers are zero when
-// compression begins. Bytes::sent counts payload put into collectives, not the algorithm's
-// internal traffic (a ring all-reduce moves about 2 (W - 1) / W of it each way).
+// compression begins. Every kind gives the same result however the grads are bucketed.
+// Bytes::sent counts payload put into collectives, not the algorithm's internal traffic (a ring
+// all-reduce moves about 2 (W - 1) / W of it each way).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -89,12 +91,36 @@ struct Bytes {
   int64_t uncompressed = 0;  // what plain all-reduce of the same gradients sends (f32)
 };
 
+// Parameters [first, last) of the list a compressor was built for.
+struct ParamRange {
+  size_t first = 0, last = 0;
+};
+
 class Compressor {
  public:
   virtual ~Compressor() = default;
-  // Aggregates params' grads over the communicator (see the convention above). step is the
-  // training step (0-based), for start_iter and the shared random streams.
-  virtual void aggregate(std::vector<nn::Param>& params, int64_t step) = 0;
+  // One step's aggregation of params' grads over the communicator (see the convention above),
+  // in three parts so that it overlaps backward: begin() before the backward that makes the
+  // grads final; bucket_ready(k) once bucket k's grads are final, for k = 0, 1, ... in order and
+  // at the same points on every rank (collectives are issued there); finish() after backward
+  // (it starts the buckets not yet started); the grads hold the aggregate when it returns.
+  // progress() may be called in between: it advances in-flight collectives, issuing none.
+  // step is the training step (0-based), for start_iter and the shared random streams.
+  // Plain steps (kind none, steps before start_iter) all-reduce bucket by bucket; PowerSGD
+  // compresses bucket by bucket (P's all-reduce in flight while backward goes on, then Q's);
+  // the other kinds compress every grad at once in finish().
+  virtual void begin(std::vector<nn::Param>& params, int64_t step) = 0;
+  virtual void bucket_ready(size_t k) = 0;
+  virtual void progress() = 0;
+  virtual void finish() = 0;
+  // The three at once.
+  void aggregate(std::vector<nn::Param>& params, int64_t step) {
+    begin(params, step);
+    finish();
+  }
+  // The buckets: ranges of the parameters from the last one backwards (the order in which
+  // backward makes them final), each closed once its f32 grads reach the bucket size.
+  virtual const std::vector<ParamRange>& buckets() const = 0;
   virtual Bytes last_bytes() const = 0;
   // Named state tensors for checkpoints ("q/<param>", "error/<param>" (per rank), "step"):
   // allocated at construction; restoring is copy_from into them.
@@ -103,7 +129,9 @@ class Compressor {
   virtual bool per_rank(const std::string& state_name) const = 0;
 };
 
+// bucket_bytes: the bucket size (the default: one bucket of everything).
 std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
-                                            const std::vector<nn::Param>& params);
+                                            const std::vector<nn::Param>& params,
+                                            size_t bucket_bytes = SIZE_MAX);
 
 }  // namespace dtk::compress

@@ -4,9 +4,15 @@
 //   P^ = orthonormalise(P)
 //   Q_r = M_r^T P^, Q = mean_r(Q_r)       all-reduce of every Q
 //   grad = P^ Q^T on every rank;  error_r = M_r - P^ Q_r^T (projection) or M_r - P^ Q^T (full)
-// Matrices of the same [n, m] and rank share one [B, n, m] buffer, so every product above is one
-// strided-batched GEMM per shape (a llama layer's wk/wv, w1/w3, and the same matrices of every
-// layer). The per-rank M_r lives in that buffer and is the error buffer between steps.
+// The step runs bucket by bucket, as backward makes the buckets' grads final (the paper's
+// hook-based implementation): when bucket k is ready its P is computed and all-reduced; when
+// bucket k + 1 is ready, bucket k's Q goes out; when bucket k + 2 is, bucket k is finished. So
+// each collective has a block of backward to hide behind, and every rank issues them in the
+// same order (the stages advance at bucket_ready calls, never on completion). Within a bucket,
+// matrices of the same [n, m] and rank share one [B, n, m] buffer, so every product above is
+// one strided-batched GEMM per shape (a llama layer's wk/wv, w1/w3). The per-rank M_r lives in
+// that buffer and is the error buffer between steps. Each matrix's result does not depend on
+// the bucketing: products and orthonormalisation are per matrix, sums per element.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -37,55 +43,88 @@ struct Group {
 struct Slot {  // where a parameter goes
   int group = -1;   // -1: uncompressed
   int64_t b = 0;    // slot in its group
-  int64_t u_off = 0;  // uncompressed: offset in pbuf_ (after every P)
+  int64_t u_off = 0;  // uncompressed: offset in pbuf_ (after its bucket's P)
   int64_t q_param_off = 0;  // compressed: offset of its Q in parameter order (its Philox offset)
+};
+
+// A bucket's share of the buffers and its progress through the step. pbuf_[p_begin, p_end) is
+// its P, [p_end, u_end) its uncompressed grads (so f32 P and those grads travel in one
+// collective); q_ and qlocal_ [q_begin, q_end) its Q; wire_ [w_begin, ...) its bf16 P, then Q.
+struct Region {
+  std::vector<int> groups;
+  int64_t p_begin = 0, p_end = 0, u_end = 0, q_begin = 0, q_end = 0, w_begin = 0;
+  enum class Stage { idle, p_sent, q_sent, done } stage = Stage::idle;
+  size_t wp = 0, wu = 0, wq = 0;  // the collectives in flight (Base::track numbers)
 };
 
 class PowerSGD final : public Base {
  public:
-  PowerSGD(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params)
-      : Base(cfg, comm, params), q_key_(stream_key(cfg.seed, kDomainQ)), guard_key_(stream_key(cfg.seed, kDomainQGuard)) {
-    std::map<std::tuple<int64_t, int64_t, int64_t>, int> by_shape;
+  PowerSGD(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes)
+      : Base(cfg, comm, params, bucket_bytes),
+        q_key_(stream_key(cfg.seed, kDomainQ)),
+        guard_key_(stream_key(cfg.seed, kDomainQGuard)) {
     slots_.resize(layout_.size());
+    std::vector<int64_t> rank_of(layout_.size(), 0);  // the approximation's rank, 0: uncompressed
     int64_t q_param = 0;
     for (size_t i = 0; i < layout_.size(); ++i) {
       const auto& l = layout_[i];
-      if (l.shape.size() >= 2 && l.numel > 0) {
-        const int64_t n = l.shape[0], m = l.numel / n;
-        const int64_t r = std::min<int64_t>({cfg_.rank, n, m});
-        if (static_cast<double>(n + m) * static_cast<double>(r) * cfg_.min_compression_rate <
-            static_cast<double>(n) * static_cast<double>(m)) {
-          const auto key = std::make_tuple(n, m, r);
-          auto it = by_shape.find(key);
-          if (it == by_shape.end()) {
-            it = by_shape.emplace(key, static_cast<int>(groups_.size())).first;
-            groups_.push_back({n, m, r, {}, 0, 0, {}});
-          }
-          Group& g = groups_[it->second];
-          slots_[i] = {it->second, g.batch(), 0, q_param};
-          g.members.push_back(static_cast<int>(i));
-          q_param += m * r;
-          continue;
+      if (l.shape.size() < 2 || l.numel == 0) continue;
+      const int64_t n = l.shape[0], m = l.numel / n;
+      const int64_t r = std::min<int64_t>({cfg_.rank, n, m});
+      if (static_cast<double>(n + m) * static_cast<double>(r) * cfg_.min_compression_rate >=
+          static_cast<double>(n) * static_cast<double>(m))
+        continue;
+      rank_of[i] = r;
+      slots_[i].q_param_off = q_param;
+      q_param += m * r;
+    }
+    int64_t pb = 0, wb = 0;  // offsets in pbuf_ and wire_
+    regions_.resize(buckets_.size());
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      Region& reg = regions_[k];
+      std::map<std::tuple<int64_t, int64_t, int64_t>, int> by_shape;
+      for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) {
+        if (rank_of[i] == 0) continue;
+        const int64_t n = layout_[i].shape[0], m = layout_[i].numel / n;
+        auto it = by_shape.find({n, m, rank_of[i]});
+        if (it == by_shape.end()) {
+          it = by_shape.emplace(std::make_tuple(n, m, rank_of[i]), static_cast<int>(groups_.size())).first;
+          groups_.push_back({n, m, rank_of[i], {}, 0, 0, {}});
+          reg.groups.push_back(it->second);
         }
+        Group& g = groups_[it->second];
+        slots_[i].group = it->second;
+        slots_[i].b = g.batch();
+        g.members.push_back(static_cast<int>(i));
       }
-      slots_[i].u_off = u_total_;
-      u_total_ += l.numel;
+      reg.p_begin = pb;
+      reg.q_begin = q_total_;
+      for (int gi : reg.groups) {
+        Group& g = groups_[gi];
+        g.p_off = pb;
+        g.q_off = q_total_;
+        pb += g.batch() * g.n * g.r;
+        q_total_ += g.batch() * g.m * g.r;
+        g.mat = Tensor::zeros({g.batch(), g.n, g.m}, DType::f32, device_);
+        colmax_total_ += g.batch() * g.r;
+      }
+      reg.p_end = pb;
+      reg.q_end = q_total_;
+      p_total_ += reg.p_end - reg.p_begin;
+      for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i)
+        if (slots_[i].group < 0) {
+          slots_[i].u_off = pb;
+          pb += layout_[i].numel;
+        }
+      reg.u_end = pb;
+      u_total_ += reg.u_end - reg.p_end;
+      reg.w_begin = wb;
+      wb += std::max(reg.p_end - reg.p_begin, reg.q_end - reg.q_begin);
     }
-    for (auto& g : groups_) {
-      g.p_off = p_total_;
-      g.q_off = q_total_;
-      p_total_ += g.batch() * g.n * g.r;
-      q_total_ += g.batch() * g.m * g.r;
-      g.mat = Tensor::zeros({g.batch(), g.n, g.m}, DType::f32, device_);
-      colmax_total_ += g.batch() * g.r;
-    }
-    for (auto& s : slots_)
-      if (s.group < 0) s.u_off += p_total_;
-    pbuf_ = Tensor::zeros({p_total_ + u_total_}, DType::f32, device_);
+    pbuf_ = Tensor::zeros({pb}, DType::f32, device_);
     q_ = Tensor::zeros({q_total_}, DType::f32, device_);
     qlocal_ = Tensor::zeros({q_total_}, DType::f32, device_);
-    if (cfg_.comm_dtype == DType::bf16 && q_total_ > 0)
-      wire_ = Tensor::zeros({std::max(p_total_, q_total_)}, DType::bf16, device_);
+    if (cfg_.comm_dtype == DType::bf16 && wb > 0) wire_ = Tensor::zeros({wb}, DType::bf16, device_);
     if (colmax_total_ > 0) colmax_ = Tensor::zeros({colmax_total_}, DType::f32, device_);
     draw_q(0);
   }
@@ -115,20 +154,52 @@ class PowerSGD final : public Base {
     return v;
   }
 
-  void compressed_step(std::vector<nn::Param>& params, int64_t step, bool first) override {
-    const bool ef = cfg_.error_feedback;
-    const bool bf16 = cfg_.comm_dtype == DType::bf16;
-    const double w = world_;
-    if (first && ef)
+  void begin_compressed(int64_t step, bool first) override {
+    if (first && cfg_.error_feedback)
       for (auto& g : groups_) ops::fill(g.mat, 0.0);
     if (!cfg_.warm_start) draw_q(static_cast<uint64_t>(step) + 1);
+    for (auto& reg : regions_) reg.stage = Region::Stage::idle;
+  }
 
-    // M_r = W grad_r + error_r; P = M_r Q / W (summed over ranks: mean(M) Q).
-    for (auto& g : groups_) {
+  // Bucket k's P goes out; the buckets before it advance one stage each.
+  void compress_bucket(std::vector<nn::Param>& params, size_t k) override {
+    send_p(params, k);
+    for (size_t j = 0; j < k; ++j) advance(params, j);
+  }
+
+  // After backward: every bucket has sent its P; advance them all until done.
+  void compressed_step(std::vector<nn::Param>& params, int64_t step, bool) override {
+    for (bool busy = true; busy;) {
+      busy = false;
+      for (size_t j = 0; j < regions_.size(); ++j) {
+        advance(params, j);
+        busy = busy || regions_[j].stage != Region::Stage::done;
+      }
+    }
+    if (cfg_.warm_start) redraw_zero_columns(step);
+    bytes_.sent = (p_total_ + q_total_) * static_cast<int64_t>(dtype_size(cfg_.comm_dtype)) + u_total_ * 4;
+  }
+
+ private:
+  void advance(std::vector<nn::Param>& params, size_t k) {
+    switch (regions_[k].stage) {
+      case Region::Stage::p_sent: send_q(k); break;
+      case Region::Stage::q_sent: decompress(params, k); break;
+      default: break;
+    }
+  }
+
+  // M_r = W grad_r + error_r; P = M_r Q / W, all-reduced (summed: mean(M) Q) with the bucket's
+  // uncompressed grads: one f32 collective, or (bf16 P) the f32 grads beside P as bf16.
+  void send_p(std::vector<nn::Param>& params, size_t k) {
+    Region& reg = regions_[k];
+    const double w = world_;
+    for (int gi : reg.groups) {
+      Group& g = groups_[gi];
       for (int64_t b = 0; b < g.batch(); ++b) {
         Tensor mb = g.mat.select(b);
         const Tensor grad = params[static_cast<size_t>(g.members[b])].grad.reshape({g.n, g.m});
-        if (ef)
+        if (cfg_.error_feedback)
           ops::axpy(w, grad, mb);
         else
           ops::scale(grad, w, mb);
@@ -136,30 +207,37 @@ class PowerSGD final : public Base {
       Tensor p = p_of(g);
       ops::gemm(false, false, 1.0 / w, g.mat, q_group(g), 0.0, p);
     }
-    for (size_t i = 0; i < layout_.size(); ++i)
+    for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i)
       if (slots_[i].group < 0) {
         Tensor dst = u_of(i);
         copy(dst, params[i].grad.flatten());
       }
-
-    // All-reduce P and the uncompressed grads: one f32 collective, or (bf16 P) the f32 grads in
-    // flight while P travels as bf16.
-    if (!bf16) {
-      all_reduce(pbuf_, comm::ReduceOp::sum);
+    if (cfg_.comm_dtype != DType::bf16) {
+      reg.wp = all_reduce(pbuf_.slice(reg.p_begin, reg.u_end), comm::ReduceOp::sum);
+      reg.wu = kNoWork;
     } else {
-      comm::Work wu;
-      if (u_total_ > 0) wu = all_reduce(pbuf_.slice(p_total_, p_total_ + u_total_), comm::ReduceOp::sum, comm::Mode::async);
-      if (p_total_ > 0) {
-        Tensor ps = pbuf_.slice(0, p_total_), ws = wire_.slice(0, p_total_);
-        ops::cast(ps, ws);
-        all_reduce(ws, comm::ReduceOp::sum);
-        ops::cast(ws, ps);
+      reg.wu = all_reduce(pbuf_.slice(reg.p_end, reg.u_end), comm::ReduceOp::sum);
+      reg.wp = kNoWork;
+      if (reg.p_end > reg.p_begin) {
+        Tensor ws = wire_p(reg);
+        ops::cast(pbuf_.slice(reg.p_begin, reg.p_end), ws);
+        reg.wp = all_reduce(ws, comm::ReduceOp::sum);
       }
-      wu.wait();
     }
+    reg.stage = Region::Stage::p_sent;
+  }
 
-    // P^ and Q_r = M_r^T P^.
-    for (auto& g : groups_) {
+  // P^ = orthonormalise(P); Q_r = M_r^T P^, averaged over ranks into Q while the projection
+  // error is computed from the local Q_r.
+  void send_q(size_t k) {
+    Region& reg = regions_[k];
+    wait(reg.wp);
+    if (cfg_.comm_dtype == DType::bf16 && reg.p_end > reg.p_begin) {
+      Tensor ps = pbuf_.slice(reg.p_begin, reg.p_end);
+      ops::cast(wire_p(reg), ps);
+    }
+    for (int gi : reg.groups) {
+      Group& g = groups_[gi];
       Tensor p = p_of(g);
       const bool mgs = cfg_.orthogonalize == "mgs" || (cfg_.orthogonalize == "auto" && g.r <= 2);
       if (mgs)
@@ -169,56 +247,67 @@ class PowerSGD final : public Base {
       Tensor ql = qlocal_group(g);
       ops::gemm(true, false, 1.0, g.mat, p, 0.0, ql);
     }
-
-    // Q = mean_r Q_r, in flight while the projection error is computed from the local Q_r.
-    comm::Work wq;
-    if (q_total_ > 0) {
-      if (!bf16) {
-        wq = comm_.all_reduce(buffer(qlocal_), buffer(q_), comm::ReduceOp::avg, comm::Mode::async);
+    reg.wq = kNoWork;
+    if (reg.q_end > reg.q_begin) {
+      const Tensor ql = qlocal_.slice(reg.q_begin, reg.q_end);
+      if (cfg_.comm_dtype != DType::bf16) {
+        const Tensor q = q_.slice(reg.q_begin, reg.q_end);
+        reg.wq = track(comm_.all_reduce(buffer(ql), buffer(q), comm::ReduceOp::avg, comm::Mode::async));
       } else {
-        Tensor ws = wire_.slice(0, q_total_);
-        ops::cast(qlocal_, ws);
-        wq = all_reduce(ws, comm::ReduceOp::sum, comm::Mode::async);
+        Tensor ws = wire_q(reg);
+        ops::cast(ql, ws);
+        reg.wq = all_reduce(ws, comm::ReduceOp::sum);
       }
     }
-    if (ef && cfg_.error_mode == "projection")
-      for (auto& g : groups_) ops::gemm(false, true, -1.0, p_of(g), qlocal_group(g), 1.0, g.mat);
-    wq.wait();
-    if (bf16 && q_total_ > 0) {
-      ops::cast(wire_.slice(0, q_total_), q_);
-      ops::scale(q_, 1.0 / w, q_);
-    }
+    if (cfg_.error_feedback && cfg_.error_mode == "projection")
+      for (int gi : reg.groups) {
+        Group& g = groups_[gi];
+        ops::gemm(false, true, -1.0, p_of(g), qlocal_group(g), 1.0, g.mat);
+      }
+    reg.stage = Region::Stage::q_sent;
+  }
 
-    // grad = P^ Q^T; full error: M_r - P^ Q^T.
-    for (auto& g : groups_) {
+  // grad = P^ Q^T; full error: M_r - P^ Q^T; the uncompressed grads copied back.
+  void decompress(std::vector<nn::Param>& params, size_t k) {
+    Region& reg = regions_[k];
+    wait(reg.wq);
+    wait(reg.wu);
+    if (cfg_.comm_dtype == DType::bf16 && reg.q_end > reg.q_begin) {
+      Tensor q = q_.slice(reg.q_begin, reg.q_end);
+      ops::cast(wire_q(reg), q);
+      ops::scale(q, 1.0 / world_, q);
+    }
+    for (int gi : reg.groups) {
+      Group& g = groups_[gi];
       const Tensor p = p_of(g), q = q_group(g);
       for (int64_t b = 0; b < g.batch(); ++b) {
         Tensor grad = params[static_cast<size_t>(g.members[b])].grad.reshape({g.n, g.m});
         ops::gemm(false, true, 1.0, p.select(b), q.select(b), 0.0, grad);
-        if (ef && cfg_.error_mode == "full") {
+        if (cfg_.error_feedback && cfg_.error_mode == "full") {
           Tensor mb = g.mat.select(b);
           ops::axpy(-1.0, grad, mb);
         }
       }
     }
-    for (size_t i = 0; i < layout_.size(); ++i)
+    for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i)
       if (slots_[i].group < 0) {
         Tensor dst = params[i].grad.flatten();
         copy(dst, u_of(i));
       }
-    if (cfg_.warm_start) redraw_zero_columns(step);
-
-    bytes_.sent = (p_total_ + q_total_) * static_cast<int64_t>(dtype_size(cfg_.comm_dtype)) + u_total_ * 4;
+    reg.stage = Region::Stage::done;
   }
 
  private:
   comm::Buffer buffer(const Tensor& t) const {
     return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), device_};
   }
-  comm::Work all_reduce(const Tensor& t, comm::ReduceOp op, comm::Mode mode = comm::Mode::sync) {
-    if (t.numel() == 0) return {};
-    return comm_.all_reduce(buffer(t), buffer(t), op, mode);
+  // An in-place asynchronous all-reduce, tracked; kNoWork for an empty tensor.
+  size_t all_reduce(const Tensor& t, comm::ReduceOp op) {
+    if (t.numel() == 0) return kNoWork;
+    return track(comm_.all_reduce(buffer(t), buffer(t), op, comm::Mode::async));
   }
+  Tensor wire_p(const Region& reg) const { return wire_.slice(reg.w_begin, reg.w_begin + reg.p_end - reg.p_begin); }
+  Tensor wire_q(const Region& reg) const { return wire_.slice(reg.w_begin, reg.w_begin + reg.q_end - reg.q_begin); }
   Tensor p_of(const Group& g) const { return pbuf_.slice(g.p_off, g.p_off + g.batch() * g.n * g.r).reshape({g.batch(), g.n, g.r}); }
   Tensor q_group(const Group& g) const { return q_.slice(g.q_off, g.q_off + g.batch() * g.m * g.r).reshape({g.batch(), g.m, g.r}); }
   Tensor qlocal_group(const Group& g) const {
@@ -280,19 +369,20 @@ class PowerSGD final : public Base {
   uint64_t q_key_, guard_key_;
   std::vector<Group> groups_;
   std::vector<Slot> slots_;
+  std::vector<Region> regions_;  // per bucket
   int64_t p_total_ = 0, q_total_ = 0, u_total_ = 0, colmax_total_ = 0;
-  Tensor pbuf_;    // f32 [every P, then every uncompressed grad]
+  Tensor pbuf_;    // f32 [per bucket: its P, then its uncompressed grads]
   Tensor q_;       // f32 [every Q]: the aggregated Q, kept for the warm start
   Tensor qlocal_;  // f32 [every Q]: this rank's Q_r = M_r^T P^
-  Tensor wire_;    // bf16 [max(P, Q)] when comm_dtype is bf16
+  Tensor wire_;    // bf16 [per bucket: max(its P, its Q)] when comm_dtype is bf16
   Tensor colmax_;  // f32 [sum of ranks]: max |Q| per column
 };
 
 }  // namespace
 
-std::unique_ptr<Compressor> make_powersgd(const Config& cfg, comm::Communicator& comm,
-                                          const std::vector<nn::Param>& params) {
-  return std::make_unique<PowerSGD>(cfg, comm, params);
+std::unique_ptr<Compressor> make_powersgd(const Config& cfg, comm::Communicator& comm, const Params& params,
+                                          size_t bucket_bytes) {
+  return std::make_unique<PowerSGD>(cfg, comm, params, bucket_bytes);
 }
 
 }  // namespace dtk::compress::detail

@@ -23,73 +23,6 @@ uint64_t checksum(const Tensor& t) {
   return x & ((1ull << 53) - 1);
 }
 
-class AllReduceSync final : public GradSync {
- public:
-  AllReduceSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) : model_(model), comm_(comm) {
-    bytes_.sent = bytes_.uncompressed = static_cast<int64_t>(model.grads().bytes());  // every step the same
-    // Buckets from the last parameter backwards (the order backward completes them), each a
-    // contiguous range of the flat gradient buffer, closed once it reaches bucket_bytes.
-    const auto& ps = model.params();
-    const char* base = static_cast<const char*>(model.grads().data());
-    const size_t esize = dtype_size(model.grads().dtype());
-    Bucket cur;
-    for (size_t i = ps.size(); i-- > 0;) {
-      const nn::Param& p = ps[i];
-      const int64_t off = (static_cast<const char*>(p.grad.data()) - base) / static_cast<int64_t>(esize);
-      if (cur.size() == 0) cur.end = off + p.grad.numel();
-      cur.begin = off;
-      cur.min_block = std::min(cur.min_block, p.block);
-      if (static_cast<size_t>(cur.size()) * esize >= bucket_bytes) {
-        buckets_.push_back(cur);
-        cur = Bucket{};
-      }
-    }
-    if (cur.size() > 0) buckets_.push_back(cur);
-  }
-
-  void on_block_ready(int block) override {
-    while (next_ < buckets_.size() && buckets_[next_].min_block >= block) start(buckets_[next_++]);
-    for (auto& w : inflight_) w.test();  // drives MPI's progress
-  }
-
-  void finish(int64_t) override {
-    while (next_ < buckets_.size()) start(buckets_[next_++]);
-    comm::wait_all(inflight_);
-    next_ = 0;
-  }
-
-  compress::Bytes bytes() const override { return bytes_; }
-
- private:
-  struct Bucket {  // elements [begin, end) of the flat gradient buffer
-    int64_t begin = 0, end = 0;
-    int min_block = 1 << 30;  // the lowest block it covers: ready once that block is
-    int64_t size() const { return end - begin; }
-  };
-  void start(const Bucket& b) {
-    comm::Buffer buf = buffer_of(model_.grads()).slice(static_cast<size_t>(b.begin), static_cast<size_t>(b.size()));
-    inflight_.push_back(comm_.all_reduce(buf, buf, comm::ReduceOp::sum, comm::Mode::async));
-  }
-
-  nn::Model& model_;
-  comm::Communicator& comm_;
-  std::vector<Bucket> buckets_;
-  size_t next_ = 0;
-  std::vector<comm::Work> inflight_;
-  compress::Bytes bytes_;
-};
-
-class CompressedSync final : public GradSync {
- public:
-  CompressedSync(nn::Model& model, compress::Compressor& c) : model_(model), c_(c) {}
-  void finish(int64_t step) override { c_.aggregate(model_.params(), step); }
-  compress::Bytes bytes() const override { return c_.last_bytes(); }
-
- private:
-  nn::Model& model_;
-  compress::Compressor& c_;
-};
-
 }  // namespace
 
 void check_replicated(const Tensor& t, comm::Communicator& comm, const std::string& what) {
@@ -107,13 +40,40 @@ void broadcast_params(nn::Model& model, comm::Communicator& comm) {
   check_replicated(model.values(), comm, "the model's parameters");
 }
 
-std::unique_ptr<GradSync> make_allreduce_sync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) {
-  if (bucket_bytes == 0) fail_usage("the gradient bucket size must be positive");
-  return std::make_unique<AllReduceSync>(model, comm, bucket_bytes);
+namespace {
+std::unique_ptr<compress::Compressor> plain(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) {
+  compress::Config c;
+  c.kind = "none";
+  return compress::make_compressor(c, comm, model.params(), bucket_bytes);
+}
+}  // namespace
+
+GradSync::GradSync(nn::Model& model, compress::Compressor& compressor) : model_(model), c_(compressor) { init(); }
+
+GradSync::GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes)
+    : model_(model), owned_(plain(model, comm, bucket_bytes)), c_(*owned_) {
+  init();
 }
 
-std::unique_ptr<GradSync> make_compressed_sync(nn::Model& model, compress::Compressor& compressor) {
-  return std::make_unique<CompressedSync>(model, compressor);
+void GradSync::init() {
+  const auto& ps = model_.params();
+  for (const compress::ParamRange& b : c_.buckets()) {
+    int lo = 1 << 30;
+    for (size_t i = b.first; i < b.last; ++i) lo = std::min(lo, ps[i].block);
+    min_block_.push_back(lo);
+  }
 }
+
+void GradSync::begin(int64_t step) {
+  next_ = 0;
+  c_.begin(model_.params(), step);
+}
+
+void GradSync::on_block_ready(int block) {
+  while (next_ < min_block_.size() && min_block_[next_] >= block) c_.bucket_ready(next_++);
+  c_.progress();
+}
+
+void GradSync::finish() { c_.finish(); }
 
 }  // namespace dtk::parallel

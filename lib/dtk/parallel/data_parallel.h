@@ -25,19 +25,30 @@ void broadcast_params(nn::Model& model, comm::Communicator& comm);
 // Fails (naming `what` and the ranks' checksums) unless `t` holds the same bits on every rank.
 void check_replicated(const Tensor& t, comm::Communicator& comm, const std::string& what);
 
+// One gradient path for every data-parallel step: the compressor's buckets start as the blocks
+// they cover report their gradients final during the last micro-batch's backward (a plain
+// all-reduce on plain steps, PowerSGD's P and Q on compressed ones), and finish() completes
+// them after backward.
 class GradSync {
  public:
-  virtual ~GradSync() = default;
-  // During the last micro-batch's backward: block b's gradients are final.
-  virtual void on_block_ready(int block) { (void)block; }
+  // With a compressor (owned by the caller), or without: a plain bucketed all-reduce (sum).
+  GradSync(nn::Model& model, compress::Compressor& compressor);
+  GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
+  // Before the last micro-batch's backward of step `step`.
+  void begin(int64_t step);
+  // During it: block b's gradients are final.
+  void on_block_ready(int block);
   // After backward: every rank's gradients hold the aggregate on return.
-  virtual void finish(int64_t step) = 0;
-  virtual compress::Bytes bytes() const = 0;  // of the last step
-};
+  void finish();
+  compress::Bytes bytes() const { return c_.last_bytes(); }  // of the last step
 
-// Bucketed all-reduce (sum) overlapped with backward. bucket_bytes: the target bucket size.
-std::unique_ptr<GradSync> make_allreduce_sync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
-// Aggregation through a compressor after backward.
-std::unique_ptr<GradSync> make_compressed_sync(nn::Model& model, compress::Compressor& compressor);
+ private:
+  void init();
+  nn::Model& model_;
+  std::unique_ptr<compress::Compressor> owned_;
+  compress::Compressor& c_;
+  std::vector<int> min_block_;  // per bucket: the lowest block it covers (ready once that block is)
+  size_t next_ = 0;             // the next bucket to start
+};
 
 }  // namespace dtk::parallel

@@ -282,10 +282,10 @@ class Trainer {
     }
     schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio};
     if (s.compressor) {
-      compressor_ = s.compressor(*comm_, model_->params());
-      sync_ = parallel::make_compressed_sync(*model_, *compressor_);
+      compressor_ = s.compressor(*comm_, model_->params(), o.bucket_bytes);
+      sync_ = std::make_unique<parallel::GradSync>(*model_, *compressor_);
     } else {
-      sync_ = parallel::make_allreduce_sync(*model_, *comm_, o.bucket_bytes);
+      sync_ = std::make_unique<parallel::GradSync>(*model_, *comm_, o.bucket_bytes);
     }
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
@@ -369,6 +369,7 @@ class Trainer {
     model_->zero_grad();
     double loss_sum = 0;
     const nn::GradReadyFn hook = [this](int b) { sync_->on_block_ready(b); };
+    sync_->begin(step);
     for_each_micro_batch(*train_, sampler_->global_indices(step), [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
       model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch), last ? hook : nn::GradReadyFn{});
@@ -376,7 +377,7 @@ class Trainer {
     if (device_.is_cuda()) cuda::synchronize();
     const auto t_sync = Clock::now();
     compute_s_ = std::chrono::duration<double>(t_sync - t0).count();
-    sync_->finish(step);
+    sync_->finish();
     if (device_.is_cuda()) cuda::synchronize();
     sync_s_ = seconds_since(t_sync);
     return sum_over_ranks(loss_sum) / static_cast<double>(o_.global_batch);

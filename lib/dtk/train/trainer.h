@@ -76,8 +76,8 @@ struct Strategy {
   std::string program;  // written into checkpoints and logs
   // The optimizer; null: optim::make_optimizer from the options (sgd or adamw).
   std::function<std::unique_ptr<optim::Optimizer>(const std::vector<nn::Param>&, comm::Communicator&)> optimizer;
-  // A compressor for gradient aggregation; null: bucketed all-reduce.
-  std::function<std::unique_ptr<compress::Compressor>(comm::Communicator&, const std::vector<nn::Param>&)> compressor;
+  // A compressor for gradient aggregation, with the given bucket size; null: plain bucketed all-reduce.
+  std::function<std::unique_ptr<compress::Compressor>(comm::Communicator&, const std::vector<nn::Param>&, size_t)> compressor;
   nlohmann::json config = nlohmann::json::object();  // program options, saved in checkpoints (extra)
 };
 
