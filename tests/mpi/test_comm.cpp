@@ -2,6 +2,9 @@
 // backend in a world of one). Run under mpiexec -n 1, 2 and 4 (see tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "../common/comm_checks.h"
 #include "dtk/core/error.h"
 
@@ -19,7 +22,7 @@ std::vector<std::shared_ptr<Communicator>> communicators() {
 
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 const Mode kModes[] = {Mode::sync, Mode::async};
-const size_t kCounts[] = {0, 1, 7, 1003, (1 << 18) + 3};  // the last: >= 1 MiB (4- and 8-byte types): the ring
+const size_t kCounts[] = {0, 1, 7, 1003, (1 << 18) + 3};  // the last: >= 1 MiB (4- and 8-byte types): the large path
 
 TEST(Comm, Topology) {
   for (auto& c : communicators()) {
@@ -28,6 +31,18 @@ TEST(Comm, Topology) {
     EXPECT_GE(c->local_rank(), 0);
     EXPECT_LT(c->local_rank(), c->local_size());
   }
+}
+
+// DTK_ALLREDUCE_ALGO=auto selects Open MPI's ring for nonblocking all-reduces at MPI_Init
+// (unless set); mpi leaves the variable alone.
+TEST(Comm, AllReduceAlgorithmSelected) {
+  Runtime::get().world(Backend::mpi);
+  const char* algo = std::getenv("DTK_ALLREDUCE_ALGO");
+  const char* v = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+  if (algo && std::string(algo) == "mpi")
+    EXPECT_EQ(v, nullptr);
+  else
+    EXPECT_STREQ(v, "1");
 }
 
 TEST(Comm, AllReduce) {

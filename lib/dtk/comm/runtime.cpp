@@ -60,6 +60,7 @@ void Runtime::set_timeout(double timeout_s) {
 void Runtime::init_mpi() {
   if (mpi_) return;
   int provided = 0;
+  mpi_select_algorithms();
   MPI_Init_thread(argc_, argv_, MPI_THREAD_MULTIPLE, &provided);  // the communication threads (mpi_comm.cpp)
   mpi_ = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

@@ -16,12 +16,16 @@
 // this rank may be queued behind it), async operations are MPI's nonblocking calls as they are,
 // progressed by Work::test and wait.
 //
-// All-reduce algorithms, chosen by size: below kRingMinBytes (or on one rank) MPI's own (latency-
-// bound: recursive doubling and friends); from there a ring over point-to-point messages, whose
-// every rank sends and receives 2 (W - 1) / W of the buffer, the bandwidth optimum (Open MPI's
-// default nonblocking all-reduce on 2 ranks, libnbc's binomial tree, sends it twice in sequence).
-// The ring reduces each segment at one rank and copies it to the others, so every rank ends with
-// the same bits. DTK_ALLREDUCE_ALGO=mpi|ring forces one (comm-bench compares them).
+// All-reduce algorithms, chosen by size (DTK_ALLREDUCE_ALGO=auto, the default): large all-
+// reduces (from kLargeBytes, on more than one rank), sync ones included, go through MPI's
+// nonblocking call, which Open MPI runs with libnbc; Runtime selects libnbc's ring for it at
+// MPI_Init (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 unless the user set it): every rank
+// sends and receives 2 (W - 1) / W of the buffer, the bandwidth optimum. Left to itself, Open MPI
+// picks libnbc's binomial tree below 4 ranks (the buffer crosses the link twice in sequence) and
+// its blocking all-reduce was as slow on a 1 Gbit/s link (1.53 s for 111 MB, a ring needs 0.89).
+// A ring over point-to-point messages of our own reached the link's rate only in some runs
+// there (50-100%, bimodal), libnbc's ring in every run. Smaller sync all-reduces are MPI's
+// blocking call (latency-optimal algorithms). DTK_ALLREDUCE_ALGO=mpi leaves every choice to MPI.
 #include "dtk/comm/mpi/mpi_comm.h"
 
 #include <sched.h>
@@ -220,52 +224,17 @@ void poll(MPI_Request* r, int n, const char* what) {
 void block(MPI_Request* r, int n, const char* what) { check_mpi(MPI_Waitall(n, r, MPI_STATUSES_IGNORE), what); }
 using WaitFn = void (*)(MPI_Request*, int, const char*);
 
-constexpr size_t kRingMinBytes = 1 << 20;
-constexpr int kRingTag = 0x64746b;  // "dtk": point-to-point messages of the ring all-reduce
+constexpr size_t kLargeBytes = 1 << 20;
 
-enum class Algo { automatic, mpi, ring };
-Algo allreduce_algo() {
-  static const Algo a = [] {
+// DTK_ALLREDUCE_ALGO: true for auto (the default), false for mpi.
+bool automatic_algorithms() {
+  static const bool a = [] {
     const char* e = std::getenv("DTK_ALLREDUCE_ALGO");
     const std::string_view v = e ? e : "auto";
-    if (v == "mpi") return Algo::mpi;
-    if (v == "ring") return Algo::ring;
-    if (v != "auto") fail_usage("DTK_ALLREDUCE_ALGO=" + std::string(v) + ": expected auto, mpi or ring");
-    return Algo::automatic;
+    if (v != "auto" && v != "mpi") fail_usage("DTK_ALLREDUCE_ALGO=" + std::string(v) + ": expected auto or mpi");
+    return v == "auto";
   }();
   return a;
-}
-
-// Ring all-reduce of n elements in place in buf: a reduce-scatter then an all-gather around the
-// ring (rank r sends to r + 1 and receives from r - 1), over W segments of about n / W elements.
-// tmp receives a segment; it grows to the largest segment once and is reused.
-void ring_all_reduce(void* buf, int n, MPI_Datatype dt, size_t esize, MPI_Op op, MPI_Comm comm, int rank, int size,
-                     std::vector<char>& tmp, WaitFn wait) {
-  std::vector<int> off(size + 1);
-  for (int i = 0; i <= size; ++i) off[i] = static_cast<int>(static_cast<int64_t>(n) * i / size);
-  auto* p = static_cast<char*>(buf);
-  tmp.resize(std::max(tmp.size(), static_cast<size_t>(n / size + 1) * esize));
-  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
-  auto seg = [&](int i) { return ((i % size) + size) % size; };
-  for (int s = 0; s < size - 1; ++s) {  // reduce-scatter: after it, rank r holds segment r + 1
-    const int out = seg(rank - s), in = seg(rank - s - 1);
-    const int nin = off[in + 1] - off[in];
-    MPI_Request r[2];
-    check_mpi(MPI_Irecv(tmp.data(), nin, dt, left, kRingTag, comm, &r[0]), "all_reduce (ring)");
-    check_mpi(MPI_Isend(p + off[out] * esize, off[out + 1] - off[out], dt, right, kRingTag, comm, &r[1]),
-              "all_reduce (ring)");
-    wait(r, 2, "all_reduce (ring)");
-    check_mpi(MPI_Reduce_local(tmp.data(), p + off[in] * esize, nin, dt, op), "all_reduce (ring)");
-  }
-  for (int s = 0; s < size - 1; ++s) {  // all-gather of the reduced segments
-    const int out = seg(rank + 1 - s), in = seg(rank - s);
-    MPI_Request r[2];
-    check_mpi(MPI_Irecv(p + off[in] * esize, off[in + 1] - off[in], dt, left, kRingTag, comm, &r[0]),
-              "all_reduce (ring)");
-    check_mpi(MPI_Isend(p + off[out] * esize, off[out + 1] - off[out], dt, right, kRingTag, comm, &r[1]),
-              "all_reduce (ring)");
-    wait(r, 2, "all_reduce (ring)");
-  }
 }
 
 // The communication thread of a communicator (see the file comment).
@@ -434,15 +403,13 @@ class MpiCommunicator final : public Communicator {
     if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
     auto dt = datatype(send.dtype);
     auto mop = mpi_op(send.dtype, op);
-    const Algo algo = allreduce_algo();
-    const bool ring = size_ > 1 && algo != Algo::mpi && (algo == Algo::ring || send.bytes() >= kRingMinBytes);
-    if (ring && (mode == Mode::sync || threaded(st))) {
-      const size_t esize = dtype_size(send.dtype), bytes = send.bytes();
-      return run("all_reduce", bytes, mode, std::move(st), [=, this](Staging& s, WaitFn wait) {
-        if (!inplace) std::memcpy(s.recv, s.send, bytes);
-        ring_all_reduce(s.recv, n, dt, esize, mop, comm_, rank_, size_, ring_tmp_, wait);
+    if (size_ > 1 && send.bytes() >= kLargeBytes && automatic_algorithms() &&
+        (mode == Mode::sync || threaded(st)))
+      return run("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, WaitFn wait) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        check_mpi(MPI_Iallreduce(inplace ? MPI_IN_PLACE : s.send, s.recv, n, dt, mop, comm_, &r), "all_reduce");
+        wait(&r, 1, "all_reduce");
       });
-    }
     return launch("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       const void* sb = inplace ? MPI_IN_PLACE : s.send;
       return r ? MPI_Iallreduce(sb, s.recv, n, dt, mop, comm_, r) : MPI_Allreduce(sb, s.recv, n, dt, mop, comm_);
@@ -716,8 +683,6 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   bool owned_;
   std::unique_ptr<CommThread> thread_;  // null: async operations are MPI's nonblocking calls
-  std::vector<char> ring_tmp_;  // the ring's receive segment: one ring runs at a time (the queue, or
-                                // the caller after draining it)
 };
 
 }  // namespace
@@ -734,6 +699,10 @@ void mpi_types_init() {
   MPI_Op_create(&half_reduce<false, 0>, 1, &g_half_ops[1][0]);
   MPI_Op_create(&half_reduce<false, 1>, 1, &g_half_ops[1][1]);
   MPI_Op_create(&half_reduce<false, 2>, 1, &g_half_ops[1][2]);
+}
+
+void mpi_select_algorithms() {
+  if (automatic_algorithms()) setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
 }
 
 std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned) {

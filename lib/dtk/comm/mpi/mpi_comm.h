@@ -8,6 +8,9 @@
 
 namespace dtk::comm {
 
+// Before MPI_Init: the all-reduce algorithm for large messages (see mpi_comm.cpp), unless
+// DTK_ALLREDUCE_ALGO=mpi or the user chose one.
+void mpi_select_algorithms();
 void mpi_types_init();  // after MPI_Init: the bf16 / f16 datatypes and reduction ops
 std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned);
 
