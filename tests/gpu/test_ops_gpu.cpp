@@ -313,8 +313,16 @@ TEST(GpuOps, RmsNorm) {
       ops::rmsnorm_backward(x, w, rc, dy, dxc, dwc);
       ops::rmsnorm_backward(gpu(x), gpu(w), gpu(rc), gpu(dy), dxg, dwg);
       ops::rmsnorm_backward(gpu(x), gpu(w), gpu(rc), gpu(dy), dxg, dwg2);
-      ferr = std::max({ferr, max_rel_err(yg, yc), max_rel_err(rg, rc)});
-      berr = std::max(berr, max_rel_err(dxg, dxc));
+      // the fused residual add, and the backward accumulating into a residual gradient
+      const Tensor b = uniform(s, t, 64);
+      Tensor xc = like(x, Device::cpu()), xg = like(x, kGpu), ya = like(x, Device::cpu()), yag = like(x, kGpu);
+      ops::add_rmsnorm_forward(x, b, w, 1e-5, xc, ya, rc);
+      ops::add_rmsnorm_forward(gpu(x), gpu(b), gpu(w), 1e-5, xg, yag, rg);
+      Tensor accc = b.clone(), accg = gpu(b), dwa = dw0.clone(), dwag = gpu(dw0);
+      ops::rmsnorm_backward(xc, w, rc, dy, accc, dwa, true);
+      ops::rmsnorm_backward(xg, gpu(w), rg, gpu(dy), accg, dwag, true);
+      ferr = std::max({ferr, max_rel_err(yg, yc), max_rel_err(xg, xc), max_rel_err(yag, ya)});
+      berr = std::max({berr, max_rel_err(dxg, dxc), max_rel_err(accg, accc)});
       werr = std::max(werr, max_rel_err(dwg, dwc));
       deterministic = deterministic && bit_identical(dwg, dwg2);
     }

@@ -126,7 +126,8 @@ TEST(CompressMpi, PowerSgdLinearity) {
 // Bucket by bucket (each parameter its own bucket, started as backward would start them, with
 // progress() between), PowerSGD gives what one bucket gives, on every rank alike: the
 // collectives of different buckets interleave (P of bucket k beside Q of k - 1) in the same
-// order on every rank. The same for plain steps (before start_iter) and bf16 on the wire.
+// order on every rank. The same for plain steps (before start_iter) and bf16 on the wire (up to
+// its rounding).
 TEST(CompressMpi, BucketByBucketMatchesOneBucket) {
   for (DType wire : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(std::string(dtype_name(wire)));
@@ -147,12 +148,15 @@ TEST(CompressMpi, BucketByBucketMatchesOneBucket) {
       }
       c->finish();
       cr->aggregate(ref.params, step);
+      // Buffers of other sizes may sum the ranks in another order (MPI picks by size): f32 rounding,
+      // and bf16 sums round every partial sum to 8 bits (2^-8 = 3.9e-3).
+      const double tol = wire == DType::bf16 ? 2e-2 : 1e-6;
       const Vec out = get(g.flat), want = get(ref.flat);
-      EXPECT_LT(max_abs_diff(out, want), 1e-6 * (1 + norm(want))) << "step " << step;
+      EXPECT_LT(norm(sub(out, want)), tol * (1 + norm(want))) << "step " << step;
       EXPECT_TRUE(same_on_all_ranks(out)) << "step " << step;
       EXPECT_EQ(c->last_bytes().sent, cr->last_bytes().sent);
       const Vec e = errors(*c), er = errors(*cr);
-      EXPECT_LT(max_abs_diff(e, er), 1e-6 * (1 + norm(er))) << "step " << step;
+      EXPECT_LT(norm(sub(e, er)), tol * (1 + norm(er))) << "step " << step;
     }
   }
 }

@@ -269,6 +269,46 @@ TEST(OpsNN, RmsnormBackwardFiniteDifferences) {
   }
 }
 
+// The fused residual add gives what add + rmsnorm give, bit for bit (x in place of a too), and
+// accumulate adds to dx what the plain backward writes.
+TEST(OpsNN, RmsnormFusedResidual) {
+  for (DType t : kFloats)
+    for (const RowShape& s : kRowShapes) {
+      const Shape shape{s.rows, s.n};
+      const std::string what = "add_rmsnorm " + std::string(dtype_name(t)) + " " + std::to_string(s.n);
+      const Tensor a = make(rounded(randn(s.rows * s.n, 31), t), shape, t), b = make(rounded(randn(s.rows * s.n, 32), t), shape, t);
+      const Tensor w = make(rounded(randn(s.n, 33), t), {s.n}, t);
+      Tensor x = Tensor::empty(shape, t), y = Tensor::empty(shape, t), rstd = Tensor::empty({s.rows}, t);
+      ops::add(a, b, x);
+      ops::rmsnorm_forward(x, w, 1e-5, y, rstd);
+      Tensor x2 = Tensor::empty(shape, t), y2 = Tensor::empty(shape, t), rstd2 = Tensor::empty({s.rows}, t);
+      ops::add_rmsnorm_forward(a, b, w, 1e-5, x2, y2, rstd2);
+      EXPECT_EQ(x2.to_doubles(), x.to_doubles()) << what;
+      EXPECT_EQ(y2.to_doubles(), y.to_doubles()) << what;
+      EXPECT_EQ(rstd2.to_doubles(), rstd.to_doubles()) << what;
+      Tensor inplace = a.clone();
+      ops::add_rmsnorm_forward(inplace, b, w, 1e-5, inplace, y2, rstd2);
+      EXPECT_EQ(inplace.to_doubles(), x.to_doubles()) << what << " in place";
+      EXPECT_EQ(y2.to_doubles(), y.to_doubles()) << what << " in place";
+
+      const Tensor dy = make(rounded(randn(s.rows * s.n, 34), t), shape, t);
+      const Vec base = rounded(randn(s.rows * s.n, 35), t);
+      Tensor dx = Tensor::empty(shape, t), dw = Tensor::zeros({s.n}, t), dacc = make(base, shape, t), dw2 = Tensor::zeros({s.n}, t);
+      ops::rmsnorm_backward(x, w, rstd, dy, dx, dw);
+      ops::rmsnorm_backward(x, w, rstd, dy, dacc, dw2, /*accumulate=*/true);
+      Vec want = dx.to_doubles();
+      for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
+      expect_close(dacc.to_doubles(), want, tol_of(t), what + " accumulate");
+      EXPECT_EQ(dw2.to_doubles(), dw.to_doubles()) << what;
+    }
+  Tensor a = Tensor::zeros({3, 4}, DType::f32), x = Tensor::empty({3, 4}, DType::f32), y = Tensor::empty({3, 4}, DType::f32);
+  Tensor rstd = Tensor::empty({3}, DType::f32);
+  EXPECT_THROW(ops::add_rmsnorm_forward(a, Tensor::zeros({4, 3}, DType::f32), Tensor::zeros({4}, DType::f32), 1e-5, x, y, rstd),
+               UsageError);
+  Tensor y64 = Tensor::empty({3, 4}, DType::f64);
+  EXPECT_THROW(ops::add_rmsnorm_forward(a, a, Tensor::zeros({4}, DType::f32), 1e-5, x, y64, rstd), UsageError);
+}
+
 TEST(OpsNN, RmsnormUsageErrors) {
   Tensor x = Tensor::zeros({3, 4}, DType::f32), y = Tensor::empty({3, 4}, DType::f32);
   Tensor rstd = Tensor::empty({3}, DType::f32);

@@ -143,10 +143,18 @@ void RMSNorm::forward(const Tensor& x, Tensor& y) {
   ops::rmsnorm_forward(x, w_->value, eps_, y, rstd_);
 }
 
-void RMSNorm::backward(const Tensor& dy, Tensor& dx) {
+void RMSNorm::forward_add(const Tensor& a, const Tensor& b, Tensor& x, Tensor& y) {
+  need_bound(w_, "RMSNorm");
+  const int64_t D = w_->value.numel();
+  rstd_ = rstd_buf_.get({as_rows(a, D, "RMSNorm.forward_add", "a").dim(0)}, a.dtype(), a.device());
+  ops::add_rmsnorm_forward(a, b, w_->value, eps_, x, y, rstd_);
+  x_ = x;
+}
+
+void RMSNorm::backward(const Tensor& dy, Tensor& dx, bool accumulate) {
   need_bound(w_, "RMSNorm");
   if (!x_.defined()) fail("RMSNorm.backward: no forward to differentiate");
-  ops::rmsnorm_backward(x_, w_->value, rstd_, dy, dx, w_->grad);
+  ops::rmsnorm_backward(x_, w_->value, rstd_, dy, dx, w_->grad, accumulate);
 }
 
 void RMSNorm::release() {

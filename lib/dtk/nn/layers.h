@@ -79,7 +79,10 @@ class RMSNorm {
  public:
   void bind(Param* weight, double eps);
   void forward(const Tensor& x, Tensor& y);  // saves x and rstd
-  void backward(const Tensor& dy, Tensor& dx);  // dx overwritten; dw +=
+  // With the residual add fused in: x = a + b (x may be a or b), y = norm(x); saves x and rstd.
+  void forward_add(const Tensor& a, const Tensor& b, Tensor& x, Tensor& y);
+  // dx overwritten, or with accumulate added to (the residual stream's gradient); dw +=
+  void backward(const Tensor& dy, Tensor& dx, bool accumulate = false);
   void release();
 
  private:

@@ -54,22 +54,19 @@ struct TransformerLayer {
     xn2 = xn2_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
     attention_norm.forward(h_in, xn1);
     attention.forward(xn1, tmp);
-    ops::add(h_in, tmp, h_mid);
-    ffn_norm.forward(h_mid, xn2);
+    ffn_norm.forward_add(h_in, tmp, h_mid, xn2);  // h_mid = h_in + tmp, one pass with the norm
     feed_forward.forward(xn2, tmp);
     ops::add(h_mid, tmp, h_out);
   }
 
-  // dh: d(loss)/d(h_out) in, d(loss)/d(h_in) out. Workspace slots 0 and 1, the sublayers' from 2.
+  // dh: d(loss)/d(h_out) in, d(loss)/d(h_in) out (the norms' gradients added into it in the same
+  // pass). Workspace slot 0, the sublayers' from 1.
   void backward(Tensor& dh, Workspace& ws) {
     Tensor dxn = ws.get(0, dh.shape(), dh.dtype(), dh.device());
-    Tensor dtmp = ws.get(1, dh.shape(), dh.dtype(), dh.device());
-    feed_forward.backward(dh, dxn, ws, 2);
-    ffn_norm.backward(dxn, dtmp);
-    ops::add(dh, dtmp, dh);  // d h_mid
-    attention.backward(dh, dxn, ws, 2);
-    attention_norm.backward(dxn, dtmp);
-    ops::add(dh, dtmp, dh);  // d h_in
+    feed_forward.backward(dh, dxn, ws, 1);
+    ffn_norm.backward(dxn, dh, /*accumulate=*/true);  // d h_mid
+    attention.backward(dh, dxn, ws, 1);
+    attention_norm.backward(dxn, dh, /*accumulate=*/true);  // d h_in
   }
 
   void release() {

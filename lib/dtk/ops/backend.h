@@ -36,8 +36,10 @@
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);                      \
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);      \
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);                  \
+  void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,  \
+                           Tensor& rstd);                                                                       \
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,     \
-                        Tensor& dw);                                                                            \
+                        Tensor& dw, bool accumulate);                                                           \
   void silu_forward(const Tensor& x, Tensor& y);                                                                \
   void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);                                            \
   void gelu_forward(const Tensor& x, Tensor& y);                                                                \

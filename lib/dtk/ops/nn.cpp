@@ -97,23 +97,38 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
   DTK_DISPATCH(logits, cross_entropy_backward(logits, targets, scale, dlogits));
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
-  check_rows("rmsnorm_forward", x, "x");
+namespace {
+void rmsnorm_checks(const char* op, const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+  const std::string o(op);
+  check_rows(op, x, "x");
   const int64_t D = x.dim(-1);
-  detail::check_shape("rmsnorm_forward", w, {D}, "w");
-  check_same("rmsnorm_forward", x, y, "y");
-  detail::check_defined("rmsnorm_forward", rstd, "rstd");
+  detail::check_shape(op, w, {D}, "w");
+  check_same(op, x, y, "y");
+  detail::check_defined(op, rstd, "rstd");
   if (w.dtype() != x.dtype() || w.device() != x.device())
-    fail_usage("rmsnorm_forward: w must have the dtype and device of x " + x.str() + ", got " + w.str());
+    fail_usage(o + ": w must have the dtype and device of x " + x.str() + ", got " + w.str());
   if (rstd.dtype() != x.dtype() || rstd.device() != x.device())
-    fail_usage("rmsnorm_forward: rstd must have the dtype and device of x " + x.str() + ", got " + rstd.str());
-  check_numel("rmsnorm_forward", rstd, D == 0 ? 0 : x.numel() / D, "rstd");
-  if (!(eps >= 0)) fail_usage("rmsnorm_forward: eps must be non-negative");
+    fail_usage(o + ": rstd must have the dtype and device of x " + x.str() + ", got " + rstd.str());
+  check_numel(op, rstd, D == 0 ? 0 : x.numel() / D, "rstd");
+  if (!(eps >= 0)) fail_usage(o + ": eps must be non-negative");
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  rmsnorm_checks("rmsnorm_forward", x, w, eps, y, rstd);
   DTK_DISPATCH(x, rmsnorm_forward(x, w, eps, y, rstd));
 }
 
+void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
+                         Tensor& rstd) {
+  check_same("add_rmsnorm_forward", a, b, "b");
+  check_same("add_rmsnorm_forward", a, x, "x");
+  rmsnorm_checks("add_rmsnorm_forward", a, w, eps, y, rstd);
+  DTK_DISPATCH(a, add_rmsnorm_forward(a, b, w, eps, x, y, rstd));
+}
+
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                      Tensor& dw) {
+                      Tensor& dw, bool accumulate) {
   check_rows("rmsnorm_backward", x, "x");
   const int64_t D = x.dim(-1);
   detail::check_shape("rmsnorm_backward", w, {D}, "w");
@@ -126,7 +141,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
   check_same("rmsnorm_backward", x, dy, "dy");
   check_same("rmsnorm_backward", x, dx, "dx");
   check_same("rmsnorm_backward", w, dw, "dw");
-  DTK_DISPATCH(x, rmsnorm_backward(x, w, rstd, dy, dx, dw));
+  DTK_DISPATCH(x, rmsnorm_backward(x, w, rstd, dy, dx, dw, accumulate));
 }
 
 void silu_forward(const Tensor& x, Tensor& y) {

@@ -69,8 +69,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);
 // RMSNorm over the last dim D: y = x * rstd * w, rstd [rows] = 1 / sqrt(mean(x^2) + eps), saved.
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
-// dx overwritten; dw accumulates (+=) over rows.
-void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw);
+// The residual add fused in (one pass over memory instead of two): x = a + b, then as
+// rmsnorm_forward(x, ...). x may be a or b.
+void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
+                         Tensor& rstd);
+// dx overwritten, or with accumulate, added to (dx += ..., a residual stream's gradient: the
+// add fused in); dw accumulates (+=) over rows.
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
+                      bool accumulate = false);
 // Activations, elementwise; backward: dx = dy * f'(x). In place allowed.
 void silu_forward(const Tensor& x, Tensor& y);  // x * sigmoid(x)
 void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);

@@ -61,27 +61,42 @@ inline T softmax_row_t(const T* x, T* y, int64_t n, T scale) {
   return m + std::log(l);
 }
 
-// y = x rstd w; returns rstd
+// x = a + b (b null: x is a, not written), then y = x rstd w; returns rstd
 template <typename T>
-inline T rmsnorm_row_t(const T* x, const T* w, T eps, T* y, int64_t n) {
+inline T rmsnorm_row_t(const T* a, const T* b, const T* w, T eps, T* x, T* y, int64_t n) {
   T ss = 0;
+  if (b) {
 #pragma omp simd reduction(+ : ss)
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = a[i] + b[i];
+      x[i] = v;
+      ss += v * v;
+    }
+    a = x;
+  } else {
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; ++i) ss += a[i] * a[i];
+  }
   const T rs = T(1) / std::sqrt(ss / static_cast<T>(n) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * rs * w[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * rs * w[i];
   return rs;
 }
 
-// dx = rs w dy - x rs^3 / n sum(dy w x)
+// dx = rs w dy - x rs^3 / n sum(dy w x), or dx += that (accumulate)
 template <typename T>
-inline void rmsnorm_grad_row_t(const T* x, const T* w, T rs, const T* dy, T* dx, int64_t n) {
+inline void rmsnorm_grad_row_t(const T* x, const T* w, T rs, const T* dy, T* dx, int64_t n, bool accumulate) {
   T dot = 0;
 #pragma omp simd reduction(+ : dot)
   for (int64_t i = 0; i < n; ++i) dot += dy[i] * w[i] * x[i];
   const T k = rs * rs * rs * dot / static_cast<T>(n);
+  if (accumulate) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dx[i] = rs * dy[i] * w[i] - x[i] * k;
+    for (int64_t i = 0; i < n; ++i) dx[i] += rs * dy[i] * w[i] - x[i] * k;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = rs * dy[i] * w[i] - x[i] * k;
+  }
 }
 
 template <typename T>
@@ -110,17 +125,20 @@ inline void swiglu_grad_t(const T* a, const T* b, const T* dy, T* da, T* db, int
 
 DTK_SIMD_CLONES void max_logsum(const float* x, int64_t n, float& m, float& ls) { max_logsum_t(x, n, m, ls); }
 void max_logsum(const double* x, int64_t n, double& m, double& ls) { max_logsum_t(x, n, m, ls); }
-DTK_SIMD_CLONES float rmsnorm_row(const float* x, const float* w, float eps, float* y, int64_t n) {
-  return rmsnorm_row_t(x, w, eps, y, n);
+DTK_SIMD_CLONES float rmsnorm_row(const float* a, const float* b, const float* w, float eps, float* x, float* y,
+                                   int64_t n) {
+  return rmsnorm_row_t(a, b, w, eps, x, y, n);
 }
-double rmsnorm_row(const double* x, const double* w, double eps, double* y, int64_t n) {
-  return rmsnorm_row_t(x, w, eps, y, n);
+double rmsnorm_row(const double* a, const double* b, const double* w, double eps, double* x, double* y, int64_t n) {
+  return rmsnorm_row_t(a, b, w, eps, x, y, n);
 }
-DTK_SIMD_CLONES void rmsnorm_grad_row(const float* x, const float* w, float rs, const float* dy, float* dx, int64_t n) {
-  rmsnorm_grad_row_t(x, w, rs, dy, dx, n);
+DTK_SIMD_CLONES void rmsnorm_grad_row(const float* x, const float* w, float rs, const float* dy, float* dx, int64_t n,
+                                      bool accumulate) {
+  rmsnorm_grad_row_t(x, w, rs, dy, dx, n, accumulate);
 }
-void rmsnorm_grad_row(const double* x, const double* w, double rs, const double* dy, double* dx, int64_t n) {
-  rmsnorm_grad_row_t(x, w, rs, dy, dx, n);
+void rmsnorm_grad_row(const double* x, const double* w, double rs, const double* dy, double* dx, int64_t n,
+                      bool accumulate) {
+  rmsnorm_grad_row_t(x, w, rs, dy, dx, n, accumulate);
 }
 DTK_SIMD_CLONES void swiglu(const float* a, const float* b, float* y, int64_t n) { swiglu_t(a, b, y, n); }
 void swiglu(const double* a, const double* b, double* y, int64_t n) { swiglu_t(a, b, y, n); }
@@ -310,25 +328,39 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
 
 // ---------------------------------------------------------------------------- rmsnorm
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
-  const int64_t D = last_dim(x), rows = rows_of(x);
-  visit_float(x.dtype(), [&](auto tag) {
+namespace {
+// y = rmsnorm(x) over rows, x = a + b first when b is given.
+void rmsnorm_rows(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y, Tensor& rstd) {
+  const int64_t D = last_dim(a), rows = rows_of(a);
+  visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* xp = x.ptr<T>();
+    const T* ap = a.ptr<T>();
+    const T* bp = b ? b->ptr<T>() : nullptr;
     const T* wp = w.ptr<T>();
+    T* xp = x.ptr<T>();
     T* yp = y.ptr<T>();
     T* rp = rstd.ptr<T>();
 #pragma omp parallel for if (rows * D > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
-      rp[r] = rmsnorm_row(xp + r * D, wp, static_cast<T>(eps), yp + r * D, D);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      rp[r] = rmsnorm_row(ap + r * D, bp ? bp + r * D : nullptr, wp, static_cast<T>(eps), xp + r * D, yp + r * D, D);
   });
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  Tensor unused = x;
+  rmsnorm_rows(x, nullptr, w, eps, unused, y, rstd);
+}
+
+void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
+                         Tensor& rstd) {
+  rmsnorm_rows(a, &b, w, eps, x, y, rstd);
 }
 
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^(-1/2), so dr/dx_j = -r^3 x_j / D and
 // dx_j = r w_j dy_j - x_j r^3 / D * sum_i(dy_i w_i x_i); dw_i += sum over rows of dy_i x_i r.
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                      Tensor& dw) {
+                      Tensor& dw, bool accumulate) {
   const int64_t D = last_dim(x), rows = rows_of(x);
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -356,7 +388,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
     }
 #pragma omp parallel for if (rows * D > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      rmsnorm_grad_row(xp + r * D, wp, rp[r], dyp + r * D, dxp + r * D, D);
+      rmsnorm_grad_row(xp + r * D, wp, rp[r], dyp + r * D, dxp + r * D, D, accumulate);
     }
   });
 }

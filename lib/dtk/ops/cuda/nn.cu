@@ -100,13 +100,27 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* ta
   }
 }
 
+// x = a + b (b null: x is a, not written), then y = x r w with r = (mean(x^2) + eps)^(-1/2).
+// Each thread reads back only the elements of x it wrote itself.
 template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* w, T eps, T* y, T* rstd, int64_t D) {
+__global__ void rmsnorm_forward_kernel(const T* a, const T* b, const T* w, T eps, T* x, T* y, T* rstd, int64_t D) {
   __shared__ T scratch[32];
-  const T* xr = x + blockIdx.x * D;
+  const T* ar = a + blockIdx.x * D;
   T* yr = y + blockIdx.x * D;
   T ss = 0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+  if (b) {
+    const T* br = b + blockIdx.x * D;
+    T* xw = x + blockIdx.x * D;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+      const T v = ar[i] + br[i];
+      xw[i] = v;
+      ss += v * v;
+    }
+    ar = xw;
+  } else {
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += ar[i] * ar[i];
+  }
+  const T* xr = ar;
   ss = block_reduce(ss, SumOp{}, T(0), scratch);
   const T r = T(1) / d_sqrt(ss / T(D) + eps);
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = xr[i] * r * w[i];
@@ -116,7 +130,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* w, T eps, T* y, T* r
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / D, so
 // dx_j = r (w_j dy_j - x_j r^2 / D * sum_i dy_i w_i x_i).
 template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const T* rstd, const T* dy, T* dx, int64_t D) {
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const T* rstd, const T* dy, T* dx, int64_t D,
+                                           bool accumulate) {
   __shared__ T scratch[32];
   const T* xr = x + blockIdx.x * D;
   const T* dyr = dy + blockIdx.x * D;
@@ -126,7 +141,10 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const T* rstd
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += dyr[i] * w[i] * xr[i];
   s = block_reduce(s, SumOp{}, T(0), scratch);
   const T c = r * r * s / T(D);
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dxr[i] = r * (w[i] * dyr[i] - xr[i] * c);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const T g = r * (w[i] * dyr[i] - xr[i] * c);
+    dxr[i] = accumulate ? dxr[i] + g : g;
+  }
 }
 
 // dw_c += sum_r dy[r, c] x[r, c] rstd[r], as a deterministic column reduction (in double).
@@ -241,19 +259,31 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
   check_launch("cross_entropy_backward");
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
-  const int64_t D = last_dim(x), R = rows_of(x);
+namespace {
+void rmsnorm_rows(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y, Tensor& rstd) {
+  const int64_t D = last_dim(a), R = rows_of(a);
   if (R == 0) return;
-  visit_float(x.dtype(), [&](auto tag) {
+  visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     rmsnorm_forward_kernel<T><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
-        x.ptr<T>(), w.ptr<T>(), T(eps), y.ptr<T>(), rstd.ptr<T>(), D);
+        a.ptr<T>(), b ? b->ptr<T>() : nullptr, w.ptr<T>(), T(eps), x.ptr<T>(), y.ptr<T>(), rstd.ptr<T>(), D);
   });
-  check_launch("rmsnorm_forward");
+  check_launch(b ? "add_rmsnorm_forward" : "rmsnorm_forward");
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  Tensor unused = x;
+  rmsnorm_rows(x, nullptr, w, eps, unused, y, rstd);
+}
+
+void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
+                         Tensor& rstd) {
+  rmsnorm_rows(a, &b, w, eps, x, y, rstd);
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                      Tensor& dw) {
+                      Tensor& dw, bool accumulate) {
   const int64_t D = last_dim(x), R = rows_of(x);
   if (R == 0) return;
   visit_float(x.dtype(), [&](auto tag) {
@@ -262,7 +292,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
     column_reduce<double>("rmsnorm_backward(dw)", R, D, DwLoad<T>{x.ptr<T>(), dy.ptr<T>(), rstd.ptr<T>(), D}, AddD{},
                           0.0, DwAccumulate<T>{dw.ptr<T>()}, x.device());
     rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
-        x.ptr<T>(), w.ptr<T>(), rstd.ptr<T>(), dy.ptr<T>(), dx.ptr<T>(), D);
+        x.ptr<T>(), w.ptr<T>(), rstd.ptr<T>(), dy.ptr<T>(), dx.ptr<T>(), D, accumulate);
   });
   check_launch("rmsnorm_backward");
 }
