@@ -10,13 +10,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "dtk/core/error.h"
 #include "dtk/core/tensor.h"
+#include "dtk/ops/cuda/lazy.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk {
@@ -28,6 +32,32 @@ const std::vector<int64_t> kSizes = {1, 7, 1000, 4097, (1 << 20) + 3};
 
 #define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU"
+
+bool mapped(const std::string& library) {
+  std::ifstream f("/proc/self/maps");
+  std::stringstream all;
+  all << f.rdbuf();
+  return all.str().find(library) != std::string::npos;
+}
+
+// cuBLAS and cuSOLVER are not in a process that has not used them (CPU work only: the GPU tests
+// skip without a GPU), and load on first use; no GPU is needed for that.
+TEST(GpuOps, LibrariesLoadOnFirstUse) {
+  if (cuda::device_count() == 0) {
+    Tensor a = Tensor::zeros({64, 64}, DType::f32), c = Tensor::empty({64, 64}, DType::f32);
+    ops::gemm(false, false, 1.0, a, a, 0.0, c);
+    EXPECT_FALSE(mapped("libcublas")) << "cuBLAS loaded by CPU work";
+    EXPECT_FALSE(mapped("libcusolver")) << "cuSOLVER loaded by CPU work";
+  }
+  EXPECT_STREQ(DTK_CUBLAS(cublasGetStatusString)(CUBLAS_STATUS_SUCCESS), "success");
+  int version = 0;
+  EXPECT_EQ(DTK_CUSOLVER(cusolverGetVersion)(&version), CUSOLVER_STATUS_SUCCESS);
+  EXPECT_EQ(version / 1000, CUSOLVER_VER_MAJOR);  // major * 1000 + minor * 100 + patch
+  EXPECT_TRUE(mapped("libcublas"));
+  EXPECT_TRUE(mapped("libcusolver"));
+  EXPECT_THROW(ops::cuda::lazy::symbol("libcublas.so." DTK_LAZY_STR(CUBLAS_VER_MAJOR), "noSuchFunction"), Error);
+  EXPECT_THROW(ops::cuda::lazy::symbol("libdtk-no-such-library.so", "f"), Error);
+}
 
 Tensor uniform(const Shape& s, DType t, uint64_t seed, double lo = -1, double hi = 1) {
   Tensor x = Tensor::empty(s, t);

@@ -10,12 +10,25 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cuda/lazy.h"
+
+// The C symbols of the two GEMMs that cublas_api.h also overloads for C++ (compute type as cudaDataType).
+using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                  const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                                  cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+using GemmStridedBatchedEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                                const void*, const void*, cudaDataType, int, long long int, const void*,
+                                                cudaDataType, int, long long int, const void*, void*, cudaDataType, int,
+                                                long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
+// Each names exactly one of the overloads (a compile error otherwise).
+static_assert(static_cast<GemmEx>(&cublasGemmEx) != nullptr);
+static_assert(static_cast<GemmStridedBatchedEx>(&cublasGemmStridedBatchedEx) != nullptr);
 
 namespace dtk::ops::cuda {
 
 // Used by linalg.cu as well (declared there): not in an anonymous namespace.
 void check_cublas(cublasStatus_t s, const char* routine) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail(std::string(routine) + " failed: " + cublasGetStatusString(s));
+  if (s != CUBLAS_STATUS_SUCCESS) fail(std::string(routine) + " failed: " + DTK_CUBLAS(cublasGetStatusString)(s));
 }
 
 // The cuBLAS handle of the calling thread for the current device, bound to dtk's current stream.
@@ -31,10 +44,10 @@ cublasHandle_t cublas_handle() {
   auto it = handles.find(device);
   if (it == handles.end()) {
     cublasHandle_t h = nullptr;
-    check_cublas(cublasCreate(&h), "cublasCreate");
+    check_cublas(DTK_CUBLAS(cublasCreate)(&h), "cublasCreate");
     it = handles.emplace(device, h).first;
   }
-  check_cublas(cublasSetStream(it->second, static_cast<cudaStream_t>(dtk::cuda::current_stream().handle)),
+  check_cublas(DTK_CUBLAS(cublasSetStream)(it->second, static_cast<cudaStream_t>(dtk::cuda::current_stream().handle)),
                "cublasSetStream");
   return it->second;
 }
@@ -53,10 +66,10 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
     if (beta == 0) {
       dtk::cuda::memset_async(c.data(), 0, c.bytes(), dtk::cuda::current_stream());
     } else if (f64) {
-      check_cublas(cublasDscal_64(h, total, &beta, c.ptr<double>(), 1), "cublasDscal");
+      check_cublas(DTK_CUBLAS(cublasDscal_64)(h, total, &beta, c.ptr<double>(), 1), "cublasDscal");
     } else {
       const float bf = static_cast<float>(beta);
-      check_cublas(cublasSscal_64(h, total, &bf, c.ptr<float>(), 1), "cublasSscal");
+      check_cublas(DTK_CUBLAS(cublasSscal_64)(h, total, &bf, c.ptr<float>(), 1), "cublasSscal");
     }
     return;
   }
@@ -81,11 +94,11 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
     // bf16 inputs, f32 output, f32 accumulation (tensor cores where available).
     const float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
     if (c.ndim() == 2) {
-      check_cublas(cublasGemmEx(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_16BF, ldb, a.data(), CUDA_R_16BF, lda,
+      check_cublas(DTK_CUBLAS_AS(GemmEx, cublasGemmEx)(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_16BF, ldb, a.data(), CUDA_R_16BF, lda,
                                 &bf, c.data(), CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx");
     } else {
-      check_cublas(cublasGemmStridedBatchedEx(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_16BF, ldb, stride_b,
+      check_cublas(DTK_CUBLAS_AS(GemmStridedBatchedEx, cublasGemmStridedBatchedEx)(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_16BF, ldb, stride_b,
                                               a.data(), CUDA_R_16BF, lda, stride_a, &bf, c.data(), CUDA_R_32F, ldc,
                                               stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmStridedBatchedEx");
@@ -95,9 +108,9 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
     const double* bp = b.ptr<double>();
     double* cp = c.ptr<double>();
     if (c.ndim() == 2)
-      check_cublas(cublasDgemm(h, op_b, op_a, n, m, k, &alpha, bp, ldb, ap, lda, &beta, cp, ldc), "cublasDgemm");
+      check_cublas(DTK_CUBLAS(cublasDgemm)(h, op_b, op_a, n, m, k, &alpha, bp, ldb, ap, lda, &beta, cp, ldc), "cublasDgemm");
     else
-      check_cublas(cublasDgemmStridedBatched(h, op_b, op_a, n, m, k, &alpha, bp, ldb, stride_b, ap, lda, stride_a,
+      check_cublas(DTK_CUBLAS(cublasDgemmStridedBatched)(h, op_b, op_a, n, m, k, &alpha, bp, ldb, stride_b, ap, lda, stride_a,
                                              &beta, cp, ldc, stride_c, count),
                    "cublasDgemmStridedBatched");
   } else {
@@ -107,9 +120,9 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
     const float* bp = b.ptr<float>();
     float* cp = c.ptr<float>();
     if (c.ndim() == 2)
-      check_cublas(cublasSgemm(h, op_b, op_a, n, m, k, &af, bp, ldb, ap, lda, &bf, cp, ldc), "cublasSgemm");
+      check_cublas(DTK_CUBLAS(cublasSgemm)(h, op_b, op_a, n, m, k, &af, bp, ldb, ap, lda, &bf, cp, ldc), "cublasSgemm");
     else
-      check_cublas(cublasSgemmStridedBatched(h, op_b, op_a, n, m, k, &af, bp, ldb, stride_b, ap, lda, stride_a, &bf,
+      check_cublas(DTK_CUBLAS(cublasSgemmStridedBatched)(h, op_b, op_a, n, m, k, &af, bp, ldb, stride_b, ap, lda, stride_a, &bf,
                                              cp, ldc, stride_c, count),
                    "cublasSgemmStridedBatched");
   }

@@ -20,6 +20,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cuda/lazy.h"
 
 namespace dtk::ops::cuda {
 
@@ -49,10 +50,10 @@ cusolverDnHandle_t cusolver_handle() {
   auto it = handles.find(device);
   if (it == handles.end()) {
     cusolverDnHandle_t h = nullptr;
-    check_cusolver(cusolverDnCreate(&h), "cusolverDnCreate");
+    check_cusolver(DTK_CUSOLVER(cusolverDnCreate)(&h), "cusolverDnCreate");
     it = handles.emplace(device, h).first;
   }
-  check_cusolver(cusolverDnSetStream(it->second, stream()), "cusolverDnSetStream");
+  check_cusolver(DTK_CUSOLVER(cusolverDnSetStream)(it->second, stream()), "cusolverDnSetStream");
   return it->second;
 }
 
@@ -176,64 +177,64 @@ void mgs_typed(Tensor& a, double eps) {
 
 // ---------------------------------------------------------------- cuSOLVER overloads
 cusolverStatus_t geqrf_buffer(cusolverDnHandle_t h, int m, int n, float* a, int lda, int* lw) {
-  return cusolverDnSgeqrf_bufferSize(h, m, n, a, lda, lw);
+  return DTK_CUSOLVER(cusolverDnSgeqrf_bufferSize)(h, m, n, a, lda, lw);
 }
 cusolverStatus_t geqrf_buffer(cusolverDnHandle_t h, int m, int n, double* a, int lda, int* lw) {
-  return cusolverDnDgeqrf_bufferSize(h, m, n, a, lda, lw);
+  return DTK_CUSOLVER(cusolverDnDgeqrf_bufferSize)(h, m, n, a, lda, lw);
 }
 cusolverStatus_t geqrf(cusolverDnHandle_t h, int m, int n, float* a, int lda, float* tau, float* w, int lw, int* info) {
-  return cusolverDnSgeqrf(h, m, n, a, lda, tau, w, lw, info);
+  return DTK_CUSOLVER(cusolverDnSgeqrf)(h, m, n, a, lda, tau, w, lw, info);
 }
 cusolverStatus_t geqrf(cusolverDnHandle_t h, int m, int n, double* a, int lda, double* tau, double* w, int lw,
                        int* info) {
-  return cusolverDnDgeqrf(h, m, n, a, lda, tau, w, lw, info);
+  return DTK_CUSOLVER(cusolverDnDgeqrf)(h, m, n, a, lda, tau, w, lw, info);
 }
 cusolverStatus_t orgqr_buffer(cusolverDnHandle_t h, int m, int n, int k, const float* a, int lda, const float* tau,
                               int* lw) {
-  return cusolverDnSorgqr_bufferSize(h, m, n, k, a, lda, tau, lw);
+  return DTK_CUSOLVER(cusolverDnSorgqr_bufferSize)(h, m, n, k, a, lda, tau, lw);
 }
 cusolverStatus_t orgqr_buffer(cusolverDnHandle_t h, int m, int n, int k, const double* a, int lda,
                               const double* tau, int* lw) {
-  return cusolverDnDorgqr_bufferSize(h, m, n, k, a, lda, tau, lw);
+  return DTK_CUSOLVER(cusolverDnDorgqr_bufferSize)(h, m, n, k, a, lda, tau, lw);
 }
 cusolverStatus_t orgqr(cusolverDnHandle_t h, int m, int n, int k, float* a, int lda, const float* tau, float* w, int lw,
                        int* info) {
-  return cusolverDnSorgqr(h, m, n, k, a, lda, tau, w, lw, info);
+  return DTK_CUSOLVER(cusolverDnSorgqr)(h, m, n, k, a, lda, tau, w, lw, info);
 }
 cusolverStatus_t orgqr(cusolverDnHandle_t h, int m, int n, int k, double* a, int lda, const double* tau, double* w,
                        int lw, int* info) {
-  return cusolverDnDorgqr(h, m, n, k, a, lda, tau, w, lw, info);
+  return DTK_CUSOLVER(cusolverDnDorgqr)(h, m, n, k, a, lda, tau, w, lw, info);
 }
 cusolverStatus_t syevd_buffer(cusolverDnHandle_t h, int n, const float* a, const float* w, int* lw) {
-  return cusolverDnSsyevd_bufferSize(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw);
+  return DTK_CUSOLVER(cusolverDnSsyevd_bufferSize)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw);
 }
 cusolverStatus_t syevd_buffer(cusolverDnHandle_t h, int n, const double* a, const double* w, int* lw) {
-  return cusolverDnDsyevd_bufferSize(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw);
+  return DTK_CUSOLVER(cusolverDnDsyevd_bufferSize)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw);
 }
 cusolverStatus_t syevd(cusolverDnHandle_t h, int n, float* a, float* w, float* work, int lw, int* info) {
-  return cusolverDnSsyevd(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info);
+  return DTK_CUSOLVER(cusolverDnSsyevd)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info);
 }
 cusolverStatus_t syevd(cusolverDnHandle_t h, int n, double* a, double* w, double* work, int lw, int* info) {
-  return cusolverDnDsyevd(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info);
+  return DTK_CUSOLVER(cusolverDnDsyevd)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info);
 }
 cusolverStatus_t syevj_batched_buffer(cusolverDnHandle_t h, int n, const float* a, const float* w, int* lw,
                                       syevjInfo_t p, int batch) {
-  return cusolverDnSsyevjBatched_bufferSize(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw, p,
+  return DTK_CUSOLVER(cusolverDnSsyevjBatched_bufferSize)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw, p,
                                             batch);
 }
 cusolverStatus_t syevj_batched_buffer(cusolverDnHandle_t h, int n, const double* a, const double* w, int* lw,
                                       syevjInfo_t p, int batch) {
-  return cusolverDnDsyevjBatched_bufferSize(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw, p,
+  return DTK_CUSOLVER(cusolverDnDsyevjBatched_bufferSize)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, lw, p,
                                             batch);
 }
 cusolverStatus_t syevj_batched(cusolverDnHandle_t h, int n, float* a, float* w, float* work, int lw, int* info,
                                syevjInfo_t p, int batch) {
-  return cusolverDnSsyevjBatched(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info, p,
+  return DTK_CUSOLVER(cusolverDnSsyevjBatched)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info, p,
                                  batch);
 }
 cusolverStatus_t syevj_batched(cusolverDnHandle_t h, int n, double* a, double* w, double* work, int lw, int* info,
                                syevjInfo_t p, int batch) {
-  return cusolverDnDsyevjBatched(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info, p,
+  return DTK_CUSOLVER(cusolverDnDsyevjBatched)(h, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_UPPER, n, a, n, w, work, lw, info, p,
                                  batch);
 }
 
@@ -280,10 +281,10 @@ void qr_typed(Tensor& a) {
 struct SyevjParams {
   syevjInfo_t p = nullptr;
   SyevjParams() {
-    check_cusolver(cusolverDnCreateSyevjInfo(&p), "cusolverDnCreateSyevjInfo");
-    check_cusolver(cusolverDnXsyevjSetSortEig(p, 1), "cusolverDnXsyevjSetSortEig");  // ascending
+    check_cusolver(DTK_CUSOLVER(cusolverDnCreateSyevjInfo)(&p), "cusolverDnCreateSyevjInfo");
+    check_cusolver(DTK_CUSOLVER(cusolverDnXsyevjSetSortEig)(p, 1), "cusolverDnXsyevjSetSortEig");  // ascending
   }
-  ~SyevjParams() { cusolverDnDestroySyevjInfo(p); }
+  ~SyevjParams() { DTK_CUSOLVER(cusolverDnDestroySyevjInfo)(p); }
   SyevjParams(const SyevjParams&) = delete;
   SyevjParams& operator=(const SyevjParams&) = delete;
 };
@@ -421,11 +422,11 @@ bool root_eigh(int n, double p, double eps, RootWork& w) {
   check_cuda(cudaMemcpyAsync(w.d.data(), mu.data(), n * sizeof(double), cudaMemcpyHostToDevice, stream()),
              "cudaMemcpyAsync");
   // Column-major: V (eigenvectors as columns) in s; t = V diag(d); x = t V^T = V diag(d) V^T.
-  check_cublas(cublasDdgmm(cb, CUBLAS_SIDE_RIGHT, n, n, w.s.ptr<double>(), n, w.d.ptr<double>(), 1,
+  check_cublas(DTK_CUBLAS(cublasDdgmm)(cb, CUBLAS_SIDE_RIGHT, n, n, w.s.ptr<double>(), n, w.d.ptr<double>(), 1,
                            w.t.ptr<double>(), n),
                "cublasDdgmm");
   const double one = 1, zero = 0;
-  check_cublas(cublasDgemm(cb, CUBLAS_OP_N, CUBLAS_OP_T, n, n, n, &one, w.t.ptr<double>(), n, w.s.ptr<double>(), n,
+  check_cublas(DTK_CUBLAS(cublasDgemm)(cb, CUBLAS_OP_N, CUBLAS_OP_T, n, n, n, &one, w.t.ptr<double>(), n, w.s.ptr<double>(), n,
                            &zero, w.x.ptr<double>(), n),
                "cublasDgemm");
   return true;
@@ -438,10 +439,10 @@ bool root_newton(int n, int p, const RootOptions& opts, RootWork& w) {
   cublasHandle_t cb = cublas_handle();
   const int64_t nn = int64_t(n) * n;
   double fro = 0;
-  check_cublas(cublasDnrm2_64(cb, nn, w.s.ptr<double>(), 1, &fro), "cublasDnrm2");  // host result: synchronous
+  check_cublas(DTK_CUBLAS(cublasDnrm2_64)(cb, nn, w.s.ptr<double>(), 1, &fro), "cublasDnrm2");  // host result: synchronous
   if (!(fro > 0) || !std::isfinite(fro)) return false;
   const double z = (p + 1.0) / (2.0 * fro);
-  check_cublas(cublasDscal_64(cb, nn, &z, w.s.ptr<double>(), 1), "cublasDscal");
+  check_cublas(DTK_CUBLAS(cublasDscal_64)(cb, nn, &z, w.s.ptr<double>(), 1), "cublasDscal");
   scaled_identity_kernel<<<blocks_for(nn, 256), 256, 0, stream()>>>(w.x.ptr<double>(), n, std::pow(z, 1.0 / p));
   check_launch("scaled_identity_kernel");
   const double one = 1, zero = 0;
@@ -459,12 +460,12 @@ bool root_newton(int n, int p, const RootOptions& opts, RootWork& w) {
     newton_step_kernel<<<blocks_for(nn, 256), 256, 0, stream()>>>(mb[mi].ptr<double>(), w.t.ptr<double>(), n,
                                                                   double(p));
     check_launch("newton_step_kernel");
-    check_cublas(cublasDgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, xb[xi].ptr<double>(), n, w.t.ptr<double>(),
+    check_cublas(DTK_CUBLAS(cublasDgemm)(cb, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, xb[xi].ptr<double>(), n, w.t.ptr<double>(),
                              n, &zero, xb[1 - xi].ptr<double>(), n),
                  "cublasDgemm");  // X <- X M'
     xi = 1 - xi;
     for (int k = 0; k < p; ++k) {  // M <- M'^p M, one factor at a time
-      check_cublas(cublasDgemm(cb, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, w.t.ptr<double>(), n,
+      check_cublas(DTK_CUBLAS(cublasDgemm)(cb, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, w.t.ptr<double>(), n,
                                mb[mi].ptr<double>(), n, &zero, mb[1 - mi].ptr<double>(), n),
                    "cublasDgemm");
       mi = 1 - mi;
