@@ -47,6 +47,20 @@ for r in d["results"]:
 PY
 then ok "json"; else bad "json" "$(cat "$tmp/j" "$tmp/e")"; fi
 
+# --fit: latency + bytes / bandwidth per collective, and predictions (table and JSON).
+$run --op all -b 1K -e 256K -f 4 -n 2 -w 1 --fit --predict 4M >"$tmp/o" 2>&1
+if [ "$(grep -c '^# fit (' "$tmp/o")" = 6 ] && [ "$(grep -c '^# predicted (' "$tmp/o")" = 6 ] \
+   && grep -q '^# fit (allreduce): time = [0-9.]* us + bytes / [0-9.]* GB/s' "$tmp/o"; then ok "--fit table"
+else bad "--fit table" "$(cat "$tmp/o")"; fi
+$run --op allreduce -b 1K -e 256K -f 4 -n 2 -w 1 --fit --predict 4M,1G --json >"$tmp/j" 2>"$tmp/e"
+python3 - "$tmp/j" <<'PY' && ok "--fit json" || bad "--fit json" "$(cat "$tmp/j" "$tmp/e")"
+import json, sys
+f = json.load(open(sys.argv[1]))["fit"]["allreduce"]
+assert f["alpha_us"] >= 0 and f["algbw_gbps"] >= 0 and f["max_rel_err"] >= 0
+p = f["predicted"]
+assert [x["size"] for x in p] == [4 << 20, 1 << 30] and p[1]["time_us"] >= p[0]["time_us"] > 0
+PY
+
 # --config: options from a file.
 printf 'op = "reducescatter"\nmax-bytes = "1K"\niters = 2\n' >"$tmp/c.toml"
 $run --config "$tmp/c.toml" >"$tmp/o" 2>&1 && grep -q 'reducescatter\|sum' "$tmp/o" && [ "$(grep -vc '^#' "$tmp/o")" = 8 ] \
@@ -74,6 +88,7 @@ usage "bad size" -e 12Q
 usage "step-factor" -f 1
 usage "excludes" -f 2 -i 1K
 usage "Run with --help" --iters 0
+usage "needs --fit" --predict 1M
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtk/cli/cli.h"
+#include "dtk/comm/cost.h"
 #include "dtk/core/error.h"
 
 namespace dtk::bench {
@@ -101,16 +102,19 @@ class Engine {
 
     nlohmann::json results = nlohmann::json::array();
     nlohmann::json peaks = nlohmann::json::object();
+    nlohmann::json fits = nlohmann::json::object();
     int64_t wrong_total = 0;
     for (const Collective* c : o_.ops) {
       if (rank0() && !o_.json && o_.ops.size() > 1) std::printf("#\n# %s\n", std::string(c->name).c_str());
       if (rank0() && !o_.json) print_columns();
       allocate(*c, sizes.empty() ? 0 : sizes.back());
       double peak = 0;
+      std::vector<comm::Sample> samples;
       for (uint64_t size : sizes) {
         const Row row = measure(*c, size);
         wrong_total += row.wrong;
         peak = std::max(peak, row.busbw);
+        samples.push_back({static_cast<double>(row.bytes), row.time_us * 1e-6});
         if (!rank0()) continue;
         if (o_.json)
           results.push_back({{"op", c->name},
@@ -128,6 +132,7 @@ class Engine {
       }
       peaks[std::string(c->name)] = peak;
       if (rank0() && !o_.json) std::printf("# peak busbw (%s): %.3f GB/s\n", std::string(c->name).c_str(), peak);
+      if (o_.fit && rank0()) fits[std::string(c->name)] = report_fit(*c, samples);
     }
 
     if (rank0()) {
@@ -135,6 +140,7 @@ class Engine {
         nlohmann::json doc = config_json(names);
         doc["results"] = results;
         doc["peak_busbw_gbps"] = peaks;
+        if (o_.fit) doc["fit"] = fits;
         doc["wrong"] = wrong_total;
         std::printf("%s\n", doc.dump(2).c_str());
       } else {
@@ -149,6 +155,26 @@ class Engine {
 
  private:
   bool rank0() const { return rt_.rank() == 0; }
+
+  // The alpha-beta fit of one collective's sweep (comm/cost.h): printed as comment lines, and
+  // returned for the JSON document. Bandwidth is algorithmic (bytes as in the size column).
+  nlohmann::json report_fit(const Collective& c, const std::vector<comm::Sample>& samples) const {
+    const comm::CostModel m = comm::fit_cost(samples);
+    const double err = comm::max_relative_error(m, samples);
+    const double gbps = m.beta_s_per_byte > 0 ? 1e-9 / m.beta_s_per_byte : 0;
+    const std::string name(c.name);
+    nlohmann::json predicted = nlohmann::json::array();
+    for (uint64_t b : o_.predict) predicted.push_back({{"size", b}, {"time_us", m.seconds(static_cast<double>(b)) * 1e6}});
+    if (!o_.json) {
+      std::printf("# fit (%s): time = %.3f us + bytes / %.3f GB/s; largest error over the sweep %.1f%%\n", name.c_str(),
+                  m.alpha_s * 1e6, gbps, err * 100);
+      for (const auto& p : predicted)
+        std::printf("# predicted (%s): %llu B in %.2f us\n", name.c_str(),
+                    static_cast<unsigned long long>(p["size"].get<uint64_t>()), p["time_us"].get<double>());
+      std::fflush(stdout);
+    }
+    return {{"alpha_us", m.alpha_s * 1e6}, {"algbw_gbps", gbps}, {"max_rel_err", err}, {"predicted", predicted}};
+  }
   Mode mode() const { return o_.async ? Mode::async : Mode::sync; }
 
   bool inplace(const Collective& c) const {

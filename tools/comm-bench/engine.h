@@ -24,6 +24,8 @@ struct Options {
   Device device = Device::cpu();
   bool inplace = false, json = false, async = false;
   TimeAgg agg = TimeAgg::mean;
+  bool fit = false;                // fit time = alpha + bytes / bandwidth per collective (comm/cost.h)
+  std::vector<uint64_t> predict;   // sizes to predict with the fit
 };
 
 std::vector<uint64_t> sweep_sizes(const Options& o);

@@ -1,5 +1,6 @@
 // comm-bench: a collective-communication benchmark over MPI and NCCL (see man comm-bench).
 #include <string>
+#include <vector>
 
 #include "dtk/cli/cli.h"
 #include "dtk/core/error.h"
@@ -13,7 +14,8 @@ struct Args {
               device = "cpu", time = "mean";
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0;
-  bool inplace = false, json = false, async = false;
+  bool inplace = false, json = false, async = false, fit = false;
+  std::vector<std::string> predict;
 };
 
 cli::Program program() {
@@ -50,6 +52,11 @@ cli::Program program() {
     app.add_flag("--async", a.async, "start each operation nonblocking and wait on its handle");
     app.add_option("--time", a.time, "how rank times combine: mean, min or max");
     app.add_flag("--json", a.json, "print one JSON document instead of the table");
+    app.add_flag("--fit", a.fit,
+                 "fit time = latency + bytes / bandwidth to each collective's sweep and print it "
+                 "(least squares in relative error)");
+    app.add_option("--predict", a.predict, "with --fit: predicted times at these sizes (comma-separated)")
+        ->delimiter(',');
   };
   p.validate = [](comm::Runtime& rt) {
     if (a.op == "all") {
@@ -81,6 +88,9 @@ cli::Program program() {
     o.inplace = a.inplace;
     o.async = a.async;
     o.json = a.json;
+    o.fit = a.fit;
+    if (!a.predict.empty() && !a.fit) fail_usage("--predict needs --fit");
+    for (const auto& sz : a.predict) o.predict.push_back(cli::parse_size(sz));
     if (a.time == "mean") o.agg = bench::TimeAgg::mean;
     else if (a.time == "min") o.agg = bench::TimeAgg::min;
     else if (a.time == "max") o.agg = bench::TimeAgg::max;
