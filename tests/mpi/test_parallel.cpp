@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -97,11 +98,12 @@ TEST(GradSync, BucketedSumsEqualOnePlainAllReduce) {
     SCOPED_TRACE("bucket bytes " + std::to_string(bytes));
     auto m = model();
     parallel::GradSync sync(*m, world(), bytes);
+    m->set_hooks(&sync);
     for (int step = 0; step < 2; ++step) {  // the second step reuses everything
       m->zero_grad();
-      sync.begin(step);
       m->forward(batch_of(world().rank(), 13));
-      m->backward(1.0, [&](int block) { sync.on_block_ready(block); });
+      sync.begin(step);
+      m->backward(1.0);
       sync.finish();
       const std::vector<double> got = m->grads().to_doubles();
       double err = 0;
@@ -124,14 +126,21 @@ TEST(GradSync, BucketsStartInBlockOrderAsSoonAsReady) {
     std::vector<int> reported;
     Recorder rec(*inner, last_block);
     parallel::GradSync sync(*m, rec);
-    m->zero_grad();
-    sync.begin(0);
-    m->forward(batch_of(world().rank(), 13));
-    m->backward(1.0, [&](int block) {
+    // Between the model and the sync: note each block reported ready, then pass it on.
+    struct Tap final : nn::BlockHooks {
+      std::function<void(int)> f;
+      void after_backward(int b) override { f(b); }
+    } tap;
+    tap.f = [&](int block) {
       reported.push_back(block);
       last_block = block;
-      sync.on_block_ready(block);
-    });
+      sync.after_backward(block);
+    };
+    m->set_hooks(&tap);
+    m->zero_grad();
+    m->forward(batch_of(world().rank(), 13));
+    sync.begin(0);
+    m->backward(1.0);
     sync.finish();
 
     const auto& buckets = inner->buckets();

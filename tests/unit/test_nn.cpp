@@ -3,6 +3,8 @@
 // checks and buffer reuse.
 #include <gtest/gtest.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,6 +41,29 @@ Tensor rand_tensor(const Shape& s, uint64_t seed, double scale = 1.0, double mea
 Tensor ids_tensor(const std::vector<int32_t>& v, const Shape& s) {
   return Tensor::from_host(v.data(), s, DType::i32);
 }
+
+// Records the block hooks as "<event><block>": f/F before/after a training forward, e/E of an
+// evaluation, r/R of a recomputation, b/B before/after backward; on_after_backward runs at B.
+struct HookLog final : BlockHooks {
+  std::vector<std::string> events;
+  std::function<void(int)> on_after_backward;
+  static char tag(Pass p) { return p == Pass::train ? 'f' : p == Pass::evaluate ? 'e' : 'r'; }
+  void before_forward(int b, Pass p) override { events.push_back(std::string(1, tag(p)) + std::to_string(b)); }
+  void after_forward(int b, Pass p) override {
+    events.push_back(std::string(1, static_cast<char>(std::toupper(tag(p)))) + std::to_string(b));
+  }
+  void before_backward(int b) override { events.push_back("b" + std::to_string(b)); }
+  void after_backward(int b) override {
+    events.push_back("B" + std::to_string(b));
+    if (on_after_backward) on_after_backward(b);
+  }
+  std::vector<int> ready_order() const {
+    std::vector<int> out;
+    for (const auto& e : events)
+      if (e[0] == 'B') out.push_back(std::stoi(e.substr(1)));
+    return out;
+  }
+};
 
 // A parameter outside a model (layer tests): f64 value, zero grad.
 Param make_param(const std::string& name, const Shape& s, uint64_t seed, double scale = 0.5, double mean = 0.0) {
@@ -292,9 +317,9 @@ TEST(NnLayers, ReluMlp) {
   const auto loss = [&] { return weighted_sum(mlp.forward(x), r); };
   loss();
   Tensor dx = Tensor::empty(x.shape(), DType::f64);
-  std::vector<int> order;
-  mlp.backward(r, [&](int i) { order.push_back(i); }, &dx);
-  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  HookLog hooks;
+  mlp.backward(r, &hooks, &dx);
+  EXPECT_EQ(hooks.events, (std::vector<std::string>{"b2", "B2", "b1", "B1", "b0", "B0"}));
   check_gradients(loss, {{"w0", w0.value, w0.grad},
                          {"b0", b0.value, b0.grad},
                          {"w1", w1.value, w1.grad},
@@ -460,6 +485,40 @@ TEST(NnLlama, ActivationCheckpointingIsBitIdentical) {
   EXPECT_EQ(std::memcmp(grads[0].data(), g2.data(), g2.size() * sizeof(float)), 0);
 }
 
+// Every block boundary reaches the hooks, in order: forward (embedding, layers, head), backward
+// in reverse with the recomputation of checkpointing inside the block's backward hooks, and
+// evaluation.
+TEST(NnLlama, BlockHooksAtEveryBoundary) {
+  for (bool ckpt : {false, true}) {
+    auto m = make_model(small_llama(), Device::cpu());
+    m->init(11);
+    m->set_activation_checkpointing(ckpt);
+    HookLog hooks;
+    m->set_hooks(&hooks);
+    const Batch b = tiny_batch(2, 10, 13, 12);
+    m->forward(b);
+    std::vector<std::string> want = {"f0", "F0", "f1", "F1", "f2", "F2", "f3", "F3", "f4", "F4"};
+    EXPECT_EQ(hooks.events, want) << "checkpointing " << ckpt;
+    hooks.events.clear();
+    m->backward(1.0);
+    want = {"b4", "B4"};
+    for (int l = 3; l >= 1; --l) {
+      want.push_back("b" + std::to_string(l));
+      if (ckpt) {
+        want.push_back("r" + std::to_string(l));
+        want.push_back("R" + std::to_string(l));
+      }
+      want.push_back("B" + std::to_string(l));
+    }
+    want.insert(want.end(), {"b0", "B0"});
+    EXPECT_EQ(hooks.events, want) << "checkpointing " << ckpt;
+    hooks.events.clear();
+    m->evaluate(b);
+    EXPECT_EQ(hooks.events, (std::vector<std::string>{"e0", "E0", "e1", "E1", "e2", "E2", "e3", "E3", "e4", "E4"}));
+    m->set_hooks(nullptr);
+  }
+}
+
 TEST(NnLlama, GradReadyHookOrderAndFinality) {
   for (bool ckpt : {false, true}) {
     auto m = make_model(small_llama(), Device::cpu());
@@ -468,13 +527,15 @@ TEST(NnLlama, GradReadyHookOrderAndFinality) {
     const Batch b = tiny_batch(2, 10, 13, 12);
     m->zero_grad();
     m->forward(b);
-    std::vector<int> order;
     std::map<int, std::vector<std::vector<double>>> at_fire;
-    m->backward(1.0, [&](int block) {
-      order.push_back(block);
+    HookLog hooks;
+    hooks.on_after_backward = [&](int block) {
       for (int i : m->block_params(block)) at_fire[block].push_back(m->params()[static_cast<size_t>(i)].grad.to_doubles());
-    });
-    EXPECT_EQ(order, (std::vector<int>{4, 3, 2, 1, 0})) << "checkpointing " << ckpt;
+    };
+    m->set_hooks(&hooks);
+    m->backward(1.0);
+    m->set_hooks(nullptr);
+    EXPECT_EQ(hooks.ready_order(), (std::vector<int>{4, 3, 2, 1, 0})) << "checkpointing " << ckpt;
     for (const auto& [block, snaps] : at_fire) {
       const auto& idx = m->block_params(block);
       for (size_t k = 0; k < idx.size(); ++k) {
@@ -634,10 +695,14 @@ TEST(NnMlp, ParametersAndGradients) {
   const Batch b = mlp_batch(5, DType::f64, 5);
   m->zero_grad();
   const double l = m->forward(b);
-  std::vector<int> order;
-  m->backward(2.0, [&](int block) { order.push_back(block); });
-  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  HookLog hooks;
+  m->set_hooks(&hooks);
+  m->backward(2.0);
+  EXPECT_EQ(hooks.ready_order(), (std::vector<int>{2, 1, 0}));
+  hooks.events.clear();
   EXPECT_EQ(m->evaluate(b), l);
+  EXPECT_EQ(hooks.events, (std::vector<std::string>{"e0", "E0", "e1", "E1", "e2", "E2"}));
+  m->set_hooks(nullptr);
   check_gradients([&] { return 2.0 * m->evaluate(b); }, all_params(*m), 40);
   // f32 inputs into the f64 model are cast.
   const Batch b32 = mlp_batch(5, DType::f32, 5);

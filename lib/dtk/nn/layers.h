@@ -154,10 +154,11 @@ class ReluMlp {
   void bind(const std::vector<std::pair<Param*, Param*>>& layers);  // (weight, bias) per layer
   size_t layers() const { return layers_.size(); }
   // x [N, in]; returns the output [N, out] (a buffer of the layer). Saves every activation.
-  Tensor forward(const Tensor& x);
-  // Parameter grads += from dout [N, out]; on_layer(i) once layer i's grads are final (i
-  // decreasing); dx = d/dx when given (overwritten).
-  void backward(const Tensor& dout, const std::function<void(int)>& on_layer = {}, Tensor* dx = nullptr);
+  // Layer i is block i for the hooks (null: none).
+  Tensor forward(const Tensor& x, BlockHooks* hooks = nullptr, Pass pass = Pass::train);
+  // Parameter grads += from dout [N, out], layer by layer (i decreasing) between the hooks'
+  // before_backward(i) and after_backward(i); dx = d/dx when given (overwritten).
+  void backward(const Tensor& dout, BlockHooks* hooks = nullptr, Tensor* dx = nullptr);
   void release();
 
  private:

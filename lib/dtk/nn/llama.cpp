@@ -159,40 +159,50 @@ class Llama final : public Model {
     h_ = resid_buf_.get({L + 1, B, T, D}, dtype_, device_);
     Tensor tmp = tmp_buf_.get({B, T, D}, dtype_, device_);
     Tensor h0 = h_.select(0);
+    BlockHooks& hk = hooks();
+    hk.before_forward(0, Pass::train);
     embed_.forward(batch.inputs, h0);
+    hk.after_forward(0, Pass::train);
     for (int64_t l = 0; l < L; ++l) {
       Tensor out = h_.select(l + 1);
+      hk.before_forward(block_of(l), Pass::train);
       layer_for(l, ckpt).forward(h_.select(l), out, tmp);
+      hk.after_forward(block_of(l), Pass::train);
     }
+    hk.before_forward(head_block(), Pass::train);
     const double loss = head_.forward(h_.select(L), batch.targets);
+    hk.after_forward(head_block(), Pass::train);
     pending_ = true;
     pending_ckpt_ = ckpt;
     return loss;
   }
 
-  void backward(double scale, const GradReadyFn& on_ready) override {
+  void backward(double scale) override {
     if (!pending_) fail("llama backward: no forward to differentiate (each backward needs its own forward)");
     pending_ = false;
     const int64_t L = config_.n_layers;
-    const auto notify = [&](int64_t b) {
-      if (on_ready) on_ready(static_cast<int>(b));
-    };
+    BlockHooks& hk = hooks();
     const Tensor h_last = h_.select(L);
     Tensor dh = dh_buf_.get(h_last.shape(), dtype_, device_);
     Tensor dxf = ws_.get(0, h_last.shape(), dtype_, device_);
+    hk.before_backward(head_block());
     head_.backward(scale, dlogits_buf_, dxf, dh);
-    notify(L + 1);
+    hk.after_backward(head_block());
     for (int64_t l = L - 1; l >= 0; --l) {
       TransformerLayer& layer = layer_for(l, pending_ckpt_);
+      hk.before_backward(block_of(l));
       if (pending_ckpt_) {  // recompute the layer's activations from its input
         Tensor tmp = tmp_buf_.get(h_last.shape(), dtype_, device_);
+        hk.before_forward(block_of(l), Pass::recompute);
         layer.forward(h_.select(l), tmp, tmp);
+        hk.after_forward(block_of(l), Pass::recompute);
       }
       layer.backward(dh, ws_);
-      notify(l + 1);
+      hk.after_backward(block_of(l));
     }
+    hk.before_backward(0);
     embed_.backward(dh);
-    notify(0);
+    hk.after_backward(0);
   }
 
   double evaluate(const Batch& batch) override {
@@ -201,16 +211,28 @@ class Llama final : public Model {
     // Own buffers (3 x [B, T, D]) and the recompute layer: a pending backward stays valid.
     Tensor bufs = eval_buf_.get({3, B, T, D}, dtype_, device_);
     Tensor a = bufs.select(0), b = bufs.select(1), tmp = bufs.select(2);
+    BlockHooks& hk = hooks();
+    hk.before_forward(0, Pass::evaluate);
     eval_embed_.forward(batch.inputs, a);
+    hk.after_forward(0, Pass::evaluate);
     for (int64_t l = 0; l < L; ++l) {
+      hk.before_forward(block_of(l), Pass::evaluate);
       recompute_.bind(params_, l, config_);
       recompute_.forward(a, b, tmp);
+      hk.after_forward(block_of(l), Pass::evaluate);
       std::swap(a, b);
     }
-    return (pending_ ? eval_head_ : head_).forward(a, batch.targets);
+    hk.before_forward(head_block(), Pass::evaluate);
+    const double loss = (pending_ ? eval_head_ : head_).forward(a, batch.targets);
+    hk.after_forward(head_block(), Pass::evaluate);
+    return loss;
   }
 
  private:
+  // Blocks: 0 the embedding, 1..L the layers, L + 1 the final norm and output.
+  static int block_of(int64_t layer) { return static_cast<int>(layer + 1); }
+  int head_block() const { return static_cast<int>(config_.n_layers + 1); }
+
   std::pair<int64_t, int64_t> check_batch(const Batch& batch) {
     const Tensor& x = batch.inputs;
     const Tensor& y = batch.targets;

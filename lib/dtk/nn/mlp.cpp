@@ -44,19 +44,17 @@ class Mlp final : public Model {
     pending_ = false;
     Tensor x = input(batch, x_buf_);
     batch_size_ = x.dim(0);
-    const double loss = loss_.forward(net_.forward(x), batch.targets);
+    const double loss = loss_.forward(net_.forward(x, &hooks(), Pass::train), batch.targets);
     pending_ = true;
     return loss;
   }
 
-  void backward(double scale, const GradReadyFn& on_ready) override {
+  void backward(double scale) override {
     if (!pending_) fail("mlp backward: no forward to differentiate (each backward needs its own forward)");
     pending_ = false;
     Tensor dlogits = dlogits_buf_.get({batch_size_, config_.classes}, dtype_, device_);
     loss_.backward(scale, dlogits);
-    net_.backward(dlogits, [&](int layer) {
-      if (on_ready) on_ready(layer);
-    });
+    net_.backward(dlogits, &hooks());
   }
 
   double evaluate(const Batch& batch) override {
@@ -64,7 +62,7 @@ class Mlp final : public Model {
     ReluMlp& net = pending_ ? eval_net_ : net_;
     CrossEntropy& loss = pending_ ? eval_loss_ : loss_;
     Tensor x = input(batch, pending_ ? eval_x_buf_ : x_buf_);
-    return loss.forward(net.forward(x), batch.targets);
+    return loss.forward(net.forward(x, &hooks(), Pass::evaluate), batch.targets);
   }
 
  private:

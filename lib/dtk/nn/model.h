@@ -12,7 +12,7 @@
 // on the CPU (tests); the training programs always use f32.
 //
 // Contract for the training loop:
-//  - forward(batch) then backward(scale, on_ready), once each; backward needs a fresh forward
+//  - forward(batch) then backward(scale), once each; backward needs a fresh forward
 //    (an Error otherwise). evaluate() may run in between without disturbing the pending backward.
 //  - forward keeps handles to the batch's tensors (token ids, targets, mlp inputs): leave their
 //    contents unchanged until the backward (do not refill the same tensors with the next batch).
@@ -82,9 +82,30 @@ struct Batch {
   Batch to(Device d) const { return {inputs.to(d), targets.to(d)}; }
 };
 
-// Called during backward with a block's index as soon as that block's gradients are final.
-// Blocks complete in decreasing index order.
-using GradReadyFn = std::function<void(int block)>;
+// What runs a block's forward: training, evaluation, or the recomputation of activation
+// checkpointing (inside that block's backward hooks).
+enum class Pass { train, evaluate, recompute };
+
+// The seam between a model and parallelism (DESIGN.md, "One step"): a strategy's calls at block
+// boundaries. Blocks run forward in increasing index order (the embedding, the layers, the head),
+// backward in decreasing order: before_backward(b), with activation checkpointing
+// before_forward(b, recompute) and after_forward(b, recompute), the block's backward, then
+// after_backward(b), when the block's gradients are final. Evaluation calls the forward hooks
+// with Pass::evaluate. Defaults do nothing.
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_forward(int block, Pass pass) {
+    (void)block;
+    (void)pass;
+  }
+  virtual void after_forward(int block, Pass pass) {
+    (void)block;
+    (void)pass;
+  }
+  virtual void before_backward(int block) { (void)block; }
+  virtual void after_backward(int block) { (void)block; }
+};
 
 class Model {
  public:
@@ -110,14 +131,16 @@ class Model {
   virtual void init(uint64_t seed) = 0;
   // Mean loss over the batch's targets; saves the activations backward needs.
   virtual double forward(const Batch& batch) = 0;
-  // grads += scale * d(loss of the last forward)/d(params); on_ready(b) after block b is final.
-  virtual void backward(double scale, const GradReadyFn& on_ready = {}) = 0;
+  // grads += scale * d(loss of the last forward)/d(params).
+  virtual void backward(double scale) = 0;
   // Forward only, no activations kept for backward: the mean loss (evaluation).
   virtual double evaluate(const Batch& batch) = 0;
   void zero_grad();
   // Recompute each block's forward during backward instead of keeping its activations.
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }
   bool activation_checkpointing() const { return checkpointing_; }
+  // The strategy's block hooks (not owned; null: none).
+  void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
  protected:
   Model(ModelConfig cfg, Device d) : config_(std::move(cfg)), device_(d) {}
@@ -132,6 +155,14 @@ class Model {
   std::vector<std::vector<int>> blocks_;
   Tensor values_, grads_;
   bool checkpointing_ = false;
+  // The hooks to call (a no-op set when none are given).
+  BlockHooks& hooks() {
+    static BlockHooks none;
+    return hooks_ ? *hooks_ : none;
+  }
+
+ private:
+  BlockHooks* hooks_ = nullptr;
 };
 
 // Validates cfg (UsageError naming the field). dtype: f32 (training) or f64 (gradient checks).

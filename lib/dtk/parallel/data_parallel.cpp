@@ -67,13 +67,18 @@ void GradSync::init() {
 void GradSync::begin(int64_t step) {
   next_ = 0;
   c_.begin(model_.params(), step);
+  armed_ = true;
 }
 
-void GradSync::on_block_ready(int block) {
+void GradSync::after_backward(int block) {
+  if (!armed_) return;
   while (next_ < min_block_.size() && min_block_[next_] >= block) c_.bucket_ready(next_++);
   c_.progress();
 }
 
-void GradSync::finish() { c_.finish(); }
+void GradSync::finish() {
+  armed_ = false;
+  c_.finish();
+}
 
 }  // namespace dtk::parallel

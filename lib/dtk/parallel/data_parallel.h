@@ -28,16 +28,17 @@ void check_replicated(const Tensor& t, comm::Communicator& comm, const std::stri
 // One gradient path for every data-parallel step: the compressor's buckets start as the blocks
 // they cover report their gradients final during the last micro-batch's backward (a plain
 // all-reduce on plain steps, PowerSGD's P and Q on compressed ones), and finish() completes
-// them after backward.
-class GradSync {
+// them after backward. It is the model's block hooks (nn::Model::set_hooks): between begin()
+// and finish(), after_backward(b) starts the buckets whose blocks are all final.
+class GradSync final : public nn::BlockHooks {
  public:
   // With a compressor (owned by the caller), or without: a plain bucketed all-reduce (sum).
   GradSync(nn::Model& model, compress::Compressor& compressor);
   GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
-  // Before the last micro-batch's backward of step `step`.
+  // Right before the last micro-batch's backward of step `step`.
   void begin(int64_t step);
-  // During it: block b's gradients are final.
-  void on_block_ready(int block);
+  // During it: block b's gradients are final (ignored outside begin() .. finish()).
+  void after_backward(int block) override;
   // After backward: every rank's gradients hold the aggregate on return.
   void finish();
   compress::Bytes bytes() const { return c_.last_bytes(); }  // of the last step
@@ -49,6 +50,7 @@ class GradSync {
   compress::Compressor& c_;
   std::vector<int> min_block_;  // per bucket: the lowest block it covers (ready once that block is)
   size_t next_ = 0;             // the next bucket to start
+  bool armed_ = false;          // between begin() and finish()
 };
 
 }  // namespace dtk::parallel

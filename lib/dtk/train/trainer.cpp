@@ -287,6 +287,7 @@ class Trainer {
     } else {
       sync_ = std::make_unique<parallel::GradSync>(*model_, *comm_, o.bucket_bytes);
     }
+    model_->set_hooks(sync_.get());
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
       double bytes = 0;
@@ -368,11 +369,10 @@ class Trainer {
     const auto t0 = Clock::now();
     model_->zero_grad();
     double loss_sum = 0;
-    const nn::GradReadyFn hook = [this](int b) { sync_->on_block_ready(b); };
-    sync_->begin(step);
     for_each_micro_batch(*train_, sampler_->global_indices(step), [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
-      model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch), last ? hook : nn::GradReadyFn{});
+      if (last) sync_->begin(step);  // its buckets start during this backward
+      model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch));
     });
     if (device_.is_cuda()) cuda::synchronize();
     const auto t_sync = Clock::now();
