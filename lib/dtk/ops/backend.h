@@ -35,9 +35,9 @@
   void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);                                     \
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);                      \
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);      \
-  void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);                  \
-  void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,  \
-                           Tensor& rstd);                                                                       \
+  /* x = a + b (b null: x is a, not written), then y = rmsnorm(x); both ops::rmsnorm_forward ops */         \
+  void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y,      \
+                       Tensor& rstd);                                                                           \
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,     \
                         Tensor& dw, bool accumulate);                                                           \
   void silu_forward(const Tensor& x, Tensor& y);                                                                \

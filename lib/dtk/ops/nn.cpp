@@ -116,7 +116,8 @@ void rmsnorm_checks(const char* op, const Tensor& x, const Tensor& w, double eps
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
   rmsnorm_checks("rmsnorm_forward", x, w, eps, y, rstd);
-  DTK_DISPATCH(x, rmsnorm_forward(x, w, eps, y, rstd));
+  Tensor unwritten = x;
+  DTK_DISPATCH(x, rmsnorm_forward(x, nullptr, w, eps, unwritten, y, rstd));
 }
 
 void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
@@ -124,7 +125,7 @@ void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, doub
   check_same("add_rmsnorm_forward", a, b, "b");
   check_same("add_rmsnorm_forward", a, x, "x");
   rmsnorm_checks("add_rmsnorm_forward", a, w, eps, y, rstd);
-  DTK_DISPATCH(a, add_rmsnorm_forward(a, b, w, eps, x, y, rstd));
+  DTK_DISPATCH(a, rmsnorm_forward(a, &b, w, eps, x, y, rstd));
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,

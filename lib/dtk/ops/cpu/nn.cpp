@@ -328,9 +328,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
 
 // ---------------------------------------------------------------------------- rmsnorm
 
-namespace {
 // y = rmsnorm(x) over rows, x = a + b first when b is given.
-void rmsnorm_rows(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y, Tensor& rstd) {
+void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y,
+                     Tensor& rstd) {
   const int64_t D = last_dim(a), rows = rows_of(a);
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -344,17 +344,6 @@ void rmsnorm_rows(const Tensor& a, const Tensor* b, const Tensor& w, double eps,
     for (int64_t r = 0; r < rows; ++r)
       rp[r] = rmsnorm_row(ap + r * D, bp ? bp + r * D : nullptr, wp, static_cast<T>(eps), xp + r * D, yp + r * D, D);
   });
-}
-}  // namespace
-
-void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
-  Tensor unused = x;
-  rmsnorm_rows(x, nullptr, w, eps, unused, y, rstd);
-}
-
-void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
-                         Tensor& rstd) {
-  rmsnorm_rows(a, &b, w, eps, x, y, rstd);
 }
 
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^(-1/2), so dr/dx_j = -r^3 x_j / D and

@@ -259,8 +259,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
   check_launch("cross_entropy_backward");
 }
 
-namespace {
-void rmsnorm_rows(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y, Tensor& rstd) {
+// y = rmsnorm(x) over rows, x = a + b first when b is given.
+void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y,
+                     Tensor& rstd) {
   const int64_t D = last_dim(a), R = rows_of(a);
   if (R == 0) return;
   visit_float(a.dtype(), [&](auto tag) {
@@ -269,17 +270,6 @@ void rmsnorm_rows(const Tensor& a, const Tensor* b, const Tensor& w, double eps,
         a.ptr<T>(), b ? b->ptr<T>() : nullptr, w.ptr<T>(), T(eps), x.ptr<T>(), y.ptr<T>(), rstd.ptr<T>(), D);
   });
   check_launch(b ? "add_rmsnorm_forward" : "rmsnorm_forward");
-}
-}  // namespace
-
-void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
-  Tensor unused = x;
-  rmsnorm_rows(x, nullptr, w, eps, unused, y, rstd);
-}
-
-void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
-                         Tensor& rstd) {
-  rmsnorm_rows(a, &b, w, eps, x, y, rstd);
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
