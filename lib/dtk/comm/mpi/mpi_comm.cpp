@@ -403,16 +403,14 @@ class MpiCommunicator final : public Communicator {
     if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
     auto dt = datatype(send.dtype);
     auto mop = mpi_op(send.dtype, op);
-    if (size_ > 1 && send.bytes() >= kLargeBytes && automatic_algorithms() &&
-        (mode == Mode::sync || threaded(st)))
-      return run("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, WaitFn wait) {
-        MPI_Request r = MPI_REQUEST_NULL;
-        check_mpi(MPI_Iallreduce(inplace ? MPI_IN_PLACE : s.send, s.recv, n, dt, mop, comm_, &r), "all_reduce");
-        wait(&r, 1, "all_reduce");
-      });
+    const bool large = size_ > 1 && send.bytes() >= kLargeBytes && automatic_algorithms();
     return launch("all_reduce", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       const void* sb = inplace ? MPI_IN_PLACE : s.send;
-      return r ? MPI_Iallreduce(sb, s.recv, n, dt, mop, comm_, r) : MPI_Allreduce(sb, s.recv, n, dt, mop, comm_);
+      if (r) return MPI_Iallreduce(sb, s.recv, n, dt, mop, comm_, r);
+      if (!large) return MPI_Allreduce(sb, s.recv, n, dt, mop, comm_);
+      MPI_Request q;  // large and blocking: the nonblocking call's ring, waited for
+      const int rc = MPI_Iallreduce(sb, s.recv, n, dt, mop, comm_, &q);
+      return rc != MPI_SUCCESS ? rc : MPI_Wait(&q, MPI_STATUS_IGNORE);
     });
   }
 
