@@ -61,22 +61,29 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
 }
 
 // The backward's row: p[0, n) = exp(s - lse), ds = p (dp - D); both zero on [n, width).
-DTK_SIMD_CLONES void softmax_grad_row(float* s, float* dp, float lse, float D, int64_t n, int64_t width) {
+template <typename T>
+inline void softmax_grad_row_t(T* s, T* dp, T lse, T D, int64_t n, int64_t width) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
-    const float p = exp_f32(s[j] - lse);
+    const T p = vexp(s[j] - lse);
     s[j] = p;
     dp[j] = p * (dp[j] - D);
   }
   for (int64_t j = n; j < width; ++j) s[j] = dp[j] = 0;
 }
+DTK_SIMD_CLONES void softmax_grad_row(float* s, float* dp, float lse, float D, int64_t n, int64_t width) {
+  softmax_grad_row_t(s, dp, lse, D, n, width);
+}
 void softmax_grad_row(double* s, double* dp, double lse, double D, int64_t n, int64_t width) {
-  for (int64_t j = 0; j < n; ++j) {
-    const double p = std::exp(s[j] - lse);
-    s[j] = p;
-    dp[j] = p * (dp[j] - D);
-  }
-  for (int64_t j = n; j < width; ++j) s[j] = dp[j] = 0;
+  softmax_grad_row_t(s, dp, lse, D, n, width);
+}
+
+// This thread's scratch of at least n elements, kept between calls (no allocation per step).
+template <typename T>
+T* scratch(size_t n) {
+  thread_local std::vector<T> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
 }
 
 template <typename T>
@@ -86,17 +93,13 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
-// Runs f(task, thread) for task in [0, n): in parallel with one thread per task when there are
-// enough tasks, else one after another (each GEMM then threads itself).
+// Runs f(task) for task in [0, n): in parallel with one thread per task when there are enough
+// tasks, else one after another (each GEMM then threads itself).
 template <typename F>
 void for_tasks(int64_t n, F&& f) {
   const int threads = omp_get_max_threads();
-  if (n >= threads && threads > 1) {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) f(i, omp_get_thread_num());
-  } else {
-    for (int64_t i = 0; i < n; ++i) f(i, 0);
-  }
+#pragma omp parallel for schedule(dynamic, 1) if (n >= threads && threads > 1)
+  for (int64_t i = 0; i < n; ++i) f(i);
 }
 
 template <typename T, typename L>
@@ -107,24 +110,22 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& ou
   const T* vp = v.ptr<T>();
   T* op = out.ptr<T>();
   L* lp = lse.ptr<L>();
-  std::vector<std::vector<T>> scratch(static_cast<size_t>(omp_get_max_threads()));
   // Tasks (b, h, tile), the largest tiles (most keys) first for a balanced dynamic schedule.
-  for_tasks(d.B * d.H * d.tiles, [&](int64_t task, int thread) {
+  for_tasks(d.B * d.H * d.tiles, [&](int64_t task) {
     const int64_t tile = d.tiles - 1 - task % d.tiles, h = (task / d.tiles) % d.H, b = task / (d.tiles * d.H);
     const int64_t g = h / d.group, t0 = tile * kTile, t1 = std::min(d.T, t0 + kTile), m = t1 - t0;
-    std::vector<T>& S = scratch[static_cast<size_t>(thread)];
-    S.resize(static_cast<size_t>(kTile * d.T));
+    T* S = scratch<T>(static_cast<size_t>(kTile * d.T));
     const int n = static_cast<int>(t1), hd = static_cast<int>(d.hd);
     blas_gemm(false, true, static_cast<int>(m), n, hd, d.scale, qp + d.q_at(b, t0, h), d.q_ld, kp + d.kv_at(b, 0, g),
-         d.kv_ld, 0.0, S.data(), n);
+              d.kv_ld, 0.0, S, n);
     for (int64_t r = 0; r < m; ++r) {  // the row's visible keys 0..t, the rest masked to 0
-      T* row = S.data() + r * n;
+      T* row = S + r * n;
       const int64_t seen = t0 + r + 1;
       lp[d.lse_at(b, h, t0 + r)] = static_cast<L>(softmax_row(row, row, seen, T(1)));
       std::fill(row + seen, row + n, T(0));
     }
-    blas_gemm(false, false, static_cast<int>(m), hd, n, 1.0, S.data(), n, vp + d.kv_at(b, 0, g), d.kv_ld, 0.0,
-         op + d.q_at(b, t0, h), d.q_ld);
+    blas_gemm(false, false, static_cast<int>(m), hd, n, 1.0, S, n, vp + d.kv_at(b, 0, g), d.kv_ld, 0.0,
+              op + d.q_at(b, t0, h), d.q_ld);
   });
 }
 
@@ -142,12 +143,9 @@ void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   T* dkp = dk.ptr<T>();
   T* dvp = dv.ptr<T>();
   const int hd = static_cast<int>(d.hd);
-  std::vector<std::vector<T>> scratch(static_cast<size_t>(omp_get_max_threads()));
-  for_tasks(d.B * d.Hkv, [&](int64_t task, int thread) {
+  for_tasks(d.B * d.Hkv, [&](int64_t task) {
     const int64_t g = task % d.Hkv, b = task / d.Hkv;
-    std::vector<T>& buf = scratch[static_cast<size_t>(thread)];
-    buf.resize(static_cast<size_t>(2 * kTile * d.T));
-    T* S = buf.data();
+    T* S = scratch<T>(static_cast<size_t>(2 * kTile * d.T));
     T* dP = S + kTile * d.T;
     T* dkg = dkp + d.kv_at(b, 0, g);
     T* dvg = dvp + d.kv_at(b, 0, g);

@@ -11,6 +11,7 @@
 #pragma once
 #include <cblas.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -67,6 +68,10 @@ inline float exp_f32(float x) {
   const float y = p * s1 * s2;
   return x != x ? x : x > kHi ? std::numeric_limits<float>::infinity() : x < kLo ? 0.0f : y;
 }
+
+// exp for row kernels written once in T: the vectorisable exp_f32 for f32, libm for f64.
+inline float vexp(float x) { return exp_f32(x); }
+inline double vexp(double x) { return std::exp(x); }
 
 // C = alpha op(A) op(B) + beta C, row-major, with explicit leading dimensions (OpenBLAS).
 inline void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* a, int lda, const float* b,

@@ -11,7 +11,6 @@ namespace dtk::ops::cpu {
 
 namespace {
 
-
 // out[i] = f(a[i])
 template <typename T, typename F>
 void map1(const Tensor& a, Tensor& out, F f) {

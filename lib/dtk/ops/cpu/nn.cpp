@@ -27,8 +27,6 @@ constexpr int64_t kColBlock = 64;  // columns per task of the column-wise accumu
 
 // ---- row kernels, written once in T. The f32 overloads are DTK_SIMD_CLONES: each clone inlines
 // the template and vectorises it for its instruction set; the f64 overloads are plain.
-inline float vexp(float x) { return exp_f32(x); }
-inline double vexp(double x) { return std::exp(x); }
 
 // max of the row and log(sum exp(x - max))
 template <typename T>
