@@ -1,8 +1,6 @@
 #include "dtk/parallel/data_parallel.h"
 
 #include <algorithm>
-#include <cstring>
-#include <spdlog/spdlog.h>
 
 #include "dtk/core/error.h"
 
@@ -23,6 +21,13 @@ uint64_t checksum(const Tensor& t) {
   return x & ((1ull << 53) - 1);
 }
 
+// The plain bucketed all-reduce: the `none` compressor.
+std::unique_ptr<compress::Compressor> plain(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) {
+  compress::Config c;
+  c.kind = "none";
+  return compress::make_compressor(c, comm, model.params(), bucket_bytes);
+}
+
 }  // namespace
 
 void check_replicated(const Tensor& t, comm::Communicator& comm, const std::string& what) {
@@ -39,14 +44,6 @@ void broadcast_params(nn::Model& model, comm::Communicator& comm) {
   comm.broadcast(buffer_of(model.values()), 0, comm::Mode::sync);
   check_replicated(model.values(), comm, "the model's parameters");
 }
-
-namespace {
-std::unique_ptr<compress::Compressor> plain(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) {
-  compress::Config c;
-  c.kind = "none";
-  return compress::make_compressor(c, comm, model.params(), bucket_bytes);
-}
-}  // namespace
 
 GradSync::GradSync(nn::Model& model, compress::Compressor& compressor) : model_(model), c_(compressor) { init(); }
 
