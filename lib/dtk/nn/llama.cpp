@@ -20,10 +20,6 @@
 
 namespace dtk::nn {
 
-namespace detail {
-void init_params(std::vector<Param>& params, uint64_t seed, int64_t n_layers);  // model.cpp
-}  // namespace detail
-
 namespace {
 
 constexpr size_t kParamsPerLayer = 9;  // attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
@@ -113,7 +109,7 @@ struct Head {
 
 class Llama final : public Model {
  public:
-  Llama(const ModelConfig& cfg, Device d, DType t) : Model(cfg, d, t) {
+  Llama(const ModelConfig& cfg, Device d, DType t, Storage s) : Model(cfg, d, t, s) {
     const ModelConfig& c = config_;
     const int64_t D = c.dim, hd = c.head_dim(), L = c.n_layers;
     std::vector<std::tuple<std::string, Shape, int>> specs;
@@ -143,7 +139,6 @@ class Llama final : public Model {
     eval_head_.bind(params_, c);
   }
 
-  void init(uint64_t seed) override { detail::init_params(params_, seed, config_.n_layers); }
 
   double forward(const Batch& batch) override {
     const auto [B, T] = check_batch(batch);
@@ -271,8 +266,8 @@ class Llama final : public Model {
 }  // namespace
 
 namespace detail {
-std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t) {
-  return std::make_unique<Llama>(cfg, d, t);
+std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t, Storage s) {
+  return std::make_unique<Llama>(cfg, d, t, s);
 }
 }  // namespace detail
 

@@ -11,15 +11,11 @@
 
 namespace dtk::nn {
 
-namespace detail {
-void init_params(std::vector<Param>& params, uint64_t seed, int64_t n_layers);  // model.cpp
-}  // namespace detail
-
 namespace {
 
 class Mlp final : public Model {
  public:
-  Mlp(const ModelConfig& cfg, Device d, DType t) : Model(cfg, d, t) {
+  Mlp(const ModelConfig& cfg, Device d, DType t, Storage s) : Model(cfg, d, t, s) {
     std::vector<int64_t> sizes{cfg.input_dim};
     sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
     sizes.push_back(cfg.classes);
@@ -36,9 +32,6 @@ class Mlp final : public Model {
     eval_net_.bind(layers);
   }
 
-  void init(uint64_t seed) override {
-    detail::init_params(params_, seed, static_cast<int64_t>(config_.hidden.size()) + 1);
-  }
 
   double forward(const Batch& batch) override {
     pending_ = false;
@@ -97,7 +90,9 @@ class Mlp final : public Model {
 }  // namespace
 
 namespace detail {
-std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t) { return std::make_unique<Mlp>(cfg, d, t); }
+std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t, Storage s) {
+  return std::make_unique<Mlp>(cfg, d, t, s);
+}
 }  // namespace detail
 
 }  // namespace dtk::nn

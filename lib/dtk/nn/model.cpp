@@ -14,31 +14,8 @@
 namespace dtk::nn {
 
 namespace detail {
-std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t);  // llama.cpp
-std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t);    // mlp.cpp
-
-// Model::init for every architecture (model.h): per parameter index i, Philox normal(0, std)
-// under key seed at counter offset i << 40; norm weights 1, biases 0; attention.wo and
-// feed_forward.w2 with std / sqrt(2 * n_layers).
-void init_params(std::vector<Param>& params, uint64_t seed, int64_t n_layers) {
-  constexpr double kStd = 0.02;
-  const auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    if (ends_with(p.name, "norm.weight")) {
-      ops::fill(p.value, 1.0);
-    } else if (ends_with(p.name, ".bias")) {
-      ops::fill(p.value, 0.0);
-    } else {
-      double std = kStd;
-      if (ends_with(p.name, "attention.wo.weight") || ends_with(p.name, "feed_forward.w2.weight"))
-        std /= std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(n_layers, 1)));
-      ops::normal_(p.value, seed, static_cast<uint64_t>(i) << 40, 0.0, std);
-    }
-  }
-}
+std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t, Storage s);  // llama.cpp
+std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t, Storage s);    // mlp.cpp
 }  // namespace detail
 
 namespace {
@@ -286,6 +263,34 @@ void Model::zero_grad() {
   if (grads_.defined() && grads_.numel() > 0) ops::fill(grads_, 0.0);
 }
 
+void Model::init(uint64_t seed) {
+  if (storage_ != Storage::flat) fail_usage("Model::init: external parameter storage is initialised by its strategy");
+  for (size_t i = 0; i < params_.size(); ++i) init_param(i, seed, params_[i].value);
+}
+
+// Per parameter index i, Philox normal(0, std) under key seed at counter offset i << 40; norm
+// weights 1, biases 0; attention.wo and feed_forward.w2 with std / sqrt(2 * depth), depth the
+// llama's layers or the mlp's linear layers.
+void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
+  constexpr double kStd = 0.02;
+  const Param& p = params_.at(index);
+  if (out.shape() != p.shape) fail("init_param: " + p.name + " is " + shape_str(p.shape) + ", not " + out.str());
+  const auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  const int64_t depth = config_.arch == "llama" ? config_.n_layers : static_cast<int64_t>(config_.hidden.size()) + 1;
+  if (ends_with(p.name, "norm.weight")) {
+    ops::fill(out, 1.0);
+  } else if (ends_with(p.name, ".bias")) {
+    ops::fill(out, 0.0);
+  } else {
+    double std = kStd;
+    if (ends_with(p.name, "attention.wo.weight") || ends_with(p.name, "feed_forward.w2.weight"))
+      std /= std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(depth, 1)));
+    ops::normal_(out, seed, static_cast<uint64_t>(index) << 40, 0.0, std);
+  }
+}
+
 void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs) {
   params_.clear();
   blocks_.clear();
@@ -298,8 +303,10 @@ void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>&
     total += shape_numel(shape);
     max_block = std::max(max_block, block);
   }
-  values_ = Tensor::zeros({total}, dtype_, device_);
-  grads_ = Tensor::zeros({total}, dtype_, device_);
+  if (storage_ == Storage::flat) {
+    values_ = Tensor::zeros({total}, dtype_, device_);
+    grads_ = Tensor::zeros({total}, dtype_, device_);
+  }
   blocks_.resize(static_cast<size_t>(max_block + 1));
   params_.reserve(specs.size());
   int64_t off = 0;
@@ -307,21 +314,24 @@ void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>&
     const int64_t n = shape_numel(shape);
     Param p;
     p.name = name;
-    p.value = values_.slice(off, off + n).reshape(shape);
-    p.grad = grads_.slice(off, off + n).reshape(shape);
+    if (storage_ == Storage::flat) {
+      p.value = values_.slice(off, off + n).reshape(shape);
+      p.grad = grads_.slice(off, off + n).reshape(shape);
+    }
     p.block = block;
+    p.shape = shape;
     blocks_[static_cast<size_t>(block)].push_back(static_cast<int>(params_.size()));
     params_.push_back(std::move(p));
     off += n;
   }
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype) {
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype, Storage storage) {
   cfg.validate();
   if (dtype != DType::f32 && dtype != DType::f64)
     fail_usage("make_model: the model dtype must be f32 or f64, got " + std::string(dtype_name(dtype)));
-  if (cfg.arch == "llama") return detail::make_llama(cfg, d, dtype);
-  return detail::make_mlp(cfg, d, dtype);
+  if (cfg.arch == "llama") return detail::make_llama(cfg, d, dtype, storage);
+  return detail::make_mlp(cfg, d, dtype, storage);
 }
 
 }  // namespace dtk::nn

@@ -3,9 +3,12 @@
 // gradient-ready notification (data-parallel overlap), FSDP scheduling and activation
 // checkpointing.
 //
-// Parameters are addressable by name, in a fixed order (DESIGN.md's order for llama). Their
-// values live in one flat f32 buffer and their gradients in another, with a view per parameter,
-// so a whole model can be broadcast, checksummed or all-reduced as one tensor.
+// Parameters are addressable by name, in a fixed order (DESIGN.md's order for llama). Where their
+// values and gradients live is the parallelism's choice (Storage): flat, one buffer of values and
+// one of gradients with a view per parameter, so a whole replicated model can be broadcast,
+// checksummed or all-reduced as one tensor; or external, no storage at all: a sharded strategy
+// (FSDP) points each Param's value and grad at its gathered block buffers while the block runs.
+// Layers read Param::value and Param::grad at call time, so rebinding them between blocks is safe.
 //
 // The flat buffers are f32. make_model takes an optional dtype: DType::f64 builds the same model
 // with f64 parameters, gradients and activations, for gradient checks against finite differences
@@ -39,13 +42,19 @@
 
 namespace dtk::nn {
 
-// A trainable tensor. value and grad are views into Model::values() and Model::grads().
+// A trainable tensor. With flat storage value and grad are views into Model::values() and
+// Model::grads(); with external storage they are whatever the strategy binds (undefined between
+// blocks).
 struct Param {
   std::string name;  // "layers.0.attention.wq.weight"
   Tensor value;      // f32; linear weights [out_features, in_features]
   Tensor grad;       // f32, same shape
   int block = 0;     // the block it belongs to
+  Shape shape;       // of value and grad, whatever the storage
 };
+
+// Where a model's parameter values and gradients live (see above).
+enum class Storage { flat, external };
 
 // The full model configuration; travels in every checkpoint (model_config) as JSON.
 struct ModelConfig {
@@ -119,8 +128,10 @@ class Model {
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
   Param& param(const std::string& name);  // UsageError naming it when absent
-  Tensor& values() { return values_; }    // f32 [num_params], every Param::value a view into it
-  Tensor& grads() { return grads_; }      // f32 [num_params], every Param::grad a view into it
+  Storage storage() const { return storage_; }
+  // Flat storage: f32 [num_params], every Param::value (grad) a view into it; external: undefined.
+  Tensor& values() { return values_; }
+  Tensor& grads() { return grads_; }
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   const std::vector<int>& block_params(int b) const { return blocks_.at(static_cast<size_t>(b)); }
 
@@ -128,14 +139,18 @@ class Model {
   // ops::normal_ with key seed and counter offset index << 40),
   // output projections (attention.wo, feed_forward.w2) scaled by 1/sqrt(2 * n_layers), norm
   // weights 1, biases 0: identical for a seed on any device and any world size.
-  virtual void init(uint64_t seed) = 0;
+  // Flat storage only (a UsageError otherwise); init_param gives one parameter's initial value
+  // (out: its shape, the model's dtype, any device), which is how a sharded strategy initialises
+  // its shards.
+  void init(uint64_t seed);
+  void init_param(size_t index, uint64_t seed, Tensor& out) const;
   // Mean loss over the batch's targets; saves the activations backward needs.
   virtual double forward(const Batch& batch) = 0;
   // grads += scale * d(loss of the last forward)/d(params).
   virtual void backward(double scale) = 0;
   // Forward only, no activations kept for backward: the mean loss (evaluation).
   virtual double evaluate(const Batch& batch) = 0;
-  void zero_grad();
+  void zero_grad();  // flat storage: zeroes grads(); external: nothing (the strategy's job)
   // Recompute each block's forward during backward instead of keeping its activations.
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }
   bool activation_checkpointing() const { return checkpointing_; }
@@ -143,14 +158,15 @@ class Model {
   void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
  protected:
-  Model(ModelConfig cfg, Device d) : config_(std::move(cfg)), device_(d) {}
-  Model(ModelConfig cfg, Device d, DType t) : config_(std::move(cfg)), device_(d), dtype_(t) {}
-  // Registers the parameters (name, shape, block) in order, then allocates the flat buffers.
+  Model(ModelConfig cfg, Device d, DType t, Storage s) : config_(std::move(cfg)), device_(d), dtype_(t), storage_(s) {}
+  // Registers the parameters (name, shape, block) in order, then allocates the flat buffers
+  // (flat storage).
   void build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs);
 
   ModelConfig config_;
   Device device_;
   DType dtype_ = DType::f32;
+  Storage storage_ = Storage::flat;
   std::vector<Param> params_;
   std::vector<std::vector<int>> blocks_;
   Tensor values_, grads_;
@@ -166,6 +182,7 @@ class Model {
 };
 
 // Validates cfg (UsageError naming the field). dtype: f32 (training) or f64 (gradient checks).
-std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype = DType::f32);
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype = DType::f32,
+                                  Storage storage = Storage::flat);
 
 }  // namespace dtk::nn
