@@ -125,7 +125,7 @@ TEST(GradSync, BucketsStartInBlockOrderAsSoonAsReady) {
     int last_block = std::numeric_limits<int>::max();
     std::vector<int> reported;
     Recorder rec(*inner, last_block);
-    parallel::GradSync sync(*m, rec);
+    parallel::GradSync sync(*m, world(), rec);
     // Between the model and the sync: note each block reported ready, then pass it on.
     struct Tap final : nn::BlockHooks {
       std::function<void(int)> f;

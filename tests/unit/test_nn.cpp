@@ -1,6 +1,6 @@
 // dtk::nn: every layer and both models against central finite differences in f64 on the CPU;
-// activation checkpointing (bit-identical), the grad-ready hook, init, presets, configs, batch
-// checks and buffer reuse.
+// activation checkpointing (none, full, selective: bit-identical, and what each keeps), the
+// grad-ready hook, init, presets, configs, batch checks and buffer reuse.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -454,51 +454,124 @@ ModelConfig small_llama() {
   return c;
 }
 
+constexpr Checkpointing kModes[] = {Checkpointing::none, Checkpointing::full, Checkpointing::selective};
+
+std::string mode_str(Checkpointing c) { return "checkpointing " + std::string(checkpointing_name(c)); }
+
+TEST(NnLlama, CheckpointingNames) {
+  for (Checkpointing c : kModes) EXPECT_EQ(parse_checkpointing(checkpointing_name(c)), c);
+  EXPECT_EQ(checkpointing_name(Checkpointing::selective), "selective");
+  try {
+    parse_checkpointing("partial");
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    for (const char* word : {"partial", "none", "full", "selective"})
+      EXPECT_NE(what.find(word), std::string::npos) << what;
+  }
+  auto m = make_model(tiny_llama(), Device::cpu());
+  EXPECT_EQ(m->activation_checkpointing(), Checkpointing::none);
+  m->set_activation_checkpointing(Checkpointing::selective);
+  EXPECT_EQ(m->activation_checkpointing(), Checkpointing::selective);
+  m->set_activation_checkpointing(true);  // the trainer's flag until it names a mode
+  EXPECT_EQ(m->activation_checkpointing(), Checkpointing::full);
+  m->set_activation_checkpointing(false);
+  EXPECT_EQ(m->activation_checkpointing(), Checkpointing::none);
+}
+
+// Loss and gradients of two accumulated micro-batches (of different shapes) in each mode, one
+// model switching modes between steps, are the same bits; so are those of a model that only
+// ever ran in one mode.
 TEST(NnLlama, ActivationCheckpointingIsBitIdentical) {
   auto m = make_model(small_llama(), Device::cpu());
   m->init(7);
   const Batch b1 = tiny_batch(3, 12, 13, 8), b2 = tiny_batch(2, 9, 13, 9);
-  std::vector<double> losses[2];
-  std::vector<float> grads[2];
-  for (int ck = 0; ck < 2; ++ck) {
-    m->set_activation_checkpointing(ck == 1);
-    m->zero_grad();
-    losses[ck].push_back(m->forward(b1));
-    m->backward(0.5);
-    losses[ck].push_back(m->forward(b2));  // another shape: accumulates
-    m->backward(0.5);
-    grads[ck] = grads_f32(*m);
+  const auto step = [&](Model& model, Checkpointing mode, std::vector<double>& losses) {
+    model.set_activation_checkpointing(mode);
+    model.zero_grad();
+    losses.push_back(model.forward(b1));
+    model.backward(0.5);
+    losses.push_back(model.forward(b2));  // another shape: accumulates
+    model.backward(0.5);
+    return grads_f32(model);
+  };
+  std::vector<double> want_losses;
+  const std::vector<float> want = step(*m, Checkpointing::none, want_losses);
+  // none -> full -> selective -> none -> selective -> full: every transition of the layout.
+  for (Checkpointing mode : {Checkpointing::full, Checkpointing::selective, Checkpointing::none, Checkpointing::selective,
+                             Checkpointing::full}) {
+    std::vector<double> losses;
+    const std::vector<float> got = step(*m, mode, losses);
+    EXPECT_EQ(losses, want_losses) << mode_str(mode);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << mode_str(mode);
   }
-  EXPECT_EQ(losses[0], losses[1]);
-  ASSERT_EQ(grads[0].size(), grads[1].size());
-  EXPECT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
-  // And a model that never ran without checkpointing gives the same.
-  auto m2 = make_model(small_llama(), Device::cpu());
-  m2->init(7);
-  m2->set_activation_checkpointing(true);
-  m2->zero_grad();
-  EXPECT_EQ(m2->forward(b1), losses[0][0]);
-  m2->backward(0.5);
-  EXPECT_EQ(m2->forward(b2), losses[0][1]);
-  m2->backward(0.5);
-  const std::vector<float> g2 = grads_f32(*m2);
-  EXPECT_EQ(std::memcmp(grads[0].data(), g2.data(), g2.size() * sizeof(float)), 0);
+  for (Checkpointing mode : {Checkpointing::full, Checkpointing::selective}) {
+    auto m2 = make_model(small_llama(), Device::cpu());
+    m2->init(7);
+    std::vector<double> losses;
+    const std::vector<float> got = step(*m2, mode, losses);
+    EXPECT_EQ(losses, want_losses) << "fresh model, " << mode_str(mode);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << "fresh model, " << mode_str(mode);
+  }
+}
+
+// The activation bytes a forward keeps, per mode, on a fresh model: the residual stream, the head
+// and the per-layer activations of none; selective keeps per layer only the matmul and attention
+// outputs, plus one layer's cheap activations shared by all; full one layer's of everything. The
+// same differences hold in a later step (backward's buffers are the same in every mode).
+TEST(NnLlama, ActivationMemoryByMode) {
+  const ModelConfig c = small_llama();
+  const int64_t B = 2, T = 12, N = B * T, D = c.dim, L = c.n_layers, F = c.ffn_hidden;
+  const int64_t Q = c.n_heads * c.head_dim(), KV = c.n_kv_heads * c.head_dim();
+  const Batch b = tiny_batch(B, T, c.vocab, 51);
+  std::map<Checkpointing, size_t> after_forward, peak, later;
+  for (Checkpointing mode : kModes) {
+    auto m = make_model(c, Device::cpu());
+    m->init(3);
+    m->set_activation_checkpointing(mode);
+    const size_t base = memory_stats(Device::cpu()).current;
+    reset_peak_memory(Device::cpu());
+    m->forward(b);
+    after_forward[mode] = memory_stats(Device::cpu()).current - base;
+    peak[mode] = memory_stats(Device::cpu()).peak - base;
+    m->backward(1.0);
+    m->forward(b);
+    later[mode] = memory_stats(Device::cpu()).current - base;
+    std::printf("[ llama    ] %-9s activations after forward %zu bytes (peak %zu), after a step %zu\n",
+                std::string(checkpointing_name(mode)).c_str(), after_forward[mode], peak[mode], later[mode]);
+  }
+  const auto none = Checkpointing::none, full = Checkpointing::full, sel = Checkpointing::selective;
+  for (const auto* bytes : {&after_forward, &peak, &later}) {
+    EXPECT_LT(bytes->at(full), bytes->at(sel));
+    EXPECT_LT(bytes->at(sel), bytes->at(none));
+  }
+  // Per layer, f32: kept by selective q, k, v, out, lse, a, b; recomputed xn1, h_mid, xn2, g and
+  // the two norms' rstd.
+  const auto f32 = [](int64_t n) { return static_cast<size_t>(n) * 4; };
+  const size_t kept = f32(N * (Q + KV + KV + Q + c.n_heads + F + F));
+  const size_t cheap = f32(N * (3 * D + F + 2));
+  EXPECT_EQ(after_forward[none] - after_forward[sel], static_cast<size_t>(L - 1) * cheap);
+  EXPECT_EQ(after_forward[sel] - after_forward[full], static_cast<size_t>(L - 1) * kept);
+  EXPECT_EQ(later[none] - later[sel], static_cast<size_t>(L - 1) * cheap);
+  EXPECT_EQ(later[sel] - later[full], static_cast<size_t>(L - 1) * kept);
 }
 
 // Every block boundary reaches the hooks, in order: forward (embedding, layers, head), backward
 // in reverse with the recomputation of checkpointing inside the block's backward hooks, and
 // evaluation.
 TEST(NnLlama, BlockHooksAtEveryBoundary) {
-  for (bool ckpt : {false, true}) {
+  for (Checkpointing mode : kModes) {
+    const bool ckpt = mode != Checkpointing::none;  // full and selective recompute alike
     auto m = make_model(small_llama(), Device::cpu());
     m->init(11);
-    m->set_activation_checkpointing(ckpt);
+    m->set_activation_checkpointing(mode);
     HookLog hooks;
     m->set_hooks(&hooks);
     const Batch b = tiny_batch(2, 10, 13, 12);
     m->forward(b);
     std::vector<std::string> want = {"f0", "F0", "f1", "F1", "f2", "F2", "f3", "F3", "f4", "F4"};
-    EXPECT_EQ(hooks.events, want) << "checkpointing " << ckpt;
+    EXPECT_EQ(hooks.events, want) << mode_str(mode);
     hooks.events.clear();
     m->backward(1.0);
     want = {"b4", "B4"};
@@ -511,19 +584,20 @@ TEST(NnLlama, BlockHooksAtEveryBoundary) {
       want.push_back("B" + std::to_string(l));
     }
     want.insert(want.end(), {"b0", "B0"});
-    EXPECT_EQ(hooks.events, want) << "checkpointing " << ckpt;
+    EXPECT_EQ(hooks.events, want) << mode_str(mode);
     hooks.events.clear();
     m->evaluate(b);
-    EXPECT_EQ(hooks.events, (std::vector<std::string>{"e0", "E0", "e1", "E1", "e2", "E2", "e3", "E3", "e4", "E4"}));
+    EXPECT_EQ(hooks.events, (std::vector<std::string>{"e0", "E0", "e1", "E1", "e2", "E2", "e3", "E3", "e4", "E4"}))
+        << mode_str(mode);
     m->set_hooks(nullptr);
   }
 }
 
 TEST(NnLlama, GradReadyHookOrderAndFinality) {
-  for (bool ckpt : {false, true}) {
+  for (Checkpointing mode : kModes) {
     auto m = make_model(small_llama(), Device::cpu());
     m->init(11);
-    m->set_activation_checkpointing(ckpt);
+    m->set_activation_checkpointing(mode);
     const Batch b = tiny_batch(2, 10, 13, 12);
     m->zero_grad();
     m->forward(b);
@@ -535,7 +609,7 @@ TEST(NnLlama, GradReadyHookOrderAndFinality) {
     m->set_hooks(&hooks);
     m->backward(1.0);
     m->set_hooks(nullptr);
-    EXPECT_EQ(hooks.ready_order(), (std::vector<int>{4, 3, 2, 1, 0})) << "checkpointing " << ckpt;
+    EXPECT_EQ(hooks.ready_order(), (std::vector<int>{4, 3, 2, 1, 0})) << mode_str(mode);
     for (const auto& [block, snaps] : at_fire) {
       const auto& idx = m->block_params(block);
       for (size_t k = 0; k < idx.size(); ++k) {
@@ -555,15 +629,15 @@ TEST(NnLlama, EvaluateMatchesForwardAndKeepsThePendingBackward) {
   const double l1 = m->forward(b1);
   m->backward(1.0);
   const std::vector<float> want = grads_f32(*m);
-  for (bool ckpt : {false, true}) {
-    m->set_activation_checkpointing(ckpt);
+  for (Checkpointing mode : kModes) {
+    m->set_activation_checkpointing(mode);
     m->zero_grad();
     EXPECT_EQ(m->forward(b1), l1);
     const double e2 = m->evaluate(b2);  // between forward and backward
     EXPECT_EQ(m->evaluate(b1), l1);
     m->backward(1.0);
     const std::vector<float> got = grads_f32(*m);
-    EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0) << "checkpointing " << ckpt;
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0) << mode_str(mode);
     EXPECT_EQ(m->evaluate(b2), e2);
   }
   EXPECT_THROW(m->backward(1.0), Error);  // each backward needs its own forward
@@ -622,8 +696,8 @@ TEST(NnLlama, NoAllocationPerStepForAFixedShape) {
   auto m = make_model(small_llama(), Device::cpu());
   m->init(5);
   const Batch b = tiny_batch(2, 12, 13, 31), small = tiny_batch(1, 6, 13, 32);
-  for (bool ckpt : {false, true}) {
-    m->set_activation_checkpointing(ckpt);
+  for (Checkpointing mode : kModes) {
+    m->set_activation_checkpointing(mode);
     for (int i = 0; i < 1; ++i) {  // warm up: buffers for this shape and mode
       m->zero_grad();
       m->forward(b);
@@ -639,7 +713,7 @@ TEST(NnLlama, NoAllocationPerStepForAFixedShape) {
       m->forward(small);  // a smaller batch reuses the allocations
       m->backward(1.0);
     }
-    EXPECT_EQ(memory_stats(Device::cpu()).allocations, before) << "checkpointing " << ckpt;
+    EXPECT_EQ(memory_stats(Device::cpu()).allocations, before) << mode_str(mode);
   }
 }
 
@@ -849,11 +923,13 @@ TEST(NnLlama, CudaMatchesCpu) {
   EXPECT_LE(diff, 1e-4 * gmax);
   EXPECT_EQ(gpu_m->evaluate(b.to(gpu)), lg);
   // Checkpointing is bit-identical on the GPU too.
-  gpu_m->set_activation_checkpointing(true);
-  gpu_m->zero_grad();
-  EXPECT_EQ(gpu_m->forward(b.to(gpu)), lg);
-  gpu_m->backward(1.0);
-  EXPECT_EQ(gpu_m->grads().to_doubles(), gg);
+  for (Checkpointing mode : {Checkpointing::full, Checkpointing::selective}) {
+    gpu_m->set_activation_checkpointing(mode);
+    gpu_m->zero_grad();
+    EXPECT_EQ(gpu_m->forward(b.to(gpu)), lg) << mode_str(mode);
+    gpu_m->backward(1.0);
+    EXPECT_EQ(gpu_m->grads().to_doubles(), gg) << mode_str(mode);
+  }
   // The mlp too.
   auto mc = make_model(tiny_mlp(), Device::cpu()), mg = make_model(tiny_mlp(), gpu);
   mc->init(5);

@@ -96,6 +96,36 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
   if (!ok) fail(rank == 0 ? err : "rank 0 could not write the checkpoint " + path.string());
 }
 
+void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
+                        const Metadata& meta, comm::Communicator& comm, WriteOptions opts) {
+  ShardedWriter w(path, comm, opts);
+  int ok = 1;
+  std::string err;
+  try {
+    for (const auto& e : entries) {
+      if (e.owner == kSharded) {
+        w.write_shard(e.name, e.shape, e.tensor.to(Device::cpu()), e.offsets, e.lengths);
+      } else if (e.owner == kReplicated) {
+        w.write_whole(e.name, e.tensor.shape(), e.tensor.dtype(), 0, comm.rank() == 0 ? e.tensor.to(Device::cpu()) : Tensor());
+      } else if (e.owner == kPerRank) {
+        for (int r = 0; r < comm.size(); ++r)
+          w.write_whole("ranks/" + std::to_string(r) + "/" + e.name, e.tensor.shape(), e.tensor.dtype(), r,
+                        r == comm.rank() ? e.tensor.to(Device::cpu()) : Tensor());
+      } else {
+        fail("save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated "
+             "and per-rank state");
+      }
+    }
+  } catch (const std::exception& e) {
+    ok = 0;
+    err = e.what();
+  }
+  comm.all_reduce({&ok, 1, DType::i32, {}}, {&ok, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync);
+  if (!ok) fail(err.empty() ? "another rank could not write its part of " + path.string() : err);
+  w.set_metadata(meta);
+  w.commit();
+}
+
 bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
   const bool same_world = reader.metadata().world_size == world_size;
   bool all = true;
@@ -106,6 +136,21 @@ bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank
     }
     if (e.owner >= 0 && e.owner != rank) continue;
     const std::string name = stored_name(e, rank);
+    if (e.owner == kSharded) {
+      const TensorInfo& ti = reader.info(name);
+      if (ti.shape != e.shape || ti.dtype != e.tensor.dtype())
+        fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
+                   ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.shape));
+      if (e.tensor.numel() == 0) continue;
+      if (e.tensor.is_cuda()) {
+        Tensor h = Tensor::empty(e.tensor.shape(), e.tensor.dtype());
+        reader.read_rows(name, e.offsets[static_cast<size_t>(rank)], h);
+        e.tensor.copy_from(h);
+      } else {
+        reader.read_rows(name, e.offsets[static_cast<size_t>(rank)], e.tensor);
+      }
+      continue;
+    }
     const TensorInfo& ti = reader.info(name);  // UsageError naming it when missing
     if (ti.shape != e.tensor.shape() || ti.dtype != e.tensor.dtype())
       fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +

@@ -2,9 +2,11 @@
 //
 // Each piece of state is a named tensor with an owner: replicated (every rank holds the same
 // value; rank 0's is written), owned by one rank (only that rank holds it: Shampoo's blocks),
-// or per rank (every rank holds its own value: PowerSGD's error buffers; stored under
-// ranks/<r>/<name>). Owned state is stored by name, not by owner, so a run on another world
-// size reassigns it on load.
+// per rank (every rank holds its own value: PowerSGD's error buffers; stored under
+// ranks/<r>/<name>), or sharded (every rank holds rows of dim 0 of it: fsdp-train's parameters
+// and optimizer state). Owned state is stored by name, not by owner, so a run on another world
+// size reassigns it on load; sharded state is read by rows, so a run on another world size
+// reads its own rows from a full checkpoint or from a sharded state of any shard count.
 #pragma once
 #include <filesystem>
 #include <string>
@@ -17,11 +19,16 @@ namespace dtk::ckpt {
 
 inline constexpr int kReplicated = -1;
 inline constexpr int kPerRank = -2;
+inline constexpr int kSharded = -3;
 
 struct StateEntry {
   std::string name;  // path in the file: "model/...", "optim/...", "compress/..."
-  Tensor tensor;     // any device
-  int owner = kReplicated;  // kReplicated, kPerRank or the owning rank
+  Tensor tensor;     // any device; sharded: this rank's rows
+  int owner = kReplicated;  // kReplicated, kPerRank, kSharded or the owning rank
+  // kSharded: the whole tensor's shape and every rank's rows of dim 0 (tensor holds rows
+  // [offsets[rank], offsets[rank] + lengths[rank])).
+  Shape shape;
+  std::vector<int64_t> offsets, lengths;
 };
 
 // Writes a full checkpoint at `path`. Collective over `comm` (a host communicator): every rank
@@ -31,8 +38,15 @@ struct StateEntry {
 void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
                 comm::Communicator& comm, WriteOptions opts = {});
 
+// Writes a sharded state (a directory: rank files and index.h5, checkpoint.h) at `path`, every
+// rank of `comm` writing its own file in parallel: sharded entries as rows, replicated ones in
+// rank 0's file, per-rank ones in their rank's file under ranks/<r>/ (the same shape on every
+// rank). Collective; a write that fails on any rank fails it on every rank, before the commit.
+void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
+                        const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {});
+
 // Restores this rank's entries from a checkpoint: replicated and owned ones by name, per-rank
-// ones from ranks/<rank>/<name>. Per-rank entries are restored only when the checkpoint was
+// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. Per-rank entries are restored only when the checkpoint was
 // written by a job of the same world size; otherwise they are left as they are and the function
 // returns false. Missing tensors and shape or dtype mismatches are UsageErrors naming them.
 bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);

@@ -139,14 +139,14 @@ void RMSNorm::forward(const Tensor& x, Tensor& y) {
   need_bound(w_, "RMSNorm");
   const int64_t D = w_->value.numel();
   x_ = x;
-  rstd_ = rstd_buf_.get({as_rows(x, D, "RMSNorm.forward", "x").dim(0)}, x.dtype(), x.device());
+  rstd_ = rstd_buf().get({as_rows(x, D, "RMSNorm.forward", "x").dim(0)}, x.dtype(), x.device());
   ops::rmsnorm_forward(x, w_->value, eps_, y, rstd_);
 }
 
 void RMSNorm::forward_add(const Tensor& a, const Tensor& b, Tensor& x, Tensor& y) {
   need_bound(w_, "RMSNorm");
   const int64_t D = w_->value.numel();
-  rstd_ = rstd_buf_.get({as_rows(a, D, "RMSNorm.forward_add", "a").dim(0)}, a.dtype(), a.device());
+  rstd_ = rstd_buf().get({as_rows(a, D, "RMSNorm.forward_add", "a").dim(0)}, a.dtype(), a.device());
   ops::add_rmsnorm_forward(a, b, w_->value, eps_, x, y, rstd_);
   x_ = x;
 }
@@ -159,7 +159,7 @@ void RMSNorm::backward(const Tensor& dy, Tensor& dx, bool accumulate) {
 
 void RMSNorm::release() {
   x_ = rstd_ = Tensor();
-  rstd_buf_.release();
+  rstd_buf_.release();  // a shared buffer is its owner's to release
 }
 
 // ---------------------------------------------------------------------------- Attention
@@ -188,6 +188,11 @@ void Attention::forward(const Tensor& x, Tensor& y) {
   out_ = out_buf_.get(q_.shape(), dt, dev);
   lse_ = lse_buf_.get({B, d_.n_heads, T}, dt, dev);
   ops::attention_forward(q_, k_, v_, out_, lse_);
+  wo_.forward(out_, y);
+}
+
+void Attention::recompute_output(Tensor& y) {
+  if (!out_.defined()) fail("Attention.recompute_output: no forward to recompute from");
   wo_.forward(out_, y);
 }
 
@@ -229,11 +234,16 @@ void FeedForward::forward(const Tensor& x, Tensor& y) {
   const int64_t N = as_rows(x, w1_.in_features(), "FeedForward.forward", "x").dim(0);
   a_ = a_buf_.get({N, F}, x.dtype(), x.device());
   b_ = b_buf_.get({N, F}, x.dtype(), x.device());
-  g_ = g_buf_.get({N, F}, x.dtype(), x.device());
+  g_ = (g_shared_ ? *g_shared_ : g_buf_).get({N, F}, x.dtype(), x.device());
   w1_.forward(x, a_);
   w3_.forward(x, b_);
   ops::swiglu_forward(a_, b_, g_);
   w2_.forward(g_, y);
+}
+
+void FeedForward::recompute_g() {
+  if (!a_.defined()) fail("FeedForward.recompute_g: no forward to recompute from");
+  ops::swiglu_forward(a_, b_, g_);
 }
 
 void FeedForward::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0) {
@@ -251,7 +261,7 @@ void FeedForward::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t s
 
 void FeedForward::release() {
   for (Linear* l : {&w1_, &w2_, &w3_}) l->release();
-  for (Buffer* b : {&a_buf_, &b_buf_, &g_buf_}) b->release();
+  for (Buffer* b : {&a_buf_, &b_buf_, &g_buf_}) b->release();  // not a shared g: its owner's
   a_ = b_ = g_ = Tensor();
 }
 

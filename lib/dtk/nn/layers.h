@@ -6,6 +6,11 @@
 // accumulates (+=) into the parameters' grads and writes the input gradient into a tensor the
 // caller passes (overwritten unless the doc says it accumulates). Every tensor of one layer has
 // the dtype of its parameters (f32, or f64 for gradient checks) and lives on their device.
+//
+// Selective activation checkpointing keeps a layer's expensive activations (matmul and attention
+// outputs) and recomputes the cheap ones before its backward: a layer can be told to keep a cheap
+// activation in a Buffer shared with other layers (set_*_buffer; each forward overwrites it) and
+// to recompute it into the tensor its backward reads (recompute_*, or forward again for a norm).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +83,9 @@ class Embedding {
 class RMSNorm {
  public:
   void bind(Param* weight, double eps);
+  // rstd in `shared` instead of the layer's own buffer (null: its own again). Selective
+  // checkpointing recomputes rstd by calling forward (forward_add) again with the same tensors.
+  void set_rstd_buffer(Buffer* shared) { rstd_shared_ = shared; }
   void forward(const Tensor& x, Tensor& y);  // saves x and rstd
   // With the residual add fused in: x = a + b (x may be a or b), y = norm(x); saves x and rstd.
   void forward_add(const Tensor& a, const Tensor& b, Tensor& x, Tensor& y);
@@ -86,10 +94,13 @@ class RMSNorm {
   void release();
 
  private:
+  Buffer& rstd_buf() { return rstd_shared_ ? *rstd_shared_ : rstd_buf_; }
+
   Param* w_ = nullptr;
   double eps_ = 1e-5;
   Tensor x_, rstd_;
   Buffer rstd_buf_;
+  Buffer* rstd_shared_ = nullptr;  // not owned
 };
 
 struct AttentionDims {
@@ -103,6 +114,9 @@ class Attention {
  public:
   void bind(Param* wq, Param* wk, Param* wv, Param* wo, const AttentionDims& dims);
   void forward(const Tensor& x, Tensor& y);  // saves x, q, k, v (after RoPE), out, lse
+  // y = out Wo^T again from the saved out: forward's last gemm on the same inputs, so the same
+  // values (selective checkpointing recomputes the residual stream from it rather than keep it).
+  void recompute_output(Tensor& y);
   // dx overwritten. Uses workspace slots slot0 .. slot0 + 3.
   void backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0 = 0);
   void release();
@@ -119,7 +133,12 @@ class Attention {
 class FeedForward {
  public:
   void bind(Param* w1, Param* w2, Param* w3);
+  // g in `shared` instead of the layer's own buffer (null: its own again).
+  void set_g_buffer(Buffer* shared) { g_shared_ = shared; }
   void forward(const Tensor& x, Tensor& y);  // saves x, a = w1 x, b = w3 x, g = silu(a) * b
+  // g = silu(a) * b again from the saved a and b into the saved g (which another layer's forward
+  // may have overwritten in a shared buffer): forward's op on the same inputs, the same values.
+  void recompute_g();
   // dx overwritten. Uses workspace slots slot0 .. slot0 + 2.
   void backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0 = 0);
   void release();
@@ -128,7 +147,8 @@ class FeedForward {
  private:
   Linear w1_, w2_, w3_;
   Buffer a_buf_, b_buf_, g_buf_;
-  Tensor a_, b_, g_;  // the saved views
+  Buffer* g_shared_ = nullptr;  // not owned
+  Tensor a_, b_, g_;            // the saved views
 };
 
 // Mean cross-entropy of logits [N, V] against targets i32 [N] (any shape with N elements);

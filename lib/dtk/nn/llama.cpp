@@ -5,11 +5,19 @@
 // Blocks: 0 = tok_embeddings, 1..L = layers.0..layers.{L-1}, L + 1 = norm + output.
 //
 // Activations. The residual stream h_0..h_L (the input of every block after the embedding) is
-// one buffer [L + 1, B, T, D]. Without checkpointing every layer keeps its own activations (its
-// own TransformerLayer object); with checkpointing one TransformerLayer object is rebound to each
-// layer in turn, in forward and again in backward, where it recomputes the layer's forward from
-// h_l just before the layer's backward: the same ops on the same inputs, so the gradients are
-// bit-identical. The head (norm + output + loss) keeps its activations in both modes.
+// one buffer [L + 1, B, T, D], kept in every mode. Per mode (Checkpointing):
+//  - none: every layer keeps its own activations (its own TransformerLayer object).
+//  - full: one TransformerLayer object is rebound to each layer in turn, in forward and again in
+//    backward, where it recomputes the layer's forward from h_l just before the layer's backward.
+//  - selective: every layer keeps, in its own object, the outputs of its matmuls and of attention
+//    (q, k, v after RoPE, out, lse, a = w1 x, b = w3 x); the cheap rest (xn1, xn2 and the norms'
+//    rstd, h_mid, g = silu(a) * b) lives in one CheapScratch that every layer's forward
+//    overwrites, and recompute_cheap refills it from h_l and the kept tensors just before the
+//    layer's backward. wo's output (h_mid - h_in) is a matmul output too, but it is recomputed
+//    rather than kept: the same gemm on the same inputs gives the same values (as full relies on
+//    for every gemm), and keeping it would cost [B, T, D] per layer, as much as keeping h_mid.
+// Recomputation runs the same ops on the same inputs, so the gradients are bit-identical in every
+// mode. The head (norm + output + loss) keeps its activations in every mode.
 #include <string>
 #include <vector>
 
@@ -26,6 +34,16 @@ constexpr size_t kParamsPerLayer = 9;  // attention_norm, wq, wk, wv, wo, ffn_no
 
 size_t layer_first_param(int64_t l) { return 1 + kParamsPerLayer * static_cast<size_t>(l); }
 
+// The activations that selective checkpointing recomputes rather than keeps: one set shared by
+// every layer (only one layer's backward runs at a time).
+struct CheapScratch {
+  Buffer xn1, h_mid, xn2, g, rstd1, rstd2;
+
+  void release() {
+    for (Buffer* b : {&xn1, &h_mid, &xn2, &g, &rstd1, &rstd2}) b->release();
+  }
+};
+
 // One pre-norm transformer layer: h_mid = h_in + attn(norm1(h_in)); h_out = h_mid + ffn(norm2(h_mid)).
 struct TransformerLayer {
   RMSNorm attention_norm, ffn_norm;
@@ -33,6 +51,16 @@ struct TransformerLayer {
   FeedForward feed_forward;
   Buffer xn1_buf, h_mid_buf, xn2_buf;
   Tensor xn1, h_mid, xn2;
+  CheapScratch* cheap = nullptr;  // selective: where the cheap activations live (not owned)
+
+  // Keep the cheap activations in s (selective checkpointing) or, with null, in this layer's own
+  // buffers.
+  void share(CheapScratch* s) {
+    cheap = s;
+    attention_norm.set_rstd_buffer(s ? &s->rstd1 : nullptr);
+    ffn_norm.set_rstd_buffer(s ? &s->rstd2 : nullptr);
+    feed_forward.set_g_buffer(s ? &s->g : nullptr);
+  }
 
   void bind(std::vector<Param>& P, int64_t l, const ModelConfig& c) {
     const size_t i = layer_first_param(l);
@@ -45,14 +73,26 @@ struct TransformerLayer {
 
   // h_in [B, T, D] -> h_out; tmp [B, T, D] is scratch. h_out may be tmp itself.
   void forward(const Tensor& h_in, Tensor& h_out, Tensor& tmp) {
-    xn1 = xn1_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
-    h_mid = h_mid_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
-    xn2 = xn2_buf.get(h_in.shape(), h_in.dtype(), h_in.device());
+    xn1 = (cheap ? cheap->xn1 : xn1_buf).get(h_in.shape(), h_in.dtype(), h_in.device());
+    h_mid = (cheap ? cheap->h_mid : h_mid_buf).get(h_in.shape(), h_in.dtype(), h_in.device());
+    xn2 = (cheap ? cheap->xn2 : xn2_buf).get(h_in.shape(), h_in.dtype(), h_in.device());
     attention_norm.forward(h_in, xn1);
     attention.forward(xn1, tmp);
     ffn_norm.forward_add(h_in, tmp, h_mid, xn2);  // h_mid = h_in + tmp, one pass with the norm
     feed_forward.forward(xn2, tmp);
     ops::add(h_mid, tmp, h_out);
+  }
+
+  // Selective checkpointing, before backward: forward's cheap ops again on the same inputs (h_in,
+  // the kept out, a and b), into the very tensors the forward saved (the sublayers' saved inputs
+  // are views of xn1, xn2 and g), which other layers' forwards have overwritten since. tmp
+  // [B, T, D] is scratch (wo's output).
+  void recompute_cheap(const Tensor& h_in, Tensor& tmp) {
+    if (!cheap || !xn1.defined()) fail("llama: selective recomputation without a selective forward");
+    attention_norm.forward(h_in, xn1);
+    attention.recompute_output(tmp);
+    ffn_norm.forward_add(h_in, tmp, h_mid, xn2);
+    feed_forward.recompute_g();
   }
 
   // dh: d(loss)/d(h_out) in, d(loss)/d(h_in) out (the norms' gradients added into it in the same
@@ -144,12 +184,8 @@ class Llama final : public Model {
     const auto [B, T] = check_batch(batch);
     const ModelConfig& c = config_;
     const int64_t L = c.n_layers, D = c.dim;
-    const bool ckpt = checkpointing_;
-    if (ckpt && !released_) {  // the per-layer activations are not needed any more
-      for (TransformerLayer& layer : layers_) layer.release();
-      released_ = true;
-    }
-    released_ = released_ && ckpt;
+    const Checkpointing mode = checkpointing_;
+    lay_out_layers(mode);
     pending_ = false;
     h_ = resid_buf_.get({L + 1, B, T, D}, dtype_, device_);
     Tensor tmp = tmp_buf_.get({B, T, D}, dtype_, device_);
@@ -161,14 +197,14 @@ class Llama final : public Model {
     for (int64_t l = 0; l < L; ++l) {
       Tensor out = h_.select(l + 1);
       hk.before_forward(block_of(l), Pass::train);
-      layer_for(l, ckpt).forward(h_.select(l), out, tmp);
+      layer_for(l, mode).forward(h_.select(l), out, tmp);
       hk.after_forward(block_of(l), Pass::train);
     }
     hk.before_forward(head_block(), Pass::train);
     const double loss = head_.forward(h_.select(L), batch.targets);
     hk.after_forward(head_block(), Pass::train);
     pending_ = true;
-    pending_ckpt_ = ckpt;
+    pending_mode_ = mode;
     return loss;
   }
 
@@ -184,12 +220,15 @@ class Llama final : public Model {
     head_.backward(scale, dlogits_buf_, dxf, dh);
     hk.after_backward(head_block());
     for (int64_t l = L - 1; l >= 0; --l) {
-      TransformerLayer& layer = layer_for(l, pending_ckpt_);
+      TransformerLayer& layer = layer_for(l, pending_mode_);
       hk.before_backward(block_of(l));
-      if (pending_ckpt_) {  // recompute the layer's activations from its input
+      if (pending_mode_ != Checkpointing::none) {
         Tensor tmp = tmp_buf_.get(h_last.shape(), dtype_, device_);
         hk.before_forward(block_of(l), Pass::recompute);
-        layer.forward(h_.select(l), tmp, tmp);
+        if (pending_mode_ == Checkpointing::full)
+          layer.forward(h_.select(l), tmp, tmp);  // every activation, from the layer's input
+        else
+          layer.recompute_cheap(h_.select(l), tmp);  // the cheap ones, from the input and the kept ones
         hk.after_forward(block_of(l), Pass::recompute);
       }
       layer.backward(dh, ws_);
@@ -247,20 +286,37 @@ class Llama final : public Model {
     return {B, T};
   }
 
-  TransformerLayer& layer_for(int64_t l, bool ckpt) {
-    if (!ckpt) return layers_[static_cast<size_t>(l)];
+  // The object that runs layer l in this mode: its own, or (full) the shared one rebound to it.
+  TransformerLayer& layer_for(int64_t l, Checkpointing mode) {
+    if (mode != Checkpointing::full) return layers_[static_cast<size_t>(l)];
     recompute_.bind(params_, l, config_);
     return recompute_;
   }
 
+  // Sets the per-layer objects up for mode when it differs from the last forward's, freeing what
+  // the new mode does not use: none keeps everything in each layer's own buffers, selective the
+  // kept activations there and the cheap ones in cheap_, full nothing per layer (recompute_).
+  void lay_out_layers(Checkpointing mode) {
+    if (mode == layers_mode_) return;
+    for (TransformerLayer& layer : layers_) {
+      layer.release();
+      layer.share(mode == Checkpointing::selective ? &cheap_ : nullptr);
+    }
+    if (mode != Checkpointing::selective) cheap_.release();
+    layers_mode_ = mode;
+  }
+
   Embedding embed_, eval_embed_;
-  std::vector<TransformerLayer> layers_;
-  TransformerLayer recompute_;  // checkpointing and evaluation
+  std::vector<TransformerLayer> layers_;  // none and selective
+  TransformerLayer recompute_;            // full checkpointing and evaluation
+  CheapScratch cheap_;                    // selective
   Head head_, eval_head_;       // eval_head_ only while a backward is pending
   Buffer resid_buf_, tmp_buf_, dh_buf_, dlogits_buf_, eval_buf_, host_ids_;
   Workspace ws_;
   Tensor h_;  // [L + 1, B, T, D] of the last forward
-  bool pending_ = false, pending_ckpt_ = false, released_ = false;
+  bool pending_ = false;
+  Checkpointing pending_mode_ = Checkpointing::none;  // of the pending backward's forward
+  Checkpointing layers_mode_ = Checkpointing::none;   // what layers_ are set up for
 };
 
 }  // namespace

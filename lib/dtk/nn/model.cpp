@@ -251,6 +251,23 @@ ModelConfig preset(const std::string& name) {
   return it->second;
 }
 
+// ---------------------------------------------------------------------------- Checkpointing
+
+std::string_view checkpointing_name(Checkpointing c) {
+  switch (c) {
+    case Checkpointing::none: return "none";
+    case Checkpointing::full: return "full";
+    case Checkpointing::selective: return "selective";
+  }
+  return "?";
+}
+
+Checkpointing parse_checkpointing(std::string_view s) {
+  for (Checkpointing c : {Checkpointing::none, Checkpointing::full, Checkpointing::selective})
+    if (checkpointing_name(c) == s) return c;
+  fail_usage("unknown activation checkpointing '" + std::string(s) + "' (expected none, full or selective)");
+}
+
 // ---------------------------------------------------------------------------- Model
 
 Param& Model::param(const std::string& name) {

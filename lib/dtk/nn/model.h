@@ -27,14 +27,16 @@
 //  - Batches must live on the model's device; llama inputs/targets i32 [B, T] with 1 <= T <= seq_len
 //    and ids in [0, vocab) (targets may be -1: ignored); the loss is the mean over counted targets.
 //  - llama blocks: 0 = tok_embeddings, 1..n_layers = layers.0..layers.{n_layers-1}, n_layers + 1
-//    = norm + output. mlp: block i = layers.i. Activation checkpointing recomputes the transformer
-//    layers (blocks 1..n_layers) in backward; the mlp ignores it.
+//    = norm + output. mlp: block i = layers.i. Activation checkpointing (Checkpointing) applies to
+//    the transformer layers (blocks 1..n_layers), whose recomputation runs in backward; the mlp
+//    ignores it.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -95,10 +97,24 @@ struct Batch {
 // checkpointing (inside that block's backward hooks).
 enum class Pass { train, evaluate, recompute };
 
+// Activation checkpointing of the transformer layers: what each layer keeps from its forward for
+// its backward, and what its backward recomputes first. Gradients are bit-identical in every mode
+// (the recomputation runs the same ops on the same inputs).
+//   none       every layer keeps all its activations: the most memory, no recomputation.
+//   full       a layer keeps only its input (the residual stream); backward reruns its forward.
+//   selective  a layer keeps the outputs of its matmuls and of attention (q, k, v, the attention
+//              output and its log-sum-exp, w1 x and w3 x); backward recomputes the cheap rest
+//              (the norms, the residual add, silu(w1 x) * w3 x) and the wo projection, as
+//              torchtitan's selective activation checkpointing: less memory than none, more than
+//              full, for a fraction of full's recomputation.
+enum class Checkpointing { none, full, selective };
+Checkpointing parse_checkpointing(std::string_view s);  // "none", "full", "selective"; else UsageError
+std::string_view checkpointing_name(Checkpointing c);
+
 // The seam between a model and parallelism (DESIGN.md, "One step"): a strategy's calls at block
 // boundaries. Blocks run forward in increasing index order (the embedding, the layers, the head),
-// backward in decreasing order: before_backward(b), with activation checkpointing
-// before_forward(b, recompute) and after_forward(b, recompute), the block's backward, then
+// backward in decreasing order: before_backward(b), with activation checkpointing (full or
+// selective) before_forward(b, recompute) and after_forward(b, recompute), the block's backward, then
 // after_backward(b), when the block's gradients are final. Evaluation calls the forward hooks
 // with Pass::evaluate. Defaults do nothing.
 class BlockHooks {
@@ -151,9 +167,12 @@ class Model {
   // Forward only, no activations kept for backward: the mean loss (evaluation).
   virtual double evaluate(const Batch& batch) = 0;
   void zero_grad();  // flat storage: zeroes grads(); external: nothing (the strategy's job)
-  // Recompute each block's forward during backward instead of keeping its activations.
-  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
-  bool activation_checkpointing() const { return checkpointing_; }
+  // Activation checkpointing (see Checkpointing) from the next forward on; a pending backward
+  // keeps the mode of its forward.
+  void set_activation_checkpointing(Checkpointing c) { checkpointing_ = c; }
+  // Temporary, until the trainer's option names a mode: true is full, false none.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on ? Checkpointing::full : Checkpointing::none; }
+  Checkpointing activation_checkpointing() const { return checkpointing_; }
   // The strategy's block hooks (not owned; null: none).
   void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
@@ -170,7 +189,7 @@ class Model {
   std::vector<Param> params_;
   std::vector<std::vector<int>> blocks_;
   Tensor values_, grads_;
-  bool checkpointing_ = false;
+  Checkpointing checkpointing_ = Checkpointing::none;
   // The hooks to call (a no-op set when none are given).
   BlockHooks& hooks() {
     static BlockHooks none;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dtk/core/error.h"
+#include "dtk/optim/optimizer.h"
 
 namespace dtk::parallel {
 
@@ -45,10 +46,13 @@ void broadcast_params(nn::Model& model, comm::Communicator& comm) {
   check_replicated(model.values(), comm, "the model's parameters");
 }
 
-GradSync::GradSync(nn::Model& model, compress::Compressor& compressor) : model_(model), c_(compressor) { init(); }
+GradSync::GradSync(nn::Model& model, comm::Communicator& comm, compress::Compressor& compressor)
+    : model_(model), comm_(comm), c_(compressor) {
+  init();
+}
 
 GradSync::GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes)
-    : model_(model), owned_(plain(model, comm, bucket_bytes)), c_(*owned_) {
+    : model_(model), comm_(comm), owned_(plain(model, comm, bucket_bytes)), c_(*owned_) {
   init();
 }
 
@@ -76,6 +80,17 @@ void GradSync::after_backward(int block) {
 void GradSync::finish() {
   armed_ = false;
   c_.finish();
+}
+
+double GradSync::clip_grad_norm(double max_norm) { return optim::clip_grad_norm(model_.params(), max_norm); }
+
+void GradSync::metrics(nlohmann::ordered_json& m) const {
+  const compress::Bytes b = c_.last_bytes();
+  m["comm_bytes"] = b.sent;
+  if (!owned_) {  // a compressor chosen by the program
+    m["comm_bytes_uncompressed"] = b.uncompressed;
+    m["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
+  }
 }
 
 }  // namespace dtk::parallel

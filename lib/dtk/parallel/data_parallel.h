@@ -17,6 +17,7 @@
 #include "dtk/comm/comm.h"
 #include "dtk/compress/compressor.h"
 #include "dtk/nn/model.h"
+#include "dtk/parallel/parallelism.h"
 
 namespace dtk::parallel {
 
@@ -25,27 +26,35 @@ void broadcast_params(nn::Model& model, comm::Communicator& comm);
 // Fails (naming `what` and the ranks' checksums) unless `t` holds the same bits on every rank.
 void check_replicated(const Tensor& t, comm::Communicator& comm, const std::string& what);
 
-// One gradient path for every data-parallel step: the compressor's buckets start as the blocks
-// they cover report their gradients final during the last micro-batch's backward (a plain
-// all-reduce on plain steps, PowerSGD's P and Q on compressed ones), and finish() completes
-// them after backward. It is the model's block hooks (nn::Model::set_hooks): between begin()
-// and finish(), after_backward(b) starts the buckets whose blocks are all final.
-class GradSync final : public nn::BlockHooks {
+// The replicated placement (parallelism.h) and one gradient path for every data-parallel step:
+// the compressor's buckets start as the blocks they cover report their gradients final during
+// the last micro-batch's backward (a plain all-reduce on plain steps, PowerSGD's P and Q on
+// compressed ones), and finish() completes them after backward. Between begin() and finish(),
+// after_backward(b) starts the buckets whose blocks are all final. The model has flat storage.
+class GradSync final : public Parallelism {
  public:
   // With a compressor (owned by the caller), or without: a plain bucketed all-reduce (sum).
-  GradSync(nn::Model& model, compress::Compressor& compressor);
+  GradSync(nn::Model& model, comm::Communicator& comm, compress::Compressor& compressor);
   GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
+  std::vector<nn::Param>& params() override { return model_.params(); }
+  void init(uint64_t seed) override { model_.init(seed); }
+  void loaded() override { broadcast_params(model_, comm_); }
+  void zero_grad() override { model_.zero_grad(); }
   // Right before the last micro-batch's backward of step `step`.
-  void begin(int64_t step);
+  void begin(int64_t step) override;
   // During it: block b's gradients are final (ignored outside begin() .. finish()).
   void after_backward(int block) override;
   // After backward: every rank's gradients hold the aggregate on return.
-  void finish();
+  void finish() override;
+  double clip_grad_norm(double max_norm) override;
+  // comm_bytes; with a compressor also comm_bytes_uncompressed and compression_ratio.
+  void metrics(nlohmann::ordered_json& m) const override;
   compress::Bytes bytes() const { return c_.last_bytes(); }  // of the last step
 
  private:
   void init();
   nn::Model& model_;
+  comm::Communicator& comm_;
   std::unique_ptr<compress::Compressor> owned_;
   compress::Compressor& c_;
   std::vector<int> min_block_;  // per bucket: the lowest block it covers (ready once that block is)

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <spdlog/spdlog.h>
 #include <tuple>
 
@@ -255,9 +256,22 @@ class Trainer {
     rank_ = comm_->rank();
     world_ = comm_->size();
 
-    model_ = nn::make_model(cfg_, device_);
+    model_ = nn::make_model(cfg_, device_, DType::f32, s.sharded ? nn::Storage::external : nn::Storage::flat);
     model_->set_activation_checkpointing(o.activation_checkpointing);
-    model_->init(o.seed);
+    if (s.sharded) {
+      par_ = s.sharded(*model_, *comm_, *host_);
+    } else if (s.compressor) {
+      compressor_ = s.compressor(*comm_, model_->params(), o.bucket_bytes);
+      par_ = std::make_unique<parallel::GradSync>(*model_, *comm_, *compressor_);
+    } else {
+      par_ = std::make_unique<parallel::GradSync>(*model_, *comm_, o.bucket_bytes);
+    }
+    model_->set_hooks(par_.get());
+    par_->init(o.seed);
+    // A sharded rank's optimizer sees only its shards: Shampoo's blocks are cut from them and
+    // need no communication (the reference's fully-sharded distributor).
+    self_ = s.sharded ? comm_->split(rank_, 0) : comm_;  // a world of one each
+    comm::Communicator& opt_comm = *self_;
     train_ = data::open_dataset(o.data, cfg_, false, o.seed);
     if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
     else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
@@ -266,9 +280,9 @@ class Trainer {
     std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
 
     if (s.optimizer) {
-      optim_ = s.optimizer(model_->params(), *comm_);
+      optim_ = s.optimizer(par_->params(), opt_comm);
     } else if (o.optimizer == "shampoo") {  // any program can run Shampoo, with its defaults
-      optim_ = optim::make_shampoo(shampoo_config(o), model_->params(), *comm_);
+      optim_ = optim::make_shampoo(shampoo_config(o), par_->params(), opt_comm);
     } else {
       optim::OptimConfig oc;
       oc.name = o.optimizer;
@@ -278,16 +292,9 @@ class Trainer {
       oc.beta2 = o.beta2;
       oc.eps = o.eps;
       oc.weight_decay = o.weight_decay;
-      optim_ = optim::make_optimizer(oc, model_->params());
+      optim_ = optim::make_optimizer(oc, par_->params());
     }
     schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio};
-    if (s.compressor) {
-      compressor_ = s.compressor(*comm_, model_->params(), o.bucket_bytes);
-      sync_ = std::make_unique<parallel::GradSync>(*model_, *compressor_);
-    } else {
-      sync_ = std::make_unique<parallel::GradSync>(*model_, *comm_, o.bucket_bytes);
-    }
-    model_->set_hooks(sync_.get());
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
       double bytes = 0;
@@ -297,7 +304,7 @@ class Trainer {
     }
     if (!o.resume.empty()) resume(checkpoint_path(o.resume));
     else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
-    parallel::broadcast_params(*model_, *comm_);
+    par_->loaded();
     if (!o.checkpoint_dir.empty()) {
       if (rank_ == 0) fs::create_directories(o.checkpoint_dir);
       dir_ = std::make_unique<ckpt::Directory>(o.checkpoint_dir, o.keep);
@@ -313,13 +320,15 @@ class Trainer {
     if (start_step_ >= stop) fail("the run is already at step " + std::to_string(start_step_) + ", --stop-at " +
                                         std::to_string(stop) + " leaves nothing to do");
     for (int64_t step = start_step_; step < stop; ++step) {
+      if (!par_->before_step(step)) return 0;  // fsdp-train --print-plan
       reset_peak_memory(device_);
+      const int64_t persistent = memory_stats(device_).current;
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step);
       const double loss = train_step(step);
       const auto t_opt = Clock::now();
-      const double grad_norm = optim::clip_grad_norm(model_->params(), o_.clip);
-      optim_->step(model_->params(), lr);
+      const double grad_norm = par_->clip_grad_norm(o_.clip);
+      optim_->step(par_->params(), lr);
       if (device_.is_cuda()) cuda::synchronize();
       const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
       if (!std::isfinite(loss))
@@ -331,13 +340,8 @@ class Trainer {
                           {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
                           {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak},
-                          {"optim_state_bytes", optim_state_bytes_}};
-      const compress::Bytes b = sync_->bytes();
-      m["comm_bytes"] = b.sent;
-      if (compressor_) {
-        m["comm_bytes_uncompressed"] = b.uncompressed;
-        m["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
-      }
+                          {"persistent_mem_bytes", persistent}, {"optim_state_bytes", optim_state_bytes_}};
+      par_->metrics(m);
       const bool last = step + 1 == stop;
       double val = NAN;
       if (val_ && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
@@ -347,7 +351,7 @@ class Trainer {
       metrics.write(m);
       progress.update(step + 1, loss, val, lr, dt);
       if (dir_ && (last || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
-        const fs::path p = dir_->entry(step + 1, false);
+        const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
         if (rank_ == 0) dir_->finish(p);
         if (rank_ == 0) std::printf("%s\n", p.c_str());
@@ -367,17 +371,17 @@ class Trainer {
   // aggregated on return. Returns the global-batch mean loss (the same on every rank).
   double train_step(int64_t step) {
     const auto t0 = Clock::now();
-    model_->zero_grad();
+    par_->zero_grad();
     double loss_sum = 0;
     for_each_micro_batch(*train_, sampler_->global_indices(step), [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
-      if (last) sync_->begin(step);  // its buckets start during this backward
+      if (last) par_->begin(step);  // its buckets start during this backward
       model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch));
     });
     if (device_.is_cuda()) cuda::synchronize();
     const auto t_sync = Clock::now();
     compute_s_ = std::chrono::duration<double>(t_sync - t0).count();
-    sync_->finish();
+    par_->finish();
     if (device_.is_cuda()) cuda::synchronize();
     sync_s_ = seconds_since(t_sync);
     return sum_over_ranks(loss_sum) / static_cast<double>(o_.global_batch);
@@ -410,14 +414,48 @@ class Trainer {
   }
 
   // ---- checkpoints
-  std::vector<ckpt::StateEntry> state_entries() {
+  // The model's entries: whole (replicated) or this rank's rows (sharded).
+  std::vector<ckpt::StateEntry> model_entries() {
     std::vector<ckpt::StateEntry> e;
-    for (auto& p : model_->params()) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
-    for (auto& [name, t] : optim_->state()) e.push_back({"optim/" + name, t, optim_->owner(name)});
+    auto& ps = par_->params();
+    for (size_t i = 0; i < ps.size(); ++i) e.push_back(entry("model/" + ps[i].name, ps[i].value, par_->rows(i)));
+    return e;
+  }
+
+  std::vector<ckpt::StateEntry> state_entries() {
+    std::vector<ckpt::StateEntry> e = model_entries();
+    // Optimizer state named "<kind>/<parameter>" of the parameter's shape is sharded like it.
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < par_->params().size(); ++i) index[par_->params()[i].name] = i;
+    for (auto& [name, t] : optim_->state()) {
+      const size_t slash = name.find('/');
+      const auto it = slash == std::string::npos ? index.end() : index.find(name.substr(slash + 1));
+      const bool like_param = it != index.end() && t.shape() == par_->params()[it->second].value.shape();
+      if (like_param && par_->rows(it->second)) e.push_back(entry("optim/" + name, t, par_->rows(it->second)));
+      else e.push_back({"optim/" + name, t, optim_->owner(name)});
+    }
     if (compressor_)
       for (auto& [name, t] : compressor_->state())
         e.push_back({"compress/" + name, t, compressor_->per_rank(name) ? ckpt::kPerRank : ckpt::kReplicated});
     return e;
+  }
+
+  static ckpt::StateEntry entry(const std::string& name, const Tensor& t, const parallel::Rows* rows) {
+    if (!rows) return {name, t, ckpt::kReplicated};
+    return {name, t, ckpt::kSharded, rows->shape, rows->offsets, rows->lengths};
+  }
+
+  bool sharded() const { return par_->rows(0) != nullptr; }
+  // The rank and world size that checkpoint entries are indexed by: the shard group's when sharded.
+  std::pair<int, int> state_rank() const {
+    if (const parallel::Rows* r = par_->rows(0)) return {r->rank, static_cast<int>(r->offsets.size())};
+    return {rank_, world_};
+  }
+
+  void load(const ckpt::Reader& r, std::vector<ckpt::StateEntry>& entries, bool* all = nullptr) {
+    const auto [rank, size] = state_rank();
+    const bool ok = ckpt::load_state(r, entries, rank, size);
+    if (all) *all = ok;
   }
 
   void save(const fs::path& path, int64_t step) {
@@ -437,14 +475,31 @@ class Trainer {
                    {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
     m.extra = {{"program_config", s_.config}};
     if (compressor_) m.extra["compressor"] = nullptr;
-    ckpt::save_state(path, state_entries(), m, *host_);
+    if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
+    // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
+    // hold the same shards and learn the outcome.
+    int ok = 1;
+    std::string err;
+    const auto entries = state_entries();
+    if (comm::Communicator* c = par_->checkpoint_comm()) {
+      try {
+        ckpt::save_sharded_state(path, entries, m, *c);
+      } catch (const std::exception& e) {
+        ok = 0;
+        err = e.what();
+      }
+    }
+    host_->all_reduce({&ok, 1, DType::i32, {}}, {&ok, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync);
+    if (!ok) fail(err.empty() ? "the sharded state " + path.string() + " could not be written" : err);
   }
 
   void resume(const fs::path& path) {
     ckpt::Reader r(path);
     const auto& meta = r.metadata();
     auto entries = state_entries();
-    if (!ckpt::load_state(r, entries, rank_, world_))
+    bool all = true;
+    load(r, entries, &all);
+    if (!all)
       spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
                    path.string(), meta.world_size, world_);
     start_step_ = meta.step;
@@ -457,9 +512,8 @@ class Trainer {
 
   void init_from(const fs::path& path) {
     ckpt::Reader r(path);
-    std::vector<ckpt::StateEntry> e;
-    for (auto& p : model_->params()) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
-    ckpt::load_state(r, e, rank_, world_);
+    auto e = model_entries();
+    load(r, e);
     spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
   }
 
@@ -478,7 +532,7 @@ class Trainer {
   comm::Runtime& rt_;
   Device device_;
   nn::ModelConfig cfg_;
-  std::shared_ptr<comm::Communicator> comm_, host_;
+  std::shared_ptr<comm::Communicator> comm_, host_, self_;  // self_: the optimizer's
   int rank_ = 0, world_ = 1;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<data::Dataset> train_, val_;
@@ -487,7 +541,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optim_;
   optim::Schedule schedule_;
   std::unique_ptr<compress::Compressor> compressor_;
-  std::unique_ptr<parallel::GradSync> sync_;
+  std::unique_ptr<parallel::Parallelism> par_;
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks

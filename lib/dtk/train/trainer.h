@@ -7,7 +7,9 @@
 // step at the schedule's learning rate. Every eval_every steps the validation loss; metrics as
 // JSON lines; a checkpoint every checkpoint_every steps and at the end.
 //
-// Programs differ only in their Strategy: how gradients are aggregated and which optimizer runs.
+// Programs differ only in their Strategy: where parameters live (replicated or sharded), how
+// gradients are aggregated and which optimizer runs. The loop sees parameters only through
+// parallel::Parallelism: it never assumes that a rank holds the whole model.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include "dtk/nn/model.h"
 #include "dtk/optim/optimizer.h"
 #include "dtk/optim/shampoo.h"
+#include "dtk/parallel/parallelism.h"
 
 namespace dtk::train {
 
@@ -78,6 +81,10 @@ struct Strategy {
   std::function<std::unique_ptr<optim::Optimizer>(const std::vector<nn::Param>&, comm::Communicator&)> optimizer;
   // A compressor for gradient aggregation, with the given bucket size; null: plain bucketed all-reduce.
   std::function<std::unique_ptr<compress::Compressor>(comm::Communicator&, const std::vector<nn::Param>&, size_t)> compressor;
+  // The sharded placement: the model is built with external parameter storage and this makes
+  // its parallelism (fsdp-train); null: replicated (parallel::GradSync, with the compressor).
+  std::function<std::unique_ptr<parallel::Parallelism>(nn::Model&, comm::Communicator& world, comm::Communicator& host)>
+      sharded;
   nlohmann::json config = nlohmann::json::object();  // program options, saved in checkpoints (extra)
 };
 

@@ -1,0 +1,825 @@
+#include "dtk/parallel/fsdp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <spdlog/spdlog.h>
+
+#include "dtk/core/device.h"
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+comm::Buffer buf(const Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()}; }
+
+// ------------------------------------------------------------------------------ the schedule
+
+enum class OpKind { gather, wait_gather, release, open_grad, reduce, wait_reduce };
+struct Op {
+  OpKind kind;
+  size_t bucket;
+};
+enum Hook { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward, kHooks };
+
+// The operations each hook runs, per block: a training micro-batch (forward and backward) or an
+// evaluation forward.
+struct Schedule {
+  std::vector<std::vector<Op>> at[kHooks];
+};
+
+bool reshards(const FsdpConfig& cfg, size_t k, size_t K) {
+  switch (cfg.reshard) {
+    case Reshard::always: return true;
+    case Reshard::never: return false;
+    case Reshard::default_: return k + 1 < K;
+  }
+  return true;
+}
+
+Schedule make_schedule(const BucketPlan& plan, int B, const FsdpConfig& cfg, bool train) {
+  const size_t K = plan.size(), P = cfg.overlap ? static_cast<size_t>(cfg.prefetch) : 0;
+  std::vector<size_t> kf(static_cast<size_t>(B)), kl(static_cast<size_t>(B));  // buckets touching each block
+  for (size_t k = K; k-- > 0;)
+    for (int b = plan[k].first_block; b <= plan[k].last_block; ++b) kf[static_cast<size_t>(b)] = k;
+  for (size_t k = 0; k < K; ++k)
+    for (int b = plan[k].first_block; b <= plan[k].last_block; ++b) kl[static_cast<size_t>(b)] = k;
+  Schedule s;
+  for (auto& v : s.at) v.resize(static_cast<size_t>(B));
+  std::vector<bool> live(K, false), waited(K, false);
+  auto gather = [&](std::vector<Op>& ops, size_t k) {
+    if (live[k]) return;
+    ops.push_back({OpKind::gather, k});
+    live[k] = true;
+    if (!cfg.overlap) {
+      ops.push_back({OpKind::wait_gather, k});
+      waited[k] = true;
+    }
+  };
+  auto wait = [&](std::vector<Op>& ops, size_t k) {
+    if (waited[k]) return;
+    ops.push_back({OpKind::wait_gather, k});
+    waited[k] = true;
+  };
+  auto release = [&](std::vector<Op>& ops, size_t k) {
+    ops.push_back({OpKind::release, k});
+    live[k] = waited[k] = false;
+  };
+  for (int b = 0; b < B; ++b) {
+    const size_t ub = static_cast<size_t>(b);
+    auto& before = s.at[kBeforeForward][ub];
+    for (size_t k = kf[ub]; k <= kl[ub]; ++k) gather(before, k);
+    for (size_t k = kl[ub] + 1; k < K && k <= kl[ub] + P; ++k) gather(before, k);
+    for (size_t k = kf[ub]; k <= kl[ub]; ++k) wait(before, k);
+    for (size_t k = kf[ub]; k <= kl[ub]; ++k)
+      if (plan[k].last_block == b && (!train || reshards(cfg, k, K))) release(s.at[kAfterForward][ub], k);
+  }
+  if (!train) return s;
+  std::vector<size_t> outstanding;  // reduce-scatters issued, not yet waited
+  for (int b = B - 1; b >= 0; --b) {
+    const size_t ub = static_cast<size_t>(b);
+    auto& before = s.at[kBeforeBackward][ub];
+    for (size_t k = kl[ub] + 1; k-- > kf[ub];) gather(before, k);
+    for (size_t k = kf[ub], n = 0; k-- > 0 && n < P; ++n) gather(before, k);
+    for (size_t k = kl[ub] + 1; k-- > kf[ub];) wait(before, k);
+    for (size_t k = kl[ub] + 1; k-- > kf[ub];)
+      if (plan[k].last_block == b) before.push_back({OpKind::open_grad, k});
+    auto& after = s.at[kAfterBackward][ub];
+    std::vector<size_t> issued;
+    for (size_t k = kl[ub] + 1; k-- > kf[ub];)
+      if (plan[k].first_block == b) {
+        release(after, k);
+        after.push_back({OpKind::reduce, k});
+        issued.push_back(k);
+      }
+    // Overlap: the reduce-scatters issued at earlier blocks are waited now that these are out.
+    if (cfg.overlap) {
+      for (size_t k : outstanding) after.push_back({OpKind::wait_reduce, k});
+      outstanding = issued;
+    } else {
+      for (size_t k : issued) after.push_back({OpKind::wait_reduce, k});
+    }
+    if (b == 0)
+      for (size_t k : outstanding) after.push_back({OpKind::wait_reduce, k});
+  }
+  return s;
+}
+
+// The most buffers of each kind in use at once over a schedule: gathered buckets, open
+// gradients, reduce-scatters in flight.
+struct Counts {
+  size_t gathered = 0, grads = 0, reducing = 0;
+};
+Counts count(const Schedule& s, int B, bool train) {
+  Counts peak, now;
+  auto run = [&](const std::vector<Op>& ops) {
+    for (const Op& op : ops) {
+      switch (op.kind) {
+        case OpKind::gather: ++now.gathered; break;
+        case OpKind::release: --now.gathered; break;
+        case OpKind::open_grad: ++now.grads; break;
+        case OpKind::reduce: --now.grads, ++now.reducing; break;
+        case OpKind::wait_reduce: --now.reducing; break;
+        case OpKind::wait_gather: break;
+      }
+      peak.gathered = std::max(peak.gathered, now.gathered);
+      peak.grads = std::max(peak.grads, now.grads);
+      peak.reducing = std::max(peak.reducing, now.reducing);
+    }
+  };
+  for (int b = 0; b < B; ++b) {
+    run(s.at[kBeforeForward][static_cast<size_t>(b)]);
+    run(s.at[kAfterForward][static_cast<size_t>(b)]);
+  }
+  if (train)
+    for (int b = B - 1; b >= 0; --b) {
+      run(s.at[kBeforeBackward][static_cast<size_t>(b)]);
+      run(s.at[kAfterBackward][static_cast<size_t>(b)]);
+    }
+  if (now.gathered || now.grads || now.reducing) fail("fsdp schedule: buffers left in use after a pass (a bug)");
+  return peak;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ plans
+
+BucketPlan plan_per_param(const nn::Model& m) {
+  BucketPlan p;
+  for (size_t i = 0; i < m.params().size(); ++i) p.push_back({i, i + 1, m.params()[i].block, m.params()[i].block});
+  return p;
+}
+
+BucketPlan plan_blocks(const nn::Model& m, int n) {
+  if (n < 1) fail_usage("--buckets: blocks per bucket must be positive, got " + std::to_string(n));
+  BucketPlan p;
+  for (int b = 0; b < m.num_blocks(); b += n) {
+    const int last = std::min(m.num_blocks() - 1, b + n - 1);
+    p.push_back({static_cast<size_t>(m.block_params(b).front()), static_cast<size_t>(m.block_params(last).back()) + 1,
+                 b, last});
+  }
+  return p;
+}
+
+namespace {
+void check_plan(const BucketPlan& plan, const nn::Model& m) {
+  const auto& ps = m.params();
+  size_t next = 0;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const Bucket& b = plan[k];
+    const std::string where = "bucket plan: bucket " + std::to_string(k);
+    if (b.first != next || b.end <= b.first || b.end > ps.size())
+      fail_usage(where + " holds parameters [" + std::to_string(b.first) + ", " + std::to_string(b.end) +
+                 "); the buckets must cover the " + std::to_string(ps.size()) + " parameters in order, from " +
+                 std::to_string(next));
+    const int fb = ps[b.first].block, lb = ps[b.end - 1].block;
+    const bool whole = static_cast<size_t>(m.block_params(fb).front()) == b.first &&
+                       static_cast<size_t>(m.block_params(lb).back()) + 1 == b.end;
+    if (fb != lb && !whole)
+      fail_usage(where + " splits a block: a bucket is part of one block or whole blocks");
+    next = b.end;
+  }
+  if (next != ps.size()) fail_usage("bucket plan: the buckets cover " + std::to_string(next) + " of the " +
+                                    std::to_string(ps.size()) + " parameters");
+}
+
+Bucket bucket_of_params(const nn::Model& m, size_t first, size_t end) {
+  if (end <= first || end > m.params().size())
+    fail_usage("bucket plan: bad parameter range [" + std::to_string(first) + ", " + std::to_string(end) + ")");
+  return {first, end, m.params()[first].block, m.params()[end - 1].block};
+}
+}  // namespace
+
+BucketPlan plan_from_json(const nlohmann::json& j, const nn::Model& m) {
+  if (!j.is_object() || !j.contains("buckets") || !j["buckets"].is_array() || j["buckets"].empty())
+    fail_usage("bucket plan: expected {\"buckets\": [...]}, as fsdp-train --print-plan writes");
+  BucketPlan p;
+  for (const auto& e : j["buckets"]) {
+    auto pair = [&](const char* key) -> std::pair<int64_t, int64_t> {
+      const auto& v = e[key];
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+        fail_usage(std::string("bucket plan: \"") + key + "\" must be two integers, got " + v.dump());
+      return {v[0].get<int64_t>(), v[1].get<int64_t>()};
+    };
+    if (!e.is_object()) fail_usage("bucket plan: a bucket must be an object, got " + e.dump());
+    if (e.contains("params")) {
+      const auto [a, z] = pair("params");
+      if (a < 0 || z < 0) fail_usage("bucket plan: negative parameter index in " + e.dump());
+      p.push_back(bucket_of_params(m, static_cast<size_t>(a), static_cast<size_t>(z)));
+    } else if (e.contains("blocks")) {
+      const auto [a, z] = pair("blocks");
+      if (a < 0 || z < a || z >= m.num_blocks())
+        fail_usage("bucket plan: blocks " + e["blocks"].dump() + " are not a range of the model's " +
+                   std::to_string(m.num_blocks()) + " blocks");
+      p.push_back(bucket_of_params(m, static_cast<size_t>(m.block_params(static_cast<int>(a)).front()),
+                                   static_cast<size_t>(m.block_params(static_cast<int>(z)).back()) + 1));
+    } else {
+      fail_usage("bucket plan: a bucket needs \"blocks\" or \"params\", got " + e.dump());
+    }
+  }
+  check_plan(p, m);
+  return p;
+}
+
+Reshard parse_reshard(const std::string& s) {
+  if (s == "default") return Reshard::default_;
+  if (s == "always") return Reshard::always;
+  if (s == "never") return Reshard::never;
+  fail_usage("--reshard-after-forward: expected default, always or never, got '" + s + "'");
+}
+
+// ------------------------------------------------------------------------------ prediction
+
+Prediction predict(const BucketPlan& plan, const std::vector<double>& gather_bytes,
+                   const std::vector<double>& reduce_bytes, const Costs& costs, const FsdpConfig& cfg, int B) {
+  const Schedule s = make_schedule(plan, B, cfg, true);
+  // One communication channel that runs collectives in issue order (the communication thread
+  // or NCCL stream), and the compute timeline that waits on it.
+  double now = 0, channel = 0, exposed = 0;
+  std::vector<double> done(plan.size(), 0);
+  auto run = [&](const std::vector<Op>& ops) {
+    for (const Op& op : ops) {
+      const size_t k = op.bucket;
+      switch (op.kind) {
+        case OpKind::gather:
+          channel = std::max(channel, now) + costs.all_gather.seconds(gather_bytes[k]);
+          done[k] = channel;
+          break;
+        case OpKind::reduce:
+          channel = std::max(channel, now) + costs.reduce_scatter.seconds(reduce_bytes[k]);
+          done[k] = channel;
+          break;
+        case OpKind::wait_gather:
+        case OpKind::wait_reduce:
+          if (done[k] > now) exposed += done[k] - now, now = done[k];
+          break;
+        default: break;
+      }
+    }
+  };
+  auto at = [](const std::vector<double>& v, int b) { return b < static_cast<int>(v.size()) ? v[static_cast<size_t>(b)] : 0.0; };
+  for (int b = 0; b < B; ++b) {
+    run(s.at[kBeforeForward][static_cast<size_t>(b)]);
+    now += at(costs.forward_s, b);
+    run(s.at[kAfterForward][static_cast<size_t>(b)]);
+  }
+  for (int b = B - 1; b >= 0; --b) {
+    run(s.at[kBeforeBackward][static_cast<size_t>(b)]);
+    now += at(costs.backward_s, b);
+    run(s.at[kAfterBackward][static_cast<size_t>(b)]);
+  }
+  return {exposed, now};
+}
+
+BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gbytes, const std::vector<double>& rbytes,
+                     const Costs& costs, const FsdpConfig& cfg) {
+  const int B = m.num_blocks();
+  auto sizes = [&](const BucketPlan& p, std::vector<double>& g, std::vector<double>& r) {
+    g.assign(p.size(), 0);
+    r.assign(p.size(), 0);
+    for (size_t k = 0; k < p.size(); ++k)
+      for (size_t i = p[k].first; i < p[k].end; ++i) g[k] += gbytes[i], r[k] += rbytes[i];
+  };
+  auto cost = [&](const BucketPlan& p) {
+    std::vector<double> g, r;
+    sizes(p, g, r);
+    return predict(p, g, r, costs, cfg, B).step_s;
+  };
+  BucketPlan plan = plan_blocks(m, 1);
+  // Greedy over the block boundaries: merge block b into the bucket before it while the step
+  // gets no slower (latency saved against overlap lost) and the bucket fits the memory cap.
+  for (size_t k = 0; k + 1 < plan.size();) {
+    BucketPlan merged = plan;
+    merged[k].end = merged[k + 1].end;
+    merged[k].last_block = merged[k + 1].last_block;
+    merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+    double gathered = 0;
+    for (size_t i = merged[k].first; i < merged[k].end; ++i) gathered += gbytes[i];
+    const bool fits = cfg.bucket_memory <= 0 || gathered <= cfg.bucket_memory;
+    if (fits && cost(merged) <= cost(plan)) plan = std::move(merged);
+    else ++k;
+  }
+  return plan;
+}
+
+// ------------------------------------------------------------------------------ the runtime
+
+struct Fsdp::Impl {
+  nn::Model& model;
+  FsdpConfig cfg;
+  std::shared_ptr<comm::Communicator> shard, replica, host_shard;
+  comm::Communicator& host_world;
+  int S = 1, sr = 0;  // shard group size, rank in it
+  Device dev;
+  // Per parameter: columns (elements per row), padded rows per rank, shard offset in the flat
+  // shard buffer (elements), padded shard numel.
+  std::vector<int64_t> cols, rpad, off, sn;
+  Tensor shard_values, shard_grads;
+  // Per bucket: chunk offset and numel in the shard buffer; gathered numel (S * chunk).
+  std::vector<int64_t> chunk_off, chunk_n;
+  int64_t max_chunk = 0;
+  Schedule train, eval;
+  // Arenas (allocated by size_arenas, reused every step).
+  struct Slot {
+    Tensor send, wire, value;
+  };
+  std::vector<Slot> slots;
+  std::vector<Tensor> grad_slots;
+  struct Reducing {
+    Tensor send, recv;
+  };
+  std::vector<Reducing> reducing;
+  Tensor recv_f32;  // bf16 reduce: the result cast before it is added
+  std::vector<int> free_slots, free_grads, free_reducing;
+  std::vector<int> slot_of, grad_of, reducing_of;  // per bucket, -1 none
+  std::vector<comm::Work> gathers, reduces;
+  std::vector<comm::Work> replica_works;
+  bool last_micro = false, eval_pass = false;
+  // Metrics of the last step.
+  double ag_bytes = 0, rs_bytes = 0, ar_bytes = 0, exposed_s = 0;
+  int64_t arena_bytes = 0;
+  // Auto plan and --print-plan: costs measured over the first steps.
+  bool measuring = false;
+  int64_t steps_seen = 0;
+  Costs costs;
+  std::vector<double> fwd_s, bwd_s;
+  Clock::time_point block_t0;
+
+  Impl(nn::Model& m, comm::Communicator& world, comm::Communicator& host, FsdpConfig c)
+      : model(m), cfg(std::move(c)), host_world(host), dev(m.device()) {
+    const int N = world.size(), R = cfg.replicate;
+    if (R < 1 || N % R != 0)
+      fail_usage("--replicate " + std::to_string(R) + " does not divide the " + std::to_string(N) + " ranks");
+    S = N / R;
+    const int group = world.rank() / S;
+    sr = world.rank() % S;
+    shard = world.split(group, world.rank());
+    host_shard = host.split(group, host.rank());
+    if (R > 1) replica = world.split(sr, world.rank());
+  }
+
+  Tensor shard_view(const Tensor& flat, size_t i, int64_t rows) const {
+    Shape s = model.params()[i].shape;
+    s[0] = rows;
+    return flat.slice(off[i], off[i] + rows * cols[i]).reshape(s);
+  }
+
+  void layout(std::vector<nn::Param>& params, std::vector<Rows>& rows_out) {
+    const auto& ps = model.params();
+    int64_t total = 0;
+    for (const nn::Param& p : ps) {
+      if (p.shape.empty()) fail("fsdp: parameter " + p.name + " is a scalar; shards split dim 0");
+      const int64_t rows = p.shape[0];
+      cols.push_back(rows > 0 ? shape_numel(p.shape) / rows : 0);
+      rpad.push_back((rows + S - 1) / S);
+      off.push_back(total);
+      sn.push_back(rpad.back() * cols.back());
+      total += sn.back();
+    }
+    shard_values = Tensor::zeros({total}, DType::f32, dev);
+    shard_grads = Tensor::zeros({total}, DType::f32, dev);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const int64_t rows = ps[i].shape[0];
+      Rows r;
+      r.shape = ps[i].shape;
+      r.rank = sr;
+      for (int q = 0; q < S; ++q) {
+        const int64_t o = std::min(rows, q * rpad[i]);
+        r.offsets.push_back(o);
+        r.lengths.push_back(std::min(rows, o + rpad[i]) - o);
+      }
+      const int64_t len = r.lengths[static_cast<size_t>(sr)];
+      nn::Param p;
+      p.name = ps[i].name;
+      p.block = ps[i].block;
+      p.value = shard_view(shard_values, i, len);
+      p.grad = shard_view(shard_grads, i, len);
+      p.shape = p.value.shape();
+      params.push_back(std::move(p));
+      rows_out.push_back(std::move(r));
+    }
+  }
+
+  // Turns the plan into the schedules and sizes every buffer from them (start-up, and once
+  // more when the automatic plan replaces the measuring one).
+  void build(const BucketPlan& plan) {
+    const int B = model.num_blocks();
+    chunk_off.clear(), chunk_n.clear();
+    max_chunk = 0;
+    for (const Bucket& b : plan) {
+      chunk_off.push_back(off[b.first]);
+      int64_t n = 0;
+      for (size_t i = b.first; i < b.end; ++i) n += sn[i];
+      chunk_n.push_back(n);
+      max_chunk = std::max(max_chunk, n);
+    }
+    train = make_schedule(plan, B, cfg, true);
+    eval = make_schedule(plan, B, cfg, false);
+    const Counts ct = count(train, B, true), ce = count(eval, B, false);
+    const int64_t F = max_chunk * S;
+    const size_t ps = dtype_size(cfg.param_dtype), rs = dtype_size(cfg.reduce_dtype);
+    slots.assign(std::max(ct.gathered, ce.gathered), {});
+    for (Slot& s : slots) {
+      if (cfg.param_dtype != DType::f32) s.send = Tensor::empty({max_chunk}, cfg.param_dtype, dev);
+      s.wire = Tensor::empty({F}, cfg.param_dtype, dev);
+      s.value = Tensor::empty({F}, DType::f32, dev);
+    }
+    grad_slots.assign(ct.grads, {});
+    for (Tensor& g : grad_slots) g = Tensor::empty({F}, DType::f32, dev);
+    reducing.assign(ct.reducing, {});
+    for (Reducing& r : reducing) {
+      r.send = Tensor::empty({F}, cfg.reduce_dtype, dev);
+      r.recv = Tensor::empty({max_chunk}, cfg.reduce_dtype, dev);
+    }
+    recv_f32 = cfg.reduce_dtype != DType::f32 ? Tensor::empty({max_chunk}, DType::f32, dev) : Tensor();
+    arena_bytes = static_cast<int64_t>(slots.size()) * (F * static_cast<int64_t>(ps + 4) +
+                                                        (cfg.param_dtype != DType::f32 ? max_chunk * static_cast<int64_t>(ps) : 0)) +
+                  static_cast<int64_t>(grad_slots.size()) * F * 4 +
+                  static_cast<int64_t>(reducing.size()) * (F + max_chunk) * static_cast<int64_t>(rs) +
+                  (recv_f32.defined() ? max_chunk * 4 : 0);
+    const size_t K = plan.size();
+    slot_of.assign(K, -1), grad_of.assign(K, -1), reducing_of.assign(K, -1);
+    gathers.assign(K, {}), reduces.assign(K, {});
+    auto fill = [](std::vector<int>& v, size_t n) {
+      v.clear();
+      for (size_t i = n; i-- > 0;) v.push_back(static_cast<int>(i));
+    };
+    fill(free_slots, slots.size()), fill(free_grads, grad_slots.size()), fill(free_reducing, reducing.size());
+  }
+
+  static int take(std::vector<int>& pool, const char* what) {
+    if (pool.empty()) fail(std::string("fsdp: no free ") + what + " buffer (the schedule's count is wrong: a bug)");
+    const int i = pool.back();
+    pool.pop_back();
+    return i;
+  }
+
+  void wait_timed(comm::Work& w) {
+    const auto t = Clock::now();
+    w.wait();
+    exposed_s += since(t);
+  }
+
+  void run(const std::vector<Op>& ops, const BucketPlan& plan) {
+    for (const Op& op : ops) {
+      const size_t k = op.bucket;
+      const Bucket& b = plan[k];
+      const int64_t C = chunk_n[k];
+      switch (op.kind) {
+        case OpKind::gather: {
+          const int s = take(free_slots, "gather");
+          slot_of[k] = s;
+          Slot& sl = slots[static_cast<size_t>(s)];
+          Tensor src = shard_values.slice(chunk_off[k], chunk_off[k] + C);
+          if (cfg.param_dtype != DType::f32) {
+            Tensor send = sl.send.slice(0, C);
+            ops::cast(src, send);
+            src = send;
+          }
+          gathers[k] = shard->all_gather(buf(src), buf(sl.wire.slice(0, C * S)), comm::Mode::async);
+          ag_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.param_dtype));
+          break;
+        }
+        case OpKind::wait_gather: {
+          wait_timed(gathers[k]);
+          Slot& sl = slots[static_cast<size_t>(slot_of[k])];
+          // Copy-out: rank-major wire to param-major f32 values, then bind the parameters.
+          auto& ps = model.params();
+          for (size_t i = b.first; i < b.end; ++i) {
+            const int64_t in_chunk = off[i] - chunk_off[k];
+            for (int q = 0; q < S; ++q) {
+              Tensor dst = sl.value.slice(S * in_chunk + q * sn[i], S * in_chunk + (q + 1) * sn[i]);
+              ops::cast(sl.wire.slice(q * C + in_chunk, q * C + in_chunk + sn[i]), dst);
+            }
+            ps[i].value = sl.value.slice(S * in_chunk, S * in_chunk + shape_numel(ps[i].shape)).reshape(ps[i].shape);
+          }
+          break;
+        }
+        case OpKind::release: {
+          free_slots.push_back(slot_of[k]);
+          slot_of[k] = -1;
+          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = Tensor();
+          break;
+        }
+        case OpKind::open_grad: {
+          const int g = take(free_grads, "gradient");
+          grad_of[k] = g;
+          Tensor region = grad_slots[static_cast<size_t>(g)].slice(0, C * S);
+          ops::fill(region, 0.0);
+          auto& ps = model.params();
+          for (size_t i = b.first; i < b.end; ++i) {
+            const int64_t in_chunk = off[i] - chunk_off[k];
+            ps[i].grad = region.slice(S * in_chunk, S * in_chunk + shape_numel(ps[i].shape)).reshape(ps[i].shape);
+          }
+          break;
+        }
+        case OpKind::reduce: {
+          const int g = grad_of[k];
+          grad_of[k] = -1;
+          const int r = take(free_reducing, "reduce-scatter");
+          reducing_of[k] = r;
+          const Tensor& region = grad_slots[static_cast<size_t>(g)];
+          Reducing& rd = reducing[static_cast<size_t>(r)];
+          // Copy-in: param-major f32 gradients to rank-major in the reduce dtype.
+          for (size_t i = b.first; i < b.end; ++i) {
+            const int64_t in_chunk = off[i] - chunk_off[k];
+            for (int q = 0; q < S; ++q) {
+              Tensor dst = rd.send.slice(q * C + in_chunk, q * C + in_chunk + sn[i]);
+              ops::cast(region.slice(S * in_chunk + q * sn[i], S * in_chunk + (q + 1) * sn[i]), dst);
+            }
+            model.params()[i].grad = Tensor();
+          }
+          free_grads.push_back(g);
+          reduces[k] = shard->reduce_scatter(buf(rd.send.slice(0, C * S)), buf(rd.recv.slice(0, C)), comm::ReduceOp::sum,
+                                             comm::Mode::async);
+          rs_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.reduce_dtype));
+          break;
+        }
+        case OpKind::wait_reduce: {
+          wait_timed(reduces[k]);
+          const int r = reducing_of[k];
+          reducing_of[k] = -1;
+          Tensor recv = reducing[static_cast<size_t>(r)].recv.slice(0, C);
+          if (recv_f32.defined()) {
+            Tensor f = recv_f32.slice(0, C);
+            ops::cast(recv, f);
+            recv = f;
+          }
+          Tensor g = shard_grads.slice(chunk_off[k], chunk_off[k] + C);
+          ops::add(g, recv, g);
+          free_reducing.push_back(r);
+          if (replica && last_micro) {  // HSDP: the shard gradient summed over the groups
+            replica_works.push_back(replica->all_reduce(buf(g), buf(g), comm::ReduceOp::sum, comm::Mode::async));
+            ar_bytes += static_cast<double>(C) * 4;
+          }
+          break;
+        }
+      }
+    }
+  }
+};
+
+Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg) {
+  if (model.storage() != nn::Storage::external) fail("Fsdp: the model must have external parameter storage");
+  if (cfg.prefetch < 0) fail_usage("--prefetch must be >= 0, got " + std::to_string(cfg.prefetch));
+  impl_ = std::make_unique<Impl>(model, world, host, cfg);
+  impl_->layout(params_, rows_);
+  const std::string& spec = cfg.buckets;
+  if (spec == "param") {
+    plan_ = plan_per_param(model);
+  } else if (spec == "block" || spec == "auto") {
+    plan_ = plan_blocks(model, 1);
+  } else if (!spec.empty() && std::all_of(spec.begin(), spec.end(), ::isdigit)) {
+    plan_ = plan_blocks(model, std::stoi(spec));
+  } else {
+    std::ifstream f(spec);
+    if (!f) fail_usage("--buckets " + spec + ": not param, block, a number, auto, or a readable plan file");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      fail_usage("--buckets " + spec + ": not JSON (" + e.what() + ")");
+    }
+    plan_ = plan_from_json(j, model);
+  }
+  impl_->build(plan_);
+  impl_->measuring = spec == "auto" || cfg.print_plan;
+  if (impl_->measuring) {
+    impl_->fwd_s.assign(static_cast<size_t>(model.num_blocks()), 0);
+    impl_->bwd_s.assign(static_cast<size_t>(model.num_blocks()), 0);
+  }
+}
+
+Fsdp::~Fsdp() = default;
+
+void Fsdp::init(uint64_t seed) {
+  Impl& m = *impl_;
+  int64_t largest = 0;
+  for (const nn::Param& p : m.model.params()) largest = std::max(largest, shape_numel(p.shape));
+  Tensor tmp = Tensor::empty({largest}, DType::f32, m.dev);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const nn::Param& full = m.model.params()[i];
+    Tensor t = tmp.slice(0, shape_numel(full.shape)).reshape(full.shape);
+    m.model.init_param(i, seed, t);
+    const int64_t o = rows_[i].offsets[static_cast<size_t>(m.sr)], n = rows_[i].lengths[static_cast<size_t>(m.sr)];
+    if (n > 0) params_[i].value.copy_from(t.slice(o, o + n));
+  }
+}
+
+void Fsdp::zero_grad() {
+  ops::fill(impl_->shard_grads, 0.0);
+  impl_->ag_bytes = impl_->rs_bytes = impl_->ar_bytes = impl_->exposed_s = 0;
+}
+
+void Fsdp::begin(int64_t) { impl_->last_micro = true; }
+
+void Fsdp::finish() {
+  Impl& m = *impl_;
+  for (comm::Work& w : m.replica_works) m.wait_timed(w);
+  m.replica_works.clear();
+  m.last_micro = false;
+}
+
+double Fsdp::clip_grad_norm(double max_norm) {
+  Impl& m = *impl_;
+  const double local = ops::reduce_all(ops::Reduce::norm2, m.shard_grads);
+  double sumsq = local * local;
+  m.host_shard->all_reduce({&sumsq, 1, DType::f64, {}}, {&sumsq, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+  const double norm = std::sqrt(sumsq);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) ops::scale(m.shard_grads, max_norm / norm, m.shard_grads);
+  return norm;
+}
+
+void Fsdp::metrics(nlohmann::ordered_json& j) const {
+  const Impl& m = *impl_;
+  j["comm_bytes"] = m.ag_bytes + m.rs_bytes + m.ar_bytes;
+  j["all_gather_bytes"] = m.ag_bytes;
+  j["reduce_scatter_bytes"] = m.rs_bytes;
+  if (m.replica) j["all_reduce_bytes"] = m.ar_bytes;
+  j["exposed_comm_ms"] = m.exposed_s * 1e3;
+  j["shard_bytes"] = m.shard_values.bytes() + m.shard_grads.bytes();
+  j["arena_bytes"] = m.arena_bytes;
+}
+
+comm::Communicator* Fsdp::checkpoint_comm() {
+  Impl& m = *impl_;
+  // One shard group writes (HSDP's groups hold the same shards): group 0, the ranks [0, S).
+  return m.host_world.rank() < m.S ? m.host_shard.get() : nullptr;
+}
+
+void Fsdp::before_forward(int block, nn::Pass pass) {
+  Impl& m = *impl_;
+  if (pass == nn::Pass::recompute) return;
+  if (pass == nn::Pass::evaluate && block == 0)
+    for (int s : m.slot_of)
+      if (s >= 0) fail("fsdp: evaluate() while a training forward awaits its backward is not supported");
+  m.run((pass == nn::Pass::train ? m.train : m.eval).at[kBeforeForward][static_cast<size_t>(block)], plan_);
+  if (m.measuring && pass == nn::Pass::train) m.block_t0 = Clock::now();
+}
+
+void Fsdp::after_forward(int block, nn::Pass pass) {
+  Impl& m = *impl_;
+  if (pass == nn::Pass::recompute) return;
+  if (m.measuring && pass == nn::Pass::train) m.fwd_s[static_cast<size_t>(block)] = since(m.block_t0);
+  m.run((pass == nn::Pass::train ? m.train : m.eval).at[kAfterForward][static_cast<size_t>(block)], plan_);
+}
+
+void Fsdp::before_backward(int block) {
+  Impl& m = *impl_;
+  m.run(m.train.at[kBeforeBackward][static_cast<size_t>(block)], plan_);
+  if (m.measuring) m.block_t0 = Clock::now();
+}
+
+void Fsdp::after_backward(int block) {
+  Impl& m = *impl_;
+  if (m.measuring) m.bwd_s[static_cast<size_t>(block)] = since(m.block_t0);
+  m.run(m.train.at[kAfterBackward][static_cast<size_t>(block)], plan_);
+}
+
+namespace {
+
+// Bytes per parameter on the wire: the gathered parameter (param dtype) and the reduce-scatter
+// input (reduce dtype), padded as the shards are.
+void wire_bytes(const nn::Model& model, int S, const FsdpConfig& cfg, std::vector<double>& g, std::vector<double>& r) {
+  for (const nn::Param& p : model.params()) {
+    const int64_t rows = p.shape[0], cols = rows > 0 ? shape_numel(p.shape) / rows : 0;
+    const double n = static_cast<double>((rows + S - 1) / S * S * cols);
+    g.push_back(n * static_cast<double>(dtype_size(cfg.param_dtype)));
+    r.push_back(n * static_cast<double>(dtype_size(cfg.reduce_dtype)));
+  }
+}
+
+// All-gather and reduce-scatter timed over a range of sizes on the shard group and fitted
+// (comm/cost.h), the slowest rank's time at each size.
+Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpConfig& cfg, double lo_bytes,
+                double hi_bytes, Device dev) {
+  Costs c;
+  const int S = shard.size();
+  if (S == 1) return c;  // nothing to communicate: zero costs
+  const int kSizes = 8, kReps = 3;
+  auto sweep = [&](bool gather) {
+    const DType t = gather ? cfg.param_dtype : cfg.reduce_dtype;
+    const double es = static_cast<double>(dtype_size(t));
+    const int64_t max_chunk = std::max<int64_t>(1, static_cast<int64_t>(hi_bytes / es / S));
+    Tensor small = Tensor::zeros({max_chunk}, t, dev), big = Tensor::zeros({max_chunk * S}, t, dev);
+    std::vector<comm::Sample> samples;
+    for (int i = 0; i < kSizes; ++i) {
+      const double bytes = lo_bytes * std::pow(hi_bytes / lo_bytes, static_cast<double>(i) / (kSizes - 1));
+      const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(bytes / es / S), 1, max_chunk);
+      std::vector<double> times;
+      for (int rep = 0; rep <= kReps; ++rep) {
+        host.barrier();
+        const auto t0 = Clock::now();
+        comm::Work w = gather ? shard.all_gather(buf(small.slice(0, n)), buf(big.slice(0, n * S)), comm::Mode::async)
+                              : shard.reduce_scatter(buf(big.slice(0, n * S)), buf(small.slice(0, n)),
+                                                     comm::ReduceOp::sum, comm::Mode::async);
+        w.wait();
+        if (dev.is_cuda()) cuda::synchronize();
+        if (rep > 0) times.push_back(since(t0));  // the first is a warm-up
+      }
+      std::sort(times.begin(), times.end());
+      double t = times[times.size() / 2];
+      host.all_reduce({&t, 1, DType::f64, {}}, {&t, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+      samples.push_back({static_cast<double>(n * S) * es, t});
+    }
+    return comm::fit_cost(samples);
+  };
+  c.all_gather = sweep(true);
+  c.reduce_scatter = sweep(false);
+  return c;
+}
+
+}  // namespace
+
+bool Fsdp::before_step(int64_t) {
+  Impl& m = *impl_;
+  if (!m.measuring) return true;
+  // Costs: the collectives calibrated once; per-block compute from the second step on the
+  // measuring plan (the first one allocates activation buffers and warms caches).
+  if (m.steps_seen == 0) {
+    std::vector<double> g, r;
+    wire_bytes(m.model, m.S, m.cfg, g, r);
+    double lo = 1e300, total = 0;
+    for (double x : g) lo = std::min(lo, x), total += x;
+    m.costs = calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
+  }
+  if (m.steps_seen++ < 2) return true;
+  m.costs.forward_s = m.fwd_s;
+  m.costs.backward_s = m.bwd_s;
+  for (auto* v : {&m.costs.forward_s, &m.costs.backward_s})
+    m.host_world.all_reduce({v->data(), v->size(), DType::f64, {}}, {v->data(), v->size(), DType::f64, {}},
+                            comm::ReduceOp::max, comm::Mode::sync);
+  m.measuring = false;
+  if (m.cfg.buckets == "auto") {
+    std::vector<double> g, r;
+    wire_bytes(m.model, m.S, m.cfg, g, r);
+    plan_ = plan_auto(m.model, g, r, m.costs, m.cfg);
+    m.build(plan_);
+    spdlog::info("fsdp: automatic bucket plan of {} bucket(s) for {} blocks", plan_.size(), m.model.num_blocks());
+  }
+  if (m.cfg.print_plan) {
+    if (m.host_world.rank() == 0) std::printf("%s\n", plan_json().dump(2).c_str());
+    std::fflush(stdout);
+    return false;
+  }
+  return true;
+}
+
+nlohmann::json Fsdp::plan_json() const {
+  const Impl& m = *impl_;
+  std::vector<double> g, r;
+  wire_bytes(m.model, m.S, m.cfg, g, r);
+  std::vector<double> gb(plan_.size(), 0), rb(plan_.size(), 0);
+  nlohmann::json buckets = nlohmann::json::array();
+  for (size_t k = 0; k < plan_.size(); ++k) {
+    const Bucket& b = plan_[k];
+    for (size_t i = b.first; i < b.end; ++i) gb[k] += g[i], rb[k] += r[i];
+    buckets.push_back({{"blocks", {b.first_block, b.last_block}},
+                       {"params", {b.first, b.end}},
+                       {"first", m.model.params()[b.first].name},
+                       {"last", m.model.params()[b.end - 1].name},
+                       {"all_gather_bytes", gb[k]},
+                       {"reduce_scatter_bytes", rb[k]}});
+  }
+  nlohmann::json j = {{"buckets", buckets},
+                      {"shard_group", m.S},
+                      {"replicate", m.cfg.replicate},
+                      {"param_dtype", dtype_name(m.cfg.param_dtype)},
+                      {"reduce_dtype", dtype_name(m.cfg.reduce_dtype)},
+                      {"prefetch", m.cfg.prefetch},
+                      {"overlap", m.cfg.overlap}};
+  if (!m.costs.forward_s.empty()) {
+    const Prediction p = predict(plan_, gb, rb, m.costs, m.cfg, m.model.num_blocks());
+    const Prediction none = predict(plan_, gb, rb, m.costs, [&] {
+      FsdpConfig c = m.cfg;
+      c.overlap = false;
+      return c;
+    }(), m.model.num_blocks());
+    double fwd = 0, bwd = 0;
+    for (double x : m.costs.forward_s) fwd += x;
+    for (double x : m.costs.backward_s) bwd += x;
+    j["predicted"] = {{"exposed_comm_ms", p.exposed_s * 1e3},
+                      {"step_ms", p.step_s * 1e3},
+                      {"no_overlap_step_ms", none.step_s * 1e3},
+                      {"compute_ms", (fwd + bwd) * 1e3}};
+    j["costs"] = {{"all_gather", {{"alpha_us", m.costs.all_gather.alpha_s * 1e6},
+                                  {"gbps", m.costs.all_gather.beta_s_per_byte > 0 ? 1e-9 / m.costs.all_gather.beta_s_per_byte : 0}}},
+                  {"reduce_scatter", {{"alpha_us", m.costs.reduce_scatter.alpha_s * 1e6},
+                                      {"gbps", m.costs.reduce_scatter.beta_s_per_byte > 0
+                                                   ? 1e-9 / m.costs.reduce_scatter.beta_s_per_byte
+                                                   : 0}}},
+                  {"forward_ms", m.costs.forward_s},
+                  {"backward_ms", m.costs.backward_s}};
+    for (auto& x : j["costs"]["forward_ms"]) x = x.get<double>() * 1e3;
+    for (auto& x : j["costs"]["backward_ms"]) x = x.get<double>() * 1e3;
+  }
+  return j;
+}
+
+}  // namespace dtk::parallel

@@ -1,0 +1,138 @@
+// dtk::parallel — fully sharded data parallelism after SimpleFSDP (Zhang et al., 2024): the
+// sharded placement of parallelism.h.
+//
+// Storage. Every rank of a shard group keeps, in f32, rows [r * ceil(rows / S), ...) of dim 0 of
+// every parameter (the last ranks' shards padded with zero rows to the same length, as FSDP2
+// pads): the master weights, their gradients and the optimizer's state live only there. Shards
+// are laid out in the model's parameter order in one flat buffer, so any bucket's shards are one
+// contiguous chunk: the all-gather's send buffer (f32) or the source of one cast (bf16), and the
+// destination of the reduce-scatter's result. The model has external storage: a parameter's
+// value and gradient exist only while its bucket is gathered (Param::value and grad point into
+// arena buffers then, and are undefined otherwise).
+//
+// Buckets. Parameters are gathered and reduce-scattered in buckets: contiguous runs of
+// parameters, each inside one block or made of whole blocks (BucketPlan). A gathered bucket is
+// rank-major on the wire ([rank 0: p1 | p2 ...][rank 1: p1 | p2 ...]); copy-out casts it to
+// param-major f32 for compute. Gradients go the other way: copy-in from param-major f32 to
+// rank-major in the reduce dtype, one reduce-scatter, and the result added to the shard's
+// gradient (every micro-batch: gradient accumulation happens on the shards).
+//
+// The schedule is static, as SimpleFSDP's compiler passes make it: at start-up the plan is
+// turned into a list of operations attached to the block hooks (gather, wait, release, open the
+// gradient, reduce, wait), for a training micro-batch and for an evaluation forward. Forward:
+// the all-gathers of the next `prefetch` buckets are issued before the current bucket's is
+// waited; backward: the same in reverse, and bucket i's reduce-scatter is waited only after
+// bucket i-1's has been issued. With overlap off every collective is waited as soon as it is
+// issued (the baseline). Reshard after forward frees a bucket's gathered parameters after its
+// forward and gathers them again in backward (ZeRO-3); kept, they stay until their backward
+// (ZeRO-2); by default every bucket but the last (norm + output, the first needed in backward)
+// is resharded. The same list drives the dry run that sizes the arenas (every buffer is
+// allocated at start-up and reused: nothing is allocated per step) and the simulation that
+// predicts exposed communication from measured costs (plan_auto, print_plan).
+//
+// HSDP: with replicate R, the world's ranks form R groups of S = N / R consecutive ranks; each
+// group shards the model, and after the last micro-batch's reduce-scatter each bucket's shard
+// gradient is all-reduced across the groups (the ranks with the same shard rank).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dtk/comm/comm.h"
+#include "dtk/comm/cost.h"
+#include "dtk/nn/model.h"
+#include "dtk/parallel/parallelism.h"
+
+namespace dtk::parallel {
+
+// Parameters [first, end) of the model, in blocks [first_block, last_block].
+struct Bucket {
+  size_t first = 0, end = 0;
+  int first_block = 0, last_block = 0;
+};
+using BucketPlan = std::vector<Bucket>;
+
+// One bucket per parameter (no bucketing), or groups of n consecutive blocks (n = 1: one per block).
+BucketPlan plan_per_param(const nn::Model& m);
+BucketPlan plan_blocks(const nn::Model& m, int blocks_per_bucket);
+// A plan as plan_json writes it: {"buckets": [{"blocks": [first, last]} or {"params": [first,
+// end]}, ...]}; UsageError naming the problem when it does not cover the model's parameters in
+// order, each bucket inside one block or of whole blocks.
+BucketPlan plan_from_json(const nlohmann::json& j, const nn::Model& m);
+
+// What the planner and the simulation know: collective costs (bytes: the whole gathered bucket
+// on the wire, and the whole reduce-scatter input) and each block's forward and backward time.
+struct Costs {
+  comm::CostModel all_gather, reduce_scatter;
+  std::vector<double> forward_s, backward_s;
+};
+
+enum class Reshard { default_, always, never };
+
+struct FsdpConfig {
+  DType param_dtype = DType::bf16;   // all-gather dtype (compute upcasts to f32 after it)
+  DType reduce_dtype = DType::f32;   // reduce-scatter dtype
+  Reshard reshard = Reshard::default_;
+  int prefetch = 1;                  // buckets gathered ahead of the one computing
+  bool overlap = true;               // false: every collective waited as soon as it is issued
+  int replicate = 1;                 // HSDP groups
+  std::string buckets = "block";     // param | block | N | auto | a plan file (JSON)
+  double bucket_memory = 0;          // auto: the largest gathered bucket in bytes (0: no cap)
+  bool print_plan = false;           // print the plan (JSON) once it is final, then stop
+};
+Reshard parse_reshard(const std::string& s);
+
+class Fsdp final : public Parallelism {
+ public:
+  // model: external storage. world, host: the job's device and host world communicators.
+  Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg);
+  ~Fsdp() override;
+
+  std::vector<nn::Param>& params() override { return params_; }
+  const Rows* rows(size_t i) const override { return &rows_.at(i); }
+  void init(uint64_t seed) override;
+  void loaded() override {}
+  void zero_grad() override;
+  void begin(int64_t step) override;
+  void finish() override;
+  double clip_grad_norm(double max_norm) override;
+  // all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP), exposed_comm_ms,
+  // arena_bytes, shard_bytes; comm_bytes = their sum.
+  void metrics(nlohmann::ordered_json& m) const override;
+  comm::Communicator* checkpoint_comm() override;
+  bool before_step(int64_t step) override;
+
+  void before_forward(int block, nn::Pass pass) override;
+  void after_forward(int block, nn::Pass pass) override;
+  void before_backward(int block) override;
+  void after_backward(int block) override;
+
+  const BucketPlan& plan() const { return plan_; }
+  // The plan with its buckets' sizes and the predicted exposed communication per step.
+  nlohmann::json plan_json() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<nn::Param> params_;
+  std::vector<Rows> rows_;
+  BucketPlan plan_;
+};
+
+// The schedule's prediction for one training micro-batch: exposed communication (time compute
+// waits on a collective) and the step time (compute + exposed), in seconds. `gather_bytes` and
+// `reduce_bytes` per bucket.
+struct Prediction {
+  double exposed_s = 0, step_s = 0;
+};
+Prediction predict(const BucketPlan& plan, const std::vector<double>& gather_bytes,
+                   const std::vector<double>& reduce_bytes, const Costs& costs, const FsdpConfig& cfg, int num_blocks);
+// SimpleFSDP's greedy automatic bucketing: walking the blocks in order, a block joins the
+// current bucket while the predicted step time does not grow and the merged bucket's gathered
+// bytes stay within cfg.bucket_memory. bytes_per_block: gathered and reduce-scattered bytes.
+BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gather_bytes_per_param,
+                     const std::vector<double>& reduce_bytes_per_param, const Costs& costs, const FsdpConfig& cfg);
+
+}  // namespace dtk::parallel

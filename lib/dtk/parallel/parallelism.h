@@ -1,0 +1,66 @@
+// dtk::parallel — how a job holds the model's parameters and aggregates their gradients: the
+// trainer's whole view of parallelism (DESIGN.md, "One step"; torchtitan's rule: the trainer
+// knows nothing of how parameters are placed). Two placements implement it:
+//  - replicated (data_parallel.h, GradSync): every rank holds the whole model in the model's flat
+//    buffers; gradients are all-reduced in buckets during backward, or compressed (psgd-train,
+//    shampoo-train);
+//  - sharded (fsdp.h, Fsdp): every rank holds dim-0 shards of every parameter; a block's
+//    parameters are all-gathered before it runs and its gradients reduce-scattered after its
+//    backward (fsdp-train).
+// Either is the model's block hooks (nn::Model::set_hooks).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "dtk/comm/comm.h"
+#include "dtk/nn/model.h"
+
+namespace dtk::parallel {
+
+// How a sharded tensor's rows of dim 0 are split over the ranks of a shard group.
+struct Rows {
+  Shape shape;                            // the whole tensor's
+  std::vector<int64_t> offsets, lengths;  // per rank of the shard group
+  int rank = 0;                           // this rank's index in the shard group
+};
+
+class Parallelism : public nn::BlockHooks {
+ public:
+  // The parameters as this rank holds them, in the model's order and with its names: whole
+  // (replicated), or this rank's rows of dim 0 (sharded; possibly none). The optimizer steps
+  // them, clipping measures them, checkpoints save them.
+  virtual std::vector<nn::Param>& params() = 0;
+  // params()[i]'s rows over the shard group; null: whole on every rank.
+  virtual const Rows* rows(size_t i) const {
+    (void)i;
+    return nullptr;
+  }
+  // The initial values (nn::Model::init_param's): the same model for a seed on any world size.
+  virtual void init(uint64_t seed) = 0;
+  // After init or a checkpoint load, before the first step (replicated: broadcast from rank 0,
+  // then a check that every rank holds the same bits).
+  virtual void loaded() = 0;
+  virtual void zero_grad() = 0;
+  // Right before the step's last micro-batch's backward, and after it: on return from finish(),
+  // params()' gradients hold the sum over ranks (each rank's gradients are scaled so that the
+  // sum is the global-batch mean).
+  virtual void begin(int64_t step) = 0;
+  virtual void finish() = 0;
+  // The L2 norm of the whole model's gradient (collective when sharded); when max_norm > 0 and
+  // the norm exceeds it, every gradient is scaled by max_norm / norm. Returns the norm.
+  virtual double clip_grad_norm(double max_norm) = 0;
+  // What the last step's metrics add (bytes sent, exposed communication, memory).
+  virtual void metrics(nlohmann::ordered_json& m) const = 0;
+  // Before each step: false stops the run there (fsdp-train --print-plan, once its plan is
+  // final). The automatic bucket plan is settled here, from the first steps' timings.
+  virtual bool before_step(int64_t step) {
+    (void)step;
+    return true;
+  }
+  // Sharded states are written by the ranks of this host communicator (one shard group), the
+  // others skip the write; null: a full checkpoint through rank 0 of the world.
+  virtual comm::Communicator* checkpoint_comm() { return nullptr; }
+};
+
+}  // namespace dtk::parallel
