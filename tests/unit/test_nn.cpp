@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -546,11 +547,15 @@ TEST(NnLlama, ActivationMemoryByMode) {
     EXPECT_LT(bytes->at(full), bytes->at(sel));
     EXPECT_LT(bytes->at(sel), bytes->at(none));
   }
-  // Per layer, f32: kept by selective q, k, v, out, lse, a, b; recomputed xn1, h_mid, xn2, g and
-  // the two norms' rstd.
-  const auto f32 = [](int64_t n) { return static_cast<size_t>(n) * 4; };
-  const size_t kept = f32(N * (Q + KV + KV + Q + c.n_heads + F + F));
-  const size_t cheap = f32(N * (3 * D + F + 2));
+  // Per layer, one f32 buffer each (host allocations are rounded up to 64 bytes): kept by
+  // selective q, k, v, out, lse, a, b; recomputed xn1, h_mid, xn2, g and the two norms' rstd.
+  const auto f32 = [](std::initializer_list<int64_t> sizes) {
+    size_t bytes = 0;
+    for (int64_t n : sizes) bytes += (static_cast<size_t>(n) * 4 + 63) / 64 * 64;
+    return bytes;
+  };
+  const size_t kept = f32({N * Q, N * KV, N * KV, N * Q, N * c.n_heads, N * F, N * F});
+  const size_t cheap = f32({N * D, N * D, N * D, N * F, N, N});
   EXPECT_EQ(after_forward[none] - after_forward[sel], static_cast<size_t>(L - 1) * cheap);
   EXPECT_EQ(after_forward[sel] - after_forward[full], static_cast<size_t>(L - 1) * kept);
   EXPECT_EQ(later[none] - later[sel], static_cast<size_t>(L - 1) * cheap);

@@ -75,6 +75,9 @@ cli::Program program() {
     c.reshard = parallel::parse_reshard(reshard);
     c.overlap = !no_overlap;
     c.bucket_memory = bucket_memory_mb * (1 << 20);
+    // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
+    // unless --metrics names a file).
+    if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
     train::Strategy s;
     s.program = "fsdp-train";
     s.config = {{"param_dtype", param_dtype}, {"reduce_dtype", reduce_dtype}, {"reshard_after_forward", reshard},

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# fsdp-train end to end: learning; with f32 gathers and reductions the same run as psgd-train
+# --compressor none on 1, 2 and 4 ranks for every bucket plan, reshard policy, prefetch depth,
+# overlap off, HSDP, micro-batches and activation checkpointing; exact resume; resume on another
+# world size or --replicate; checkpoints that psgd-train reads and the other way round; bf16
+# gathers within 2% of f32; --print-plan and plan files; bytes and memory per rank; bad input.
+#   fsdp_train.sh MPIEXEC FSDP_TRAIN PSGD_TRAIN SHARD_INSPECT
+set -u
+. "$(dirname "$0")/train_lib.sh"
+mpiexec=$1 fsdp=$2 psgd=$3 si=$4
+common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
+exact="--param-dtype f32 --reduce-dtype f32"
+
+# ---- learning on 2 ranks, bf16 gathers (the defaults) ----
+run $mpiexec -n 2 $fsdp $common --steps 120 --metrics learn.jsonl
+if [ $rc = 0 ]; then
+  python3 - learn.jsonl <<'PY' && ok "fsdp-train learns on 2 ranks" || bad "learning" "$(cat $tmp/e)" "$(tail -3 learn.jsonl)"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+first, last = rows[0]["loss"], rows[-1]
+print(f"loss {first:.3f} -> {last['loss']:.3f}")
+assert abs(first - math.log(64)) < 0.3 and last["loss"] < 3.0
+for k in ("all_gather_bytes", "reduce_scatter_bytes", "exposed_comm_ms", "peak_mem_bytes", "persistent_mem_bytes",
+          "shard_bytes", "arena_bytes", "comm_bytes", "optim_state_bytes"):
+    assert k in last, k
+PY
+else bad "learning run (exit $rc)" "$(cat $tmp/e)"; fi
+
+# ---- the same run as psgd-train --compressor none (f32 on the wire) ----
+for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
+  tag=${opt##* }
+  run $psgd $common $opt --steps 20 --compressor none --save ref.h5
+  [ $rc = 0 ] || bad "psgd-train reference $opt (exit $rc)" "$(cat $tmp/e)"
+  cfgs=("1|"
+        "2|"
+        "4|"
+        "4|--buckets param"
+        "4|--buckets 2 --prefetch 2"
+        "2|--buckets 100"
+        "4|--reshard-after-forward always --prefetch 0"
+        "2|--reshard-after-forward never"
+        "4|--no-overlap"
+        "4|--replicate 2"
+        "2|--micro-batch 2 --activation-checkpointing")
+  [ "$tag" = 0.9 ] && cfgs=("1|" "4|" "4|--buckets param --replicate 2")
+  for c in "${cfgs[@]}"; do
+    n=${c%%|*} extra=${c#*|}
+    run $mpiexec -n $n $fsdp $common $opt $exact --steps 20 $extra --save f.ckpt
+    if [ $rc != 0 ]; then bad "$tag on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; fi
+    run $si diff ref.h5 f.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+    [ $rc = 0 ] && ok "$tag: $n ranks $extra == psgd-train" || bad "$tag: $n ranks $extra differs" "$(cat $tmp/o)"
+    rm -rf f.ckpt
+  done
+done
+
+# ---- resume: exact on the same world, continues on another ----
+run $mpiexec -n 2 $fsdp $common $exact --steps 20 --save full.ckpt --metrics a.jsonl
+rm -rf ck; run $mpiexec -n 2 $fsdp $common $exact --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
+if [ $rc = 0 ] && [ -f ck/step-00000010/index.h5 ]; then
+  run $mpiexec -n 2 $fsdp $common $exact --steps 20 --resume ck --save resumed.ckpt --metrics b.jsonl
+  run $si diff full.ckpt resumed.ckpt
+  [ $rc = 0 ] && cmp -s <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl) && ok "resume is exact" ||
+    bad "resume differs" "$(cat $tmp/o)"
+  for c in "4|" "1|" "4|--replicate 2"; do
+    n=${c%%|*} extra=${c#*|}
+    rm -rf other.ckpt; run $mpiexec -n $n $fsdp $common $exact --steps 20 --resume ck $extra --save other.ckpt
+    [ $rc = 0 ] || { bad "resume on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; }
+    run $si diff full.ckpt other.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+    [ $rc = 0 ] && ok "resume of a 2-rank state on $n ranks $extra continues the run" || bad "resume on $n $extra" "$(cat $tmp/o)"
+  done
+else bad "stop at 10 (exit $rc)" "$(cat $tmp/e)"; fi
+
+# ---- checkpoints across programs ----
+run $si consolidate full.ckpt -o consolidated.h5
+[ $rc = 0 ] || bad "consolidate (exit $rc)" "$(cat $tmp/e)"
+run $psgd $common --steps 2 --init-from consolidated.h5
+[ $rc = 0 ] && ok "psgd-train --init-from a consolidated fsdp-train checkpoint" || bad "psgd init-from consolidated" "$(cat $tmp/e)"
+run $psgd $common --steps 2 --init-from full.ckpt
+[ $rc = 0 ] && ok "psgd-train --init-from a sharded state" || bad "psgd init-from sharded" "$(cat $tmp/e)"
+run $psgd $common --steps 10 --save p10.h5
+run $mpiexec -n 4 $fsdp $common $exact --steps 1 --lr 1e-30 --warmup 0 --optimizer sgd --momentum 0 --init-from p10.h5 --save i.ckpt
+run $si diff p10.h5 i.ckpt model/ --rtol 1e-6
+[ $rc = 0 ] && ok "fsdp-train --init-from a psgd-train checkpoint on 4 ranks" || bad "fsdp init-from psgd" "$(cat $tmp/o)" "$(cat $tmp/e)"
+
+# ---- bf16 gathers: the loss curve within 2% of f32's ----
+run $mpiexec -n 2 $fsdp $common --steps 300 --metrics bf.jsonl
+run2=$rc; run $mpiexec -n 2 $fsdp $common $exact --steps 300 --metrics f32.jsonl
+if [ $rc = 0 ] && [ $run2 = 0 ]; then
+  python3 - bf.jsonl f32.jsonl <<'PY' && ok "bf16 all-gather: final loss within 2% of f32" || bad "bf16 vs f32"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:3])
+tail = lambda x: sum(x[-10:]) / 10
+print(f"bf16 {tail(a):.4f} f32 {tail(b):.4f} ({abs(tail(a) / tail(b) - 1) * 100:.2f}%)")
+assert abs(tail(a) / tail(b) - 1) < 0.02
+PY
+else bad "bf16/f32 runs"; fi
+
+# ---- bytes and memory per rank ----
+for n in 1 4; do run $mpiexec -n $n $fsdp $common $exact --steps 2 --reshard-after-forward never --metrics bytes$n.jsonl; done
+python3 - bytes1.jsonl bytes4.jsonl <<'PY' && ok "bytes per step and shard memory per rank" || bad "bytes and memory"
+import json, sys
+one, four = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:3])
+# Every row count of this model divides by 4 (no padding): each parameter gathered once (never
+# resharded) and reduce-scattered once, in f32; one rank's shards are the values and gradients.
+params_bytes = one["shard_bytes"] / 2
+assert four["all_gather_bytes"] == four["reduce_scatter_bytes"] == params_bytes, (four, params_bytes)
+assert 3.9 < one["shard_bytes"] / four["shard_bytes"] < 4.1, (one["shard_bytes"], four["shard_bytes"])
+PY
+
+# ---- plans: --print-plan, a plan file, auto ----
+run $mpiexec -n 2 $fsdp $common --steps 5 --buckets 2 --print-plan
+if [ $rc = 0 ] && python3 -c "
+import json,sys; j=json.load(open('$tmp/o')); assert len(j['buckets'])==2 and 'exposed_comm_ms' in j['predicted'], j" 2>/dev/null
+then ok "--print-plan: the plan and its prediction as JSON"; cp $tmp/o plan.json
+else bad "--print-plan (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"; fi
+run $mpiexec -n 2 $fsdp $common $exact --steps 6 --buckets plan.json --save a.ckpt
+run $mpiexec -n 2 $fsdp $common $exact --steps 6 --buckets 2 --save b.ckpt
+run $si diff a.ckpt b.ckpt
+[ $rc = 0 ] && ok "a saved plan gives the run of the plan it saved" || bad "plan file run" "$(cat $tmp/o)"
+run $mpiexec -n 2 $fsdp $common $exact --steps 6 --buckets auto --save auto.ckpt
+run $si diff b.ckpt auto.ckpt model/ --rtol 1e-4 --atol 1e-6
+[ $rc = 0 ] && ok "--buckets auto trains the same model" || bad "auto plan" "$(cat $tmp/o)" "$(cat $tmp/e)"
+
+# ---- bad input: exit 2 on every rank, one line naming the problem ----
+expect2 "--replicate that does not divide" "does not divide" $mpiexec -n 4 $fsdp $common --steps 2 --replicate 3
+expect2 "--buckets nonsense" "--buckets" $mpiexec -n 2 $fsdp $common --steps 2 --buckets nonsense
+expect2 "--buckets 0" "positive" $fsdp $common --steps 2 --buckets 0
+echo '{"buckets": [{"blocks": [0, 1]}]}' > short.json
+expect2 "a plan that leaves blocks out" "cover" $mpiexec -n 2 $fsdp $common --steps 2 --buckets short.json
+echo '{"buckets": [' > broken.json
+expect2 "a plan that is not JSON" "not JSON" $fsdp $common --steps 2 --buckets broken.json
+expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-memory 4
+expect2 "--print-plan with --save" "print-plan" $fsdp $common --steps 2 --print-plan --save x.ckpt
+expect2 "--bucket-mb is not an fsdp option" "bucket-mb" $fsdp $common --steps 2 --bucket-mb 4
+finish
