@@ -41,6 +41,7 @@ for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
         "2|--reshard-after-forward never"
         "4|--no-overlap"
         "4|--replicate 2"
+        "4|--activation-checkpointing selective --buckets param"
         "2|--micro-batch 2 --activation-checkpointing")
   [ "$tag" = 0.9 ] && cfgs=("1|" "4|" "4|--buckets param --replicate 2")
   for c in "${cfgs[@]}"; do

@@ -474,10 +474,6 @@ TEST(NnLlama, CheckpointingNames) {
   EXPECT_EQ(m->activation_checkpointing(), Checkpointing::none);
   m->set_activation_checkpointing(Checkpointing::selective);
   EXPECT_EQ(m->activation_checkpointing(), Checkpointing::selective);
-  m->set_activation_checkpointing(true);  // the trainer's flag until it names a mode
-  EXPECT_EQ(m->activation_checkpointing(), Checkpointing::full);
-  m->set_activation_checkpointing(false);
-  EXPECT_EQ(m->activation_checkpointing(), Checkpointing::none);
 }
 
 // Loss and gradients of two accumulated micro-batches (of different shapes) in each mode, one

@@ -170,8 +170,6 @@ class Model {
   // Activation checkpointing (see Checkpointing) from the next forward on; a pending backward
   // keeps the mode of its forward.
   void set_activation_checkpointing(Checkpointing c) { checkpointing_ = c; }
-  // Temporary, until the trainer's option names a mode: true is full, false none.
-  void set_activation_checkpointing(bool on) { checkpointing_ = on ? Checkpointing::full : Checkpointing::none; }
   Checkpointing activation_checkpointing() const { return checkpointing_; }
   // The strategy's block hooks (not owned; null: none).
   void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }

@@ -42,8 +42,12 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(CLI::PositiveNumber);
   app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(CLI::PositiveNumber);
   app.add_option("--classes", o.classes, "number of classes (mlp)")->group(g)->check(CLI::PositiveNumber);
-  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
-               "recompute each block's forward during backward instead of keeping its activations")->group(g);
+  app.add_option_function<std::string>(
+         "--activation-checkpointing",
+         [&o](const std::string& v) { o.activation_checkpointing = v.empty() ? nn::Checkpointing::full : nn::parse_checkpointing(v); },
+         "[none|full|selective] recompute in backward instead of keeping activations: full, each layer's forward "
+         "(the bare flag); selective, only what is cheap (matmul and attention outputs kept); default none")
+      ->expected(0, 1)->group(g);
 
   g = "Data";
   app.add_option("--data", o.data, "training data: synthetic (embedded, no files) or an HDF5 file from data-pack")->group(g);

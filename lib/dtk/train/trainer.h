@@ -35,7 +35,7 @@ struct Options {
   // model
   std::string model = "llama-tiny";
   std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len, input_dim, classes;
-  bool activation_checkpointing = false;
+  nn::Checkpointing activation_checkpointing = nn::Checkpointing::none;
   // data
   std::string data = "synthetic", val_data;
   int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once
