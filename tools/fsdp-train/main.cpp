@@ -42,7 +42,7 @@ cli::Program program() {
     app.add_option("--buckets", c.buckets,
                    "param (a collective per parameter), block (one per block), N (N blocks per bucket), auto "
                    "(planned from measured costs) or a plan file (JSON, as --print-plan writes)")->group(g);
-    app.add_option("--bucket-memory", bucket_memory_mb, "auto: the largest gathered bucket in MiB (0: no cap)")
+    app.add_option("--bucket-memory", bucket_memory_mb, "auto: the largest gathered bucket in MiB (default: twice the largest block's)")
         ->group(g)->check(CLI::NonNegativeNumber);
     app.add_flag("--print-plan", c.print_plan,
                  "print the bucket plan as JSON with its predicted exposed communication (after calibrating the "

@@ -292,6 +292,17 @@ BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gbytes, cons
     return predict(p, g, r, costs, cfg, B).step_s;
   };
   BucketPlan plan = plan_blocks(m, 1);
+  // The memory cap: --bucket-memory, or twice the largest block's gathered bytes, so that auto
+  // at most doubles the gather arena of one bucket per block. (Uncapped, the greedy on a fast
+  // link grew the last, never-resharded bucket over most of the model: ZeRO-2's memory, and a
+  // gather that the calibration, timed on idle cores, predicted hidden but was not.)
+  double cap = cfg.bucket_memory;
+  if (cap <= 0)
+    for (const Bucket& b : plan) {
+      double g = 0;
+      for (size_t i = b.first; i < b.end; ++i) g += gbytes[i];
+      cap = std::max(cap, 2 * g);
+    }
   // Greedy over the block boundaries: merge block b into the bucket before it while the step
   // gets no slower (latency saved against overlap lost) and the bucket fits the memory cap.
   for (size_t k = 0; k + 1 < plan.size();) {
@@ -301,7 +312,7 @@ BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gbytes, cons
     merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(k) + 1);
     double gathered = 0;
     for (size_t i = merged[k].first; i < merged[k].end; ++i) gathered += gbytes[i];
-    const bool fits = cfg.bucket_memory <= 0 || gathered <= cfg.bucket_memory;
+    const bool fits = gathered <= cap;
     if (fits && cost(merged) <= cost(plan)) plan = std::move(merged);
     else ++k;
   }

@@ -79,7 +79,7 @@ struct FsdpConfig {
   bool overlap = true;               // false: every collective waited as soon as it is issued
   int replicate = 1;                 // HSDP groups
   std::string buckets = "block";     // param | block | N | auto | a plan file (JSON)
-  double bucket_memory = 0;          // auto: the largest gathered bucket in bytes (0: no cap)
+  double bucket_memory = 0;          // auto: the largest gathered bucket in bytes (0: twice the largest block's)
   bool print_plan = false;           // print the plan (JSON) once it is final, then stop
 };
 Reshard parse_reshard(const std::string& s);
@@ -131,7 +131,8 @@ Prediction predict(const BucketPlan& plan, const std::vector<double>& gather_byt
                    const std::vector<double>& reduce_bytes, const Costs& costs, const FsdpConfig& cfg, int num_blocks);
 // SimpleFSDP's greedy automatic bucketing: walking the blocks in order, a block joins the
 // current bucket while the predicted step time does not grow and the merged bucket's gathered
-// bytes stay within cfg.bucket_memory. bytes_per_block: gathered and reduce-scattered bytes.
+// bytes stay within cfg.bucket_memory (0: twice the largest block's). Per parameter: gathered
+// and reduce-scattered bytes.
 BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gather_bytes_per_param,
                      const std::vector<double>& reduce_bytes_per_param, const Costs& costs, const FsdpConfig& cfg);
 
