@@ -54,6 +54,13 @@ for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
   done
 done
 
+# ---- the mlp: its layers are the blocks ----
+mlp="--model mlp-small --global-batch 16 --lr 1e-2 --log-level warn --eval-every 10 --steps 20"
+run $psgd $mlp --compressor none --save mref.h5
+run $mpiexec -n 2 $fsdp $mlp $exact --buckets param --save m.ckpt
+[ $rc = 0 ] && run $si diff mref.h5 m.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+[ $rc = 0 ] && ok "mlp on 2 ranks == psgd-train" || bad "mlp differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
+
 # ---- resume: exact on the same world, continues on another ----
 run $mpiexec -n 2 $fsdp $common $exact --steps 20 --save full.ckpt --metrics a.jsonl
 rm -rf ck; run $mpiexec -n 2 $fsdp $common $exact --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl

@@ -72,6 +72,7 @@ Param make_param(const std::string& name, const Shape& s, uint64_t seed, double 
   p.name = name;
   p.value = rand_tensor(s, seed, scale, mean);
   p.grad = Tensor::zeros(s, DType::f64);
+  p.shape = s;
   return p;
 }
 

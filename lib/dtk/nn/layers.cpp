@@ -70,8 +70,8 @@ void Linear::bind(Param* weight, Param* bias) {
   b_ = bias;
 }
 
-int64_t Linear::in_features() const { return w_ ? w_->value.dim(1) : 0; }
-int64_t Linear::out_features() const { return w_ ? w_->value.dim(0) : 0; }
+int64_t Linear::in_features() const { return w_ ? w_->shape[1] : 0; }
+int64_t Linear::out_features() const { return w_ ? w_->shape[0] : 0; }
 
 void Linear::forward(const Tensor& x, Tensor& y) {
   need_bound(w_, "Linear");
