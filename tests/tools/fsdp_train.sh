@@ -57,7 +57,7 @@ done
 # ---- the mlp: its layers are the blocks ----
 mlp="--model mlp-small --global-batch 16 --lr 1e-2 --log-level warn --eval-every 10 --steps 20"
 run $psgd $mlp --compressor none --save mref.h5
-run $mpiexec -n 2 $fsdp $mlp $exact --buckets param --save m.ckpt
+run $mpiexec -n 2 $fsdp $mlp $exact --save m.ckpt
 [ $rc = 0 ] && run $si diff mref.h5 m.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
 [ $rc = 0 ] && ok "mlp on 2 ranks == psgd-train" || bad "mlp differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
 
