@@ -55,7 +55,7 @@ for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
 done
 
 # ---- the mlp: its layers are the blocks ----
-mlp="--model mlp-small --global-batch 16 --lr 1e-2 --log-level warn --eval-every 10 --steps 20"
+mlp="--model mlp-small --global-batch 16 --lr 1e-2 --optimizer sgd --log-level warn --eval-every 10 --steps 20"
 run $psgd $mlp --compressor none --save mref.h5
 run $mpiexec -n 2 $fsdp $mlp $exact --save m.ckpt
 [ $rc = 0 ] && run $si diff mref.h5 m.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
