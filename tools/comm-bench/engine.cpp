@@ -161,7 +161,7 @@ class Engine {
   nlohmann::json report_fit(const Collective& c, const std::vector<comm::Sample>& samples) const {
     const comm::CostModel m = comm::fit_cost(samples);
     const double err = comm::max_relative_error(m, samples);
-    const double gbps = m.beta_s_per_byte > 0 ? 1e-9 / m.beta_s_per_byte : 0;
+    const double gbps = m.gbps();
     const std::string name(c.name);
     nlohmann::json predicted = nlohmann::json::array();
     for (uint64_t b : o_.predict) predicted.push_back({{"size", b}, {"time_us", m.seconds(static_cast<double>(b)) * 1e6}});

@@ -18,6 +18,7 @@
 
 #include "dtk/core/device.h"
 #include "dtk/core/dtype.h"
+#include "dtk/core/tensor.h"
 
 namespace dtk::comm {
 
@@ -42,6 +43,9 @@ struct Buffer {
     return {static_cast<char*>(data) + offset * dtype_size(dtype), n, dtype, device};
   }
 };
+
+// All of a (contiguous) tensor, where it lives.
+inline Buffer buffer_of(const Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()}; }
 
 // A handle on an operation in flight. Copyable; wait() is idempotent.
 class Work {

@@ -10,6 +10,7 @@ struct CostModel {
   double alpha_s = 0;          // latency: the time of an empty operation
   double beta_s_per_byte = 0;  // inverse bandwidth
   double seconds(double bytes) const { return alpha_s + beta_s_per_byte * bytes; }
+  double gbps() const { return beta_s_per_byte > 0 ? 1e-9 / beta_s_per_byte : 0; }  // bandwidth, 0: unbounded
 };
 
 struct Sample {

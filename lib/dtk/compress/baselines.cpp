@@ -12,10 +12,6 @@
 namespace dtk::compress::detail {
 namespace {
 
-comm::Buffer buffer(const Tensor& t) {
-  return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
-}
-
 // Shared by topk and randomk: k_i coordinates of every tensor, packed in parameter order.
 class Sparse : public Base {
  public:
@@ -95,8 +91,8 @@ class TopK final : public Sparse {
     }
     if (k_total_ > 0) {
       ops::cast(idx_, widx_);
-      comm::Work wv = comm_.all_gather(buffer(vals_), buffer(gvals_), comm::Mode::async);
-      comm::Work wi = comm_.all_gather(buffer(widx_), buffer(gwidx_), comm::Mode::async);
+      comm::Work wv = comm_.all_gather(comm::buffer_of(vals_), comm::buffer_of(gvals_), comm::Mode::async);
+      comm::Work wi = comm_.all_gather(comm::buffer_of(widx_), comm::buffer_of(gwidx_), comm::Mode::async);
       wv.wait();
       wi.wait();
       ops::cast(gwidx_, gidx_);
@@ -149,7 +145,7 @@ class RandomK final : public Sparse {
       remove_sent(i, idx[i]);
     }
     if (k_total_ > 0) {
-      comm_.all_reduce(buffer(vals_), buffer(vals_), comm::ReduceOp::sum, comm::Mode::sync);
+      comm_.all_reduce(comm::buffer_of(vals_), comm::buffer_of(vals_), comm::ReduceOp::sum, comm::Mode::sync);
       ops::scale(vals_, 1.0 / world_, vals_);
     }
     for (size_t i = 0; i < params.size(); ++i) {
@@ -216,8 +212,8 @@ class Signum final : public Base {
       ops::cast(tmp, v);
     }
     comm::Work wv;
-    if (total_ > 0) wv = comm_.all_reduce(buffer(votes_), buffer(votes_), comm::ReduceOp::sum, comm::Mode::async);
-    if (t > 0) comm_.all_reduce(buffer(norms_), buffer(norms_), comm::ReduceOp::sum, comm::Mode::sync);
+    if (total_ > 0) wv = comm_.all_reduce(comm::buffer_of(votes_), comm::buffer_of(votes_), comm::ReduceOp::sum, comm::Mode::async);
+    if (t > 0) comm_.all_reduce(comm::buffer_of(norms_), comm::buffer_of(norms_), comm::ReduceOp::sum, comm::Mode::sync);
     wv.wait();
     const std::vector<double> sums = t > 0 ? norms_.to_doubles() : std::vector<double>{};
     for (size_t i = 0; i < t; ++i) {

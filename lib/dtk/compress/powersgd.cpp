@@ -252,7 +252,7 @@ class PowerSGD final : public Base {
       const Tensor ql = qlocal_.slice(reg.q_begin, reg.q_end);
       if (cfg_.comm_dtype != DType::bf16) {
         const Tensor q = q_.slice(reg.q_begin, reg.q_end);
-        reg.wq = track(comm_.all_reduce(buffer(ql), buffer(q), comm::ReduceOp::avg, comm::Mode::async));
+        reg.wq = track(comm_.all_reduce(comm::buffer_of(ql), comm::buffer_of(q), comm::ReduceOp::avg, comm::Mode::async));
       } else {
         Tensor ws = wire_q(reg);
         ops::cast(ql, ws);
@@ -298,13 +298,10 @@ class PowerSGD final : public Base {
   }
 
  private:
-  comm::Buffer buffer(const Tensor& t) const {
-    return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), device_};
-  }
   // An in-place asynchronous all-reduce, tracked; kNoWork for an empty tensor.
   size_t all_reduce(const Tensor& t, comm::ReduceOp op) {
     if (t.numel() == 0) return kNoWork;
-    return track(comm_.all_reduce(buffer(t), buffer(t), op, comm::Mode::async));
+    return track(comm_.all_reduce(comm::buffer_of(t), comm::buffer_of(t), op, comm::Mode::async));
   }
   Tensor wire_p(const Region& reg) const { return wire_.slice(reg.w_begin, reg.w_begin + reg.p_end - reg.p_begin); }
   Tensor wire_q(const Region& reg) const { return wire_.slice(reg.w_begin, reg.w_begin + reg.q_end - reg.q_begin); }

@@ -9,10 +9,6 @@ namespace dtk::parallel {
 
 namespace {
 
-comm::Buffer buffer_of(const Tensor& t) {
-  return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()};
-}
-
 // FNV-1a over the tensor's bytes (on the host), folded to 53 bits so it travels exactly as a double.
 uint64_t checksum(const Tensor& t) {
   const Tensor h = t.is_cuda() ? t.to(Device::cpu()) : t;
@@ -42,7 +38,7 @@ void check_replicated(const Tensor& t, comm::Communicator& comm, const std::stri
 
 void broadcast_params(nn::Model& model, comm::Communicator& comm) {
   if (comm.size() == 1) return;
-  comm.broadcast(buffer_of(model.values()), 0, comm::Mode::sync);
+  comm.broadcast(comm::buffer_of(model.values()), 0, comm::Mode::sync);
   check_replicated(model.values(), comm, "the model's parameters");
 }
 
