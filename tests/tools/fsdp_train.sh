@@ -140,4 +140,5 @@ expect2 "a plan that is not JSON" "not JSON" $fsdp $common --steps 2 --buckets b
 expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-memory 4
 expect2 "--print-plan with --save" "print-plan" $fsdp $common --steps 2 --print-plan --save x.ckpt
 expect2 "--bucket-mb is not an fsdp option" "bucket-mb" $fsdp $common --steps 2 --bucket-mb 4
+expect2 "--optimizer shampoo on shards" "shampoo" $fsdp $common --steps 2 --optimizer shampoo
 finish

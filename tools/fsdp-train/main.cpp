@@ -54,18 +54,8 @@ cli::Program program() {
   };
   p.validate = [](comm::Runtime& rt) {
     train::validate(o, rt.size());
-    if (o.optimizer == "shampoo") fail_usage("fsdp-train: --optimizer shampoo is not available yet; use adamw or sgd");
-    if (rt.size() % c.replicate != 0)
-      fail_usage("--replicate " + std::to_string(c.replicate) + " does not divide the " + std::to_string(rt.size()) +
-                 " ranks");
-    const std::string& b = c.buckets;
-    const bool named = b == "param" || b == "block" || b == "auto" ||
-                       (!b.empty() && b.find_first_not_of("0123456789") == std::string::npos);
-    if (!named && !std::filesystem::exists(b))
-      fail_usage("--buckets " + b + ": expected param, block, a number of blocks, auto or a plan file");
-    if (!b.empty() && b.find_first_not_of("0123456789") == std::string::npos && std::stoll(b) < 1)
-      fail_usage("--buckets " + b + ": blocks per bucket must be positive");
-    if (bucket_memory_mb > 0 && b != "auto") fail_usage("--bucket-memory applies to --buckets auto");
+    c.bucket_memory = bucket_memory_mb * (1 << 20);
+    parallel::validate(c, rt.size());
     if (c.print_plan && (!o.checkpoint_dir.empty() || !o.save.empty()))
       fail_usage("--print-plan exits before training; leave out --checkpoint-dir and --save");
   };
@@ -74,7 +64,6 @@ cli::Program program() {
     c.reduce_dtype = parse_dtype(reduce_dtype);
     c.reshard = parallel::parse_reshard(reshard);
     c.overlap = !no_overlap;
-    c.bucket_memory = bucket_memory_mb * (1 << 20);
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
     // unless --metrics names a file).
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";

@@ -18,8 +18,6 @@ bool mine(const StateEntry& e, int rank) {
   return e.owner == kPerRank || e.owner == rank || (e.owner == kReplicated && rank == 0);
 }
 
-comm::Buffer host_buffer(Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), Device::cpu()}; }
-
 void send_bytes(comm::Communicator& c, const std::string& s) {
   int64_t n = static_cast<int64_t>(s.size());
   c.send({&n, 1, DType::i64, {}}, 0, 0, comm::Mode::sync);
@@ -49,7 +47,7 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
     for (const auto& e : entries)
       if (e.owner != kReplicated && mine(e, rank)) {
         Tensor h = e.tensor.to(Device::cpu());
-        if (h.numel() > 0) comm.send(host_buffer(h), 0, 0, comm::Mode::sync);
+        if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync);
       }
   }
   int ok = 1;
@@ -78,7 +76,7 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
       const auto list = nlohmann::json::parse(recv_bytes(comm, r));
       for (const auto& item : list) {
         Tensor h = Tensor::empty(item["shape"].get<Shape>(), parse_dtype(item["dtype"].get<std::string>()));
-        if (h.numel() > 0) comm.recv(host_buffer(h), r, 0, comm::Mode::sync);
+        if (h.numel() > 0) comm.recv(comm::buffer_of(h), r, 0, comm::Mode::sync);
         write(item["name"].get<std::string>(), h);
       }
     }
@@ -107,13 +105,8 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
         w.write_shard(e.name, e.shape, e.tensor.to(Device::cpu()), e.offsets, e.lengths);
       } else if (e.owner == kReplicated) {
         w.write_whole(e.name, e.tensor.shape(), e.tensor.dtype(), 0, comm.rank() == 0 ? e.tensor.to(Device::cpu()) : Tensor());
-      } else if (e.owner == kPerRank) {
-        for (int r = 0; r < comm.size(); ++r)
-          w.write_whole("ranks/" + std::to_string(r) + "/" + e.name, e.tensor.shape(), e.tensor.dtype(), r,
-                        r == comm.rank() ? e.tensor.to(Device::cpu()) : Tensor());
       } else {
-        fail("save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated "
-             "and per-rank state");
+        fail("save_sharded_state: " + e.name + " is neither sharded nor replicated");
       }
     }
   } catch (const std::exception& e) {

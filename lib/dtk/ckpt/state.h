@@ -40,8 +40,8 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
 
 // Writes a sharded state (a directory: rank files and index.h5, checkpoint.h) at `path`, every
 // rank of `comm` writing its own file in parallel: sharded entries as rows, replicated ones in
-// rank 0's file, per-rank ones in their rank's file under ranks/<r>/ (the same shape on every
-// rank). Collective; a write that fails on any rank fails it on every rank, before the commit.
+// rank 0's file (per-rank and owned entries are not taken). Collective; a write that fails on
+// any rank fails it on every rank, before the commit.
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {});
 

@@ -179,7 +179,6 @@ class Llama final : public Model {
     eval_head_.bind(params_, c);
   }
 
-
   double forward(const Batch& batch) override {
     const auto [B, T] = check_batch(batch);
     const ModelConfig& c = config_;

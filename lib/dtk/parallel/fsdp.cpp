@@ -17,8 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-comm::Buffer buf(const Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()}; }
-
 // ------------------------------------------------------------------------------ the schedule
 
 enum class OpKind { gather, wait_gather, release, open_grad, reduce, wait_reduce };
@@ -227,6 +225,25 @@ BucketPlan plan_from_json(const nlohmann::json& j, const nn::Model& m) {
   return p;
 }
 
+namespace {
+// --buckets N: a number of blocks per bucket.
+bool is_count(const std::string& spec) {
+  return !spec.empty() && spec.find_first_not_of("0123456789") == std::string::npos;
+}
+}  // namespace
+
+void validate(const FsdpConfig& cfg, int world_size) {
+  if (cfg.replicate < 1 || world_size % cfg.replicate != 0)
+    fail_usage("--replicate " + std::to_string(cfg.replicate) + " does not divide the " + std::to_string(world_size) +
+               " ranks");
+  if (cfg.prefetch < 0) fail_usage("--prefetch must be >= 0, got " + std::to_string(cfg.prefetch));
+  const std::string& b = cfg.buckets;
+  if (is_count(b) && std::stoll(b) < 1) fail_usage("--buckets " + b + ": blocks per bucket must be positive");
+  if (b != "param" && b != "block" && b != "auto" && !is_count(b) && !std::ifstream(b))
+    fail_usage("--buckets " + b + ": expected param, block, a number of blocks, auto or a readable plan file");
+  if (cfg.bucket_memory > 0 && b != "auto") fail_usage("--bucket-memory applies to --buckets auto");
+}
+
 Reshard parse_reshard(const std::string& s) {
   if (s == "default") return Reshard::default_;
   if (s == "always") return Reshard::always;
@@ -236,9 +253,12 @@ Reshard parse_reshard(const std::string& s) {
 
 // ------------------------------------------------------------------------------ prediction
 
-Prediction predict(const BucketPlan& plan, const std::vector<double>& gather_bytes,
-                   const std::vector<double>& reduce_bytes, const Costs& costs, const FsdpConfig& cfg, int B) {
+Prediction predict(const BucketPlan& plan, const WireBytes& bytes, const Costs& costs, const FsdpConfig& cfg, int B) {
   const Schedule s = make_schedule(plan, B, cfg, true);
+  std::vector<double> gather_bytes(plan.size(), 0), reduce_bytes(plan.size(), 0);
+  for (size_t k = 0; k < plan.size(); ++k)
+    for (size_t i = plan[k].first; i < plan[k].end; ++i)
+      gather_bytes[k] += bytes.gather[i], reduce_bytes[k] += bytes.reduce[i];
   // One communication channel that runs collectives in issue order (the communication thread
   // or NCCL stream), and the compute timeline that waits on it.
   double now = 0, channel = 0, exposed = 0;
@@ -277,19 +297,12 @@ Prediction predict(const BucketPlan& plan, const std::vector<double>& gather_byt
   return {exposed, now};
 }
 
-BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gbytes, const std::vector<double>& rbytes,
-                     const Costs& costs, const FsdpConfig& cfg) {
-  const int B = m.num_blocks();
-  auto sizes = [&](const BucketPlan& p, std::vector<double>& g, std::vector<double>& r) {
-    g.assign(p.size(), 0);
-    r.assign(p.size(), 0);
-    for (size_t k = 0; k < p.size(); ++k)
-      for (size_t i = p[k].first; i < p[k].end; ++i) g[k] += gbytes[i], r[k] += rbytes[i];
-  };
-  auto cost = [&](const BucketPlan& p) {
-    std::vector<double> g, r;
-    sizes(p, g, r);
-    return predict(p, g, r, costs, cfg, B).step_s;
+BucketPlan plan_auto(const nn::Model& m, const WireBytes& bytes, const Costs& costs, const FsdpConfig& cfg) {
+  auto cost = [&](const BucketPlan& p) { return predict(p, bytes, costs, cfg, m.num_blocks()).step_s; };
+  auto gathered = [&](const Bucket& b) {
+    double g = 0;
+    for (size_t i = b.first; i < b.end; ++i) g += bytes.gather[i];
+    return g;
   };
   BucketPlan plan = plan_blocks(m, 1);
   // The memory cap: --bucket-memory, or twice the largest block's gathered bytes, so that auto
@@ -298,22 +311,17 @@ BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gbytes, cons
   // gather that the calibration, timed on idle cores, predicted hidden but was not.)
   double cap = cfg.bucket_memory;
   if (cap <= 0)
-    for (const Bucket& b : plan) {
-      double g = 0;
-      for (size_t i = b.first; i < b.end; ++i) g += gbytes[i];
-      cap = std::max(cap, 2 * g);
-    }
+    for (const Bucket& b : plan) cap = std::max(cap, 2 * gathered(b));
   // Greedy over the block boundaries: merge block b into the bucket before it while the step
   // gets no slower (latency saved against overlap lost) and the bucket fits the memory cap.
+  double best = cost(plan);
   for (size_t k = 0; k + 1 < plan.size();) {
     BucketPlan merged = plan;
     merged[k].end = merged[k + 1].end;
     merged[k].last_block = merged[k + 1].last_block;
     merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-    double gathered = 0;
-    for (size_t i = merged[k].first; i < merged[k].end; ++i) gathered += gbytes[i];
-    const bool fits = gathered <= cap;
-    if (fits && cost(merged) <= cost(plan)) plan = std::move(merged);
+    const double t = gathered(merged[k]) <= cap ? cost(merged) : INFINITY;
+    if (t <= best) plan = std::move(merged), best = t;
     else ++k;
   }
   return plan;
@@ -328,15 +336,16 @@ struct Fsdp::Impl {
   comm::Communicator& host_world;
   int S = 1, sr = 0;  // shard group size, rank in it
   Device dev;
-  // Per parameter: columns (elements per row), padded rows per rank, shard offset in the flat
-  // shard buffer (elements), padded shard numel.
-  std::vector<int64_t> cols, rpad, off, sn;
+  // Per parameter: columns (elements per row), shard offset in the flat shard buffer
+  // (elements), padded shard numel.
+  std::vector<int64_t> cols, off, sn;
+  WireBytes wire;  // per parameter, padded as the shards are
   Tensor shard_values, shard_grads;
   // Per bucket: chunk offset and numel in the shard buffer; gathered numel (S * chunk).
   std::vector<int64_t> chunk_off, chunk_n;
   int64_t max_chunk = 0;
   Schedule train, eval;
-  // Arenas (allocated by size_arenas, reused every step).
+  // Arenas (allocated by build, reused every step).
   struct Slot {
     Tensor send, wire, value;
   };
@@ -351,10 +360,9 @@ struct Fsdp::Impl {
   std::vector<int> slot_of, grad_of, reducing_of;  // per bucket, -1 none
   std::vector<comm::Work> gathers, reduces;
   std::vector<comm::Work> replica_works;
-  bool last_micro = false, eval_pass = false;
+  bool last_micro = false;
   // Metrics of the last step.
   double ag_bytes = 0, rs_bytes = 0, ar_bytes = 0, exposed_s = 0;
-  int64_t arena_bytes = 0;
   // Auto plan and --print-plan: costs measured over the first steps.
   bool measuring = false;
   int64_t steps_seen = 0;
@@ -364,15 +372,12 @@ struct Fsdp::Impl {
 
   Impl(nn::Model& m, comm::Communicator& world, comm::Communicator& host, FsdpConfig c)
       : model(m), cfg(std::move(c)), host_world(host), dev(m.device()) {
-    const int N = world.size(), R = cfg.replicate;
-    if (R < 1 || N % R != 0)
-      fail_usage("--replicate " + std::to_string(R) + " does not divide the " + std::to_string(N) + " ranks");
-    S = N / R;
+    S = world.size() / cfg.replicate;
     const int group = world.rank() / S;
     sr = world.rank() % S;
     shard = world.split(group, world.rank());
     host_shard = host.split(group, host.rank());
-    if (R > 1) replica = world.split(sr, world.rank());
+    if (cfg.replicate > 1) replica = world.split(sr, world.rank());
   }
 
   Tensor shard_view(const Tensor& flat, size_t i, int64_t rows) const {
@@ -386,26 +391,25 @@ struct Fsdp::Impl {
     int64_t total = 0;
     for (const nn::Param& p : ps) {
       if (p.shape.empty()) fail("fsdp: parameter " + p.name + " is a scalar; shards split dim 0");
-      const int64_t rows = p.shape[0];
+      const int64_t rows = p.shape[0], rpad = (rows + S - 1) / S;
       cols.push_back(rows > 0 ? shape_numel(p.shape) / rows : 0);
-      rpad.push_back((rows + S - 1) / S);
       off.push_back(total);
-      sn.push_back(rpad.back() * cols.back());
+      sn.push_back(rpad * cols.back());
       total += sn.back();
+      wire.gather.push_back(static_cast<double>(sn.back() * S * static_cast<int64_t>(dtype_size(cfg.param_dtype))));
+      wire.reduce.push_back(static_cast<double>(sn.back() * S * static_cast<int64_t>(dtype_size(cfg.reduce_dtype))));
+      Rows r{p.shape, {}, {}, sr};
+      for (int q = 0; q < S; ++q) {
+        const int64_t o = std::min(rows, q * rpad);
+        r.offsets.push_back(o);
+        r.lengths.push_back(std::min(rows, o + rpad) - o);
+      }
+      rows_out.push_back(std::move(r));
     }
     shard_values = Tensor::zeros({total}, DType::f32, dev);
     shard_grads = Tensor::zeros({total}, DType::f32, dev);
     for (size_t i = 0; i < ps.size(); ++i) {
-      const int64_t rows = ps[i].shape[0];
-      Rows r;
-      r.shape = ps[i].shape;
-      r.rank = sr;
-      for (int q = 0; q < S; ++q) {
-        const int64_t o = std::min(rows, q * rpad[i]);
-        r.offsets.push_back(o);
-        r.lengths.push_back(std::min(rows, o + rpad[i]) - o);
-      }
-      const int64_t len = r.lengths[static_cast<size_t>(sr)];
+      const int64_t len = rows_out[i].lengths[static_cast<size_t>(sr)];
       nn::Param p;
       p.name = ps[i].name;
       p.block = ps[i].block;
@@ -413,7 +417,6 @@ struct Fsdp::Impl {
       p.grad = shard_view(shard_grads, i, len);
       p.shape = p.value.shape();
       params.push_back(std::move(p));
-      rows_out.push_back(std::move(r));
     }
   }
 
@@ -434,7 +437,6 @@ struct Fsdp::Impl {
     eval = make_schedule(plan, B, cfg, false);
     const Counts ct = count(train, B, true), ce = count(eval, B, false);
     const int64_t F = max_chunk * S;
-    const size_t ps = dtype_size(cfg.param_dtype), rs = dtype_size(cfg.reduce_dtype);
     slots.assign(std::max(ct.gathered, ce.gathered), {});
     for (Slot& s : slots) {
       if (cfg.param_dtype != DType::f32) s.send = Tensor::empty({max_chunk}, cfg.param_dtype, dev);
@@ -449,11 +451,6 @@ struct Fsdp::Impl {
       r.recv = Tensor::empty({max_chunk}, cfg.reduce_dtype, dev);
     }
     recv_f32 = cfg.reduce_dtype != DType::f32 ? Tensor::empty({max_chunk}, DType::f32, dev) : Tensor();
-    arena_bytes = static_cast<int64_t>(slots.size()) * (F * static_cast<int64_t>(ps + 4) +
-                                                        (cfg.param_dtype != DType::f32 ? max_chunk * static_cast<int64_t>(ps) : 0)) +
-                  static_cast<int64_t>(grad_slots.size()) * F * 4 +
-                  static_cast<int64_t>(reducing.size()) * (F + max_chunk) * static_cast<int64_t>(rs) +
-                  (recv_f32.defined() ? max_chunk * 4 : 0);
     const size_t K = plan.size();
     slot_of.assign(K, -1), grad_of.assign(K, -1), reducing_of.assign(K, -1);
     gathers.assign(K, {}), reduces.assign(K, {});
@@ -464,11 +461,43 @@ struct Fsdp::Impl {
     fill(free_slots, slots.size()), fill(free_grads, grad_slots.size()), fill(free_reducing, reducing.size());
   }
 
+  // Every buffer build() allocated.
+  int64_t arena_bytes() const {
+    size_t n = recv_f32.defined() ? recv_f32.bytes() : 0;
+    for (const Slot& s : slots) n += (s.send.defined() ? s.send.bytes() : 0) + s.wire.bytes() + s.value.bytes();
+    for (const Tensor& g : grad_slots) n += g.bytes();
+    for (const Reducing& r : reducing) n += r.send.bytes() + r.recv.bytes();
+    return static_cast<int64_t>(n);
+  }
+
   static int take(std::vector<int>& pool, const char* what) {
     if (pool.empty()) fail(std::string("fsdp: no free ") + what + " buffer (the schedule's count is wrong: a bug)");
     const int i = pool.back();
     pool.pop_back();
     return i;
+  }
+
+  // Parameter i of bucket k whole, in a param-major region (p1 whole, p2 whole, ...).
+  Tensor whole(const Tensor& region, size_t k, size_t i) const {
+    const nn::Param& p = model.params()[i];
+    const int64_t at = S * (off[i] - chunk_off[k]);
+    return region.slice(at, at + shape_numel(p.shape)).reshape(p.shape);
+  }
+
+  // Bucket k between rank-major layout (the wire: [rank 0: p1 | p2 ...][rank 1: ...]) and
+  // param-major (compute), casting to dst's dtype: copy-out after a gather, copy-in before a
+  // reduce-scatter.
+  void permute(const Bucket& b, size_t k, const Tensor& src, Tensor& dst, bool to_param_major) const {
+    const int64_t C = chunk_n[k];
+    for (size_t i = b.first; i < b.end; ++i) {
+      const int64_t in_chunk = off[i] - chunk_off[k];
+      for (int q = 0; q < S; ++q) {
+        const int64_t wire = q * C + in_chunk, param = S * in_chunk + q * sn[i];
+        const int64_t from = to_param_major ? wire : param, to = to_param_major ? param : wire;
+        Tensor d = dst.slice(to, to + sn[i]);
+        ops::cast(src.slice(from, from + sn[i]), d);
+      }
+    }
   }
 
   void wait_timed(comm::Work& w) {
@@ -493,23 +522,15 @@ struct Fsdp::Impl {
             ops::cast(src, send);
             src = send;
           }
-          gathers[k] = shard->all_gather(buf(src), buf(sl.wire.slice(0, C * S)), comm::Mode::async);
+          gathers[k] = shard->all_gather(comm::buffer_of(src), comm::buffer_of(sl.wire.slice(0, C * S)), comm::Mode::async);
           ag_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.param_dtype));
           break;
         }
         case OpKind::wait_gather: {
           wait_timed(gathers[k]);
           Slot& sl = slots[static_cast<size_t>(slot_of[k])];
-          // Copy-out: rank-major wire to param-major f32 values, then bind the parameters.
-          auto& ps = model.params();
-          for (size_t i = b.first; i < b.end; ++i) {
-            const int64_t in_chunk = off[i] - chunk_off[k];
-            for (int q = 0; q < S; ++q) {
-              Tensor dst = sl.value.slice(S * in_chunk + q * sn[i], S * in_chunk + (q + 1) * sn[i]);
-              ops::cast(sl.wire.slice(q * C + in_chunk, q * C + in_chunk + sn[i]), dst);
-            }
-            ps[i].value = sl.value.slice(S * in_chunk, S * in_chunk + shape_numel(ps[i].shape)).reshape(ps[i].shape);
-          }
+          permute(b, k, sl.wire, sl.value, true);
+          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = whole(sl.value, k, i);
           break;
         }
         case OpKind::release: {
@@ -523,11 +544,7 @@ struct Fsdp::Impl {
           grad_of[k] = g;
           Tensor region = grad_slots[static_cast<size_t>(g)].slice(0, C * S);
           ops::fill(region, 0.0);
-          auto& ps = model.params();
-          for (size_t i = b.first; i < b.end; ++i) {
-            const int64_t in_chunk = off[i] - chunk_off[k];
-            ps[i].grad = region.slice(S * in_chunk, S * in_chunk + shape_numel(ps[i].shape)).reshape(ps[i].shape);
-          }
+          for (size_t i = b.first; i < b.end; ++i) model.params()[i].grad = whole(region, k, i);
           break;
         }
         case OpKind::reduce: {
@@ -535,20 +552,12 @@ struct Fsdp::Impl {
           grad_of[k] = -1;
           const int r = take(free_reducing, "reduce-scatter");
           reducing_of[k] = r;
-          const Tensor& region = grad_slots[static_cast<size_t>(g)];
           Reducing& rd = reducing[static_cast<size_t>(r)];
-          // Copy-in: param-major f32 gradients to rank-major in the reduce dtype.
-          for (size_t i = b.first; i < b.end; ++i) {
-            const int64_t in_chunk = off[i] - chunk_off[k];
-            for (int q = 0; q < S; ++q) {
-              Tensor dst = rd.send.slice(q * C + in_chunk, q * C + in_chunk + sn[i]);
-              ops::cast(region.slice(S * in_chunk + q * sn[i], S * in_chunk + (q + 1) * sn[i]), dst);
-            }
-            model.params()[i].grad = Tensor();
-          }
+          permute(b, k, grad_slots[static_cast<size_t>(g)], rd.send, false);
+          for (size_t i = b.first; i < b.end; ++i) model.params()[i].grad = Tensor();
           free_grads.push_back(g);
-          reduces[k] = shard->reduce_scatter(buf(rd.send.slice(0, C * S)), buf(rd.recv.slice(0, C)), comm::ReduceOp::sum,
-                                             comm::Mode::async);
+          reduces[k] = shard->reduce_scatter(comm::buffer_of(rd.send.slice(0, C * S)), comm::buffer_of(rd.recv.slice(0, C)),
+                                             comm::ReduceOp::sum, comm::Mode::async);
           rs_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.reduce_dtype));
           break;
         }
@@ -566,7 +575,8 @@ struct Fsdp::Impl {
           ops::add(g, recv, g);
           free_reducing.push_back(r);
           if (replica && last_micro) {  // HSDP: the shard gradient summed over the groups
-            replica_works.push_back(replica->all_reduce(buf(g), buf(g), comm::ReduceOp::sum, comm::Mode::async));
+            replica_works.push_back(
+                replica->all_reduce(comm::buffer_of(g), comm::buffer_of(g), comm::ReduceOp::sum, comm::Mode::async));
             ar_bytes += static_cast<double>(C) * 4;
           }
           break;
@@ -578,7 +588,7 @@ struct Fsdp::Impl {
 
 Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg) {
   if (model.storage() != nn::Storage::external) fail("Fsdp: the model must have external parameter storage");
-  if (cfg.prefetch < 0) fail_usage("--prefetch must be >= 0, got " + std::to_string(cfg.prefetch));
+  validate(cfg, world.size());
   impl_ = std::make_unique<Impl>(model, world, host, cfg);
   impl_->layout(params_, rows_);
   const std::string& spec = cfg.buckets;
@@ -586,11 +596,10 @@ Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host
     plan_ = plan_per_param(model);
   } else if (spec == "block" || spec == "auto") {
     plan_ = plan_blocks(model, 1);
-  } else if (!spec.empty() && std::all_of(spec.begin(), spec.end(), ::isdigit)) {
+  } else if (is_count(spec)) {
     plan_ = plan_blocks(model, std::stoi(spec));
   } else {
     std::ifstream f(spec);
-    if (!f) fail_usage("--buckets " + spec + ": not param, block, a number, auto, or a readable plan file");
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(f);
@@ -655,7 +664,7 @@ void Fsdp::metrics(nlohmann::ordered_json& j) const {
   if (m.replica) j["all_reduce_bytes"] = m.ar_bytes;
   j["exposed_comm_ms"] = m.exposed_s * 1e3;
   j["shard_bytes"] = m.shard_values.bytes() + m.shard_grads.bytes();
-  j["arena_bytes"] = m.arena_bytes;
+  j["arena_bytes"] = m.arena_bytes();
 }
 
 comm::Communicator* Fsdp::checkpoint_comm() {
@@ -695,17 +704,6 @@ void Fsdp::after_backward(int block) {
 
 namespace {
 
-// Bytes per parameter on the wire: the gathered parameter (param dtype) and the reduce-scatter
-// input (reduce dtype), padded as the shards are.
-void wire_bytes(const nn::Model& model, int S, const FsdpConfig& cfg, std::vector<double>& g, std::vector<double>& r) {
-  for (const nn::Param& p : model.params()) {
-    const int64_t rows = p.shape[0], cols = rows > 0 ? shape_numel(p.shape) / rows : 0;
-    const double n = static_cast<double>((rows + S - 1) / S * S * cols);
-    g.push_back(n * static_cast<double>(dtype_size(cfg.param_dtype)));
-    r.push_back(n * static_cast<double>(dtype_size(cfg.reduce_dtype)));
-  }
-}
-
 // All-gather and reduce-scatter timed over a range of sizes on the shard group and fitted
 // (comm/cost.h), the slowest rank's time at each size.
 Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpConfig& cfg, double lo_bytes,
@@ -727,8 +725,8 @@ Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpC
       for (int rep = 0; rep <= kReps; ++rep) {
         host.barrier();
         const auto t0 = Clock::now();
-        comm::Work w = gather ? shard.all_gather(buf(small.slice(0, n)), buf(big.slice(0, n * S)), comm::Mode::async)
-                              : shard.reduce_scatter(buf(big.slice(0, n * S)), buf(small.slice(0, n)),
+        comm::Work w = gather ? shard.all_gather(comm::buffer_of(small.slice(0, n)), comm::buffer_of(big.slice(0, n * S)), comm::Mode::async)
+                              : shard.reduce_scatter(comm::buffer_of(big.slice(0, n * S)), comm::buffer_of(small.slice(0, n)),
                                                      comm::ReduceOp::sum, comm::Mode::async);
         w.wait();
         if (dev.is_cuda()) cuda::synchronize();
@@ -754,10 +752,8 @@ bool Fsdp::before_step(int64_t) {
   // Costs: the collectives calibrated once; per-block compute from the second step on the
   // measuring plan (the first one allocates activation buffers and warms caches).
   if (m.steps_seen == 0) {
-    std::vector<double> g, r;
-    wire_bytes(m.model, m.S, m.cfg, g, r);
     double lo = 1e300, total = 0;
-    for (double x : g) lo = std::min(lo, x), total += x;
+    for (double x : m.wire.gather) lo = std::min(lo, x), total += x;
     m.costs = calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
   }
   if (m.steps_seen++ < 2) return true;
@@ -768,9 +764,7 @@ bool Fsdp::before_step(int64_t) {
                             comm::ReduceOp::max, comm::Mode::sync);
   m.measuring = false;
   if (m.cfg.buckets == "auto") {
-    std::vector<double> g, r;
-    wire_bytes(m.model, m.S, m.cfg, g, r);
-    plan_ = plan_auto(m.model, g, r, m.costs, m.cfg);
+    plan_ = plan_auto(m.model, m.wire, m.costs, m.cfg);
     m.build(plan_);
     spdlog::info("fsdp: automatic bucket plan of {} bucket(s) for {} blocks", plan_.size(), m.model.num_blocks());
   }
@@ -784,19 +778,16 @@ bool Fsdp::before_step(int64_t) {
 
 nlohmann::json Fsdp::plan_json() const {
   const Impl& m = *impl_;
-  std::vector<double> g, r;
-  wire_bytes(m.model, m.S, m.cfg, g, r);
-  std::vector<double> gb(plan_.size(), 0), rb(plan_.size(), 0);
   nlohmann::json buckets = nlohmann::json::array();
-  for (size_t k = 0; k < plan_.size(); ++k) {
-    const Bucket& b = plan_[k];
-    for (size_t i = b.first; i < b.end; ++i) gb[k] += g[i], rb[k] += r[i];
+  for (const Bucket& b : plan_) {
+    double g = 0, r = 0;
+    for (size_t i = b.first; i < b.end; ++i) g += m.wire.gather[i], r += m.wire.reduce[i];
     buckets.push_back({{"blocks", {b.first_block, b.last_block}},
                        {"params", {b.first, b.end}},
                        {"first", m.model.params()[b.first].name},
                        {"last", m.model.params()[b.end - 1].name},
-                       {"all_gather_bytes", gb[k]},
-                       {"reduce_scatter_bytes", rb[k]}});
+                       {"all_gather_bytes", g},
+                       {"reduce_scatter_bytes", r}});
   }
   nlohmann::json j = {{"buckets", buckets},
                       {"shard_group", m.S},
@@ -806,8 +797,8 @@ nlohmann::json Fsdp::plan_json() const {
                       {"prefetch", m.cfg.prefetch},
                       {"overlap", m.cfg.overlap}};
   if (!m.costs.forward_s.empty()) {
-    const Prediction p = predict(plan_, gb, rb, m.costs, m.cfg, m.model.num_blocks());
-    const Prediction none = predict(plan_, gb, rb, m.costs, [&] {
+    const Prediction p = predict(plan_, m.wire, m.costs, m.cfg, m.model.num_blocks());
+    const Prediction none = predict(plan_, m.wire, m.costs, [&] {
       FsdpConfig c = m.cfg;
       c.overlap = false;
       return c;
@@ -819,12 +810,9 @@ nlohmann::json Fsdp::plan_json() const {
                       {"step_ms", p.step_s * 1e3},
                       {"no_overlap_step_ms", none.step_s * 1e3},
                       {"compute_ms", (fwd + bwd) * 1e3}};
-    j["costs"] = {{"all_gather", {{"alpha_us", m.costs.all_gather.alpha_s * 1e6},
-                                  {"gbps", m.costs.all_gather.beta_s_per_byte > 0 ? 1e-9 / m.costs.all_gather.beta_s_per_byte : 0}}},
-                  {"reduce_scatter", {{"alpha_us", m.costs.reduce_scatter.alpha_s * 1e6},
-                                      {"gbps", m.costs.reduce_scatter.beta_s_per_byte > 0
-                                                   ? 1e-9 / m.costs.reduce_scatter.beta_s_per_byte
-                                                   : 0}}},
+    j["costs"] = {{"all_gather", {{"alpha_us", m.costs.all_gather.alpha_s * 1e6}, {"algbw_gbps", m.costs.all_gather.gbps()}}},
+                  {"reduce_scatter",
+                   {{"alpha_us", m.costs.reduce_scatter.alpha_s * 1e6}, {"algbw_gbps", m.costs.reduce_scatter.gbps()}}},
                   {"forward_ms", m.costs.forward_s},
                   {"backward_ms", m.costs.backward_s}};
     for (auto& x : j["costs"]["forward_ms"]) x = x.get<double>() * 1e3;

@@ -83,6 +83,10 @@ struct FsdpConfig {
   bool print_plan = false;           // print the plan (JSON) once it is final, then stop
 };
 Reshard parse_reshard(const std::string& s);
+// UsageError naming the option: --replicate that does not divide the ranks, --prefetch < 0,
+// --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
+// without auto.
+void validate(const FsdpConfig& cfg, int world_size);
 
 class Fsdp final : public Parallelism {
  public:
@@ -121,19 +125,22 @@ class Fsdp final : public Parallelism {
   BucketPlan plan_;
 };
 
+// Bytes on the wire per parameter, padded as the shards are: gathered (param dtype) and
+// reduce-scatter input (reduce dtype).
+struct WireBytes {
+  std::vector<double> gather, reduce;
+};
+
 // The schedule's prediction for one training micro-batch: exposed communication (time compute
-// waits on a collective) and the step time (compute + exposed), in seconds. `gather_bytes` and
-// `reduce_bytes` per bucket.
+// waits on a collective) and the step time (compute + exposed), in seconds.
 struct Prediction {
   double exposed_s = 0, step_s = 0;
 };
-Prediction predict(const BucketPlan& plan, const std::vector<double>& gather_bytes,
-                   const std::vector<double>& reduce_bytes, const Costs& costs, const FsdpConfig& cfg, int num_blocks);
+Prediction predict(const BucketPlan& plan, const WireBytes& bytes, const Costs& costs, const FsdpConfig& cfg,
+                   int num_blocks);
 // SimpleFSDP's greedy automatic bucketing: walking the blocks in order, a block joins the
 // current bucket while the predicted step time does not grow and the merged bucket's gathered
-// bytes stay within cfg.bucket_memory (0: twice the largest block's). Per parameter: gathered
-// and reduce-scattered bytes.
-BucketPlan plan_auto(const nn::Model& m, const std::vector<double>& gather_bytes_per_param,
-                     const std::vector<double>& reduce_bytes_per_param, const Costs& costs, const FsdpConfig& cfg);
+// bytes stay within cfg.bucket_memory (0: twice the largest block's).
+BucketPlan plan_auto(const nn::Model& m, const WireBytes& bytes, const Costs& costs, const FsdpConfig& cfg);
 
 }  // namespace dtk::parallel

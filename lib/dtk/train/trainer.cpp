@@ -272,10 +272,6 @@ class Trainer {
     }
     model_->set_hooks(par_.get());
     par_->init(o.seed);
-    // A sharded rank's optimizer sees only its shards: Shampoo's blocks are cut from them and
-    // need no communication (the reference's fully-sharded distributor).
-    self_ = s.sharded ? comm_->split(rank_, 0) : comm_;  // a world of one each
-    comm::Communicator& opt_comm = *self_;
     train_ = data::open_dataset(o.data, cfg_, false, o.seed);
     if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
     else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
@@ -284,9 +280,11 @@ class Trainer {
     std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
 
     if (s.optimizer) {
-      optim_ = s.optimizer(par_->params(), opt_comm);
-    } else if (o.optimizer == "shampoo") {  // any program can run Shampoo, with its defaults
-      optim_ = optim::make_shampoo(shampoo_config(o), par_->params(), opt_comm);
+      optim_ = s.optimizer(par_->params(), *comm_);
+    } else if (o.optimizer == "shampoo") {  // any replicated program can run Shampoo, with its defaults
+      if (s.sharded)  // its blocks would be cut from each rank's shards, with per-rank state
+        fail_usage(s.program + ": --optimizer shampoo is not available on sharded parameters yet; use adamw or sgd");
+      optim_ = optim::make_shampoo(shampoo_config(o), par_->params(), *comm_);
     } else {
       optim::OptimConfig oc;
       oc.name = o.optimizer;
@@ -456,10 +454,10 @@ class Trainer {
     return {rank_, world_};
   }
 
-  void load(const ckpt::Reader& r, std::vector<ckpt::StateEntry>& entries, bool* all = nullptr) {
+  // Returns false when per-rank state could not be restored (ckpt::load_state).
+  bool load(const ckpt::Reader& r, std::vector<ckpt::StateEntry>& entries) {
     const auto [rank, size] = state_rank();
-    const bool ok = ckpt::load_state(r, entries, rank, size);
-    if (all) *all = ok;
+    return ckpt::load_state(r, entries, rank, size);
   }
 
   void save(const fs::path& path, int64_t step) {
@@ -501,9 +499,7 @@ class Trainer {
     ckpt::Reader r(path);
     const auto& meta = r.metadata();
     auto entries = state_entries();
-    bool all = true;
-    load(r, entries, &all);
-    if (!all)
+    if (!load(r, entries))
       spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
                    path.string(), meta.world_size, world_);
     start_step_ = meta.step;
@@ -536,7 +532,7 @@ class Trainer {
   comm::Runtime& rt_;
   Device device_;
   nn::ModelConfig cfg_;
-  std::shared_ptr<comm::Communicator> comm_, host_, self_;  // self_: the optimizer's
+  std::shared_ptr<comm::Communicator> comm_, host_;
   int rank_ = 0, world_ = 1;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<data::Dataset> train_, val_;
