@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/models.h"
 #include "dtk/comm/comm.h"
 #include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
@@ -36,18 +37,7 @@ comm::Communicator& world() {
   return *c;
 }
 
-nn::ModelConfig tiny_llama() {
-  nn::ModelConfig c;
-  c.arch = "llama";
-  c.dim = 16;
-  c.n_layers = 3;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.ffn_hidden = 24;
-  c.vocab = 13;
-  c.seq_len = 8;
-  return c;
-}
+nn::ModelConfig tiny_llama() { return test::llama_config(16, 3, 2, 1, 24, 13, 8); }
 
 // Rank r's batch: its own tokens, so every rank has its own gradient.
 nn::Batch batch_of(int rank, int64_t vocab) {
@@ -314,13 +304,13 @@ TEST(Fsdp, PlansCoverTheModelAndFilesAreChecked) {
   // The automatic plan merges blocks when latency dominates and keeps them apart when the
   // merged gather could not hide behind compute.
   parallel::Costs slow_latency{{1e-3, 0}, {1e-3, 0}, std::vector<double>(5, 1e-3), std::vector<double>(5, 2e-3)};
-  std::vector<double> g(m->params().size(), 1e3), r = g;
+  const parallel::WireBytes bytes{std::vector<double>(m->params().size(), 1e3), std::vector<double>(m->params().size(), 1e3)};
   parallel::FsdpConfig cfg;
-  EXPECT_LT(parallel::plan_auto(*m, g, r, slow_latency, cfg).size(), static_cast<size_t>(m->num_blocks()));
+  EXPECT_LT(parallel::plan_auto(*m, bytes, slow_latency, cfg).size(), static_cast<size_t>(m->num_blocks()));
   parallel::Costs bandwidth{{0, 1e-7}, {0, 1e-7}, std::vector<double>(5, 1e-3), std::vector<double>(5, 2e-3)};
-  EXPECT_EQ(parallel::plan_auto(*m, g, r, bandwidth, cfg).size(), static_cast<size_t>(m->num_blocks()));
+  EXPECT_EQ(parallel::plan_auto(*m, bytes, bandwidth, cfg).size(), static_cast<size_t>(m->num_blocks()));
   cfg.bucket_memory = 1;  // nothing fits two blocks
-  EXPECT_EQ(parallel::plan_auto(*m, g, r, slow_latency, cfg).size(), static_cast<size_t>(m->num_blocks()));
+  EXPECT_EQ(parallel::plan_auto(*m, bytes, slow_latency, cfg).size(), static_cast<size_t>(m->num_blocks()));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/models.h"
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
 #include "dtk/core/tensor.h"
@@ -334,18 +335,7 @@ TEST(NnLayers, ReluMlp) {
 
 // ---------------------------------------------------------------------------- models
 
-ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.dim = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.ffn_hidden = 12;
-  c.vocab = 11;
-  c.seq_len = 8;
-  return c;
-}
+ModelConfig tiny_llama() { return test::llama_config(8, 2, 2, 1, 12, 11, 8); }
 
 Batch tiny_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, bool with_ignored = false) {
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(x.size());
