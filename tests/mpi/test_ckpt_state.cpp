@@ -1,6 +1,8 @@
 // Training state spread over ranks (replicated, owned by one rank, per rank) saved to one full
 // checkpoint by rank 0 and restored: every rank gets its own values back; owned state can be
-// restored by another owner; per-rank state is restored only on the same world size.
+// restored by another owner; per-rank state is restored only on the same world size. Sharded
+// states: every rank writes its rows and its own per-rank tensors (names and shapes differing
+// between ranks, as Shampoo's blocks cut from shards do); a reader of any shard count gets its rows.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -81,6 +83,58 @@ TEST(CkptState, SaveAndLoadAcrossRanks) {
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("model/w"), std::string::npos) << e.what();
+  }
+  comm->barrier();
+  if (rank == 0) fs::remove_all(dir);
+}
+
+TEST(CkptState, ShardedStateWithPerRankEntriesOfDifferentShapes) {
+  auto& rt = Runtime::get();
+  auto comm = rt.world();
+  const int rank = comm->rank(), n = comm->size();
+  const fs::path dir = shared_tmpdir(), path = dir / "state";
+  const Tensor whole = filled({7, 3}, DType::f32, 5);
+  std::vector<int64_t> off, len;
+  even_split(7, n, off, len);
+  auto entries = [&](int r, bool zero) {
+    std::vector<StateEntry> e;
+    const Tensor rows = whole.slice(off[r], off[r] + len[r]);
+    e.push_back({"model/w", zero ? Tensor::zeros({len[r], 3}, DType::f32) : rows.clone(), kSharded, {7, 3}, off, len});
+    e.push_back({"optim/step", zero ? Tensor::zeros({1}, DType::i64) : Tensor::from_doubles({9}, {1}, DType::i64), kReplicated});
+    // Rank r holds r + 1 blocks of shape [r + 1, r + 2].
+    for (int b = 0; b <= r; ++b)
+      e.push_back({"optim/block" + std::to_string(b),
+                   zero ? Tensor::zeros({r + 1, r + 2}, DType::f32) : filled({r + 1, r + 2}, DType::f32, 50 + 10 * r + b),
+                   kPerRank});
+    return e;
+  };
+  Metadata meta;
+  meta.world_size = n;
+  meta.extra["state_ranks"] = n;
+  save_sharded_state(path, entries(rank, false), meta, *comm);
+
+  Reader r(path);
+  ASSERT_TRUE(r.sharded());
+  for (int q = 0; q < n; ++q)
+    for (int b = 0; b <= q; ++b) {
+      const TensorInfo& ti = r.info("ranks/" + std::to_string(q) + "/optim/block" + std::to_string(b));
+      EXPECT_EQ(ti.shape, (Shape{q + 1, q + 2}));
+      EXPECT_EQ(ti.owner, q);
+    }
+  auto back = entries(rank, true);
+  EXPECT_TRUE(load_state(r, back, rank, n));
+  const auto want = entries(rank, false);
+  for (size_t i = 0; i < back.size(); ++i) expect_same(back[i].tensor, want[i].tensor);
+
+  // Another shard count: the rows are read, per-rank state is left alone and reported.
+  std::vector<int64_t> off1, len1;
+  even_split(7, 1, off1, len1);
+  std::vector<StateEntry> one{{"model/w", Tensor::zeros({7, 3}, DType::f32), kSharded, {7, 3}, off1, len1},
+                              {"optim/block0", Tensor::zeros({1, 2}, DType::f32), kPerRank}};
+  if (n > 1) {
+    EXPECT_FALSE(load_state(r, one, 0, 1));
+    expect_same(one[0].tensor, whole);
+    EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, one[1].tensor), 0.0);
   }
   comm->barrier();
   if (rank == 0) fs::remove_all(dir);

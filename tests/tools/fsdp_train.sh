@@ -3,11 +3,12 @@
 # --compressor none on 1, 2 and 4 ranks for every bucket plan, reshard policy, prefetch depth,
 # overlap off, HSDP, micro-batches and activation checkpointing; exact resume; resume on another
 # world size or --replicate; checkpoints that psgd-train reads and the other way round; bf16
-# gathers within 2% of f32; --print-plan and plan files; bytes and memory per rank; bad input.
-#   fsdp_train.sh MPIEXEC FSDP_TRAIN PSGD_TRAIN SHARD_INSPECT
+# gathers within 2% of f32; --print-plan and plan files; bytes and memory per rank; Shampoo on
+# shards; bad input.
+#   fsdp_train.sh MPIEXEC FSDP_TRAIN PSGD_TRAIN SHARD_INSPECT SHAMPOO_TRAIN
 set -u
 . "$(dirname "$0")/train_lib.sh"
-mpiexec=$1 fsdp=$2 psgd=$3 si=$4
+mpiexec=$1 fsdp=$2 psgd=$3 si=$4 shampoo=$5
 common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
 exact="--param-dtype f32 --reduce-dtype f32"
 
@@ -129,6 +130,37 @@ run $mpiexec -n 2 $fsdp $common $exact --steps 6 --buckets auto --save auto.ckpt
 run $si diff b.ckpt auto.ckpt model/ --rtol 1e-4 --atol 1e-6
 [ $rc = 0 ] && ok "--buckets auto trains the same model" || bad "auto plan" "$(cat $tmp/o)" "$(cat $tmp/e)"
 
+# ---- Shampoo on shards: each rank's blocks are cut from its own rows ----
+# Blocks of 4 rows never cross a shard boundary of this model on 1, 2 or 4 ranks, so the blocks
+# are the replicated run's: the same run as shampoo-train.
+sh="--optimizer shampoo --precondition-frequency 5 --max-preconditioner-dim 4"
+run $shampoo $common $sh --steps 20 --save sref.h5
+[ $rc = 0 ] || bad "shampoo-train reference (exit $rc)" "$(cat $tmp/e)"
+for c in "1|" "2|" "4|" "4|--replicate 2 --buckets param"; do
+  n=${c%%|*} extra=${c#*|}
+  rm -rf s.ckpt; run $mpiexec -n $n $fsdp $common $sh $exact --steps 20 $extra --save s.ckpt
+  [ $rc = 0 ] || { bad "shampoo on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; }
+  run $si diff sref.h5 s.ckpt model/ --rtol 1e-4 --atol 1e-6
+  [ $rc = 0 ] && ok "shampoo: $n ranks $extra == shampoo-train" || bad "shampoo: $n ranks $extra differs" "$(cat $tmp/o)"
+done
+# Default blocks (whole shards, merged dims): exact resume; per-rank block state in the rank files.
+sh="--optimizer shampoo --precondition-frequency 5"
+run $mpiexec -n 2 $fsdp $common $sh --steps 20 --save sfull.ckpt --metrics sa.jsonl
+rm -rf sck; run $mpiexec -n 2 $fsdp $common $sh --steps 20 --stop-at 10 --checkpoint-dir sck --metrics sb.jsonl
+run $mpiexec -n 2 $fsdp $common $sh --steps 20 --resume sck --save sres.ckpt --metrics sb.jsonl
+run $si diff sfull.ckpt sres.ckpt
+[ $rc = 0 ] && cmp -s <(cut -d, -f1-3 sa.jsonl) <(cut -d, -f1-3 sb.jsonl) && ok "shampoo on shards: resume is exact" ||
+  bad "shampoo resume differs" "$(cat $tmp/o)"
+run $si ls sck/step-00000010
+grep -q "^ranks/1/optim/shampoo/layers.0.feed_forward.w1.weight/block0/factor0 .*rank 1" $tmp/o &&
+  ok "shampoo blocks of rank 1 in rank 1's file" || bad "per-rank shampoo state" "$(cat $tmp/o)"
+run $mpiexec -n 4 $fsdp $common $sh --steps 20 --resume sck --save s4.ckpt
+[ $rc = 0 ] && grep -q "starts afresh" $tmp/e && ok "shampoo state of 2 shard ranks resumed on 4: blocks start afresh" ||
+  bad "shampoo resume on 4 ranks (exit $rc)" "$(cat $tmp/e)"
+run $si consolidate sfull.ckpt -o sfull.h5
+[ $rc = 0 ] && run $psgd $common --steps 2 --init-from sfull.h5
+[ $rc = 0 ] && ok "a consolidated shampoo state initialises psgd-train" || bad "shampoo consolidate/init-from" "$(cat $tmp/e)"
+
 # ---- bad input: exit 2 on every rank, one line naming the problem ----
 expect2 "--replicate that does not divide" "does not divide" $mpiexec -n 4 $fsdp $common --steps 2 --replicate 3
 expect2 "--buckets nonsense" "--buckets" $mpiexec -n 2 $fsdp $common --steps 2 --buckets nonsense
@@ -140,5 +172,6 @@ expect2 "a plan that is not JSON" "not JSON" $fsdp $common --steps 2 --buckets b
 expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-memory 4
 expect2 "--print-plan with --save" "print-plan" $fsdp $common --steps 2 --print-plan --save x.ckpt
 expect2 "--bucket-mb is not an fsdp option" "bucket-mb" $fsdp $common --steps 2 --bucket-mb 4
-expect2 "--optimizer shampoo on shards" "shampoo" $fsdp $common --steps 2 --optimizer shampoo
+expect2 "--trainers-per-group is not an fsdp option" "trainers-per-group" $fsdp $common --steps 2 --optimizer shampoo --trainers-per-group 2
+expect2 "a bad Shampoo setting" "grafting" $fsdp $common --steps 2 --optimizer shampoo --grafting nonsense
 finish

@@ -29,6 +29,8 @@ cli::Program program() {
   p.add_options = [](CLI::App& app) {
     train::add_options(app, o);
     app.remove_option(app.get_option("--bucket-mb"));  // the replicated all-reduce's; FSDP buckets by --buckets
+    app.get_option("--optimizer")->description("adamw (default), sgd or shampoo (its blocks cut from each rank's shards)");
+    train::add_shampoo_options(app, o, false);
     const char* g = "Sharding";
     app.add_option("--param-dtype", param_dtype, "parameters all-gathered in bf16 (compute upcasts to f32) or f32")
         ->group(g)->check(CLI::IsMember({"bf16", "f32"}));
@@ -71,6 +73,7 @@ cli::Program program() {
     s.program = "fsdp-train";
     s.config = {{"param_dtype", param_dtype}, {"reduce_dtype", reduce_dtype}, {"reshard_after_forward", reshard},
                 {"prefetch", c.prefetch}, {"buckets", c.buckets}, {"replicate", c.replicate}, {"overlap", c.overlap}};
+    if (o.optimizer == "shampoo") s.config["shampoo"] = train::shampoo_config(o).to_json();
     s.sharded = [](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
       return std::make_unique<parallel::Fsdp>(model, world, host, c);
     };

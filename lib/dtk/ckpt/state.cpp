@@ -97,6 +97,21 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts) {
   ShardedWriter w(path, comm, opts);
+  const int rank = comm.rank();
+  // Per-rank entries differ in names and shapes between ranks: rank 0, which writes the
+  // index, learns the others'.
+  if (rank != 0) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& e : entries)
+      if (e.owner == kPerRank)
+        list.push_back({{"name", stored_name(e, rank)}, {"shape", e.tensor.shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
+    send_bytes(comm, list.dump());
+  } else {
+    for (int r = 1; r < comm.size(); ++r)
+      for (const auto& item : nlohmann::json::parse(recv_bytes(comm, r)))
+        w.write_whole(item["name"].get<std::string>(), item["shape"].get<Shape>(),
+                      parse_dtype(item["dtype"].get<std::string>()), r, Tensor());
+  }
   int ok = 1;
   std::string err;
   try {
@@ -104,9 +119,12 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
       if (e.owner == kSharded) {
         w.write_shard(e.name, e.shape, e.tensor.to(Device::cpu()), e.offsets, e.lengths);
       } else if (e.owner == kReplicated) {
-        w.write_whole(e.name, e.tensor.shape(), e.tensor.dtype(), 0, comm.rank() == 0 ? e.tensor.to(Device::cpu()) : Tensor());
+        w.write_whole(e.name, e.tensor.shape(), e.tensor.dtype(), 0, rank == 0 ? e.tensor.to(Device::cpu()) : Tensor());
+      } else if (e.owner == kPerRank) {
+        w.write_whole(stored_name(e, rank), e.tensor.shape(), e.tensor.dtype(), rank, e.tensor.to(Device::cpu()));
       } else {
-        fail("save_sharded_state: " + e.name + " is neither sharded nor replicated");
+        fail("save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated and "
+             "per-rank state");
       }
     }
   } catch (const std::exception& e) {
@@ -120,7 +138,8 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
 }
 
 bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
-  const bool same_world = reader.metadata().world_size == world_size;
+  const Metadata& meta = reader.metadata();
+  const bool same_world = meta.extra.value("state_ranks", meta.world_size) == world_size;
   bool all = true;
   for (auto& e : entries) {
     if (e.owner == kPerRank && !same_world) {

@@ -40,15 +40,18 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
 
 // Writes a sharded state (a directory: rank files and index.h5, checkpoint.h) at `path`, every
 // rank of `comm` writing its own file in parallel: sharded entries as rows, replicated ones in
-// rank 0's file (per-rank and owned entries are not taken). Collective; a write that fails on
-// any rank fails it on every rank, before the commit.
+// rank 0's file, per-rank ones (which may differ in names and shapes between ranks) whole in
+// their rank's file under ranks/<r>/ (owned entries are not taken). Collective; a write that
+// fails on any rank fails it on every rank, before the commit.
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {});
 
 // Restores this rank's entries from a checkpoint: replicated and owned ones by name, per-rank
-// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. Per-rank entries are restored only when the checkpoint was
-// written by a job of the same world size; otherwise they are left as they are and the function
-// returns false. Missing tensors and shape or dtype mismatches are UsageErrors naming them.
+// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. Per-rank
+// entries are restored only when the checkpoint's per-rank state is of world_size ranks (its
+// metadata's extra.state_ranks, else its world_size); otherwise they are left as they are and
+// the function returns false. Missing tensors and shape or dtype mismatches are UsageErrors
+// naming them.
 bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
 
 }  // namespace dtk::ckpt

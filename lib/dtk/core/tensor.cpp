@@ -149,6 +149,15 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   return v;
 }
 
+Tensor Tensor::view(DType t) const {
+  if (bytes() % dtype_size(t)) fail_usage("view: " + str() + " is not a whole number of " + std::string(dtype_name(t)));
+  Tensor v = *this;
+  v.dtype_ = t;
+  v.numel_ = static_cast<int64_t>(bytes() / dtype_size(t));
+  v.shape_ = {v.numel_};
+  return v;
+}
+
 Tensor Tensor::select(int64_t i) const {
   Tensor v = slice(i, i + 1);
   v.shape_.erase(v.shape_.begin());

@@ -80,6 +80,7 @@ class Tensor {
   Tensor flatten() const { return reshape({numel_}); }
   Tensor slice(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0
   Tensor select(int64_t i) const;                  // row i of dim 0, without that dim
+  Tensor view(DType t) const;  // the same bytes as a 1-d tensor of t (its bytes must be a multiple of t's size)
   bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
 
   // Copies. Casts between dtypes are ops::cast (device kernels); these keep the dtype.

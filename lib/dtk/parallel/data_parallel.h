@@ -37,6 +37,7 @@ class GradSync final : public Parallelism {
   GradSync(nn::Model& model, comm::Communicator& comm, compress::Compressor& compressor);
   GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
   std::vector<nn::Param>& params() override { return model_.params(); }
+  comm::Communicator& optimizer_comm() override { return comm_; }
   void init(uint64_t seed) override { model_.init(seed); }
   void loaded() override { broadcast_params(model_, comm_); }
   void zero_grad() override { model_.zero_grad(); }

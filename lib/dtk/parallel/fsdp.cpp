@@ -109,24 +109,27 @@ Schedule make_schedule(const BucketPlan& plan, int B, const FsdpConfig& cfg, boo
   return s;
 }
 
-// The most buffers of each kind in use at once over a schedule: gathered buckets, open
-// gradients, reduce-scatters in flight.
+// The most buffers of each kind in use at once over a schedule: f32 bucket buffers (a gathered
+// bucket's values from its gather to its release, then a reduce-scatter's send from its issue to
+// its wait), wire buffers (a gather in flight, until its copy-out), open gradients and
+// reduce-scatters in flight (their results).
 struct Counts {
-  size_t gathered = 0, grads = 0, reducing = 0;
+  size_t values = 0, wires = 0, grads = 0, reducing = 0;
 };
 Counts count(const Schedule& s, int B, bool train) {
   Counts peak, now;
   auto run = [&](const std::vector<Op>& ops) {
     for (const Op& op : ops) {
       switch (op.kind) {
-        case OpKind::gather: ++now.gathered; break;
-        case OpKind::release: --now.gathered; break;
+        case OpKind::gather: ++now.values, ++now.wires; break;
+        case OpKind::wait_gather: --now.wires; break;
+        case OpKind::release: --now.values; break;
         case OpKind::open_grad: ++now.grads; break;
-        case OpKind::reduce: --now.grads, ++now.reducing; break;
-        case OpKind::wait_reduce: --now.reducing; break;
-        case OpKind::wait_gather: break;
+        case OpKind::reduce: --now.grads, ++now.values, ++now.reducing; break;
+        case OpKind::wait_reduce: --now.values, --now.reducing; break;
       }
-      peak.gathered = std::max(peak.gathered, now.gathered);
+      peak.values = std::max(peak.values, now.values);
+      peak.wires = std::max(peak.wires, now.wires);
       peak.grads = std::max(peak.grads, now.grads);
       peak.reducing = std::max(peak.reducing, now.reducing);
     }
@@ -140,7 +143,8 @@ Counts count(const Schedule& s, int B, bool train) {
       run(s.at[kBeforeBackward][static_cast<size_t>(b)]);
       run(s.at[kAfterBackward][static_cast<size_t>(b)]);
     }
-  if (now.gathered || now.grads || now.reducing) fail("fsdp schedule: buffers left in use after a pass (a bug)");
+  if (now.values || now.wires || now.grads || now.reducing)
+    fail("fsdp schedule: buffers left in use after a pass (a bug)");
   return peak;
 }
 
@@ -332,7 +336,7 @@ BucketPlan plan_auto(const nn::Model& m, const WireBytes& bytes, const Costs& co
 struct Fsdp::Impl {
   nn::Model& model;
   FsdpConfig cfg;
-  std::shared_ptr<comm::Communicator> shard, replica, host_shard;
+  std::shared_ptr<comm::Communicator> shard, replica, host_shard, self;
   comm::Communicator& host_world;
   int S = 1, sr = 0;  // shard group size, rank in it
   Device dev;
@@ -345,19 +349,19 @@ struct Fsdp::Impl {
   std::vector<int64_t> chunk_off, chunk_n;
   int64_t max_chunk = 0;
   Schedule train, eval;
-  // Arenas (allocated by build, reused every step).
-  struct Slot {
-    Tensor send, wire, value;
+  // Arenas (allocated by build, reused every step; count() sizes each pool). A bucket buffer
+  // (f32, one gathered bucket) holds the bucket's values while it is gathered and, after its
+  // backward, the rank-major send of its reduce-scatter; a wire holds a gather in flight.
+  std::vector<Tensor> values;
+  struct Wire {
+    Tensor send, recv;  // send: the shard cast to the param dtype (bf16), recv: the gathered bucket
   };
-  std::vector<Slot> slots;
+  std::vector<Wire> wires;
   std::vector<Tensor> grad_slots;
-  struct Reducing {
-    Tensor send, recv;
-  };
-  std::vector<Reducing> reducing;
+  std::vector<Tensor> reduced;  // reduce-scatter results (a chunk each)
   Tensor recv_f32;  // bf16 reduce: the result cast before it is added
-  std::vector<int> free_slots, free_grads, free_reducing;
-  std::vector<int> slot_of, grad_of, reducing_of;  // per bucket, -1 none
+  std::vector<int> free_values, free_wires, free_grads, free_reduced;
+  std::vector<int> value_of, wire_of, grad_of, send_of, reduced_of;  // per bucket, -1 none
   std::vector<comm::Work> gathers, reduces;
   std::vector<comm::Work> replica_works;
   bool last_micro = false;
@@ -378,6 +382,7 @@ struct Fsdp::Impl {
     shard = world.split(group, world.rank());
     host_shard = host.split(group, host.rank());
     if (cfg.replicate > 1) replica = world.split(sr, world.rank());
+    self = world.split(world.rank(), 0);
   }
 
   Tensor shard_view(const Tensor& flat, size_t i, int64_t rows) const {
@@ -437,36 +442,38 @@ struct Fsdp::Impl {
     eval = make_schedule(plan, B, cfg, false);
     const Counts ct = count(train, B, true), ce = count(eval, B, false);
     const int64_t F = max_chunk * S;
-    slots.assign(std::max(ct.gathered, ce.gathered), {});
-    for (Slot& s : slots) {
-      if (cfg.param_dtype != DType::f32) s.send = Tensor::empty({max_chunk}, cfg.param_dtype, dev);
-      s.wire = Tensor::empty({F}, cfg.param_dtype, dev);
-      s.value = Tensor::empty({F}, DType::f32, dev);
+    auto pool = [&](std::vector<Tensor>& v, size_t n, int64_t numel, DType t) {
+      v.assign(n, {});
+      for (Tensor& x : v) x = Tensor::empty({numel}, t, dev);
+    };
+    // Free the old arenas before the new ones are allocated (the automatic plan's rebuild).
+    values.clear(), wires.clear(), grad_slots.clear(), reduced.clear();
+    pool(values, std::max(ct.values, ce.values), F, DType::f32);
+    wires.assign(std::max(ct.wires, ce.wires), {});
+    for (Wire& w : wires) {
+      if (cfg.param_dtype != DType::f32) w.send = Tensor::empty({max_chunk}, cfg.param_dtype, dev);
+      w.recv = Tensor::empty({F}, cfg.param_dtype, dev);
     }
-    grad_slots.assign(ct.grads, {});
-    for (Tensor& g : grad_slots) g = Tensor::empty({F}, DType::f32, dev);
-    reducing.assign(ct.reducing, {});
-    for (Reducing& r : reducing) {
-      r.send = Tensor::empty({F}, cfg.reduce_dtype, dev);
-      r.recv = Tensor::empty({max_chunk}, cfg.reduce_dtype, dev);
-    }
+    pool(grad_slots, ct.grads, F, DType::f32);
+    pool(reduced, ct.reducing, max_chunk, cfg.reduce_dtype);
     recv_f32 = cfg.reduce_dtype != DType::f32 ? Tensor::empty({max_chunk}, DType::f32, dev) : Tensor();
     const size_t K = plan.size();
-    slot_of.assign(K, -1), grad_of.assign(K, -1), reducing_of.assign(K, -1);
+    for (auto* v : {&value_of, &wire_of, &grad_of, &send_of, &reduced_of}) v->assign(K, -1);
     gathers.assign(K, {}), reduces.assign(K, {});
     auto fill = [](std::vector<int>& v, size_t n) {
       v.clear();
       for (size_t i = n; i-- > 0;) v.push_back(static_cast<int>(i));
     };
-    fill(free_slots, slots.size()), fill(free_grads, grad_slots.size()), fill(free_reducing, reducing.size());
+    fill(free_values, values.size()), fill(free_wires, wires.size());
+    fill(free_grads, grad_slots.size()), fill(free_reduced, reduced.size());
   }
 
   // Every buffer build() allocated.
   int64_t arena_bytes() const {
     size_t n = recv_f32.defined() ? recv_f32.bytes() : 0;
-    for (const Slot& s : slots) n += (s.send.defined() ? s.send.bytes() : 0) + s.wire.bytes() + s.value.bytes();
-    for (const Tensor& g : grad_slots) n += g.bytes();
-    for (const Reducing& r : reducing) n += r.send.bytes() + r.recv.bytes();
+    for (const auto* pool : {&values, &grad_slots, &reduced})
+      for (const Tensor& t : *pool) n += t.bytes();
+    for (const Wire& w : wires) n += (w.send.defined() ? w.send.bytes() : 0) + w.recv.bytes();
     return static_cast<int64_t>(n);
   }
 
@@ -513,29 +520,32 @@ struct Fsdp::Impl {
       const int64_t C = chunk_n[k];
       switch (op.kind) {
         case OpKind::gather: {
-          const int s = take(free_slots, "gather");
-          slot_of[k] = s;
-          Slot& sl = slots[static_cast<size_t>(s)];
+          value_of[k] = take(free_values, "bucket");
+          const int w = take(free_wires, "gather");
+          wire_of[k] = w;
+          Wire& wb = wires[static_cast<size_t>(w)];
           Tensor src = shard_values.slice(chunk_off[k], chunk_off[k] + C);
           if (cfg.param_dtype != DType::f32) {
-            Tensor send = sl.send.slice(0, C);
+            Tensor send = wb.send.slice(0, C);
             ops::cast(src, send);
             src = send;
           }
-          gathers[k] = shard->all_gather(comm::buffer_of(src), comm::buffer_of(sl.wire.slice(0, C * S)), comm::Mode::async);
+          gathers[k] = shard->all_gather(comm::buffer_of(src), comm::buffer_of(wb.recv.slice(0, C * S)), comm::Mode::async);
           ag_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.param_dtype));
           break;
         }
         case OpKind::wait_gather: {
           wait_timed(gathers[k]);
-          Slot& sl = slots[static_cast<size_t>(slot_of[k])];
-          permute(b, k, sl.wire, sl.value, true);
-          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = whole(sl.value, k, i);
+          Tensor& value = values[static_cast<size_t>(value_of[k])];
+          permute(b, k, wires[static_cast<size_t>(wire_of[k])].recv, value, true);
+          free_wires.push_back(wire_of[k]);
+          wire_of[k] = -1;
+          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = whole(value, k, i);
           break;
         }
         case OpKind::release: {
-          free_slots.push_back(slot_of[k]);
-          slot_of[k] = -1;
+          free_values.push_back(value_of[k]);
+          value_of[k] = -1;
           for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = Tensor();
           break;
         }
@@ -550,22 +560,25 @@ struct Fsdp::Impl {
         case OpKind::reduce: {
           const int g = grad_of[k];
           grad_of[k] = -1;
-          const int r = take(free_reducing, "reduce-scatter");
-          reducing_of[k] = r;
-          Reducing& rd = reducing[static_cast<size_t>(r)];
-          permute(b, k, grad_slots[static_cast<size_t>(g)], rd.send, false);
+          // The send is a bucket buffer (the one this bucket's values just left, when released
+          // right before), in the reduce dtype.
+          const int v = take(free_values, "bucket"), r = take(free_reduced, "reduce-scatter");
+          send_of[k] = v, reduced_of[k] = r;
+          Tensor send = values[static_cast<size_t>(v)].view(cfg.reduce_dtype).slice(0, C * S);
+          permute(b, k, grad_slots[static_cast<size_t>(g)], send, false);
           for (size_t i = b.first; i < b.end; ++i) model.params()[i].grad = Tensor();
           free_grads.push_back(g);
-          reduces[k] = shard->reduce_scatter(comm::buffer_of(rd.send.slice(0, C * S)), comm::buffer_of(rd.recv.slice(0, C)),
+          reduces[k] = shard->reduce_scatter(comm::buffer_of(send), comm::buffer_of(reduced[static_cast<size_t>(r)].slice(0, C)),
                                              comm::ReduceOp::sum, comm::Mode::async);
           rs_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.reduce_dtype));
           break;
         }
         case OpKind::wait_reduce: {
           wait_timed(reduces[k]);
-          const int r = reducing_of[k];
-          reducing_of[k] = -1;
-          Tensor recv = reducing[static_cast<size_t>(r)].recv.slice(0, C);
+          free_values.push_back(send_of[k]);
+          free_reduced.push_back(reduced_of[k]);
+          Tensor recv = reduced[static_cast<size_t>(reduced_of[k])].slice(0, C);
+          send_of[k] = reduced_of[k] = -1;
           if (recv_f32.defined()) {
             Tensor f = recv_f32.slice(0, C);
             ops::cast(recv, f);
@@ -573,7 +586,6 @@ struct Fsdp::Impl {
           }
           Tensor g = shard_grads.slice(chunk_off[k], chunk_off[k] + C);
           ops::add(g, recv, g);
-          free_reducing.push_back(r);
           if (replica && last_micro) {  // HSDP: the shard gradient summed over the groups
             replica_works.push_back(
                 replica->all_reduce(comm::buffer_of(g), comm::buffer_of(g), comm::ReduceOp::sum, comm::Mode::async));
@@ -667,6 +679,8 @@ void Fsdp::metrics(nlohmann::ordered_json& j) const {
   j["arena_bytes"] = m.arena_bytes();
 }
 
+comm::Communicator& Fsdp::optimizer_comm() { return *impl_->self; }
+
 comm::Communicator* Fsdp::checkpoint_comm() {
   Impl& m = *impl_;
   // One shard group writes (HSDP's groups hold the same shards): group 0, the ranks [0, S).
@@ -677,7 +691,7 @@ void Fsdp::before_forward(int block, nn::Pass pass) {
   Impl& m = *impl_;
   if (pass == nn::Pass::recompute) return;
   if (pass == nn::Pass::evaluate && block == 0)
-    for (int s : m.slot_of)
+    for (int s : m.value_of)
       if (s >= 0) fail("fsdp: evaluate() while a training forward awaits its backward is not supported");
   m.run((pass == nn::Pass::train ? m.train : m.eval).at[kBeforeForward][static_cast<size_t>(block)], plan_);
   if (m.measuring && pass == nn::Pass::train) m.block_t0 = Clock::now();

@@ -27,7 +27,8 @@
 // forward and gathers them again in backward (ZeRO-3); kept, they stay until their backward
 // (ZeRO-2); by default every bucket but the last (norm + output, the first needed in backward)
 // is resharded. The same list drives the dry run that sizes the arenas (every buffer is
-// allocated at start-up and reused: nothing is allocated per step) and the simulation that
+// allocated at start-up and reused: nothing is allocated per step; a gathered bucket's f32
+// buffer, once its backward is done, carries its reduce-scatter's send) and the simulation that
 // predicts exposed communication from measured costs (plan_auto, print_plan).
 //
 // HSDP: with replicate R, the world's ranks form R groups of S = N / R consecutive ranks; each
@@ -95,6 +96,7 @@ class Fsdp final : public Parallelism {
   ~Fsdp() override;
 
   std::vector<nn::Param>& params() override { return params_; }
+  comm::Communicator& optimizer_comm() override;
   const Rows* rows(size_t i) const override { return &rows_.at(i); }
   void init(uint64_t seed) override;
   void loaded() override {}

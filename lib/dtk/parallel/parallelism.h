@@ -31,6 +31,11 @@ class Parallelism : public nn::BlockHooks {
   // (replicated), or this rank's rows of dim 0 (sharded; possibly none). The optimizer steps
   // them, clipping measures them, checkpoints save them.
   virtual std::vector<nn::Param>& params() = 0;
+  // The ranks that hold the same params() as this one, over which an optimizer may split its
+  // work (Shampoo's blocks): the world when replicated; this rank alone when sharded (each
+  // rank's Shampoo blocks are cut from its own shards, as the reference's fully-sharded
+  // distributor does: no communication, and HSDP's replicas compute the same blocks).
+  virtual comm::Communicator& optimizer_comm() = 0;
   // params()[i]'s rows over the shard group; null: whole on every rank.
   virtual const Rows* rows(size_t i) const {
     (void)i;

@@ -68,7 +68,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
       ->group(g)->check(CLI::Range(0.0, 1.0));
   app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(CLI::NonNegativeNumber);
-  app.add_option("--optimizer", o.optimizer, "sgd or adamw")->group(g);
+  app.add_option("--optimizer", o.optimizer, "adamw, sgd or shampoo (shampoo with its defaults unless the program has Shampoo options)")->group(g);
   app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
       ->group(g)->check(CLI::Range(0.0, 1.0));
   app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
@@ -101,6 +101,39 @@ void add_options(CLI::App& app, Options& o) {
                            "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
   auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
   r->excludes(i);
+}
+
+void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
+  optim::ShampooConfig& c = o.shampoo;
+  const char* g = "Shampoo";
+  app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
+                 "merge dims while their product stays below this, and split dims into blocks of at most it")
+      ->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--precondition-frequency", c.precondition_frequency, "recompute the inverse roots every K steps")
+      ->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--start-preconditioning-step", c.start_preconditioning_step,
+                 "grafting alone before this step (-1: --precondition-frequency)")->group(g);
+  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--factor-dtype", c.factor_dtype, "Kronecker factors in f32 or f64")
+      ->group(g)->check(CLI::IsMember({"f32", "f64"}));
+  app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
+      ->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--root-method", c.root_method, "inverse roots by eigh or (coupled) newton iteration")
+      ->group(g)->check(CLI::IsMember({"eigh", "newton"}));
+  app.add_option("--grafting", c.grafting, "step-size grafting: adam, rmsprop, adagrad, sgd or none")
+      ->group(g)->check(CLI::IsMember({"none", "sgd", "adagrad", "rmsprop", "adam"}));
+  app.add_option("--grafting-beta2", c.grafting_beta2, "second-moment decay of rmsprop/adam grafting")
+      ->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--grafting-epsilon", c.grafting_epsilon, "epsilon of the grafting method")
+      ->group(g)->check(CLI::PositiveNumber);
+  app.add_flag_callback("--no-bias-correction", [&c] { c.use_bias_correction = false; },
+                        "no bias correction of the filtered gradient and factors")->group(g);
+  if (!distribution) return;
+  app.add_option("--trainers-per-group", c.trainers_per_group,
+                 "split the world into groups of g ranks that each compute every block (0: one group)")
+      ->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--direction-dtype", c.communication_dtype, "search directions all-gathered in f32 or bf16")
+      ->group(g)->check(CLI::IsMember({"f32", "bf16"}));
 }
 
 namespace {
@@ -196,7 +229,14 @@ void validate(const Options& o, int world_size) {
     fail_usage("--global-batch " + std::to_string(o.global_batch) + " gives some of the " + std::to_string(world_size) +
                " ranks no sample; use at least one sample per rank");
   if (o.optimizer != "sgd" && o.optimizer != "adamw" && o.optimizer != "shampoo")
-    fail_usage("unknown --optimizer '" + o.optimizer + "' (expected sgd or adamw)");
+    fail_usage("unknown --optimizer '" + o.optimizer + "' (expected adamw, sgd or shampoo)");
+  if (o.optimizer == "shampoo") {
+    shampoo_config(o).validate();
+    const int g = o.shampoo.trainers_per_group;
+    if (g > 0 && world_size % g != 0)
+      fail_usage("--trainers-per-group " + std::to_string(g) + " does not divide the " + std::to_string(world_size) +
+                 " ranks");
+  }
   if (o.warmup > o.steps)
     fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
   const Device d = parse_device(o.device);
@@ -228,7 +268,8 @@ void validate(const Options& o, int world_size) {
   }
 }
 
-optim::ShampooConfig shampoo_config(const Options& o, optim::ShampooConfig base) {
+optim::ShampooConfig shampoo_config(const Options& o) {
+  optim::ShampooConfig base = o.shampoo;
   base.beta1 = o.beta1;
   base.beta2 = o.beta2;
   base.weight_decay = o.weight_decay;
@@ -279,23 +320,7 @@ class Trainer {
     if (val_) val_sampler_ = std::make_unique<data::Sampler>(val_->size(), o.global_batch, o.seed + 1);
     std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
 
-    if (s.optimizer) {
-      optim_ = s.optimizer(par_->params(), *comm_);
-    } else if (o.optimizer == "shampoo") {  // any replicated program can run Shampoo, with its defaults
-      if (s.sharded)  // its blocks would be cut from each rank's shards, with per-rank state
-        fail_usage(s.program + ": --optimizer shampoo is not available on sharded parameters yet; use adamw or sgd");
-      optim_ = optim::make_shampoo(shampoo_config(o), par_->params(), *comm_);
-    } else {
-      optim::OptimConfig oc;
-      oc.name = o.optimizer;
-      if (o.momentum) oc.momentum = *o.momentum;
-      oc.nesterov = o.nesterov;
-      oc.beta1 = o.beta1;
-      oc.beta2 = o.beta2;
-      oc.eps = o.eps;
-      oc.weight_decay = o.weight_decay;
-      optim_ = optim::make_optimizer(oc, par_->params());
-    }
+    optim_ = make_optimizer();
     schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio};
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
@@ -415,6 +440,21 @@ class Trainer {
     return v;
   }
 
+  // The optimizer over what this rank holds; Shampoo splits its blocks over the ranks that hold
+  // the same parameters (collective over them).
+  std::unique_ptr<optim::Optimizer> make_optimizer() {
+    if (o_.optimizer == "shampoo") return optim::make_shampoo(shampoo_config(o_), par_->params(), par_->optimizer_comm());
+    optim::OptimConfig oc;
+    oc.name = o_.optimizer;
+    if (o_.momentum) oc.momentum = *o_.momentum;
+    oc.nesterov = o_.nesterov;
+    oc.beta1 = o_.beta1;
+    oc.beta2 = o_.beta2;
+    oc.eps = o_.eps;
+    oc.weight_decay = o_.weight_decay;
+    return optim::make_optimizer(oc, par_->params());
+  }
+
   // ---- checkpoints
   // The model's entries: whole (replicated) or this rank's rows (sharded).
   std::vector<ckpt::StateEntry> model_entries() {
@@ -427,14 +467,18 @@ class Trainer {
   std::vector<ckpt::StateEntry> state_entries() {
     std::vector<ckpt::StateEntry> e = model_entries();
     // Optimizer state named "<kind>/<parameter>" of the parameter's shape is sharded like it.
+    // On shards, the rest that is not replicated is this rank's own (Shampoo's blocks, cut from
+    // its shard: their shapes depend on the shard count).
     std::map<std::string, size_t> index;
     for (size_t i = 0; i < par_->params().size(); ++i) index[par_->params()[i].name] = i;
     for (auto& [name, t] : optim_->state()) {
       const size_t slash = name.find('/');
       const auto it = slash == std::string::npos ? index.end() : index.find(name.substr(slash + 1));
       const bool like_param = it != index.end() && t.shape() == par_->params()[it->second].value.shape();
+      const int owner = optim_->owner(name);
       if (like_param && par_->rows(it->second)) e.push_back(entry("optim/" + name, t, par_->rows(it->second)));
-      else e.push_back({"optim/" + name, t, optim_->owner(name)});
+      else if (sharded() && owner != ckpt::kReplicated) e.push_back({"optim/" + name, t, ckpt::kPerRank});
+      else e.push_back({"optim/" + name, t, owner});
     }
     if (compressor_)
       for (auto& [name, t] : compressor_->state())
@@ -477,6 +521,7 @@ class Trainer {
                    {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
     m.extra = {{"program_config", s_.config}};
     if (compressor_) m.extra["compressor"] = nullptr;
+    m.extra["state_ranks"] = state_rank().second;  // whose per-rank state this is (ckpt::load_state)
     if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
     // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
     // hold the same shards and learn the outcome.
@@ -499,9 +544,18 @@ class Trainer {
     ckpt::Reader r(path);
     const auto& meta = r.metadata();
     auto entries = state_entries();
-    if (!load(r, entries))
-      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
-                   path.string(), meta.world_size, world_);
+    if (!load(r, entries)) {
+      const int64_t before = meta.extra.value("state_ranks", meta.world_size);
+      if (sharded()) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
+        optim_ = make_optimizer();
+        spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
+                     "blocks) cannot be resharded and starts afresh",
+                     path.string(), before, state_rank().second);
+      } else {
+        spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
+                     path.string(), before, world_);
+      }
+    }
     start_step_ = meta.step;
     const auto& dp = meta.data_position;
     if (dp.value("global_batch", o_.global_batch) != o_.global_batch || dp.value("seed", o_.seed) != o_.seed)

@@ -7,8 +7,8 @@
 // step at the schedule's learning rate. Every eval_every steps the validation loss; metrics as
 // JSON lines; a checkpoint every checkpoint_every steps and at the end.
 //
-// Programs differ only in their Strategy: where parameters live (replicated or sharded), how
-// gradients are aggregated and which optimizer runs. The loop sees parameters only through
+// Programs differ only in their Strategy: where parameters live (replicated or sharded) and how
+// gradients are aggregated; the optimizer (sgd, adamw, shampoo) steps what the rank holds. The loop sees parameters only through
 // parallel::Parallelism: it never assumes that a rank holds the whole model.
 #pragma once
 #include <CLI/CLI.hpp>
@@ -51,6 +51,7 @@ struct Options {
   std::optional<double> momentum;  // unset: SGD 0.9, Shampoo none (0.9 with --nesterov)
   double weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   bool nesterov = false;
+  optim::ShampooConfig shampoo;  // --optimizer shampoo (add_shampoo_options; the common options apply on top)
   uint64_t seed = 0;
   std::string device = "cpu";
   int threads = 0;  // CPU threads of each rank; 0: OMP_NUM_THREADS, else the rank's share of the node's cores
@@ -66,19 +67,20 @@ struct Options {
 
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, Options& o);
+// Registers Shampoo's options (group "Shampoo") into o.shampoo; `distribution` adds the ones that
+// split its work over replicated ranks (--trainers-per-group, --direction-dtype).
+void add_shampoo_options(CLI::App& app, Options& o, bool distribution);
 // Checks the options (UsageError naming the option) and returns the resolved model config.
 nn::ModelConfig resolve_model(const Options& o);
 void validate(const Options& o, int world_size);
 // Shampoo's configuration: `base` (a program's Shampoo options) with the common options applied:
 // --beta1 filters the gradient, --beta2 decays the factors, --weight-decay is decoupled,
 // --momentum and --nesterov act on the search direction.
-optim::ShampooConfig shampoo_config(const Options& o, optim::ShampooConfig base = {});
+optim::ShampooConfig shampoo_config(const Options& o);
 
 // What a program adds to the loop.
 struct Strategy {
   std::string program;  // written into checkpoints and logs
-  // The optimizer; null: optim::make_optimizer from the options (sgd or adamw).
-  std::function<std::unique_ptr<optim::Optimizer>(const std::vector<nn::Param>&, comm::Communicator&)> optimizer;
   // A compressor for gradient aggregation, with the given bucket size; null: plain bucketed all-reduce.
   std::function<std::unique_ptr<compress::Compressor>(comm::Communicator&, const std::vector<nn::Param>&, size_t)> compressor;
   // The sharded placement: the model is built with external parameter storage and this makes
