@@ -72,9 +72,11 @@ Schedule make_schedule(const BucketPlan& plan, int B, const FsdpConfig& cfg, boo
   for (int b = 0; b < B; ++b) {
     const size_t ub = static_cast<size_t>(b);
     auto& before = s.at[kBeforeForward][ub];
+    // The block's own buckets, then the next P: on one in-order channel a prefetch issued
+    // before the wait would gain only the copy-out's time, and hold one more wire buffer.
     for (size_t k = kf[ub]; k <= kl[ub]; ++k) gather(before, k);
-    for (size_t k = kl[ub] + 1; k < K && k <= kl[ub] + P; ++k) gather(before, k);
     for (size_t k = kf[ub]; k <= kl[ub]; ++k) wait(before, k);
+    for (size_t k = kl[ub] + 1; k < K && k <= kl[ub] + P; ++k) gather(before, k);
     for (size_t k = kf[ub]; k <= kl[ub]; ++k)
       if (plan[k].last_block == b && (!train || reshards(cfg, k, K))) release(s.at[kAfterForward][ub], k);
   }
@@ -84,8 +86,8 @@ Schedule make_schedule(const BucketPlan& plan, int B, const FsdpConfig& cfg, boo
     const size_t ub = static_cast<size_t>(b);
     auto& before = s.at[kBeforeBackward][ub];
     for (size_t k = kl[ub] + 1; k-- > kf[ub];) gather(before, k);
-    for (size_t k = kf[ub], n = 0; k-- > 0 && n < P; ++n) gather(before, k);
     for (size_t k = kl[ub] + 1; k-- > kf[ub];) wait(before, k);
+    for (size_t k = kf[ub], n = 0; k-- > 0 && n < P; ++n) gather(before, k);
     for (size_t k = kl[ub] + 1; k-- > kf[ub];)
       if (plan[k].last_block == b) before.push_back({OpKind::open_grad, k});
     auto& after = s.at[kAfterBackward][ub];

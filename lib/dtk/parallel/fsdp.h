@@ -20,9 +20,9 @@
 // The schedule is static, as SimpleFSDP's compiler passes make it: at start-up the plan is
 // turned into a list of operations attached to the block hooks (gather, wait, release, open the
 // gradient, reduce, wait), for a training micro-batch and for an evaluation forward. Forward:
-// the all-gathers of the next `prefetch` buckets are issued before the current bucket's is
-// waited; backward: the same in reverse, and bucket i's reduce-scatter is waited only after
-// bucket i-1's has been issued. With overlap off every collective is waited as soon as it is
+// once the current bucket's all-gather is waited (and copied out), those of the next
+// `prefetch` buckets are issued, so they travel while it computes; backward: the same in
+// reverse, and bucket i's reduce-scatter is waited only after bucket i-1's has been issued. With overlap off every collective is waited as soon as it is
 // issued (the baseline). Reshard after forward frees a bucket's gathered parameters after its
 // forward and gathers them again in backward (ZeRO-3); kept, they stay until their backward
 // (ZeRO-2); by default every bucket but the last (norm + output, the first needed in backward)
