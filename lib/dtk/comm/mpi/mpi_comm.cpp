@@ -25,7 +25,12 @@
 // its blocking all-reduce was as slow on a 1 Gbit/s link (1.53 s for 111 MB, a ring needs 0.89).
 // A ring over point-to-point messages of our own reached the link's rate only in some runs
 // there (50-100%, bimodal), libnbc's ring in every run. Smaller sync all-reduces are MPI's
-// blocking call (latency-optimal algorithms). DTK_ALLREDUCE_ALGO=mpi leaves every choice to MPI.
+// blocking call (latency-optimal algorithms). Reduce-scatters from kRingReduceScatterBytes are
+// a ring of our own over point-to-point messages: with Open MPI 4.1 on 2 ranks of one host its
+// blocking reduce-scatter took 0.58 ms for 256 KiB and 3.3 ms for 1 MiB (the ring: 0.015, 0.053),
+// every one of tuned's four algorithms fell to 0.16-0.25 GB/s above 4-16 MiB, and libnbc's
+// nonblocking one took 81 ms for 16 MiB (the ring: 1.4).
+// DTK_ALLREDUCE_ALGO=mpi leaves every choice to MPI.
 #include "dtk/comm/mpi/mpi_comm.h"
 
 #include <sched.h>
@@ -38,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <vector>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -225,6 +231,7 @@ void block(MPI_Request* r, int n, const char* what) { check_mpi(MPI_Waitall(n, r
 using WaitFn = void (*)(MPI_Request*, int, const char*);
 
 constexpr size_t kLargeBytes = 1 << 20;
+constexpr size_t kRingReduceScatterBytes = 128 << 10;
 
 // DTK_ALLREDUCE_ALGO: true for auto (the default), false for mpi.
 bool automatic_algorithms() {
@@ -431,6 +438,13 @@ class MpiCommunicator final : public Communicator {
     if (op == ReduceOp::avg) add_divide(st, recv, st.recv, recv.count);
     auto dt = datatype(send.dtype);
     auto mop = mpi_op(send.dtype, op);
+    const bool ring = size_ > 1 && send.bytes() >= kRingReduceScatterBytes && automatic_algorithms();
+    if (ring && (mode == Mode::sync || threaded(st))) {
+      const size_t block = recv.bytes();
+      return run("reduce_scatter", send.bytes(), mode, std::move(st), [=, this](Staging& s, WaitFn wait) {
+        ring_reduce_scatter(s, n, block, dt, mop, wait);
+      });
+    }
     return launch("reduce_scatter", send.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       return r ? MPI_Ireduce_scatter_block(s.send, s.recv, n, dt, mop, comm_, r)
                : MPI_Reduce_scatter_block(s.send, s.recv, n, dt, mop, comm_);
@@ -603,6 +617,29 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // The ring reduce-scatter (see the file comment): W - 1 steps; at step k rank r sends the
+  // partial sum of block (r - k - 1) mod W to rank r + 1 and adds its own share of block
+  // (r - k - 2) mod W to what rank r - 1 sent, so that the last step leaves block r, summed
+  // over every rank, in s.recv. The two receive buffers alternate (s.recv and a scratch block
+  // kept for the next call), the last being s.recv.
+  void ring_reduce_scatter(Staging& s, int n, size_t block, MPI_Datatype dt, MPI_Op op, WaitFn wait) {
+    constexpr int kTag = 0x5253;  // "RS": apart from the tags of send and recv
+    const int W = size_, r = rank_;
+    if (ring_scratch_.size() < block) ring_scratch_.resize(block);
+    char* const in = static_cast<char*>(s.send);
+    char* const buf[2] = {static_cast<char*>(s.recv), ring_scratch_.data()};
+    for (int k = 0; k < W - 1; ++k) {
+      const int sent = ((r - k - 1) % W + W) % W, got = ((r - k - 2) % W + W) % W;
+      char* const dst = buf[(W - 2 - k) % 2];
+      const char* const src = k == 0 ? in + static_cast<size_t>(sent) * block : buf[(W - 1 - k) % 2];
+      MPI_Request q[2];
+      check_mpi(MPI_Irecv(dst, n, dt, (r + W - 1) % W, kTag, comm_, &q[0]), "reduce_scatter");
+      check_mpi(MPI_Isend(src, n, dt, (r + 1) % W, kTag, comm_, &q[1]), "reduce_scatter");
+      wait(q, 2, "reduce_scatter");
+      check_mpi(MPI_Reduce_local(in + static_cast<size_t>(got) * block, dst, n, dt, op), "reduce_scatter");
+    }
+  }
+
   // Whether an async operation with this staging runs on the communication thread.
   bool threaded(const Staging& st) const { return thread_ && !st.device && st.queued; }
 
@@ -681,6 +718,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   bool owned_;
   std::unique_ptr<CommThread> thread_;  // null: async operations are MPI's nonblocking calls
+  std::vector<char> ring_scratch_;  // ring_reduce_scatter's (used by one operation at a time: program order)
 };
 
 }  // namespace
