@@ -43,7 +43,8 @@ for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
         "4|--no-overlap"
         "4|--replicate 2"
         "4|--activation-checkpointing selective --buckets param"
-        "2|--micro-batch 2 --activation-checkpointing")
+        "2|--micro-batch 2 --activation-checkpointing"
+        "4|--micro-batch 1 --keep-unsharded-grad --buckets 2")
   [ "$tag" = 0.9 ] && cfgs=("1|" "4|" "4|--buckets param --replicate 2")
   for c in "${cfgs[@]}"; do
     n=${c%%|*} extra=${c#*|}
@@ -114,6 +115,19 @@ one, four = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:3])
 params_bytes = one["shard_bytes"] / 2
 assert four["all_gather_bytes"] == four["reduce_scatter_bytes"] == params_bytes, (four, params_bytes)
 assert 3.9 < one["shard_bytes"] / four["shard_bytes"] < 4.1, (one["shard_bytes"], four["shard_bytes"])
+PY
+
+# ---- --keep-unsharded-grad: one reduce-scatter a step instead of one a micro-batch ----
+for k in "" --keep-unsharded-grad; do
+  run $mpiexec -n 2 $fsdp $common $exact --steps 2 --micro-batch 1 $k --metrics keep$k.jsonl
+done
+python3 - keep.jsonl keep--keep-unsharded-grad.jsonl <<'PY' && ok "--keep-unsharded-grad: a quarter of the reduce-scatter bytes with 4 micro-batches, the whole gradient in the arenas" || bad "--keep-unsharded-grad bytes"
+import json, sys
+per, kept = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:3])
+assert per["reduce_scatter_bytes"] == 4 * kept["reduce_scatter_bytes"], (per, kept)
+# The whole padded gradient (2 ranks x one rank's shard values: shard_bytes) joins the arenas and
+# the gradient slot (one block, under half of this model) leaves them.
+assert kept["arena_bytes"] - per["arena_bytes"] > 0.5 * per["shard_bytes"], (per, kept)
 PY
 
 # ---- plans: --print-plan, a plan file, auto ----

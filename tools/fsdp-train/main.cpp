@@ -53,6 +53,9 @@ cli::Program program() {
         ->group(g)->check(CLI::PositiveNumber);
     app.add_flag("--no-overlap", no_overlap, "issue every collective when needed and wait at once (the baseline)")
         ->group(g);
+    app.add_flag("--keep-unsharded-grad", c.keep_unsharded_grad,
+                 "with --micro-batch: keep the whole f32 gradient across micro-batches and reduce-scatter once a "
+                 "step (fewer collectives; every rank holds the whole model's gradient, as DDP does)")->group(g);
   };
   p.validate = [](comm::Runtime& rt) {
     train::validate(o, rt.size());
@@ -72,7 +75,8 @@ cli::Program program() {
     train::Strategy s;
     s.program = "fsdp-train";
     s.config = {{"param_dtype", param_dtype}, {"reduce_dtype", reduce_dtype}, {"reshard_after_forward", reshard},
-                {"prefetch", c.prefetch}, {"buckets", c.buckets}, {"replicate", c.replicate}, {"overlap", c.overlap}};
+                {"prefetch", c.prefetch}, {"buckets", c.buckets}, {"replicate", c.replicate}, {"overlap", c.overlap},
+                {"keep_unsharded_grad", c.keep_unsharded_grad}};
     if (o.optimizer == "shampoo") s.config["shampoo"] = train::shampoo_config(o).to_json();
     s.sharded = [](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
       return std::make_unique<parallel::Fsdp>(model, world, host, c);

@@ -347,6 +347,9 @@ struct Fsdp::Impl {
   std::vector<int64_t> cols, off, sn;
   WireBytes wire;  // per parameter, padded as the shards are
   Tensor shard_values, shard_grads;
+  // --keep-unsharded-grad: every bucket's whole gradient (f32, param-major, padded), kept across
+  // the step's micro-batches and reduce-scattered once after the last.
+  Tensor full_grads;
   // Per bucket: chunk offset and numel in the shard buffer; gathered numel (S * chunk).
   std::vector<int64_t> chunk_off, chunk_n;
   int64_t max_chunk = 0;
@@ -456,7 +459,8 @@ struct Fsdp::Impl {
       if (cfg.param_dtype != DType::f32) w.send = Tensor::empty({max_chunk}, cfg.param_dtype, dev);
       w.recv = Tensor::empty({F}, cfg.param_dtype, dev);
     }
-    pool(grad_slots, ct.grads, F, DType::f32);
+    pool(grad_slots, cfg.keep_unsharded_grad ? 0 : ct.grads, F, DType::f32);
+    full_grads = cfg.keep_unsharded_grad ? Tensor::zeros({shard_values.numel() * S}, DType::f32, dev) : Tensor();
     pool(reduced, ct.reducing, max_chunk, cfg.reduce_dtype);
     recv_f32 = cfg.reduce_dtype != DType::f32 ? Tensor::empty({max_chunk}, DType::f32, dev) : Tensor();
     const size_t K = plan.size();
@@ -472,7 +476,7 @@ struct Fsdp::Impl {
 
   // Every buffer build() allocated.
   int64_t arena_bytes() const {
-    size_t n = recv_f32.defined() ? recv_f32.bytes() : 0;
+    size_t n = (recv_f32.defined() ? recv_f32.bytes() : 0) + (full_grads.defined() ? full_grads.bytes() : 0);
     for (const auto* pool : {&values, &grad_slots, &reduced})
       for (const Tensor& t : *pool) n += t.bytes();
     for (const Wire& w : wires) n += (w.send.defined() ? w.send.bytes() : 0) + w.recv.bytes();
@@ -492,6 +496,9 @@ struct Fsdp::Impl {
     const int64_t at = S * (off[i] - chunk_off[k]);
     return region.slice(at, at + shape_numel(p.shape)).reshape(p.shape);
   }
+
+  // Bucket k's whole gradient in full_grads (param-major, as a gradient slot holds it).
+  Tensor grad_region(size_t k) const { return full_grads.slice(S * chunk_off[k], S * (chunk_off[k] + chunk_n[k])); }
 
   // Bucket k between rank-major layout (the wire: [rank 0: p1 | p2 ...][rank 1: ...]) and
   // param-major (compute), casting to dst's dtype: copy-out after a gather, copy-in before a
@@ -552,30 +559,40 @@ struct Fsdp::Impl {
           break;
         }
         case OpKind::open_grad: {
-          const int g = take(free_grads, "gradient");
-          grad_of[k] = g;
-          Tensor region = grad_slots[static_cast<size_t>(g)].slice(0, C * S);
-          ops::fill(region, 0.0);
+          Tensor region;
+          if (full_grads.defined()) {  // zeroed by zero_grad, accumulating over the micro-batches
+            region = grad_region(k);
+          } else {
+            const int g = take(free_grads, "gradient");
+            grad_of[k] = g;
+            region = grad_slots[static_cast<size_t>(g)].slice(0, C * S);
+            ops::fill(region, 0.0);
+          }
           for (size_t i = b.first; i < b.end; ++i) model.params()[i].grad = whole(region, k, i);
           break;
         }
         case OpKind::reduce: {
-          const int g = grad_of[k];
-          grad_of[k] = -1;
+          if (full_grads.defined() && !last_micro) {  // kept for the next micro-batch
+            for (size_t i = b.first; i < b.end; ++i) model.params()[i].grad = Tensor();
+            break;
+          }
+          const Tensor grad = full_grads.defined() ? grad_region(k) : grad_slots[static_cast<size_t>(grad_of[k])];
           // The send is a bucket buffer (the one this bucket's values just left, when released
           // right before), in the reduce dtype.
           const int v = take(free_values, "bucket"), r = take(free_reduced, "reduce-scatter");
           send_of[k] = v, reduced_of[k] = r;
           Tensor send = values[static_cast<size_t>(v)].view(cfg.reduce_dtype).slice(0, C * S);
-          permute(b, k, grad_slots[static_cast<size_t>(g)], send, false);
+          permute(b, k, grad, send, false);
           for (size_t i = b.first; i < b.end; ++i) model.params()[i].grad = Tensor();
-          free_grads.push_back(g);
+          if (grad_of[k] >= 0) free_grads.push_back(grad_of[k]);
+          grad_of[k] = -1;
           reduces[k] = shard->reduce_scatter(comm::buffer_of(send), comm::buffer_of(reduced[static_cast<size_t>(r)].slice(0, C)),
                                              comm::ReduceOp::sum, comm::Mode::async);
           rs_bytes += static_cast<double>(C * S) * static_cast<double>(dtype_size(cfg.reduce_dtype));
           break;
         }
         case OpKind::wait_reduce: {
+          if (send_of[k] < 0) break;  // not issued (--keep-unsharded-grad before the last micro-batch)
           wait_timed(reduces[k]);
           free_values.push_back(send_of[k]);
           free_reduced.push_back(reduced_of[k]);
@@ -648,6 +665,7 @@ void Fsdp::init(uint64_t seed) {
 
 void Fsdp::zero_grad() {
   ops::fill(impl_->shard_grads, 0.0);
+  if (impl_->full_grads.defined()) ops::fill(impl_->full_grads, 0.0);
   impl_->ag_bytes = impl_->rs_bytes = impl_->ar_bytes = impl_->exposed_s = 0;
 }
 

@@ -15,7 +15,8 @@
 // rank-major on the wire ([rank 0: p1 | p2 ...][rank 1: p1 | p2 ...]); copy-out casts it to
 // param-major f32 for compute. Gradients go the other way: copy-in from param-major f32 to
 // rank-major in the reduce dtype, one reduce-scatter, and the result added to the shard's
-// gradient (every micro-batch: gradient accumulation happens on the shards).
+// gradient (every micro-batch: gradient accumulation happens on the shards; with
+// keep_unsharded_grad the whole gradients accumulate instead, reduce-scattered once a step).
 //
 // The schedule is static, as SimpleFSDP's compiler passes make it: at start-up the plan is
 // turned into a list of operations attached to the block hooks (gather, wait, release, open the
@@ -82,6 +83,10 @@ struct FsdpConfig {
   std::string buckets = "block";     // param | block | N | auto | a plan file (JSON)
   double bucket_memory = 0;          // auto: the largest gathered bucket in bytes (0: twice the largest block's)
   bool print_plan = false;           // print the plan (JSON) once it is final, then stop
+  // Keep every bucket's whole f32 gradient across the step's micro-batches and reduce-scatter it
+  // once, after the last (DDP's gradient memory on every rank); off: each micro-batch's
+  // gradients are reduce-scattered and added to the shard gradient.
+  bool keep_unsharded_grad = false;
 };
 Reshard parse_reshard(const std::string& s);
 // UsageError naming the option: --replicate that does not divide the ranks, --prefetch < 0,
