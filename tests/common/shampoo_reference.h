@@ -187,7 +187,8 @@ class Reference {
   void step(std::vector<Vec>& values, const std::vector<Vec>& grads, double lr) {
     const int64_t t = ++t_;
     const int64_t start = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
-    const bool precond = t >= start, root_step = precond && (t - start) % cfg_.precondition_frequency == 0;
+    // distributed_shampoo.py: (step % frequency == 0 and step > start) or step == start.
+    const bool precond = t >= start, root_step = (t % cfg_.precondition_frequency == 0 && t > start) || t == start;
     for (size_t p = 0; p < params_.size(); ++p) {
       Vec dir(values[p].size(), 0.0);
       for (Block& b : params_[p]) {

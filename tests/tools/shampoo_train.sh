@@ -55,6 +55,7 @@ run $st $common --steps 3 --optimizer adamw
 expect2 "groups do not divide the world" "trainers-per-group" $mpiexec -n 4 $st $common --steps 2 --trainers-per-group 3
 expect2 "unknown optimizer" "optimizer" $st $common --steps 2 --optimizer lion
 expect2 "unknown root method" "root-method" $st $common --steps 2 --root-method cholesky
+expect2 "a start step before the frequency (the reference refuses it)" "start_preconditioning_step" $mpiexec -n 2 $st $common --steps 2 --precondition-frequency 4 --start-preconditioning-step 2
 run $st --help
 [ $rc = 0 ] && grep -q -- "--precondition-frequency" "$tmp/o" && ok "--help" || bad "--help"
 

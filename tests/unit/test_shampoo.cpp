@@ -264,6 +264,51 @@ TEST(Shampoo, SeveralStepsMatchReference) {
   }
 }
 
+// The roots are recomputed at the start step and then at every multiple of the frequency after
+// it (the reference's rule), whether or not the start is a multiple: frequency 2 and start 3
+// give 3, 4, 6, 8; frequency 3 and start 4 give 4, 6, 9. Checked on the state (a root changes
+// exactly on those steps) and on the weights against the float64 reference.
+TEST(Shampoo, RootStepsFollowTheReference) {
+  auto comm = comm::make_local_communicator();
+  struct Rule {
+    int64_t frequency, start;
+    std::vector<int64_t> roots;  // steps 1..9 that recompute
+  };
+  for (const Rule& r : std::vector<Rule>{{2, 3, {3, 4, 6, 8}}, {3, 4, {4, 6, 9}}, {2, 2, {2, 4, 6, 8}}, {3, 3, {3, 6, 9}}}) {
+    ShampooConfig c;
+    c.max_preconditioner_dim = 5;
+    c.precondition_frequency = r.frequency;
+    c.start_preconditioning_step = r.start;
+    c.epsilon = 1e-3;
+    Model m = make_model({{"a", {6, 4}}, {"c", {3, 4, 5}}});
+    auto opt = make_shampoo(c, m.params, *comm);
+    shampoo_ref::Reference ref(c, m.shapes);
+    std::vector<Vec> want = m.values;
+    std::vector<int64_t> changed;
+    auto root = [&] {
+      for (auto& [n, t] : opt->state())
+        if (n == "shampoo/a/block0/root0") return t.to_doubles();
+      ADD_FAILURE() << "no root";
+      return std::vector<double>{};
+    };
+    for (int64_t t = 1; t <= 9; ++t) {
+      const auto before = root();
+      const auto g = grads_at(m.shapes, static_cast<int>(t));
+      set_grads(m, g);
+      opt->step(m.params, 0.05);
+      ref.step(want, g, 0.05);
+      if (root() != before) changed.push_back(t);
+    }
+    EXPECT_EQ(changed, r.roots) << "frequency " << r.frequency << ", start " << r.start;
+    EXPECT_LT(rel_err(m.params, want, m.values), 2e-5) << "frequency " << r.frequency << ", start " << r.start;
+  }
+  // A start before the frequency is refused, as by the reference.
+  ShampooConfig bad;
+  bad.precondition_frequency = 4;
+  bad.start_preconditioning_step = 2;
+  EXPECT_THROW(bad.validate(), UsageError);
+}
+
 TEST(Shampoo, Bf16CommunicationStaysClose) {
   auto comm = comm::make_local_communicator();
   ShampooConfig c = every_step_config();

@@ -111,6 +111,9 @@ void ShampooConfig::validate() const {
   if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", std::to_string(precondition_frequency));
   if (start_preconditioning_step < 1 && start_preconditioning_step != -1)
     bad("start_preconditioning_step", ">= 1 (or -1: precondition_frequency)", std::to_string(start_preconditioning_step));
+  if (start_preconditioning_step != -1 && start_preconditioning_step < precondition_frequency)  // as the reference
+    bad("start_preconditioning_step", ">= precondition_frequency (" + std::to_string(precondition_frequency) + ")",
+        std::to_string(start_preconditioning_step));
   if (!(exponent_override >= 0) || !std::isfinite(exponent_override))
     bad("exponent_override", "finite and >= 0 (0: 2 * order)", num(exponent_override));
   if (root_method != "eigh" && root_method != "newton") bad("root_method", "eigh or newton", "'" + root_method + "'");
@@ -350,7 +353,8 @@ class Shampoo final : public Optimizer {
     if (!std::isfinite(lr)) fail_usage("shampoo: the learning rate is not finite");
     const int64_t t = ++*step_.ptr<int64_t>();
     const bool precond = t >= start_;
-    const bool root_step = precond && (t - start_) % cfg_.precondition_frequency == 0;
+    // The reference's rule: at the start step, then at every multiple of the frequency after it.
+    const bool root_step = t == start_ || (t > start_ && t % cfg_.precondition_frequency == 0);
     nan_code_ = fatal_code_ = std::numeric_limits<int64_t>::max();
 
     for (auto& gr : groups_)

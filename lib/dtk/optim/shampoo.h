@@ -7,8 +7,9 @@
 // most that size. A block of order K (its number of dims) has one Kronecker factor per dim,
 //   F_k = beta2 F_k + (1 - beta2) G_(k) G_(k)^T     (beta2 = 1: F_k += G_(k) G_(k)^T, AdaGrad's sum)
 // with G_(k) the block of the raw gradient unfolded along dim k, and an inverse root
-// R_k = (F_k + eps I)^(-1/p), p = 2K unless overridden, recomputed every precondition_frequency
-// steps from start_preconditioning_step (identity before the first computation).
+// R_k = (F_k + eps I)^(-1/p), p = 2K unless overridden, computed as the reference does at step
+// start_preconditioning_step and then at every step t > start that is a multiple of
+// precondition_frequency (identity before the first computation); start >= frequency.
 //
 // One step (t counts from 1; every block on its owner):
 //   M = beta1 M + (1 - beta1) G, Mh = M / (1 - beta1^t)     (beta1 = 0: Mh = G)
