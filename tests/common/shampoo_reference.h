@@ -193,8 +193,11 @@ class Reference {
       Vec dir(values[p].size(), 0.0);
       for (Block& b : params_[p]) {
         const size_t n = b.elems.size(), K = b.dims.size();
-        Vec g(n);
-        for (size_t e = 0; e < n; ++e) g[e] = grads[p][size_t(b.elems[e])];
+        Vec g(n), w(n);
+        for (size_t e = 0; e < n; ++e) g[e] = grads[p][size_t(b.elems[e])], w[e] = values[p][size_t(b.elems[e])];
+        const bool l2 = cfg_.weight_decay_type == "l2";
+        if (l2)  // L2: G += wd W before the statistics, grafting and filtering
+          for (size_t e = 0; e < n; ++e) g[e] += cfg_.weight_decay * w[e];
         for (size_t k = 0; k < K; ++k) {
           const Vec gk = unfold_gram(g, b.dims, k);
           for (size_t i = 0; i < gk.size(); ++i)
@@ -239,6 +242,8 @@ class Reference {
             for (size_t e = 0; e < n; ++e) D[e] = P[e] * s;
           }
         }
+        if (!l2)  // decoupled: P += wd W, before momentum (it enters the momentum buffer)
+          for (size_t e = 0; e < n; ++e) D[e] += cfg_.weight_decay * w[e];
         if (cfg_.momentum > 0)
           for (size_t e = 0; e < n; ++e) {
             b.Mom[e] = cfg_.momentum * b.Mom[e] + D[e];
@@ -247,7 +252,7 @@ class Reference {
         for (size_t e = 0; e < n; ++e) dir[size_t(b.elems[e])] = D[e];
       }
       for (size_t e = 0; e < values[p].size(); ++e)
-        values[p][e] = values[p][e] * (1 - lr * cfg_.weight_decay) - lr * dir[e];
+        values[p][e] -= lr * dir[e];
     }
   }
 

@@ -233,6 +233,13 @@ TEST(Shampoo, SeveralStepsMatchReference) {
       {"newton roots", [](ShampooConfig& c) { c.root_method = "newton"; c.newton_tolerance = 1e-10; c.newton_max_iters = 200; }},
       {"exponent override 2", [](ShampooConfig& c) { c.exponent_override = 2; }},
       {"no momentum, no wd", [](ShampooConfig& c) { c.momentum = 0; c.nesterov = false; c.weight_decay = 0; }},
+      // Weight decay as the reference applies it: decoupled into the direction before momentum
+      // (so Nesterov scales it by 1 + mu), or L2 into the gradient before everything.
+      {"wd 0.1 with momentum", [](ShampooConfig& c) { c.weight_decay = 0.1; c.nesterov = false; }},
+      {"wd 0.1 with nesterov", [](ShampooConfig& c) { c.weight_decay = 0.1; }},
+      {"l2 wd 0.1 with nesterov", [](ShampooConfig& c) { c.weight_decay = 0.1; c.weight_decay_type = "l2"; }},
+      {"l2 wd 0.1, no momentum, rmsprop", [](ShampooConfig& c) {
+         c.weight_decay = 0.1; c.weight_decay_type = "l2"; c.momentum = 0; c.nesterov = false; c.grafting = "rmsprop"; }},
   };
   for (const Case& k : cases) {
     ShampooConfig c;

@@ -59,6 +59,7 @@ nlohmann::json ShampooConfig::to_json() const {
           {"momentum", momentum},
           {"nesterov", nesterov},
           {"weight_decay", weight_decay},
+          {"weight_decay_type", weight_decay_type},
           {"trainers_per_group", trainers_per_group},
           {"communication_dtype", communication_dtype}};
 }
@@ -70,7 +71,8 @@ ShampooConfig ShampooConfig::from_json(const nlohmann::json& j) {
                      {"name", "max_preconditioner_dim", "beta2", "factor_dtype", "epsilon", "use_bias_correction",
                       "precondition_frequency", "start_preconditioning_step", "exponent_override", "root_method",
                       "newton_max_iters", "newton_tolerance", "grafting", "grafting_beta2", "grafting_epsilon", "beta1",
-                      "momentum", "nesterov", "weight_decay", "trainers_per_group", "communication_dtype"},
+                      "momentum", "nesterov", "weight_decay", "weight_decay_type", "trainers_per_group",
+                      "communication_dtype"},
                      what);
   if (field<std::string>(j, "name", "shampoo", what) != "shampoo")
     fail_usage(std::string(what) + ": 'name' must be \"shampoo\", got " + j.at("name").dump());
@@ -93,6 +95,7 @@ ShampooConfig ShampooConfig::from_json(const nlohmann::json& j) {
   c.momentum = field(j, "momentum", c.momentum, what);
   c.nesterov = field(j, "nesterov", c.nesterov, what);
   c.weight_decay = field(j, "weight_decay", c.weight_decay, what);
+  c.weight_decay_type = field(j, "weight_decay_type", c.weight_decay_type, what);
   c.trainers_per_group = field(j, "trainers_per_group", c.trainers_per_group, what);
   c.communication_dtype = field(j, "communication_dtype", c.communication_dtype, what);
   c.validate();
@@ -131,6 +134,8 @@ void ShampooConfig::validate() const {
   if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
   if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");
   if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) bad("weight_decay", "finite and >= 0", num(weight_decay));
+  if (weight_decay_type != "decoupled" && weight_decay_type != "l2")
+    bad("weight_decay_type", "decoupled or l2", "'" + weight_decay_type + "'");
   if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", std::to_string(trainers_per_group));
   if (communication_dtype != "f32" && communication_dtype != "bf16")
     bad("communication_dtype", "f32 or bf16", "'" + communication_dtype + "'");
@@ -588,7 +593,12 @@ class Shampoo final : public Optimizer {
                      bool root_step) {
     const int64_t Bc = c1 - c0, n = gr.n;
     Tensor G = rows(sc_grad_, Bc, n);
-    extract(gr, c0, c1, params, G);
+    extract(gr, c0, c1, params, G, false);
+    if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == "l2") {  // G += wd W, before everything
+      Tensor W = rows(sc_b_, Bc, n);
+      extract(gr, c0, c1, params, W, true);
+      ops::axpy(cfg_.weight_decay, W, G);
+    }
     update_factors(gr, c0, c1, G);
     if (root_step) compute_roots(gr, c0, c1, t);
 
@@ -644,6 +654,11 @@ class Shampoo final : public Optimizer {
         ops::mul(P, S, T);
       }
     }
+    if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == "decoupled") {  // D += wd W, before momentum
+      Tensor W = rows(sc_b_, Bc, n);
+      extract(gr, c0, c1, params, W, true);
+      ops::axpy(cfg_.weight_decay, W, T);
+    }
     if (cfg_.momentum > 0) {
       ops::fill(dst, 0.0);
       Tensor mom = gr.momentum.slice(c0, c1);
@@ -651,13 +666,15 @@ class Shampoo final : public Optimizer {
     }
   }
 
-  void extract(const Group& gr, int64_t c0, int64_t c1, const std::vector<nn::Param>& params, Tensor& G) {
+  // The blocks [c0, c1) of the parameters' gradients (values: their values) into G's rows.
+  void extract(const Group& gr, int64_t c0, int64_t c1, const std::vector<nn::Param>& params, Tensor& G, bool values) {
     const int64_t n = gr.n;
     Tensor flat = G.flatten();
     for (const auto& run : gr.runs) {
       const int64_t lo = std::max(run.b0, c0), hi = std::min(run.b1, c1);
       if (lo >= hi) continue;
-      const Tensor src = params[static_cast<size_t>(run.param)].grad.flatten();
+      const nn::Param& pr = params[static_cast<size_t>(run.param)];
+      const Tensor src = (values ? pr.value : pr.grad).flatten();
       if (run.index.defined()) {
         Tensor out = flat.slice((lo - c0) * n, (hi - c0) * n);
         ops::gather(src, run.index.slice((lo - run.b0) * n, (hi - run.b0) * n), out);
@@ -919,7 +936,6 @@ class Shampoo final : public Optimizer {
     for (size_t p = 0; p < params.size(); ++p) {
       Tensor value = params[p].value.flatten();
       if (value.numel() == 0) continue;
-      if (cfg_.weight_decay > 0) ops::scale(value, 1.0 - lr * cfg_.weight_decay, value);
       const ParamUpdate& u = updates_[p];
       if (u.index.defined()) {
         for (int64_t e0 = 0; e0 < value.numel(); e0 += kChunkElements) {

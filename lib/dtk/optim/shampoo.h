@@ -18,8 +18,10 @@
 //   t <  start: D = D_graft
 //   t >= start: P = Mh x_0 R_0 x_1 R_1 ... (mode products), D = P ||D_graft|| / ||P|| per block
 //               (grafting none: D = P)
+//   weight decay "decoupled": D = D + wd W (W the block's weights before the step)
 //   momentum:   B = mu B + D; D = nesterov ? D + mu B : B
-// then every rank applies p = p - lr wd p - lr D (decoupled weight decay).
+// then every rank applies p = p - lr D. Weight decay "l2" instead adds wd W to the gradient G
+// before anything above sees it. Both as the reference implementation does (distributed_shampoo.py).
 //
 // Inverse roots by symmetric eigendecomposition (batched over blocks of one size) in the factor
 // dtype: with mu = eig(F) + eps ascending, every mu is shifted up by eps - mu_0 when mu_0 < eps,
@@ -92,7 +94,10 @@ struct ShampooConfig {
   double beta1 = 0.9;  // gradient filtering (0: none)
   double momentum = 0.0;
   bool nesterov = false;
-  double weight_decay = 0.0;  // decoupled: p -= lr * weight_decay * p
+  double weight_decay = 0.0;
+  // "decoupled" (the reference's default): wd W added to the search direction, before momentum;
+  // "l2": wd W added to the gradient, before the factors, grafting and filtering see it.
+  std::string weight_decay_type = "decoupled";
   // distribution
   int trainers_per_group = 0;                // 0: the whole world in one group
   std::string communication_dtype = "f32";  // search directions all-gathered as "f32" | "bf16"

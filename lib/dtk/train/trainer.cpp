@@ -126,6 +126,10 @@ void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
       ->group(g)->check(CLI::Range(0.0, 1.0));
   app.add_option("--grafting-epsilon", c.grafting_epsilon, "epsilon of the grafting method")
       ->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay-type", c.weight_decay_type,
+                 "how --weight-decay enters: decoupled (wd W added to the search direction, before momentum) or l2 "
+                 "(added to the gradient, before preconditioning)")
+      ->group(g)->check(CLI::IsMember({"decoupled", "l2"}));
   app.add_flag_callback("--no-bias-correction", [&c] { c.use_bias_correction = false; },
                         "no bias correction of the filtered gradient and factors")->group(g);
   if (!distribution) return;
