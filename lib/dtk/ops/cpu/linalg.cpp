@@ -104,25 +104,42 @@ bool all_finite(const T* p, int64_t n) {
 
 template <typename T>
 void eigh_typed(const Tensor& a, Tensor& w, Tensor& v) {
-  const int64_t n = a.dim(-1);
+  const int64_t n = a.dim(-1), batch = batch_of(a);
   if (n == 0) return;
-  for (int64_t bi = 0; bi < batch_of(a); ++bi) {
+  // The matrices are independent: one per thread. OpenBLAS runs single-threaded inside the
+  // parallel region, always (a lone matrix too), so that a matrix's result does not depend on
+  // how many share its batch: Shampoo's blocks come out bit-identical on any world size.
+  // Errors are collected and the first, in batch order, is raised after.
+  std::vector<std::string> errors(static_cast<size_t>(batch));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bi = 0; bi < batch; ++bi) {
     const T* ap = a.ptr<T>() + bi * n * n;
     T* vp = v.ptr<T>() + bi * n * n;
     T* wp = w.ptr<T>() + bi * n;
+    std::string& err = errors[static_cast<size_t>(bi)];
     // The solver works in place on v. Only the lower triangle is read (ops.h): check that one
     // for NaN / Inf, on which LAPACK's iterations may fail or return garbage.
-    for (int64_t i = 0; i < n; ++i)
+    bool finite = true;
+    for (int64_t i = 0; i < n && finite; ++i)
       for (int64_t j = 0; j <= i; ++j)
-        if (!std::isfinite(ap[i * n + j]))
-          fail("eigh: the lower triangle of matrix " + std::to_string(bi) + " of " + a.str() + " holds NaN or Inf");
+        if (!std::isfinite(ap[i * n + j])) {
+          finite = false;
+          break;
+        }
+    if (!finite) {
+      err = "eigh: the lower triangle of matrix " + std::to_string(bi) + " of " + a.str() + " holds NaN or Inf";
+      continue;
+    }
     if (vp != ap) std::copy(ap, ap + n * n, vp);
     const lapack_int info = syevd(static_cast<lapack_int>(n), vp, wp);
     if (info > 0)
-      fail(std::string("eigh: ") + syevd_name(vp) + " did not converge (info " + std::to_string(info) +
-           ") on matrix " + std::to_string(bi) + " of " + a.str());
-    if (info < 0) fail(std::string("eigh: ") + syevd_name(vp) + " failed (info " + std::to_string(info) + ")");
+      err = std::string("eigh: ") + syevd_name(vp) + " did not converge (info " + std::to_string(info) +
+            ") on matrix " + std::to_string(bi) + " of " + a.str();
+    else if (info < 0)
+      err = std::string("eigh: ") + syevd_name(vp) + " failed (info " + std::to_string(info) + ")";
   }
+  for (const std::string& e : errors)
+    if (!e.empty()) fail(e);
 }
 
 // ---------------------------------------------------------------- inverse roots
