@@ -14,7 +14,6 @@
 #include "../common/shared_tmpdir.h"
 #include "dtk/ckpt/state.h"
 #include "dtk/comm/comm.h"
-#include "dtk/comm/local/local_comm.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 #include "dtk/optim/shampoo.h"

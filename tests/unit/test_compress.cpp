@@ -8,7 +8,6 @@
 #include <numeric>
 
 #include "../common/compress_util.h"
-#include "dtk/comm/local/local_comm.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::testing {

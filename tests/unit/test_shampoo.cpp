@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../common/shampoo_reference.h"
-#include "dtk/comm/local/local_comm.h"
+#include "dtk/comm/comm.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 #include "dtk/optim/shampoo.h"

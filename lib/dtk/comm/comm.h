@@ -126,6 +126,10 @@ struct Range {
 };
 std::vector<Range> min_max_over_ranks(Communicator& comm, const std::vector<double>& values, Device d);
 
+// A world of one (the local backend): this rank alone, buffers on any device, every collective a
+// copy. Made locally, without the other ranks (no collective split).
+std::shared_ptr<Communicator> make_local_communicator();
+
 // How the process was started.
 enum class Launcher { singleton, openmpi, mpich, srun };
 std::string_view launcher_name(Launcher l);

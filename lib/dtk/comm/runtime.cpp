@@ -7,7 +7,6 @@
 #include <string>
 
 #include "dtk/comm/comm.h"
-#include "dtk/comm/local/local_comm.h"
 #include "dtk/comm/mpi/mpi_comm.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"

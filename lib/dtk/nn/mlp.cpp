@@ -32,7 +32,6 @@ class Mlp final : public Model {
     eval_net_.bind(layers);
   }
 
-
   double forward(const Batch& batch) override {
     pending_ = false;
     Tensor x = input(batch, x_buf_);

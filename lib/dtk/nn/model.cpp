@@ -292,17 +292,14 @@ void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
   constexpr double kStd = 0.02;
   const Param& p = params_.at(index);
   if (out.shape() != p.shape) fail("init_param: " + p.name + " is " + shape_str(p.shape) + ", not " + out.str());
-  const auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   const int64_t depth = config_.arch == "llama" ? config_.n_layers : static_cast<int64_t>(config_.hidden.size()) + 1;
-  if (ends_with(p.name, "norm.weight")) {
+  if (p.name.ends_with("norm.weight")) {
     ops::fill(out, 1.0);
-  } else if (ends_with(p.name, ".bias")) {
+  } else if (p.name.ends_with(".bias")) {
     ops::fill(out, 0.0);
   } else {
     double std = kStd;
-    if (ends_with(p.name, "attention.wo.weight") || ends_with(p.name, "feed_forward.w2.weight"))
+    if (p.name.ends_with("attention.wo.weight") || p.name.ends_with("feed_forward.w2.weight"))
       std /= std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(depth, 1)));
     ops::normal_(out, seed, static_cast<uint64_t>(index) << 40, 0.0, std);
   }

@@ -259,12 +259,21 @@ Reshard parse_reshard(const std::string& s) {
 
 // ------------------------------------------------------------------------------ prediction
 
+namespace {
+// A bucket's total of a per-parameter quantity (wire bytes, shard elements).
+template <typename T>
+T bucket_sum(const std::vector<T>& per_param, const Bucket& b) {
+  T n = 0;
+  for (size_t i = b.first; i < b.end; ++i) n += per_param[i];
+  return n;
+}
+}  // namespace
+
 Prediction predict(const BucketPlan& plan, const WireBytes& bytes, const Costs& costs, const FsdpConfig& cfg, int B) {
   const Schedule s = make_schedule(plan, B, cfg, true);
-  std::vector<double> gather_bytes(plan.size(), 0), reduce_bytes(plan.size(), 0);
-  for (size_t k = 0; k < plan.size(); ++k)
-    for (size_t i = plan[k].first; i < plan[k].end; ++i)
-      gather_bytes[k] += bytes.gather[i], reduce_bytes[k] += bytes.reduce[i];
+  std::vector<double> gather_bytes, reduce_bytes;
+  for (const Bucket& b : plan)
+    gather_bytes.push_back(bucket_sum(bytes.gather, b)), reduce_bytes.push_back(bucket_sum(bytes.reduce, b));
   // One communication channel that runs collectives in issue order (the communication thread
   // or NCCL stream), and the compute timeline that waits on it.
   double now = 0, channel = 0, exposed = 0;
@@ -305,11 +314,7 @@ Prediction predict(const BucketPlan& plan, const WireBytes& bytes, const Costs& 
 
 BucketPlan plan_auto(const nn::Model& m, const WireBytes& bytes, const Costs& costs, const FsdpConfig& cfg) {
   auto cost = [&](const BucketPlan& p) { return predict(p, bytes, costs, cfg, m.num_blocks()).step_s; };
-  auto gathered = [&](const Bucket& b) {
-    double g = 0;
-    for (size_t i = b.first; i < b.end; ++i) g += bytes.gather[i];
-    return g;
-  };
+  auto gathered = [&](const Bucket& b) { return bucket_sum(bytes.gather, b); };
   BucketPlan plan = plan_blocks(m, 1);
   // The memory cap: --bucket-memory, or twice the largest block's gathered bytes, so that auto
   // at most doubles the gather arena of one bucket per block. (Uncapped, the greedy on a fast
@@ -387,7 +392,7 @@ struct Fsdp::Impl {
     shard = world.split(group, world.rank());
     host_shard = host.split(group, host.rank());
     if (cfg.replicate > 1) replica = world.split(sr, world.rank());
-    self = world.split(world.rank(), 0);
+    self = comm::make_local_communicator();
   }
 
   Tensor shard_view(const Tensor& flat, size_t i, int64_t rows) const {
@@ -438,10 +443,8 @@ struct Fsdp::Impl {
     max_chunk = 0;
     for (const Bucket& b : plan) {
       chunk_off.push_back(off[b.first]);
-      int64_t n = 0;
-      for (size_t i = b.first; i < b.end; ++i) n += sn[i];
-      chunk_n.push_back(n);
-      max_chunk = std::max(max_chunk, n);
+      chunk_n.push_back(bucket_sum(sn, b));
+      max_chunk = std::max(max_chunk, chunk_n.back());
     }
     train = make_schedule(plan, B, cfg, true);
     eval = make_schedule(plan, B, cfg, false);
@@ -814,14 +817,12 @@ nlohmann::json Fsdp::plan_json() const {
   const Impl& m = *impl_;
   nlohmann::json buckets = nlohmann::json::array();
   for (const Bucket& b : plan_) {
-    double g = 0, r = 0;
-    for (size_t i = b.first; i < b.end; ++i) g += m.wire.gather[i], r += m.wire.reduce[i];
     buckets.push_back({{"blocks", {b.first_block, b.last_block}},
                        {"params", {b.first, b.end}},
                        {"first", m.model.params()[b.first].name},
                        {"last", m.model.params()[b.end - 1].name},
-                       {"all_gather_bytes", g},
-                       {"reduce_scatter_bytes", r}});
+                       {"all_gather_bytes", bucket_sum(m.wire.gather, b)},
+                       {"reduce_scatter_bytes", bucket_sum(m.wire.reduce, b)}});
   }
   nlohmann::json j = {{"buckets", buckets},
                       {"shard_group", m.S},

@@ -1,6 +1,6 @@
 // A world of one: every collective is a copy (or nothing, in place); a send to oneself is held
 // until the matching receive.
-#include "dtk/comm/local/local_comm.h"
+#include "dtk/comm/comm.h"
 
 #include <cstring>
 #include <deque>
