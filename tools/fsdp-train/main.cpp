@@ -21,9 +21,8 @@ cli::Program program() {
       "default) before it computes and its gradients reduce-scattered after its backward, bucketed and reordered so "
       "that communication hides behind compute.";
   p.footer =
-      "Metrics (JSON lines on stdout or --metrics): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_time_ms, "
-      "compute_ms, sync_ms, optim_ms, peak_mem_bytes, persistent_mem_bytes, optim_state_bytes, comm_bytes, "
-      "all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP), exposed_comm_ms, shard_bytes, arena_bytes.\n"
+      train::metrics_help("all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP), exposed_comm_ms, "
+                          "shard_bytes, arena_bytes") +
       "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input.\n"
       "Example: mpiexec -n 4 fsdp-train --model llama-small --buckets auto --activation-checkpointing --steps 300";
   p.add_options = [](CLI::App& app) {

@@ -18,8 +18,7 @@ cli::Program program() {
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "
       "aggregation as baselines.";
   p.footer =
-      "Metrics (JSON lines on stdout or --metrics): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_time_ms, "
-      "peak_mem_bytes, comm_bytes, comm_bytes_uncompressed, compression_ratio.\n"
+      train::metrics_help("comm_bytes_uncompressed, compression_ratio (with a compressor other than none)") +
       "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input.\n"
       "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 --steps 300";
   p.add_options = [](CLI::App& app) {

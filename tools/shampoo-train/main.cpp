@@ -18,8 +18,7 @@ cli::Program program() {
       "blocks, and one all-gather per step shares the directions. AdamW and SGD run in the same loop for "
       "comparison.";
   p.footer =
-      "Metrics (JSON lines on stdout or --metrics): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_time_ms, "
-      "compute_ms, sync_ms, optim_ms, peak_mem_bytes, comm_bytes, optim_state_bytes.\n"
+      train::metrics_help("") +
       "Exit status: 0 done, 1 a failure while training (a factor with NaN, four failed roots in a row), 2 bad usage "
       "or bad input.\n"
       "Example: mpiexec -n 4 shampoo-train --model llama-tiny --optimizer shampoo --precondition-frequency 20 "

@@ -103,6 +103,15 @@ void add_options(CLI::App& app, Options& o) {
   r->excludes(i);
 }
 
+std::string metrics_help(const std::string& added) {
+  // Every *-train program's metrics (Trainer::run writes them; comm_bytes comes from either placement).
+  std::string s =
+      "Metrics (JSON lines on stdout or --metrics): step, loss, val_loss, lr, grad_norm, tokens_per_s, "
+      "model_flops_per_s, step_time_ms, compute_ms, sync_ms, optim_ms, peak_mem_bytes, persistent_mem_bytes, "
+      "optim_state_bytes, comm_bytes";
+  return s + (added.empty() ? "" : ", " + added) + ".\n";
+}
+
 void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
   optim::ShampooConfig& c = o.shampoo;
   const char* g = "Shampoo";

@@ -65,6 +65,10 @@ struct Options {
   std::string save, resume, init_from;
 };
 
+// The --help footer's line of metrics: the loop's own (listed once, in trainer.cpp beside the
+// code that writes them), then `added`, what the program's placement or compressor adds.
+std::string metrics_help(const std::string& added);
+
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, Options& o);
 // Registers Shampoo's options (group "Shampoo") into o.shampoo; `distribution` adds the ones that
