@@ -73,11 +73,18 @@ inline void jacobi_eigh(Vec a, int n, Vec& w, Vec& V) {
   V = V2;
 }
 
-// (F + eps I)^(-1/p) with the shift rule of shampoo.h; ok false when a value is not finite.
-inline Vec inverse_root(const Vec& F, int n, double eps, double p, bool* ok = nullptr) {
-  Vec w, V;
-  jacobi_eigh(F, n, w, V);
-  const double m0 = w[0] + eps, shift = m0 < eps ? eps - m0 : 0.0;
+inline Vec matmul(const Vec& a, const Vec& b, int m, int k, int n) {
+  Vec c(size_t(m) * n, 0.0);
+  for (int i = 0; i < m; ++i)
+    for (int l = 0; l < k; ++l)
+      for (int j = 0; j < n; ++j) c[size_t(i) * n + j] += a[size_t(i) * k + l] * b[size_t(l) * n + j];
+  return c;
+}
+
+// V diag((w + eps + shift)^(-1/p)) V^T from eigenvalue estimates w of F (any order) and V's
+// columns, with the shift rule of shampoo.h; ok false when a value is not finite.
+inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bool* ok = nullptr) {
+  const double m0 = *std::min_element(w.begin(), w.end()) + eps, shift = m0 < eps ? eps - m0 : 0.0;
   Vec d(static_cast<size_t>(n)), R(static_cast<size_t>(n) * n, 0.0);
   bool good = true;
   for (int j = 0; j < n; ++j) {
@@ -94,12 +101,75 @@ inline Vec inverse_root(const Vec& F, int n, double eps, double p, bool* ok = nu
   return R;
 }
 
-inline Vec matmul(const Vec& a, const Vec& b, int m, int k, int n) {
-  Vec c(size_t(m) * n, 0.0);
-  for (int i = 0; i < m; ++i)
-    for (int l = 0; l < k; ++l)
-      for (int j = 0; j < n; ++j) c[size_t(i) * n + j] += a[size_t(i) * k + l] * b[size_t(l) * n + j];
-  return c;
+// (F + eps I)^(-1/p) with the shift rule of shampoo.h; ok false when a value is not finite.
+inline Vec inverse_root(const Vec& F, int n, double eps, double p, bool* ok = nullptr) {
+  Vec w, V;
+  jacobi_eigh(F, n, w, V);
+  return root_from(w, V, n, eps, p, ok);
+}
+
+// The columns of X [n, n] orthonormalised in order (modified Gram-Schmidt, twice).
+inline Vec orthonormal_columns(Vec X, int n) {
+  for (int j = 0; j < n; ++j)
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i = 0; i < j; ++i) {
+        double d = 0;
+        for (int r = 0; r < n; ++r) d += X[size_t(r) * n + i] * X[size_t(r) * n + j];
+        for (int r = 0; r < n; ++r) X[size_t(r) * n + j] -= d * X[size_t(r) * n + i];
+      }
+      double nn = 0;
+      for (int r = 0; r < n; ++r) nn += X[size_t(r) * n + j] * X[size_t(r) * n + j];
+      nn = std::sqrt(nn);
+      for (int r = 0; r < n; ++r) X[size_t(r) * n + j] /= nn;
+    }
+  return X;
+}
+
+// The reference's warm-started eigendecomposition (matrix_functions.py _qr_algorithm) of
+// A = F + eps I from the basis Q (columns; all zero: a full eigh), as shampoo.h states it: QR
+// iterations Q = qr(A Q) while fewer than max_iter have run and ||B - diag B||_F > tol ||B||_F,
+// B = Q^T A Q. Returns the root; Q becomes the new basis, its columns sorted by the estimates,
+// descending (dtk) or ascending (the reference).
+inline Vec qr_root(const Vec& F, int n, Vec& Q, double eps, double p, int max_iter, double tol, bool descending,
+                   bool* ok = nullptr) {
+  Vec w(static_cast<size_t>(n));
+  const bool fresh = std::all_of(Q.begin(), Q.end(), [](double x) { return x == 0; });
+  if (fresh) {
+    jacobi_eigh(F, n, w, Q);
+  } else {
+    Vec A = F;
+    for (int i = 0; i < n; ++i) A[size_t(i) * n + i] += eps;
+    auto estimate = [&] {
+      Vec AQ = matmul(A, Q, n, n, n), B(size_t(n) * n, 0.0);
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+          for (int r = 0; r < n; ++r) B[size_t(i) * n + j] += Q[size_t(r) * n + i] * AQ[size_t(r) * n + j];
+      return B;
+    };
+    Vec B = estimate();
+    for (int it = 0; it < max_iter; ++it) {
+      double off = 0, all = 0;
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j) {
+          all += B[size_t(i) * n + j] * B[size_t(i) * n + j];
+          if (i != j) off += B[size_t(i) * n + j] * B[size_t(i) * n + j];
+        }
+      if (std::sqrt(off) <= tol * std::sqrt(all)) break;
+      Q = orthonormal_columns(matmul(A, Q, n, n, n), n);
+      B = estimate();
+    }
+    for (int j = 0; j < n; ++j) w[size_t(j)] = B[size_t(j) * n + j] - eps;
+  }
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) order[size_t(j)] = j;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return descending ? w[size_t(a)] > w[size_t(b)] : w[size_t(a)] < w[size_t(b)]; });
+  Vec Q2(Q.size()), w2(w.size());
+  for (int j = 0; j < n; ++j) {
+    w2[size_t(j)] = w[size_t(order[size_t(j)])];
+    for (int i = 0; i < n; ++i) Q2[size_t(i) * n + j] = Q[size_t(i) * n + order[size_t(j)]];
+  }
+  Q = Q2;
+  return root_from(w2, Q, n, eps, p, ok);
 }
 
 inline Shape strides(const Shape& s) {
@@ -175,6 +245,8 @@ class Reference {
           for (int64_t j = 0; j < d; ++j) I[size_t(j * d + j)] = 1.0;
           b.R.push_back(I);
         }
+        b.Q.assign(b.dims.size(), Vec());
+        for (size_t k = 0; k < b.dims.size(); ++k) b.Q[k].assign(size_t(b.dims[k] * b.dims[k]), 0.0);
         b.M.assign(size_t(n), 0.0);
         b.A.assign(size_t(n), 0.0);
         b.Mom.assign(size_t(n), 0.0);
@@ -182,13 +254,22 @@ class Reference {
       }
       params_.push_back(std::move(blocks));
     }
+    // Root phases (root_spread): by the blocks' root costs, in parameter order.
+    std::vector<Shape> dims;
+    for (const auto& blocks : params_)
+      for (const Block& b : blocks) dims.push_back(b.dims);
+    const std::vector<int> phases = optim::shampoo_root_phases(dims, cfg.root_spread);
+    size_t i = 0;
+    for (auto& blocks : params_)
+      for (Block& b : blocks) b.phase = phases[i++];
   }
 
   void step(std::vector<Vec>& values, const std::vector<Vec>& grads, double lr) {
     const int64_t t = ++t_;
     const int64_t start = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
     // distributed_shampoo.py: (step % frequency == 0 and step > start) or step == start.
-    const bool precond = t >= start, root_step = (t % cfg_.precondition_frequency == 0 && t > start) || t == start;
+    const int64_t f = cfg_.precondition_frequency, shift = f / cfg_.root_spread;
+    const bool precond = t >= start;
     for (size_t p = 0; p < params_.size(); ++p) {
       Vec dir(values[p].size(), 0.0);
       for (Block& b : params_[p]) {
@@ -203,14 +284,20 @@ class Reference {
           for (size_t i = 0; i < gk.size(); ++i)
             b.F[k][i] = cfg_.beta2 == 1 ? b.F[k][i] + gk[i] : cfg_.beta2 * b.F[k][i] + (1 - cfg_.beta2) * gk[i];
         }
-        if (root_step) {
+        // The reference's rule, phase j shifted by j floor(f / root_spread).
+        if (t == start || (t > start && (t - b.phase * shift) % f == 0)) {
           const double pe = cfg_.exponent_override > 0 ? cfg_.exponent_override : 2.0 * K;
           const double corr = cfg_.use_bias_correction && cfg_.beta2 < 1 ? 1 / (1 - std::pow(cfg_.beta2, double(t))) : 1.0;
           for (size_t k = 0; k < K; ++k) {
             Vec Fc = b.F[k];
             for (double& x : Fc) x *= corr;
             bool ok = true;
-            Vec R = inverse_root(Fc, static_cast<int>(b.dims[k]), cfg_.epsilon, pe, &ok);
+            const int bk = static_cast<int>(b.dims[k]);
+            Vec Qk = b.Q[k];
+            Vec R = cfg_.root_method == "qr"
+                        ? qr_root(Fc, bk, Qk, cfg_.epsilon, pe, cfg_.qr_max_iterations, cfg_.qr_tolerance, true, &ok)
+                        : inverse_root(Fc, bk, cfg_.epsilon, pe, &ok);
+            b.Q[k] = ok ? Qk : Vec(Qk.size(), 0.0);  // a failed block restarts from a full eigh
             if (ok) b.R[k] = R;
           }
         }
@@ -260,8 +347,9 @@ class Reference {
   struct Block {
     Shape dims;
     std::vector<int64_t> elems;
-    std::vector<Vec> F, R;
+    std::vector<Vec> F, R, Q;  // Q: the eigenbases (root_method qr)
     Vec M, A, Mom;
+    int phase = 0;
   };
   optim::ShampooConfig cfg_;
   std::vector<std::vector<Block>> params_;

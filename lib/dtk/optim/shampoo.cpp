@@ -52,6 +52,9 @@ nlohmann::json ShampooConfig::to_json() const {
           {"root_method", root_method},
           {"newton_max_iters", newton_max_iters},
           {"newton_tolerance", newton_tolerance},
+          {"qr_max_iterations", qr_max_iterations},
+          {"qr_tolerance", qr_tolerance},
+          {"root_spread", root_spread},
           {"grafting", grafting},
           {"grafting_beta2", grafting_beta2},
           {"grafting_epsilon", grafting_epsilon},
@@ -70,7 +73,7 @@ ShampooConfig ShampooConfig::from_json(const nlohmann::json& j) {
   detail::check_keys(j,
                      {"name", "max_preconditioner_dim", "beta2", "factor_dtype", "epsilon", "use_bias_correction",
                       "precondition_frequency", "start_preconditioning_step", "exponent_override", "root_method",
-                      "newton_max_iters", "newton_tolerance", "grafting", "grafting_beta2", "grafting_epsilon", "beta1",
+                      "newton_max_iters", "newton_tolerance", "qr_max_iterations", "qr_tolerance", "root_spread", "grafting", "grafting_beta2", "grafting_epsilon", "beta1",
                       "momentum", "nesterov", "weight_decay", "weight_decay_type", "trainers_per_group",
                       "communication_dtype"},
                      what);
@@ -88,6 +91,9 @@ ShampooConfig ShampooConfig::from_json(const nlohmann::json& j) {
   c.root_method = field(j, "root_method", c.root_method, what);
   c.newton_max_iters = field(j, "newton_max_iters", c.newton_max_iters, what);
   c.newton_tolerance = field(j, "newton_tolerance", c.newton_tolerance, what);
+  c.qr_max_iterations = field(j, "qr_max_iterations", c.qr_max_iterations, what);
+  c.qr_tolerance = field(j, "qr_tolerance", c.qr_tolerance, what);
+  c.root_spread = field(j, "root_spread", c.root_spread, what);
   c.grafting = field(j, "grafting", c.grafting, what);
   c.grafting_beta2 = field(j, "grafting_beta2", c.grafting_beta2, what);
   c.grafting_epsilon = field(j, "grafting_epsilon", c.grafting_epsilon, what);
@@ -119,7 +125,13 @@ void ShampooConfig::validate() const {
         std::to_string(start_preconditioning_step));
   if (!(exponent_override >= 0) || !std::isfinite(exponent_override))
     bad("exponent_override", "finite and >= 0 (0: 2 * order)", num(exponent_override));
-  if (root_method != "eigh" && root_method != "newton") bad("root_method", "eigh or newton", "'" + root_method + "'");
+  if (root_method != "eigh" && root_method != "newton" && root_method != "qr")
+    bad("root_method", "eigh, newton or qr", "'" + root_method + "'");
+  if (qr_max_iterations < 0) bad("qr_max_iterations", ">= 0", std::to_string(qr_max_iterations));
+  if (!(qr_tolerance >= 0 && qr_tolerance <= 1)) bad("qr_tolerance", "in [0, 1]", num(qr_tolerance));
+  if (root_spread < 1 || root_spread > precondition_frequency)
+    bad("root_spread", "in [1, precondition_frequency (" + std::to_string(precondition_frequency) + ")]",
+        std::to_string(root_spread));
   if (root_method == "newton") {
     if (exponent_override != 0 && (exponent_override != std::floor(exponent_override) || exponent_override > 64))
       bad("exponent_override", "an integer in [1, 64] with root_method newton", num(exponent_override));
@@ -198,6 +210,18 @@ std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks) {
   return out;
 }
 
+std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64_t spread) {
+  if (spread < 1) fail_usage("shampoo_root_phases: spread must be >= 1");
+  std::vector<int64_t> cost;
+  cost.reserve(block_dims.size());
+  for (const Shape& d : block_dims) {
+    int64_t c = 0;
+    for (int64_t b : d) c += b * b * b;
+    cost.push_back(c);
+  }
+  return shampoo_assign(cost, static_cast<int>(spread));
+}
+
 // ------------------------------------------------------------------------------ the optimizer
 
 namespace {
@@ -212,6 +236,7 @@ struct BlockDesc {
   std::vector<int64_t> offset;
   int64_t numel = 1;
   int owner = 0;            // rank in the group
+  int phase = 0;            // root phase (root_spread)
   bool contiguous = false;  // a contiguous range of the parameter's elements, in order
   int64_t start = 0;        // its first element, when contiguous
   int64_t recv_offset = 0;  // where its direction lies in the gathered buffer
@@ -226,6 +251,7 @@ struct Group {
   int64_t chunk = 1;        // blocks per chunk
   int64_t send_offset = 0;  // in this rank's segment
   std::vector<Tensor> factor, root;  // [B, b_k, b_k]
+  std::vector<Tensor> basis;         // [B, b_k, b_k] eigenvectors (root_method qr)
   Tensor graft, filtered, momentum;  // [B, n]
   Tensor failures;                   // i64 [B] on the host
   std::vector<Tensor> rotate;        // order >= 3: transposition indices over one chunk
@@ -325,6 +351,7 @@ class Shampoo final : public Optimizer {
       const Shape elem = b.dims.empty() ? Shape{1} : b.dims;
       for (int k = 0; k < gr.order; ++k) s.emplace_back(b.prefix + "factor" + std::to_string(k), gr.factor[k].select(i));
       for (int k = 0; k < gr.order; ++k) s.emplace_back(b.prefix + "root" + std::to_string(k), gr.root[k].select(i));
+      for (size_t k = 0; k < gr.basis.size(); ++k) s.emplace_back(b.prefix + "eigvecs" + std::to_string(k), gr.basis[k].select(i));
       if (gr.graft.defined()) s.emplace_back(b.prefix + "graft", gr.graft.select(i).reshape(elem));
       if (gr.filtered.defined()) s.emplace_back(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem));
       if (gr.momentum.defined()) s.emplace_back(b.prefix + "momentum", gr.momentum.select(i).reshape(elem));
@@ -358,14 +385,21 @@ class Shampoo final : public Optimizer {
     if (!std::isfinite(lr)) fail_usage("shampoo: the learning rate is not finite");
     const int64_t t = ++*step_.ptr<int64_t>();
     const bool precond = t >= start_;
-    // The reference's rule: at the start step, then at every multiple of the frequency after it.
-    const bool root_step = t == start_ || (t > start_ && t % cfg_.precondition_frequency == 0);
+    // The reference's rule: at the start step, then at every multiple of the frequency after it;
+    // phase j of root_spread S at the multiples shifted by j floor(f / S).
+    const int64_t f = cfg_.precondition_frequency, shift = f / cfg_.root_spread;
+    std::vector<char> due(static_cast<size_t>(cfg_.root_spread));
+    bool root_step = false;
+    for (int64_t j = 0; j < cfg_.root_spread; ++j) {
+      due[static_cast<size_t>(j)] = t == start_ || (t > start_ && (t - j * shift) % f == 0);
+      root_step = root_step || due[static_cast<size_t>(j)];
+    }
     nan_code_ = fatal_code_ = std::numeric_limits<int64_t>::max();
 
     for (auto& gr : groups_)
       for (int64_t c0 = 0; c0 < static_cast<int64_t>(gr.blocks.size()); c0 += gr.chunk)
         process_chunk(gr, c0, std::min<int64_t>(c0 + gr.chunk, static_cast<int64_t>(gr.blocks.size())), params, t,
-                      precond, root_step);
+                      precond, due);
 
     if (root_step) agree_and_raise(t);
     communicate();
@@ -423,15 +457,34 @@ class Shampoo final : public Optimizer {
         blocks_.push_back(std::move(b));
       }
     }
-    const std::vector<int> owners = shampoo_assign(sizes, group_size_);
-    for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i].owner = owners[i];
+    // Phases, then the ranks within each phase (one phase: the plain assignment).
+    std::vector<Shape> dims;
+    for (const BlockDesc& b : blocks_) dims.push_back(b.dims);
+    const std::vector<int> phases = shampoo_root_phases(dims, cfg_.root_spread);
+    for (int j = 0; j < cfg_.root_spread; ++j) {
+      std::vector<size_t> members;
+      std::vector<int64_t> member_sizes;
+      for (size_t i = 0; i < blocks_.size(); ++i)
+        if (phases[i] == j) {
+          members.push_back(i);
+          member_sizes.push_back(sizes[i]);
+        }
+      const std::vector<int> owners = shampoo_assign(member_sizes, group_size_);
+      for (size_t m = 0; m < members.size(); ++m) {
+        blocks_[members[m]].owner = owners[m];
+        blocks_[members[m]].phase = j;
+      }
+    }
   }
 
-  // Every rank's segment: its blocks grouped by shape (map order), ascending within a group.
+  // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
+  // ascending within a group (a phase's blocks are consecutive: one batch at its root steps).
   void build_layout() {
     std::vector<std::map<Shape, std::vector<int>>> per_rank(static_cast<size_t>(group_size_));
-    for (size_t i = 0; i < blocks_.size(); ++i)
-      per_rank[static_cast<size_t>(blocks_[i].owner)][blocks_[i].dims].push_back(static_cast<int>(i));
+    for (int j = 0; j < cfg_.root_spread; ++j)
+      for (size_t i = 0; i < blocks_.size(); ++i)
+        if (blocks_[i].phase == j)
+          per_rank[static_cast<size_t>(blocks_[i].owner)][blocks_[i].dims].push_back(static_cast<int>(i));
     counts_.assign(static_cast<size_t>(group_size_), 0);
     int64_t pos = 0;
     for (int r = 0; r < group_size_; ++r) {
@@ -475,6 +528,7 @@ class Shampoo final : public Optimizer {
         gr.factor.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
         gr.root.push_back(Tensor::empty({B, b, b}, DType::f32, device_));
         fill_identity(gr.root.back());
+        if (cfg_.root_method == "qr") gr.basis.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
       }
       if (graft_state) gr.graft = Tensor::zeros({B, gr.n}, DType::f32, device_);
       if (cfg_.beta1 > 0) gr.filtered = Tensor::zeros({B, gr.n}, DType::f32, device_);
@@ -590,7 +644,7 @@ class Shampoo final : public Optimizer {
 
   // ---------------------------------------------------------------- one step
   void process_chunk(Group& gr, int64_t c0, int64_t c1, const std::vector<nn::Param>& params, int64_t t, bool precond,
-                     bool root_step) {
+                     const std::vector<char>& due) {
     const int64_t Bc = c1 - c0, n = gr.n;
     Tensor G = rows(sc_grad_, Bc, n);
     extract(gr, c0, c1, params, G, false);
@@ -600,7 +654,13 @@ class Shampoo final : public Optimizer {
       ops::axpy(cfg_.weight_decay, W, G);
     }
     update_factors(gr, c0, c1, G);
-    if (root_step) compute_roots(gr, c0, c1, t);
+    for (int64_t r0 = c0; r0 < c1;) {  // the runs of blocks whose phase is due (consecutive: build_layout)
+      const auto phase_of = [&](int64_t i) { return blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(i)])].phase; };
+      int64_t r1 = r0 + 1;
+      while (r1 < c1 && phase_of(r1) == phase_of(r0)) ++r1;
+      if (due[static_cast<size_t>(phase_of(r0))]) compute_roots(gr, r0, r1, t);
+      r0 = r1;
+    }
 
     // Filtered gradient.
     Tensor Mh = G;
@@ -768,10 +828,19 @@ class Shampoo final : public Optimizer {
         }
         std::vector<char> ok(static_cast<size_t>(nb), 1);
         Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
-        if (cfg_.root_method == "eigh")
+        if (cfg_.root_method == "eigh") {
           root_eigh(Fc, p, out, ok);
-        else
+        } else if (cfg_.root_method == "qr") {
+          Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
+          root_qr(Fc, Q, p, out, ok);
+          for (int64_t i = 0; i < nb; ++i)  // a failed block restarts from a full eigh
+            if (!ok[static_cast<size_t>(i)]) {
+              Tensor Qi = Q.select(i);
+              ops::fill(Qi, 0.0);
+            }
+        } else {
           root_newton(Fc, p, out, ok);
+        }
         Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
         const bool all_ok = std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
         if (all_ok) {
@@ -824,22 +893,35 @@ class Shampoo final : public Optimizer {
   void root_eigh(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {
     const int64_t nb = Fc.dim(0), b = Fc.dim(1);
     Tensor w = Tensor::empty({nb, b}, fdtype_, device_), V = Tensor::empty({nb, b, b}, fdtype_, device_);
+    if (!try_eigh(Fc, w, V, ok)) return;
+    form_root(V, root_scales(w.to_doubles(), b, p, ok), out, ok);
+  }
+
+  // ops::eigh; false (every block marked failed, to retry in f64) when the solver fails.
+  static bool try_eigh(const Tensor& A, Tensor& w, Tensor& V, std::vector<char>& ok) {
     try {
-      ops::eigh(Fc, w, V);
+      ops::eigh(A, w, V);
+      return true;
     } catch (const UsageError&) {
       throw;
     } catch (const Error&) {
-      std::fill(ok.begin(), ok.end(), 0);  // the solver failed: every block retries in f64
-      return;
+      std::fill(ok.begin(), ok.end(), 0);
+      return false;
     }
-    const std::vector<double> mu = w.to_doubles();
+  }
+
+  // The root's eigenvalues d = (mu + eps + shift)^(-1/p) from the factors' eigenvalues mu (host,
+  // [nb, b], any order) by the shift rule of shampoo.h; a block with a value that is not finite
+  // gets ok 0 (and d 0).
+  std::vector<double> root_scales(const std::vector<double>& mu, int64_t b, double p, std::vector<char>& ok) const {
+    const int64_t nb = static_cast<int64_t>(ok.size());
     std::vector<double> d(static_cast<size_t>(nb * b), 0.0);
     const double eps = cfg_.epsilon;
     for (int64_t i = 0; i < nb; ++i) {
       const double* m = mu.data() + i * b;
       double* di = d.data() + i * b;
-      bool good = std::isfinite(m[0]);
-      const double m0 = m[0] + eps;
+      const double m0 = *std::min_element(m, m + b) + eps;
+      bool good = std::isfinite(m0);
       const double shift = m0 < eps ? eps - m0 : 0.0;
       for (int64_t j = 0; j < b && good; ++j) {
         di[j] = std::pow(m[j] + eps + shift, -1.0 / p);
@@ -850,6 +932,13 @@ class Shampoo final : public Optimizer {
         std::fill(di, di + b, 0.0);
       }
     }
+    return d;
+  }
+
+  // out = V diag(d) V^T for the batch (V's columns the eigenvectors); blocks whose result is
+  // not finite get ok 0.
+  void form_root(const Tensor& V, const std::vector<double>& d, Tensor& out, std::vector<char>& ok) {
+    const int64_t nb = V.dim(0), b = V.dim(1);
     // V diag(d): the columns of V scaled by d, through Dexp[i] = ones [b, 1] x d_i [1, b] (exact:
     // one product per element), then R = (V diag(d)) V^T.
     const Tensor D1 = Tensor::from_doubles(d, {nb, 1, b}, fdtype_, device_);
@@ -863,6 +952,95 @@ class Shampoo final : public Optimizer {
     if (ops::count_nonfinite(out) > 0)
       for (int64_t i = 0; i < nb; ++i)
         if (ops::count_nonfinite(out.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
+  }
+
+  // The warm-started eigendecomposition (shampoo.h, root_method qr) of the batch Fc, from and
+  // into the bases Q; the root as root_eigh forms it.
+  void root_qr(const Tensor& Fc, Tensor& Q, double p, Tensor& out, std::vector<char>& ok) {
+    const int64_t nb = Fc.dim(0), b = Fc.dim(1);
+    Tensor qn = Tensor::empty({nb}, fdtype_, device_);
+    ops::reduce(ops::Reduce::norm2, ops::Axis::rows, Q.reshape({nb, b * b}), qn);
+    const std::vector<double> qnorm = qn.to_doubles();
+    const auto fresh = std::count(qnorm.begin(), qnorm.end(), 0.0);
+    if (fresh > 0 && fresh < nb) {  // some blocks without a basis (after a failure): one at a time
+      for (int64_t i = 0; i < nb; ++i) {
+        std::vector<char> oki(1, 1);
+        Tensor Qi = Q.slice(i, i + 1), oi = out.slice(i, i + 1);
+        root_qr(Fc.slice(i, i + 1), Qi, p, oi, oki);
+        ok[static_cast<size_t>(i)] = oki[0];
+      }
+      return;
+    }
+    Tensor V = Tensor::empty({nb, b, b}, fdtype_, device_);
+    std::vector<double> mu(static_cast<size_t>(nb * b));
+    if (fresh == nb) {  // no basis yet: a full eigh
+      Tensor w = Tensor::empty({nb, b}, fdtype_, device_);
+      if (!try_eigh(Fc, w, V, ok)) return;
+      mu = w.to_doubles();
+    } else {
+      const double eps = cfg_.epsilon;
+      V.copy_from(Q);
+      // B = Q^T A Q (A = F + eps I) through T = A Q alone: diag B_jj = q_j . (A q_j) and, Q being
+      // orthonormal, ||B||_F = ||A Q||_F; T is also the next power iteration.
+      Tensor T = Tensor::empty({nb, b, b}, fdtype_, device_), P = Tensor::empty({nb, b, b}, fdtype_, device_);
+      Tensor ones = Tensor::empty({nb, 1, b}, fdtype_, device_), dg = Tensor::empty({nb, 1, b}, fdtype_, device_);
+      Tensor fr = Tensor::empty({nb}, fdtype_, device_);
+      ops::fill(ones, 1.0);
+      std::vector<double> diag, frob;
+      const auto estimate = [&] {
+        ops::gemm(false, false, 1.0, Fc, V, 0.0, T);
+        ops::axpy(eps, V, T);
+        ops::mul(V, T, P);
+        ops::gemm(false, false, 1.0, ones, P, 0.0, dg);  // column sums: q_j . (A q_j)
+        ops::reduce(ops::Reduce::norm2, ops::Axis::rows, T.reshape({nb, b * b}), fr);
+        diag = dg.to_doubles();
+        frob = fr.to_doubles();
+      };
+      const auto converged = [&](int64_t i) {
+        double d2 = 0;
+        for (int64_t j = 0; j < b; ++j) d2 += diag[static_cast<size_t>(i * b + j)] * diag[static_cast<size_t>(i * b + j)];
+        const double f2 = frob[static_cast<size_t>(i)] * frob[static_cast<size_t>(i)];
+        return std::sqrt(std::max(0.0, f2 - d2)) <= cfg_.qr_tolerance * std::sqrt(f2);
+      };
+      estimate();
+      for (int it = 0; it < cfg_.qr_max_iterations; ++it) {
+        std::vector<int64_t> todo;
+        for (int64_t i = 0; i < nb; ++i)
+          if (!converged(i)) todo.push_back(i);
+        if (todo.empty()) break;
+        try {
+          ops::orthonormalize_qr(T);  // Q = qr(A Q)
+        } catch (const UsageError&) {
+          throw;
+        } catch (const Error&) {
+          std::fill(ok.begin(), ok.end(), 0);
+          return;
+        }
+        if (static_cast<int64_t>(todo.size()) == nb) {
+          V.copy_from(T);
+        } else {
+          for (int64_t i : todo) V.select(i).copy_from(T.select(i));
+        }
+        estimate();
+      }
+      for (size_t e = 0; e < mu.size(); ++e) mu[e] = diag[e] - eps;  // estimates of F's eigenvalues
+    }
+    // The basis kept for the next root step: columns by descending estimate (stable).
+    for (int64_t i = 0; i < nb; ++i) {
+      std::vector<int64_t> order(static_cast<size_t>(b));
+      std::iota(order.begin(), order.end(), int64_t{0});
+      const double* m = mu.data() + i * b;
+      std::stable_sort(order.begin(), order.end(), [m](int64_t x, int64_t y) { return m[x] > m[y]; });
+      const std::vector<double> v = V.select(i).to_doubles();
+      std::vector<double> sorted(v.size());
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t c = 0; c < b; ++c) sorted[static_cast<size_t>(r * b + c)] = v[static_cast<size_t>(r * b + order[static_cast<size_t>(c)])];
+      Q.select(i).copy_from(Tensor::from_doubles(sorted, {b, b}, fdtype_, device_));
+      std::vector<double> ms(static_cast<size_t>(b));
+      for (int64_t c = 0; c < b; ++c) ms[static_cast<size_t>(c)] = m[order[static_cast<size_t>(c)]];
+      std::copy(ms.begin(), ms.end(), mu.begin() + i * b);
+    }
+    form_root(Q, root_scales(mu, b, p, ok), out, ok);
   }
 
   void root_newton(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {

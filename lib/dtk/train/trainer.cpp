@@ -127,8 +127,19 @@ void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
       ->group(g)->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
       ->group(g)->check(CLI::NonNegativeNumber);
-  app.add_option("--root-method", c.root_method, "inverse roots by eigh or (coupled) newton iteration")
-      ->group(g)->check(CLI::IsMember({"eigh", "newton"}));
+  app.add_option("--root-method", c.root_method,
+                 "inverse roots by eigh, (coupled) newton iteration, or qr: eigh warm-started from the previous "
+                 "eigenbasis by QR iterations")
+      ->group(g)->check(CLI::IsMember({"eigh", "newton", "qr"}));
+  app.add_option("--qr-max-iterations", c.qr_max_iterations, "qr: at most this many QR iterations per root step")
+      ->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--qr-tolerance", c.qr_tolerance,
+                 "qr: no more iterations once the off-diagonal part of Q^T F Q is at most this fraction of it (Frobenius)")
+      ->group(g)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--root-spread", c.root_spread,
+                 "recompute the roots in this many phases spread over each period, each root step doing about 1/S of "
+                 "the blocks (1: all at once, the reference's schedule)")
+      ->group(g)->check(CLI::PositiveNumber);
   app.add_option("--grafting", c.grafting, "step-size grafting: adam, rmsprop, adagrad, sgd or none")
       ->group(g)->check(CLI::IsMember({"none", "sgd", "adagrad", "rmsprop", "adam"}));
   app.add_option("--grafting-beta2", c.grafting_beta2, "second-moment decay of rmsprop/adam grafting")

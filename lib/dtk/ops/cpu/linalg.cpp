@@ -80,19 +80,24 @@ lapack_int syevd(lapack_int n, double* a, double* w) { return LAPACKE_dsyevd(LAP
 const char* syevd_name(float*) { return "LAPACKE_ssyevd"; }
 const char* syevd_name(double*) { return "LAPACKE_dsyevd"; }
 
+// The matrices of a batch in parallel, one per OpenMP thread, OpenBLAS single-threaded inside,
+// always (as eigh below): a matrix's Q does not depend on how many share its batch.
 template <typename T>
 void qr_typed(Tensor& a) {
-  const int64_t m = a.dim(-2), r = a.dim(-1);
+  const int64_t m = a.dim(-2), r = a.dim(-1), batch = batch_of(a);
   if (m == 0 || r == 0) return;
-  std::vector<T> tau(static_cast<size_t>(r));
-  for (int64_t bi = 0; bi < batch_of(a); ++bi) {
+  std::vector<std::string> errors(static_cast<size_t>(batch));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    std::vector<T> tau(static_cast<size_t>(r));
     T* p = a.ptr<T>() + bi * m * r;
     const auto mm = static_cast<lapack_int>(m), rr = static_cast<lapack_int>(r);
     lapack_int info = geqrf(mm, rr, p, rr, tau.data());
-    if (info != 0) fail("orthonormalize_qr: LAPACKE ?geqrf failed (info " + std::to_string(info) + ")");
-    info = orgqr(mm, rr, rr, p, rr, tau.data());
-    if (info != 0) fail("orthonormalize_qr: LAPACKE ?orgqr failed (info " + std::to_string(info) + ")");
+    if (info == 0) info = orgqr(mm, rr, rr, p, rr, tau.data());
+    if (info != 0) errors[static_cast<size_t>(bi)] = "orthonormalize_qr: LAPACKE ?geqrf / ?orgqr failed (info " + std::to_string(info) + ")";
   }
+  for (const std::string& e : errors)
+    if (!e.empty()) fail(e);
 }
 
 template <typename T>
