@@ -232,6 +232,46 @@ TEST(LinalgGemm, BatchedMatchesPerMatrix) {
       }
 }
 
+// syrk against A A^T (A^T A) in f64, from a symmetric C, batched, k = 0; exactly symmetric on
+// the CPU (its upper triangle mirrors the lower); usage errors.
+TEST(LinalgSyrk, MatchesGemmAndIsSymmetric) {
+  const int64_t B = 3;
+  uint64_t seed = 300;
+  for (DType t : kFloatTypes)
+    for (int64_t n : {1, 7, 70, 130})
+      for (int64_t k : {0, 1, 5, 64})
+        for (int tr = 0; tr < 2; ++tr) {
+          const Mat av = rounded(random_values(size_t(B * n * k), seed++), t);
+          Mat cv(size_t(B * n * n));
+          const Mat r = random_values(cv.size(), seed++);
+          for (int64_t bi = 0; bi < B; ++bi)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t j = 0; j < n; ++j)
+                cv[size_t((bi * n + i) * n + j)] = r[size_t((bi * n + std::min(i, j)) * n + std::max(i, j))];
+          cv = rounded(cv, t);
+          Tensor a = Tensor::from_doubles(av, tr ? Shape{B, k, n} : Shape{B, n, k}, t);
+          Tensor c = Tensor::from_doubles(cv, {B, n, n}, t);
+          ops::syrk(tr, 0.5, a, 0.25, c);
+          const Mat got = c.to_doubles();
+          for (int64_t bi = 0; bi < B; ++bi) {
+            Mat want = k == 0 ? Mat(size_t(n * n), 0.0) : ref_matmul(tr, !tr, av.data() + bi * n * k, av.data() + bi * n * k, n, n, k);
+            Mat g(got.begin() + bi * n * n, got.begin() + (bi + 1) * n * n);
+            for (int64_t i = 0; i < n * n; ++i) want[size_t(i)] = 0.5 * want[size_t(i)] + 0.25 * cv[size_t(bi * n * n + i)];
+            EXPECT_LT(rel_err(g, want), tol_for(t) * 10) << dtype_name(t) << " n=" << n << " k=" << k << " trans=" << tr;
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t j = 0; j < i; ++j) ASSERT_EQ(g[size_t(i * n + j)], g[size_t(j * n + i)]) << "n=" << n;
+          }
+        }
+  Tensor a = Tensor::zeros({4, 3}, DType::f32), c = Tensor::zeros({3, 3}, DType::f32), c4 = Tensor::zeros({4, 4}, DType::f32);
+  EXPECT_THROW(ops::syrk(false, 1.0, a, 0.0, c), UsageError);  // a a^T is [4, 4]
+  ops::syrk(true, 1.0, a, 0.0, c);
+  ops::syrk(false, 1.0, a, 0.0, c4);
+  Tensor r = Tensor::zeros({4, 5}, DType::f32);
+  EXPECT_THROW(ops::syrk(false, 1.0, a, 0.0, r), UsageError);  // not square
+  Tensor a64 = Tensor::zeros({4, 3}, DType::f64);
+  EXPECT_THROW(ops::syrk(false, 1.0, a64, 0.0, c4), UsageError);  // dtypes differ
+}
+
 TEST(LinalgGemm, UsageErrors) {
   Tensor a = Tensor::zeros({4, 3}, DType::f32), b = Tensor::zeros({3, 5}, DType::f32);
   Tensor c = Tensor::zeros({4, 5}, DType::f32);

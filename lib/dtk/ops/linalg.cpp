@@ -81,6 +81,26 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   DTK_DISPATCH(c, gemm(trans_a, trans_b, alpha, a, b, beta, c));
 }
 
+void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
+  if (a.dtype() == DType::bf16) fail_usage("syrk: a must be f32 or f64, got " + a.str());
+  if (c.ndim() >= 2 && c.dim(-1) != c.dim(-2)) fail_usage("syrk: c must be square, got " + c.str());
+  const char* op = "syrk";
+  check_matrix_rank(op, a, "a");
+  check_matrix_rank(op, c, "c");
+  check_on(op, c, a, "a");
+  check_float(op, c, "c");
+  check_type(op, a, c.dtype(), "a");
+  if (a.ndim() != c.ndim()) fail_usage("syrk: a and c must both be matrices or both be batches, got a " + a.str() + ", c " + c.str());
+  if (c.ndim() == 3 && a.dim(0) != c.dim(0)) fail_usage("syrk: batch sizes differ: a " + a.str() + ", c " + c.str());
+  const int64_t n = trans ? a.dim(-1) : a.dim(-2), k = trans ? a.dim(-2) : a.dim(-1);
+  if (c.dim(-2) != n) fail_usage("syrk: c must be [" + std::to_string(n) + ", " + std::to_string(n) + "] (per batch) for " +
+                                 std::string(trans ? "a^T a" : "a a^T") + " of a " + a.str() + ", got " + c.str());
+  if (n > INT32_MAX || k > INT32_MAX) fail_usage("syrk: dimensions beyond 2^31 - 1 are not supported by BLAS, got a " + a.str());
+  if (overlaps(a, c)) fail_usage("syrk: c must not overlap a in memory");
+  if (!std::isfinite(alpha) || !std::isfinite(beta)) fail_usage("syrk: alpha and beta must be finite");
+  DTK_DISPATCH(c, syrk(trans, alpha, a, beta, c));
+}
+
 void orthonormalize_mgs(Tensor& a, double eps) {
   const char* op = "orthonormalize_mgs";
   check_matrix_rank(op, a, "a");

@@ -121,6 +121,10 @@ void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean = 0, doubl
 // B [k, n] (or [n, k]), C [m, n]. 3-D: the same for every batch index (strided batched).
 // f32 or f64 throughout; on CUDA also A and B bf16 with C f32 (f32 accumulation).
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c);
+// C = alpha * A A^T + beta * C (trans: alpha * A^T A + beta * C), A [n, k] (or [k, n]), C [n, n],
+// f32 or f64, 2-D or batched as gemm. On the CPU half of gemm's products (BLAS ?syrk on the lower
+// triangle, mirrored into the upper: exactly symmetric); on CUDA a gemm (symmetric to rounding).
+void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c);
 // Orthonormalise the columns of a [m, r] (or each matrix of [B, m, r]) in place.
 // Modified Gram-Schmidt: a column whose norm is below eps becomes zero (never NaN).
 void orthonormalize_mgs(Tensor& a, double eps = 1e-8);

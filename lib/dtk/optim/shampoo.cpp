@@ -760,12 +760,12 @@ class Shampoo final : public Optimizer {
     if (gr.order == 1) {
       const Tensor v = X.reshape({Bc, n, 1});
       Tensor F = gr.factor[0].slice(c0, c1);
-      ops::gemm(false, true, alpha, v, v, beta, F);
+      ops::syrk(false, alpha, v, beta, F);
     } else if (gr.order == 2) {
       const Tensor m = X.reshape({Bc, d[0], d[1]});
       Tensor F0 = gr.factor[0].slice(c0, c1), F1 = gr.factor[1].slice(c0, c1);
-      ops::gemm(false, true, alpha, m, m, beta, F0);
-      ops::gemm(true, false, alpha, m, m, beta, F1);
+      ops::syrk(false, alpha, m, beta, F0);
+      ops::syrk(true, alpha, m, beta, F1);
     } else {
       // Unfold along dim k by rotating the dims: [b_k, rest] -> [rest, b_k] = [b_{k+1}, ...].
       Tensor cur = X;
@@ -773,7 +773,7 @@ class Shampoo final : public Optimizer {
         const int64_t b = d[static_cast<size_t>(k)];
         const Tensor m = cur.reshape({Bc, b, n / b});
         Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0, c1);
-        ops::gemm(false, true, alpha, m, m, beta, F);
+        ops::syrk(false, alpha, m, beta, F);
         if (k + 1 < gr.order) {
           Tensor& buf = fdtype_ == DType::f64 ? (k % 2 ? sc_d64_ : sc_c64_) : (k % 2 ? sc_d_ : sc_c_);
           Tensor next = buf.slice(0, Bc * n);

@@ -38,7 +38,50 @@ void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const
     blas_gemm(trans_a, trans_b, m, n, k, alpha, ap + i * a_stride, lda, bp + i * b_stride, ldb, beta, cp + i * c_stride, n);
 }
 
+inline void blas_syrk(bool trans, int n, int k, double alpha, const float* a, int lda, double beta, float* c) {
+  cblas_ssyrk(CblasRowMajor, CblasLower, trans ? CblasTrans : CblasNoTrans, n, k, static_cast<float>(alpha), a, lda,
+              static_cast<float>(beta), c, n);
+}
+inline void blas_syrk(bool trans, int n, int k, double alpha, const double* a, int lda, double beta, double* c) {
+  cblas_dsyrk(CblasRowMajor, CblasLower, trans ? CblasTrans : CblasNoTrans, n, k, alpha, a, lda, beta, c, n);
+}
+
+template <typename T>
+void syrk_typed(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
+  const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1;
+  const int n = static_cast<int>(c.dim(-1));
+  const int k = static_cast<int>(trans ? a.dim(-2) : a.dim(-1));
+  if (n == 0) return;
+  const int64_t a_stride = a.dim(-2) * a.dim(-1), c_stride = int64_t(n) * n;
+  T* cp = c.ptr<T>();
+  const T* ap = a.ptr<T>();
+  const int lda = std::max<int>(1, static_cast<int>(a.dim(-1)));
+  for (int64_t i = 0; i < batch; ++i) {
+    T* ci = cp + i * c_stride;
+    if (k == 0) {  // BLAS would reject the zero leading dimension; beta == 0 gives zeros
+      for (int64_t e = 0; e < c_stride; ++e) ci[e] = beta == 0 ? T(0) : static_cast<T>(beta * ci[e]);
+      continue;
+    }
+    blas_syrk(trans, n, k, alpha, ap + i * a_stride, lda, beta, ci);
+    // The upper triangle from the lower, in 64 x 64 tiles (the transposed reads stay in cache).
+    constexpr int kTile = 64;
+#pragma omp parallel for schedule(static)
+    for (int r0 = 0; r0 < n; r0 += kTile)
+      for (int c0 = r0; c0 < n; c0 += kTile)
+        for (int r = r0; r < std::min(n, r0 + kTile); ++r)
+          for (int cc = std::max(c0, r + 1); cc < std::min(n, c0 + kTile); ++cc)
+            ci[int64_t(r) * n + cc] = ci[int64_t(cc) * n + r];
+  }
+}
+
 }  // namespace
+
+void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
+  if (c.dtype() == DType::f32)
+    syrk_typed<float>(trans, alpha, a, beta, c);
+  else
+    syrk_typed<double>(trans, alpha, a, beta, c);
+}
 
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
   if (c.dtype() == DType::f32)

@@ -52,6 +52,9 @@ cublasHandle_t cublas_handle() {
   return it->second;
 }
 
+// cuBLAS's ?syrk is not batched: one strided-batched gemm of A with itself (symmetric to rounding).
+void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) { gemm(trans, !trans, alpha, a, a, beta, c); }
+
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
   const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1;
   const int m = static_cast<int>(c.dim(-2));
