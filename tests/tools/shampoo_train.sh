@@ -47,6 +47,17 @@ run $si diff ws1.h5 r4.h5 model/ --rtol 1e-3 --atol 1e-4
 run $st $common --steps 7 --resume ck --optimizer adamw --save x.h5
 [ $rc = 2 ] && grep -q "optim/" $tmp/e && ok "resume with another optimizer names the missing state" || bad "optimizer switch (exit $rc)" "$(cat $tmp/e)"
 
+# ---- qr roots and spread root steps: exact resume across a root step, eigenbases saved ----
+qr="--root-method qr --root-spread 3 --precondition-frequency 3"
+run $mpiexec -n 2 $st $common $qr --steps 8 --save q.h5
+[ $rc = 0 ] || bad "qr, spread 3 (exit $rc)" "$(cat $tmp/e)"
+run $mpiexec -n 2 $st $common $qr --steps 8 --stop-at 5 --checkpoint-dir qk
+run $mpiexec -n 2 $st $common $qr --steps 8 --resume qk --save qr.h5
+run $si diff q.h5 qr.h5
+[ $rc = 0 ] && ok "qr roots, spread 3: resume is exact" || bad "qr resume differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
+run $si ls q.h5
+[ $rc = 0 ] && grep -q "eigvecs0" $tmp/o && ok "qr: eigenbases in the checkpoint" || bad "no eigvecs in the checkpoint" "$(head -20 $tmp/o)"
+
 # ---- adamw and sgd in the same loop ----
 run $st $common --steps 3 --optimizer adamw
 [ $rc = 0 ] && ok "--optimizer adamw" || bad "adamw (exit $rc)" "$(cat $tmp/e)"
@@ -55,6 +66,8 @@ run $st $common --steps 3 --optimizer adamw
 expect2 "groups do not divide the world" "trainers-per-group" $mpiexec -n 4 $st $common --steps 2 --trainers-per-group 3
 expect2 "unknown optimizer" "optimizer" $st $common --steps 2 --optimizer lion
 expect2 "unknown root method" "root-method" $st $common --steps 2 --root-method cholesky
+expect2 "a root spread above the frequency" "root_spread" $st $common --steps 2 --root-spread 4
+expect2 "a qr tolerance above 1" "qr-tolerance" $st $common --steps 2 --root-method qr --qr-tolerance 2
 expect2 "a start step before the frequency (the reference refuses it)" "start_preconditioning_step" $mpiexec -n 2 $st $common --steps 2 --precondition-frequency 4 --start-preconditioning-step 2
 run $st --help
 [ $rc = 0 ] && grep -q -- "--precondition-frequency" "$tmp/o" && ok "--help" || bad "--help"
