@@ -16,7 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include "../common/models.h"
 #include "dtk/comm/comm.h"
 #include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
@@ -37,7 +36,7 @@ comm::Communicator& world() {
   return *c;
 }
 
-nn::ModelConfig tiny_llama() { return test::llama_config(16, 3, 2, 1, 24, 13, 8); }
+nn::ModelConfig tiny_llama() { return nn::llama_config(16, 3, 2, 1, 24, 13, 8); }
 
 // Rank r's batch: its own tokens, so every rank has its own gradient.
 nn::Batch batch_of(int rank, int64_t vocab) {

@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "../common/models.h"
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
 #include "dtk/core/tensor.h"
@@ -335,7 +334,7 @@ TEST(NnLayers, ReluMlp) {
 
 // ---------------------------------------------------------------------------- models
 
-ModelConfig tiny_llama() { return test::llama_config(8, 2, 2, 1, 12, 11, 8); }
+ModelConfig tiny_llama() { return nn::llama_config(8, 2, 2, 1, 12, 11, 8); }
 
 Batch tiny_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, bool with_ignored = false) {
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(x.size());

@@ -52,6 +52,14 @@ void set_grads(Model& m, const std::vector<Vec>& g) {
     m.params[i].grad.copy_from(Tensor::from_doubles(g[i], m.shapes[i], DType::f32));
 }
 
+// The state tensor of that name.
+Tensor state_of(Optimizer& opt, const std::string& name) {
+  for (auto& [n, t] : opt.state())
+    if (n == name) return t;
+  ADD_FAILURE() << "no state " << name;
+  return {};
+}
+
 // max |x - ref| over max |ref - start|: the error relative to how far the run moved.
 double rel_err(const std::vector<nn::Param>& ps, const std::vector<Vec>& ref, const std::vector<Vec>& start) {
   double err = 0, moved = 0;
@@ -303,12 +311,7 @@ TEST(Shampoo, RootStepsFollowTheReference) {
     shampoo_ref::Reference ref(c, m.shapes);
     std::vector<Vec> want = m.values;
     std::vector<int64_t> changed;
-    auto root = [&] {
-      for (auto& [n, t] : opt->state())
-        if (n == "shampoo/a/block0/root0") return t.to_doubles();
-      ADD_FAILURE() << "no root";
-      return std::vector<double>{};
-    };
+    auto root = [&] { return state_of(*opt, "shampoo/a/block0/root0").to_doubles(); };
     for (int64_t t = 1; t <= 9; ++t) {
       const auto before = root();
       const auto g = grads_at(m.shapes, static_cast<int>(t));
@@ -349,9 +352,8 @@ TEST(Shampoo, RootSpreadSchedule) {
     shampoo_ref::Reference ref(c, m.shapes);
     std::vector<Vec> want = m.values;
     auto roots = [&] {
-      std::map<std::string, std::vector<double>> out;
-      for (auto& [n, t] : opt->state())
-        if (n.ends_with("/root0")) out[n] = t.to_doubles();
+      std::vector<Vec> out;
+      for (int i = 0; i < 6; ++i) out.push_back(state_of(*opt, "shampoo/a/block" + std::to_string(i) + "/root0").to_doubles());
       return out;
     };
     std::vector<std::vector<int64_t>> changed(static_cast<size_t>(r.spread));
@@ -363,10 +365,8 @@ TEST(Shampoo, RootSpreadSchedule) {
       ref.step(want, g, 0.05);
       const auto after = roots();
       std::vector<char> phase_changed(static_cast<size_t>(r.spread), 0);
-      for (int i = 0; i < 6; ++i) {
-        const std::string name = "shampoo/a/block" + std::to_string(i) + "/root0";
-        if (after.at(name) != before.at(name)) phase_changed[static_cast<size_t>(phases[static_cast<size_t>(i)])] = 1;
-      }
+      for (size_t i = 0; i < 6; ++i)
+        if (after[i] != before[i]) phase_changed[static_cast<size_t>(phases[i])] = 1;
       for (int64_t j = 0; j < r.spread; ++j)
         if (phase_changed[static_cast<size_t>(j)]) changed[static_cast<size_t>(j)].push_back(t);
     }
@@ -409,11 +409,6 @@ TEST(Shampoo, QrRootAccuracy) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) base[static_cast<size_t>(i * n + j)] += std::pow(0.7, double(k)) * u[size_t(i)] * w[size_t(j)];
   }
-  auto root_of = [](Optimizer& o, const std::string& name) {
-    for (auto& [nm, t] : o.state())
-      if (nm == name) return t.to_doubles();
-    return std::vector<double>{};
-  };
   auto rel = [](const Vec& x, const Vec& y) {
     double d = 0, s = 0;
     for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), s += y[i] * y[i];
@@ -439,7 +434,7 @@ TEST(Shampoo, QrRootAccuracy) {
     for (size_t i = 0; i < F0.size(); ++i) F0[i] = 0.95 * F0[i] + 0.05 * gg[i];
     if (t % 10 != 0) continue;
     const std::string r0 = "shampoo/w/block0/root0";
-    const double e = rel(root_of(*qr, r0), root_of(*eigh, r0));
+    const double e = rel(state_of(*qr, r0).to_doubles(), state_of(*eigh, r0).to_doubles());
     Vec Fc = F0;
     for (double& x : Fc) x /= 1 - std::pow(0.95, double(t));
     const Vec exact = shampoo_ref::inverse_root(Fc, int(m), c.epsilon, 4.0);
@@ -478,13 +473,6 @@ TEST(Shampoo, Bf16CommunicationStaysClose) {
 }
 
 // ---------------------------------------------------------------------------- failures
-
-Tensor state_of(Optimizer& opt, const std::string& name) {
-  for (auto& [n, t] : opt.state())
-    if (n == name) return t;
-  ADD_FAILURE() << "no state " << name;
-  return {};
-}
 
 // A zero gradient with eps = 0 leaves a zero (singular) factor: its root fails in f32 and in
 // f64; the block keeps its previous root (the identity) and counts the failure; a good step

@@ -191,21 +191,27 @@ double ModelConfig::train_flops_per_item() const {
 
 // ---------------------------------------------------------------------------- presets
 
-namespace {
-
-ModelConfig llama(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
-                  int64_t vocab, int64_t seq_len, double theta) {
+ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,
+                         int64_t seq_len, double rope_theta) {
   ModelConfig c;
   c.arch = "llama";
-  c.preset = name;
   c.dim = dim;
   c.n_layers = layers;
   c.n_heads = heads;
   c.n_kv_heads = kv_heads;
-  c.ffn_hidden = ffn;
+  c.ffn_hidden = ffn_hidden;
   c.vocab = vocab;
   c.seq_len = seq_len;
-  c.rope_theta = theta;
+  c.rope_theta = rope_theta;
+  return c;
+}
+
+namespace {
+
+ModelConfig llama(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                  int64_t vocab, int64_t seq_len, double theta) {
+  ModelConfig c = llama_config(dim, layers, heads, kv_heads, ffn, vocab, seq_len, theta);
+  c.preset = name;
   return c;
 }
 

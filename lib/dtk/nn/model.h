@@ -80,6 +80,10 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+// A llama configuration of these sizes (no preset name).
+ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,
+                         int64_t seq_len, double rope_theta = 10000.0);
+
 // Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist.
 ModelConfig preset(const std::string& name);  // UsageError listing the presets when unknown
 std::vector<std::string> preset_names();

@@ -893,14 +893,16 @@ class Shampoo final : public Optimizer {
   void root_eigh(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {
     const int64_t nb = Fc.dim(0), b = Fc.dim(1);
     Tensor w = Tensor::empty({nb, b}, fdtype_, device_), V = Tensor::empty({nb, b, b}, fdtype_, device_);
-    if (!try_eigh(Fc, w, V, ok)) return;
+    if (!solved([&] { ops::eigh(Fc, w, V); }, ok)) return;
     form_root(V, root_scales(w.to_doubles(), b, p, ok), out, ok);
   }
 
-  // ops::eigh; false (every block marked failed, to retry in f64) when the solver fails.
-  static bool try_eigh(const Tensor& A, Tensor& w, Tensor& V, std::vector<char>& ok) {
+  // Runs a batched solver (eigh, QR); false, with every block marked failed (to retry in f64),
+  // when it fails. Usage errors propagate.
+  template <typename F>
+  static bool solved(F&& solve, std::vector<char>& ok) {
     try {
-      ops::eigh(A, w, V);
+      solve();
       return true;
     } catch (const UsageError&) {
       throw;
@@ -975,7 +977,7 @@ class Shampoo final : public Optimizer {
     std::vector<double> mu(static_cast<size_t>(nb * b));
     if (fresh == nb) {  // no basis yet: a full eigh
       Tensor w = Tensor::empty({nb, b}, fdtype_, device_);
-      if (!try_eigh(Fc, w, V, ok)) return;
+      if (!solved([&] { ops::eigh(Fc, w, V); }, ok)) return;
       mu = w.to_doubles();
     } else {
       const double eps = cfg_.epsilon;
@@ -1008,14 +1010,7 @@ class Shampoo final : public Optimizer {
         for (int64_t i = 0; i < nb; ++i)
           if (!converged(i)) todo.push_back(i);
         if (todo.empty()) break;
-        try {
-          ops::orthonormalize_qr(T);  // Q = qr(A Q)
-        } catch (const UsageError&) {
-          throw;
-        } catch (const Error&) {
-          std::fill(ok.begin(), ok.end(), 0);
-          return;
-        }
+        if (!solved([&] { ops::orthonormalize_qr(T); }, ok)) return;  // Q = qr(A Q)
         if (static_cast<int64_t>(todo.size()) == nb) {
           V.copy_from(T);
         } else {
