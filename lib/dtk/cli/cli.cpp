@@ -34,11 +34,16 @@ void setup_logging(const std::string& name, const Common& c, int rank) {
   spdlog::set_default_logger(logger);
 }
 
-// Runs f; returns its exit code, mapping exceptions to exit codes and a message.
+// Runs f; returns its exit code, mapping exceptions to exit codes and a message. `agreed`, when
+// given, is set when every rank raised the error together (AgreedError).
 template <typename F>
-int guarded(F&& f, std::string& message) {
+int guarded(F&& f, std::string& message, bool* agreed = nullptr) {
   try {
     return f();
+  } catch (const AgreedError& e) {
+    message = e.what();
+    if (agreed) *agreed = true;
+    return e.exit_code();
   } catch (const UsageError& e) {
     message = e.what();
     return kExitUsage;
@@ -112,8 +117,16 @@ int main(int argc, char** argv, const Program& p) {
     return worst;
   }
 
-  // Phase 2: the work.
-  code = guarded([&] { return p.run(*rt); }, message);
+  // Phase 2: the work. An error every rank raised together ends them all normally (rank 0 says
+  // it); any other error on one rank ends the job.
+  bool agreed = false;
+  code = guarded([&] { return p.run(*rt); }, message, &agreed);
+  if (agreed) {
+    if (rank == 0 || common.log_all_ranks) spdlog::error("{}", message);
+    spdlog::default_logger()->flush();
+    std::fflush(stdout);
+    return rt->max_over_ranks(code);
+  }
   if (!message.empty()) {
     spdlog::error("{}", message);
     spdlog::default_logger()->flush();
