@@ -154,7 +154,7 @@ class Runtime {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }  // ranks on this node
+  int local_size() const { return local_size_; }  // ranks on this host (by host name)
   Launcher launcher() const { return launcher_; }
   bool mpi_initialized() const { return mpi_; }
   double timeout_s() const { return opts_.timeout_s; }

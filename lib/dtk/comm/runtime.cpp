@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <string>
 
 #include "dtk/comm/comm.h"
@@ -64,11 +66,19 @@ void Runtime::init_mpi() {
   mpi_ = true;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-  MPI_Comm_rank(node, &local_rank_);
-  MPI_Comm_size(node, &local_size_);
-  MPI_Comm_free(&node);
+  // The ranks on this host, by host name: they share its cores and GPUs. (MPI's shared-memory
+  // split follows the launcher's node names instead, and SLURM can run several emulated nodes
+  // on one host: their ranks then each took every core.)
+  constexpr int kName = 256;
+  std::vector<char> names(static_cast<size_t>(kName) * size_), mine(kName, 0);
+  gethostname(mine.data(), kName - 1);
+  MPI_Allgather(mine.data(), kName, MPI_CHAR, names.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
+  local_rank_ = local_size_ = 0;
+  for (int r = 0; r < size_; ++r)
+    if (std::strncmp(names.data() + static_cast<size_t>(r) * kName, mine.data(), kName) == 0) {
+      local_rank_ += r < rank_;
+      ++local_size_;
+    }
   mpi_types_init();
 }
 

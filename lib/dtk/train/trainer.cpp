@@ -18,6 +18,7 @@
 #include "dtk/ops/ops.h"
 #include "dtk/parallel/data_parallel.h"
 #include "dtk/train/metrics.h"
+#include "dtk/train/stop.h"
 
 namespace fs = std::filesystem;
 
@@ -101,6 +102,9 @@ void add_options(CLI::App& app, Options& o) {
                            "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
   auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
   r->excludes(i);
+  app.add_flag("--auto-resume", o.auto_resume,
+               "continue from --checkpoint-dir's latest checkpoint when it has one (over --init-from), else start "
+               "as asked: a job can be resubmitted or requeued unchanged")->group(g)->excludes(r);
 }
 
 std::string metrics_help(const std::string& added) {
@@ -197,7 +201,8 @@ std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtim
 
 nn::ModelConfig resolve_model(const Options& o) {
   nn::ModelConfig c;
-  const std::string& from = !o.resume.empty() ? o.resume : o.init_from;
+  const std::string resume = resume_from(o);
+  const std::string& from = !resume.empty() ? resume : o.init_from;
   if (!from.empty()) {
     ckpt::Reader r(checkpoint_path(from));
     c = nn::ModelConfig::from_json(r.metadata().model_config);
@@ -283,13 +288,22 @@ void validate(const Options& o, int world_size) {
   // Opening the datasets checks them against the model (vocabulary, shapes).
   data::open_dataset(o.data, c, false, o.seed);
   if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
-  if (!o.resume.empty()) {
-    ckpt::Reader r(checkpoint_path(o.resume));
-    const int64_t stop = o.stop_at > 0 ? o.stop_at : o.steps;
-    if (r.metadata().step >= stop)
-      fail_usage("--resume " + o.resume + " is at step " + std::to_string(r.metadata().step) + ", not before " +
+  if (o.auto_resume && o.checkpoint_dir.empty()) fail_usage("--auto-resume needs --checkpoint-dir");
+  if (const std::string resume = resume_from(o); !resume.empty()) {
+    ckpt::Reader r(checkpoint_path(resume));
+    const int64_t stop = last_step(o);
+    if (r.metadata().step > stop)
+      fail_usage("--resume " + resume + " is at step " + std::to_string(r.metadata().step) + ", not before " +
                  (o.stop_at > 0 ? "--stop-at " : "--steps ") + std::to_string(stop) + "; raise it to train further");
   }
+}
+
+int64_t last_step(const Options& o) { return o.stop_at > 0 ? o.stop_at : o.steps; }
+
+std::string resume_from(const Options& o) {
+  if (!o.resume.empty() || !o.auto_resume || o.checkpoint_dir.empty()) return o.resume;
+  if (!fs::is_directory(o.checkpoint_dir) || !ckpt::Directory(o.checkpoint_dir, 1).latest()) return "";
+  return o.checkpoint_dir;
 }
 
 optim::ShampooConfig shampoo_config(const Options& o) {
@@ -353,7 +367,7 @@ class Trainer {
       host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
       optim_state_bytes_ = static_cast<int64_t>(bytes);
     }
-    if (!o.resume.empty()) resume(checkpoint_path(o.resume));
+    if (const std::string from = resume_from(o); !from.empty()) resume(checkpoint_path(from));
     else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
     par_->loaded();
     if (!o.checkpoint_dir.empty()) {
@@ -367,9 +381,7 @@ class Trainer {
     Metrics metrics(o_.metrics, rank_ == 0);
     Progress progress(rank_ == 0, o_.steps, o_.log_every);
     const int64_t items_per_sample = cfg_.arch == "llama" ? cfg_.seq_len : 1;
-    const int64_t stop = o_.stop_at > 0 ? o_.stop_at : o_.steps;
-    if (start_step_ >= stop) fail("the run is already at step " + std::to_string(start_step_) + ", --stop-at " +
-                                        std::to_string(stop) + " leaves nothing to do");
+    const int64_t stop = last_step(o_);
     for (int64_t step = start_step_; step < stop; ++step) {
       if (!par_->before_step(step)) return 0;  // fsdp-train --print-plan
       reset_peak_memory(device_);
@@ -394,18 +406,33 @@ class Trainer {
                           {"persistent_mem_bytes", persistent}, {"optim_state_bytes", optim_state_bytes_}};
       par_->metrics(m);
       const bool last = step + 1 == stop;
+      const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
       double val = NAN;
-      if (val_ && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
+      if (val_ && !stopping && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
         val = evaluate();
         m["val_loss"] = val;
       }
       metrics.write(m);
       progress.update(step + 1, loss, val, lr, dt);
-      if (dir_ && (last || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
+      if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
         const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
         if (rank_ == 0) dir_->finish(p);
         if (rank_ == 0) std::printf("%s\n", p.c_str());
+      }
+      if (stopping) {
+        progress.done();
+        if (!o_.save.empty()) {
+          save(o_.save, step + 1);
+          if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
+        }
+        std::fflush(stdout);
+        if (dir_ || !o_.save.empty())
+          spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", step + 1, stop);
+        else
+          spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)",
+                       step + 1, stop);
+        return kExitStopped;
       }
     }
     progress.done();
@@ -435,7 +462,17 @@ class Trainer {
     par_->finish();
     if (device_.is_cuda()) cuda::synchronize();
     sync_s_ = seconds_since(t_sync);
-    return sum_over_ranks(loss_sum) / static_cast<double>(o_.global_batch);
+    // The loss over ranks and, in the same all-reduce, whether a stop signal reached any rank:
+    // every rank then finishes this step and stops after it.
+    double v[2] = {loss_sum, signals_.received() ? 1.0 : 0.0};
+    host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    if (v[1] > 0 && !stop_requested_) {
+      stop_requested_ = true;
+      const int sig = signals_.received();
+      spdlog::warn("{} received{}: finishing step {}, then writing a checkpoint (a second signal ends at once)",
+                   sig ? signal_name(sig) : "a stop signal", sig ? "" : " by another rank", step + 1);
+    }
+    return v[0] / static_cast<double>(o_.global_batch);
   }
 
   // The validation loss over eval_batches fixed global batches (the same every time).
@@ -605,6 +642,8 @@ class Trainer {
     if (std::isfinite(opt)) spdlog::info("the optimal loss on this data is {:.4f} nats", opt);
   }
 
+  StopSignals signals_;  // first, so that a signal during set-up is kept for the first step
+  bool stop_requested_ = false;  // agreed over ranks
   const Options& o_;
   const Strategy& s_;
   comm::Runtime& rt_;
@@ -628,6 +667,17 @@ class Trainer {
 
 }  // namespace
 
-int run(const Options& o, const Strategy& s, comm::Runtime& rt) { return Trainer(o, s, rt).run(); }
+int run(const Options& o, const Strategy& s, comm::Runtime& rt) {
+  // A resubmitted job whose run already ended has nothing to do, and that is success.
+  if (const std::string from = resume_from(o); !from.empty()) {
+    const fs::path p = checkpoint_path(from);
+    const int64_t at = ckpt::Reader(p).metadata().step;
+    if (at == last_step(o)) {
+      spdlog::info("{} is at step {}: the run is complete, nothing to do", p.string(), at);
+      return 0;
+    }
+  }
+  return Trainer(o, s, rt).run();
+}
 
 }  // namespace dtk::train

@@ -63,6 +63,7 @@ struct Options {
   int64_t checkpoint_every = 0;
   int keep = 3;
   std::string save, resume, init_from;
+  bool auto_resume = false;  // resume from checkpoint_dir's latest when it has one
 };
 
 // The --help footer's line of metrics: the loop's own (listed once, in trainer.cpp beside the
@@ -94,7 +95,18 @@ struct Strategy {
   nlohmann::json config = nlohmann::json::object();  // program options, saved in checkpoints (extra)
 };
 
-// Runs the whole training; returns the exit code (0).
+// The exit code of a run stopped early by a signal (train/stop.h), on every rank; with
+// --checkpoint-dir or --save its checkpoint is written and --resume continues it.
+inline constexpr int kExitStopped = 3;
+
+// The step the run ends at: --stop-at, else --steps.
+int64_t last_step(const Options& o);
+// The checkpoint the run continues from: --resume, or with --auto-resume the checkpoint
+// directory when it holds a checkpoint; empty: a fresh start (or --init-from).
+std::string resume_from(const Options& o);
+
+// Runs the whole training; returns the exit code: 0, or kExitStopped. Resuming a run that is
+// already at its last step returns 0 at once (a resubmitted job that had finished).
 int run(const Options& o, const Strategy& s, comm::Runtime& rt);
 
 }  // namespace dtk::train
