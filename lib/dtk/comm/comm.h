@@ -148,7 +148,8 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   static Runtime& get();
-  // UsageError when the launch is broken: srun started N > 1 tasks but MPI sees a world of 1.
+  // UsageError when the launch is broken: srun started N > 1 tasks without PMIx (Open MPI; MPI
+  // is then not initialised), or MPI sees a world of 1 in each.
   void check_launch() const;  // the one runtime (error when none exists)
 
   int rank() const { return rank_; }

@@ -24,13 +24,25 @@ int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v ? std::atoi(v) : fallback;
 }
+
+int srun_tasks() { return env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 1)); }
+
+// srun started several tasks without PMIx (no --mpi=pmix: --mpi=none, or pmi2): Open MPI can
+// only fail inside MPI_Init then (exit 1, a screenful), so dtk says it first.
+bool srun_without_pmix() {
+#ifdef OPEN_MPI
+  return srun_tasks() > 1 && std::getenv("PMIX_RANK") == nullptr;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 Runtime::Runtime(int* argc, char*** argv, Options opts)
     : opts_(opts), launcher_(detect_launcher()), argc_(argc), argv_(argv) {
   if (g_runtime) fail("dtk::comm::Runtime: only one runtime per process");
   g_runtime = this;
-  if (launcher_ != Launcher::singleton) init_mpi();
+  if (launcher_ != Launcher::singleton && !(launcher_ == Launcher::srun && srun_without_pmix())) init_mpi();
   watchdog::start(opts_.timeout_s, rank_);
 }
 
@@ -84,7 +96,12 @@ void Runtime::init_mpi() {
 
 void Runtime::check_launch() const {
   if (launcher_ == Launcher::srun) {
-    const int tasks = env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 1));
+    const int tasks = srun_tasks();
+    if (srun_without_pmix())
+      fail_usage("srun started " + std::to_string(tasks) +
+                 " tasks without PMIx, which Open MPI needs to join them into one job: run `srun --mpi=pmix ...` "
+                 "(SLURM's pmix plugin needs libpmix-dev on the nodes; --mpi=pmi2 does not work with Open MPI), "
+                 "or start the job with mpiexec.");
     if (tasks > 1 && size_ == 1)
       fail_usage("srun started " + std::to_string(tasks) +
                  " tasks but MPI sees a world of 1 in each: this MPI did not reach SLURM's process manager. "
