@@ -260,8 +260,9 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
+    const std::string why = ec.message();
     fs::remove(tmp, ec);
-    fail("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+    fail("cannot rename " + tmp.string() + " to " + path.string() + ": " + why);
   }
   fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path(), true);
 }
@@ -299,9 +300,10 @@ FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)
 
 // A file that will not be committed is discarded. HDF5 1.10 cannot close a file whose last
 // writes fail (a full disk): H5Fclose fails, frees the file but leaves its id registered, and
-// the library closes that id again at exit and crashes (SIGSEGV; fixed in HDF5 1.14.1, pull
-// request 2291). The temporary is removed anyway, so its descriptor is first pointed at an
-// anonymous memory file: the closing writes land there and the close succeeds.
+// the library closes that id again at exit and crashes (SIGSEGV in H5F__close_cb from
+// H5_term_library; fixed upstream by HDF5 pull request 2291, after the 1.10.8 that Debian 12
+// ships). The temporary is removed anyway, so its descriptor is first pointed at an anonymous
+// memory file: the closing writes land there and the close succeeds.
 FileWriter::~FileWriter() {
   if (!impl_) return;
   if (!impl_->committed && impl_->file.valid()) {

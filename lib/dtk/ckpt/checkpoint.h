@@ -224,7 +224,8 @@ class Directory {
  public:
   Directory(std::filesystem::path dir, int keep);
   std::filesystem::path entry(int64_t step, bool sharded) const;
-  // Records `entry` as the latest (atomically) and removes all but the newest `keep` entries.
+  // Records `entry` as the latest (atomically) and removes all but the newest `keep` entries,
+  // and dead writers' temporaries (remove_stale_temporaries).
   void finish(const std::filesystem::path& entry);
   // The latest complete entry, if any (the `latest` file, else the newest entry present).
   std::optional<std::filesystem::path> latest() const;
