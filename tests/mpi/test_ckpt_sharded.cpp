@@ -2,6 +2,12 @@
 // files (HDF5 virtual datasets), a full checkpoint of the same tensors reads the same, and a
 // crash before commit leaves the previous state in place.
 #include <gtest/gtest.h>
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
 
 #include <cstdlib>
 #include <filesystem>
@@ -114,6 +120,92 @@ TEST(ShardedState, IndexPresentsWholeTensors) {
     fs::remove_all(dir);
   }
   world->barrier();
+}
+
+// A directory of this process alone (these tests run in every process of the job independently).
+fs::path own_tmpdir() {
+  std::string tmpl = "/tmp/dtk-own-XXXXXX";
+  return mkdtemp(tmpl.data());
+}
+
+void write_serial(const fs::path& dir, int n) {
+  SerialShardedWriter w(dir, n);
+  TensorInfo t{"model/w", {6, 2}, DType::f32, {}, {}, -1};
+  even_split(6, n, t.shard_offsets, t.shard_lengths);
+  w.create(t);
+  w.write_rows("model/w", 0, full_tensor({6, 2}, DType::f32, 1));
+  w.set_metadata(Metadata{});
+  w.commit();
+}
+
+void drop_state_id(const fs::path& file) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << file;
+  EXPECT_GE(H5Adelete(f, "state_id"), 0) << file;
+  H5Fclose(f);
+}
+
+std::string refusal(const fs::path& state) {
+  try {
+    Reader r(state);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every rank file carries the index's state_id; a rank file of another write is refused, naming
+// it. States written before state_id existed (no file has one) are read as before.
+TEST(ShardedState, RankFilesOfAnotherWriteAreRefused) {
+  const fs::path dir = own_tmpdir();
+  write_serial(dir / "a", 2);
+  write_serial(dir / "b", 2);
+  EXPECT_EQ(refusal(dir / "a"), "");
+  fs::copy_file(dir / "b" / rank_file_name(1), dir / "a" / rank_file_name(1), fs::copy_options::overwrite_existing);
+  const std::string m = refusal(dir / "a");
+  EXPECT_NE(m.find(rank_file_name(1)), std::string::npos) << m;
+  EXPECT_NE(m.find("another sharded state"), std::string::npos) << m;
+  // Old files: none carries an id (accepted); only the index lacks one (refused: a mix).
+  for (const char* f : {"index.h5", "rank-00000.h5", "rank-00001.h5"}) drop_state_id(dir / "b" / f);
+  EXPECT_EQ(refusal(dir / "b"), "");
+  write_serial(dir / "c", 2);
+  drop_state_id(dir / "c" / "index.h5");
+  EXPECT_NE(refusal(dir / "c").find(rank_file_name(0)), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// The next writer into a directory removes the temporaries that dead writers of this host left
+// (files and sharded states' directories), and leaves a live writer's and another host's alone.
+TEST(Temporaries, DeadWritersAreRemovedLiveOnesAndOtherHostsKept) {
+  const fs::path dir = own_tmpdir();
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);  // a pid that no longer runs
+  const std::string h = host, dead = std::to_string(child), live = std::to_string(getpid());
+  const std::vector<std::string> dead_names = {".a.h5.tmp-" + h + "-" + dead + "-0", ".latest.tmp-" + h + "-" + dead + "-3",
+                                               ".step-00000002.tmp-" + h + "-" + dead + "-1"};
+  const std::vector<std::string> kept = {".a.h5.tmp-" + h + "-" + live + "-0", ".a.h5.tmp-elsewhere-" + dead + "-0",
+                                         ".a.h5.tmp-" + dead, "notes.txt"};
+  for (const auto& n : dead_names) std::ofstream(dir / n) << "x";
+  fs::remove(dir / dead_names[2]);
+  fs::create_directories(dir / dead_names[2] / "sub");
+  for (const auto& n : kept) std::ofstream(dir / n) << "x";
+  {
+    FileWriter w(dir / "b.h5");
+    w.write("x", Tensor::zeros({2}, DType::f32));
+    w.set_metadata(Metadata{});
+    w.commit();
+  }
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  std::vector<std::string> want = kept;
+  want.push_back("b.h5");
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(left, want);
+  fs::remove_all(dir);
 }
 
 }  // namespace

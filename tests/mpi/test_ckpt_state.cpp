@@ -157,5 +157,117 @@ TEST(CkptState, FailedWriteLeavesThePreviousFileAndFailsEveryRank) {
   if (comm->rank() == 0) fs::remove_all(dir);
 }
 
+// The entries of `dir` whose names start with '.': temporaries left behind.
+std::vector<std::string> hidden_entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with(".")) out.push_back(e.path().filename().string());
+  return out;
+}
+
+// Every rank must hold the same message: rank 0's, broadcast, compared on each.
+void expect_same_everywhere(comm::Communicator& comm, const std::string& msg) {
+  int64_t n = static_cast<int64_t>(msg.size());
+  comm.broadcast({&n, 1, DType::i64, {}}, 0, comm::Mode::sync);
+  std::string root(static_cast<size_t>(n), '\0');
+  if (comm.rank() == 0) root = msg;
+  if (n > 0) comm.broadcast({root.data(), root.size(), DType::u8, {}}, 0, comm::Mode::sync);
+  EXPECT_EQ(msg, root) << "rank " << comm.rank();
+}
+
+// Rank 0's failure to write a full checkpoint ends every rank alike: AgreedError with rank 0's
+// message and exit code 1, so that the program ends normally on every rank.
+TEST(CkptState, FailedFullWriteIsAnAgreedErrorOnEveryRank) {
+  auto& rt = Runtime::get();
+  auto comm = rt.world();
+  const fs::path dir = shared_tmpdir();
+  std::vector<StateEntry> e{{"model/w", filled({4}, DType::f32, 3), kReplicated},
+                            {"compress/e", filled({2}, DType::f32, 4 + comm->rank()), kPerRank}};
+  Metadata meta;
+  meta.world_size = comm->size();
+  std::string msg;
+  try {
+    save_state(dir / "missing" / "a.h5", e, meta, *comm);
+    ADD_FAILURE() << "no error";
+  } catch (const AgreedError& x) {
+    EXPECT_EQ(x.exit_code(), 1);
+    msg = x.what();
+  } catch (const std::exception& x) {
+    ADD_FAILURE() << "not an AgreedError on rank " << comm->rank() << ": " << x.what();
+  }
+  EXPECT_NE(msg.find("missing/a.h5"), std::string::npos) << msg;
+  expect_same_everywhere(*comm, msg);
+  comm->barrier();
+  if (comm->rank() == 0) fs::remove_all(dir);
+}
+
+// One rank's failed write of its part of a sharded state ends every rank with the same
+// AgreedError (that rank's message), and no temporary directory is left.
+TEST(CkptState, OneRanksFailedShardedWriteFailsEveryRankAlike) {
+  auto& rt = Runtime::get();
+  auto comm = rt.world();
+  const int rank = comm->rank(), n = comm->size();
+  const fs::path dir = shared_tmpdir();
+  std::vector<int64_t> off, len;
+  even_split(8, n, off, len);
+  // The last rank passes rows of the wrong width: its write fails, the others' succeed.
+  const int64_t width = rank == n - 1 ? 3 : 2;
+  std::vector<StateEntry> e{{"model/w", filled({len[rank], width}, DType::f32, 1), kSharded, {8, 2}, off, len}};
+  Metadata meta;
+  std::string msg;
+  try {
+    save_sharded_state(dir / "state", e, meta, *comm);
+    ADD_FAILURE() << "no error";
+  } catch (const AgreedError& x) {
+    EXPECT_EQ(x.exit_code(), 1);
+    msg = x.what();
+  } catch (const std::exception& x) {
+    ADD_FAILURE() << "not an AgreedError on rank " << rank << ": " << x.what();
+  }
+  EXPECT_NE(msg.find("model/w"), std::string::npos) << msg;
+  expect_same_everywhere(*comm, msg);
+  comm->barrier();
+  if (rank == 0) {
+    EXPECT_FALSE(fs::exists(dir / "state"));
+    EXPECT_EQ(hidden_entries(dir), std::vector<std::string>{});
+    fs::remove_all(dir);
+  }
+}
+
+// A commit that fails on one rank (its rank file cannot be renamed into place) does not hang
+// the others: every rank throws the same AgreedError, and no temporary is left.
+TEST(CkptState, OneRanksFailedCommitFailsEveryRankWithoutHanging) {
+  auto& rt = Runtime::get();
+  auto comm = rt.world();
+  const int rank = comm->rank(), n = comm->size();
+  const fs::path dir = shared_tmpdir();
+  std::vector<int64_t> off, len;
+  even_split(8, n, off, len);
+  std::string msg;
+  try {
+    ShardedWriter w(dir / "state", *comm);
+    w.write_shard("model/w", {8, 2}, filled({len[rank], 2}, DType::f32, 1), off, len);
+    w.set_metadata(Metadata{});
+    if (rank == n - 1) {  // a directory where this rank's file goes: its rename fails
+      for (const auto& d : fs::directory_iterator(dir))
+        if (d.path().filename().string().starts_with(".state.tmp")) fs::create_directories(d.path() / rank_file_name(rank) / "x");
+    }
+    w.commit();
+    ADD_FAILURE() << "no error";
+  } catch (const AgreedError& x) {
+    msg = x.what();
+  } catch (const std::exception& x) {
+    ADD_FAILURE() << "not an AgreedError on rank " << rank << ": " << x.what();
+  }
+  EXPECT_NE(msg.find(rank_file_name(n - 1)), std::string::npos) << msg;
+  expect_same_everywhere(*comm, msg);
+  comm->barrier();
+  if (rank == 0) {
+    EXPECT_FALSE(fs::exists(dir / "state"));
+    EXPECT_EQ(hidden_entries(dir), std::vector<std::string>{});
+    fs::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace dtk::ckpt

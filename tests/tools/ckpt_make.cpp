@@ -5,6 +5,7 @@
 //                                whole tensors in ranks 1 and 2)
 //   ckpt-make version OUT.h5 V   a tiny checkpoint claiming schema version V
 //   ckpt-make chunk FILE NAME    prints the file offset of the first chunk of dataset NAME
+//   ckpt-make header FILE NAME   prints the file offset of dataset NAME's object header
 #include <hdf5.h>
 
 #include <cmath>
@@ -133,6 +134,19 @@ int chunk(const char* file, const char* name) {
   return 0;
 }
 
+int header(const char* file, const char* name) {
+  hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+  H5O_info_t info{};
+  const bool ok = f >= 0 && H5Oget_info_by_name2(f, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0;
+  if (f >= 0) H5Fclose(f);
+  if (!ok) {
+    std::fprintf(stderr, "ckpt-make: no object %s in %s\n", name, file);
+    return 1;
+  }
+  std::printf("%llu\n", static_cast<unsigned long long>(info.addr));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,8 +156,9 @@ int main(int argc, char** argv) {
     else if (cmd == "sharded" && argc == 3) sharded(argv[2]);
     else if (cmd == "version" && argc == 4) version(argv[2], std::stoll(argv[3]));
     else if (cmd == "chunk" && argc == 4) return chunk(argv[2], argv[3]);
+    else if (cmd == "header" && argc == 4) return header(argv[2], argv[3]);
     else {
-      std::fprintf(stderr, "usage: ckpt-make full|changed OUT.h5 | sharded DIR | version OUT.h5 V | chunk FILE NAME\n");
+      std::fprintf(stderr, "usage: ckpt-make full|changed OUT.h5 | sharded DIR | version OUT.h5 V | chunk FILE NAME | header FILE NAME\n");
       return 2;
     }
   } catch (const std::exception& e) {

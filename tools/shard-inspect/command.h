@@ -103,8 +103,9 @@ void check_names(const std::vector<std::string>& names, std::initializer_list<co
 // exist unless `force` (then it must be of the kind written: a directory for sharded states).
 void check_output(const fs::path& out, bool force, bool directory, const ckpt::Reader& in);
 
-// A file written under a temporary name in its directory and renamed into place by commit();
-// without commit() the temporary file is removed.
+// A file written under a temporary name in its directory (ckpt::temp_name, which first removes
+// dead writers' temporaries there) and renamed into place by commit(); without commit() the
+// temporary file is removed.
 class AtomicFile {
  public:
   explicit AtomicFile(fs::path path);

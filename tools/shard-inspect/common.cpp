@@ -90,8 +90,7 @@ void WriteCommand::open(bool directory_output) {
 // ---------------------------------------------------------------------------- AtomicFile
 
 AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
-  const fs::path dir = path_.parent_path().empty() ? fs::path(".") : path_.parent_path();
-  tmp_ = dir / ("." + path_.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  tmp_ = ckpt::temp_name(path_);  // also removes dead writers' temporaries
   f_ = std::fopen(tmp_.c_str(), "wbx");
   if (!f_) fail("cannot create " + tmp_.string() + ": " + std::strerror(errno));
 }

@@ -1,14 +1,19 @@
 #include "dtk/ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "dtk/ckpt/h5.h"
@@ -22,6 +27,7 @@ using h5::Id;
 
 namespace {
 
+constexpr const char* kStateId = "state_id";  // a sharded state's identity (checkpoint.h)
 constexpr size_t kChunkBytes = 1 << 20;   // target HDF5 chunk size
 constexpr size_t kStageBytes = 64 << 20;  // host staging for device tensors and streaming
 
@@ -31,12 +37,6 @@ void fsync_path(const fs::path& p, bool directory) {
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) fail("fsync of " + p.string() + " failed: " + std::strerror(errno));
-}
-
-fs::path temp_name(const fs::path& path) {
-  static std::atomic<int> counter{0};
-  return path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                               std::to_string(counter++));
 }
 
 Shape dims_of(hid_t space) {
@@ -137,6 +137,38 @@ int owner_of(hid_t ds) {
   return rank;
 }
 
+// "<file>: <what>", unless `what` names the file already.
+std::string naming(const fs::path& file, const std::string& what) {
+  return what.starts_with(file.string()) ? what : file.string() + ": " + what;
+}
+
+// Runs f, a read of the checkpoint `file`: any failure is bad input (UsageError, exit 2) that
+// names the file, HDF5's and the system's errors included.
+template <typename F>
+void as_input(const fs::path& file, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    fail_usage(naming(file, e.what()));
+  }
+}
+
+// Runs f, a write of `file`: failures name the file; bad usage stays a UsageError, anything
+// else (HDF5, the system) is an Error (exit 1).
+template <typename F>
+void as_output(const fs::path& file, F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    fail_usage(naming(file, e.what()));
+  } catch (const std::exception& e) {
+    fail(naming(file, e.what()));
+  }
+}
+
+// A file's state_id ("" when it has none: written before state_id existed, or a full checkpoint).
+std::string state_id(hid_t file) { return h5::has_attr(file, kStateId) ? h5::get_attr_string(file, kStateId) : ""; }
+
 }  // namespace
 
 std::string now_iso8601() {
@@ -148,29 +180,111 @@ std::string now_iso8601() {
   return buf;
 }
 
+// ------------------------------------------------------------------------------ temporaries
+
+namespace {
+constexpr const char* kTempTag = ".tmp-";
+
+const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("localhost");
+    return std::string(buf);
+  }();
+  return name;
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The writer's pid of a temporary's name ".<name>.tmp-<host>-<pid>-<n>" made on this host; -1
+// for any other name (another host's temporary, or not one of ours).
+long temp_owner(const std::string& file) {
+  const size_t tag = file.rfind(kTempTag);
+  if (file.empty() || file[0] != '.' || tag == std::string::npos) return -1;
+  const std::string rest = file.substr(tag + std::strlen(kTempTag));
+  const size_t d2 = rest.rfind('-');
+  if (d2 == std::string::npos || d2 == 0) return -1;
+  const size_t d1 = rest.rfind('-', d2 - 1);
+  if (d1 == std::string::npos) return -1;
+  const std::string host = rest.substr(0, d1), pid = rest.substr(d1 + 1, d2 - d1 - 1), n = rest.substr(d2 + 1);
+  if (host != host_name() || !all_digits(pid) || !all_digits(n) || pid.size() > 9) return -1;
+  return std::stol(pid);
+}
+
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
+}  // namespace
+
+int remove_stale_temporaries(const fs::path& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const long pid = temp_owner(it->path().filename().string());
+    if (pid < 0 || process_alive(pid)) continue;
+    std::error_code rm;
+    if (fs::remove_all(it->path(), rm) > 0 && !rm) {
+      spdlog::info("removed {}, a temporary left by a writer that no longer runs (pid {})", it->path().string(), pid);
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+fs::path temp_name(const fs::path& dest) {
+  static std::atomic<int> counter{0};
+  const fs::path dir = dest.parent_path();
+  remove_stale_temporaries(dir);
+  return dir / ("." + dest.filename().string() + kTempTag + host_name() + "-" + std::to_string(::getpid()) + "-" +
+                std::to_string(counter++));
+}
+
 void write_file_atomic(const fs::path& path, const std::string& text) {
   const fs::path tmp = temp_name(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write " + tmp.string() + ": " + std::strerror(errno));
-    out << text;
-    out.flush();
-    if (!out) fail("cannot write " + tmp.string());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) fail("cannot write " + path.string() + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
   }
-  fsync_path(tmp, false);
+  const int err = done < text.size() || ::fsync(fd) != 0 ? errno : 0;
+  if (::close(fd) != 0 || err) {
+    const std::string why = std::strerror(err ? err : errno);
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    fail("cannot write " + path.string() + ": " + why);
+  }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
-    fs::remove(tmp);
-    fail("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    fail("cannot rename " + tmp.string() + " to " + path.string() + ": " + why);
   }
   fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path(), true);
 }
 
 // ------------------------------------------------------------------------------ FileWriter
 
+namespace {
+// Dataset access without HDF5's chunk cache: chunks are written by H5Dwrite itself, so a failed
+// write is reported there, and closing a dataset never writes (and so never fails).
+hid_t uncached() {
+  static const hid_t dapl = [] {
+    const hid_t p = H5Pcreate(H5P_DATASET_ACCESS);
+    H5Pset_chunk_cache(p, 0, 0, 1.0);
+    return p;
+  }();
+  return dapl;
+}
+}  // namespace
+
 struct FileWriter::Impl {
   Id file;
+  bool committed = false;  // renamed into place; else the destructor removes the temporary
 };
 
 FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)), opts_(opts), impl_(new Impl) {
@@ -179,62 +293,85 @@ FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)
   if (!fs::is_directory(dir)) fail_usage("cannot write " + path_.string() + ": directory " + dir.string() + " does not exist");
   if (opts_.gzip < 0 || opts_.gzip > 9) fail_usage("gzip level must be 0..9, got " + std::to_string(opts_.gzip));
   tmp_ = temp_name(path_);
-  impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
+  as_output(path_, [&] {
+    impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
+  });
 }
 
+// A file that will not be committed is discarded. HDF5 1.10 cannot close a file whose last
+// writes fail (a full disk): H5Fclose fails, frees the file but leaves its id registered, and
+// the library closes that id again at exit and crashes (SIGSEGV in H5F__close_cb from
+// H5_term_library; fixed upstream by HDF5 pull request 2291, after the 1.10.8 that Debian 12
+// ships). The temporary is removed anyway, so its descriptor is first pointed at an anonymous
+// memory file: the closing writes land there and the close succeeds.
 FileWriter::~FileWriter() {
-  if (impl_ && impl_->file.valid()) {
-    impl_->file.reset();
+  if (!impl_) return;
+  if (!impl_->committed && impl_->file.valid()) {
+    void* handle = nullptr;
+    if (H5Fget_vfd_handle(impl_->file, H5P_DEFAULT, &handle) >= 0 && handle) {
+      const int mem = ::memfd_create("dtk-discarded-checkpoint", 0);
+      if (mem >= 0) {
+        ::dup2(mem, *static_cast<int*>(handle));
+        ::close(mem);
+      }
+    }
+  }
+  impl_->file.reset();
+  if (!impl_->committed && !tmp_.empty()) {
     std::error_code ec;
     fs::remove(tmp_, ec);
   }
 }
 
 void FileWriter::create(const std::string& name, const Shape& shape, DType t) {
-  const Shape s = stored_shape(shape);
-  h5::make_parents(impl_->file, name);
-  std::vector<hsize_t> dims(s.begin(), s.end()), maxdims = dims, chunk = dims;
-  const size_t row_bytes = static_cast<size_t>(std::max<int64_t>(1, row_elems(s))) * dtype_size(t);
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i] == 0) maxdims[i] = H5S_UNLIMITED;  // chunk sizes must not exceed fixed extents
-    chunk[i] = std::max<hsize_t>(1, dims[i]);
-  }
-  chunk[0] = std::clamp<hsize_t>(kChunkBytes / row_bytes, 1, std::max<hsize_t>(1, dims[0]));
-  // Rows far larger than a chunk (HDF5 caps chunks at 4 GiB) are split along dim 1 too.
-  if (chunk.size() > 1 && row_bytes > 64 * kChunkBytes)
-    chunk[1] = std::max<hsize_t>(1, kChunkBytes / (row_bytes / std::max<hsize_t>(1, dims[1])));
-  Id space(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()), "dataspace " + name));
-  Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  check_status(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), "chunking " + name);
-  if (opts_.gzip > 0) {
-    H5Pset_shuffle(dcpl);
-    H5Pset_deflate(dcpl, static_cast<unsigned>(opts_.gzip));
-  }
-  if (opts_.checksum) check_status(H5Pset_fletcher32(dcpl), "checksum " + name);
-  Id ds(check(H5Dcreate2(impl_->file, name.c_str(), h5::file_type(t), space, H5P_DEFAULT, dcpl, H5P_DEFAULT),
-              "create dataset " + name));
-  if (shape.empty()) h5::set_attr(ds, "dtk_scalar", int64_t{1});
+  as_output(path_, [&] {
+    const Shape s = stored_shape(shape);
+    h5::make_parents(impl_->file, name);
+    std::vector<hsize_t> dims(s.begin(), s.end()), maxdims = dims, chunk = dims;
+    const size_t row_bytes = static_cast<size_t>(std::max<int64_t>(1, row_elems(s))) * dtype_size(t);
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (dims[i] == 0) maxdims[i] = H5S_UNLIMITED;  // chunk sizes must not exceed fixed extents
+      chunk[i] = std::max<hsize_t>(1, dims[i]);
+    }
+    chunk[0] = std::clamp<hsize_t>(kChunkBytes / row_bytes, 1, std::max<hsize_t>(1, dims[0]));
+    // Rows far larger than a chunk (HDF5 caps chunks at 4 GiB) are split along dim 1 too.
+    if (chunk.size() > 1 && row_bytes > 64 * kChunkBytes)
+      chunk[1] = std::max<hsize_t>(1, kChunkBytes / (row_bytes / std::max<hsize_t>(1, dims[1])));
+    Id space(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()), "dataspace " + name));
+    Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+    check_status(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), "chunking " + name);
+    if (opts_.gzip > 0) {
+      H5Pset_shuffle(dcpl);
+      H5Pset_deflate(dcpl, static_cast<unsigned>(opts_.gzip));
+    }
+    if (opts_.checksum) check_status(H5Pset_fletcher32(dcpl), "checksum " + name);
+    Id ds(check(H5Dcreate2(impl_->file, name.c_str(), h5::file_type(t), space, H5P_DEFAULT, dcpl, uncached()),
+                "create dataset " + name));
+    if (shape.empty()) h5::set_attr(ds, "dtk_scalar", int64_t{1});
+  });
 }
 
 void FileWriter::write_rows(const std::string& name, int64_t row0, const Tensor& rows) {
-  Id ds(check(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), "open dataset " + name));
-  Id fspace(H5Dget_space(ds));
-  const Shape full = dims_of(fspace);
-  const DType t = h5::dtype_of(Id(H5Dget_type(ds)), name);
-  if (rows.dtype() != t) fail_usage("write " + name + ": " + rows.str() + " into a " + std::string(dtype_name(t)) + " dataset");
-  for_host_rows(rows, [&](int64_t r, const Tensor& host) {
-    const Shape hs = host.ndim() == 0 ? Shape{1} : host.shape();
-    if (hs.size() != full.size() || !std::equal(hs.begin() + 1, hs.end(), full.begin() + 1) ||
-        row0 + r + hs[0] > full[0])
-      fail_usage("write " + name + ": rows " + shape_str(hs) + " at row " + std::to_string(row0 + r) +
-                 " do not fit the dataset's shape " + shape_str(full));
-    if (hs[0] == 0) return;
-    std::vector<hsize_t> start(full.size(), 0), count(hs.begin(), hs.end());
-    start[0] = static_cast<hsize_t>(row0 + r);
-    Id fs_sel(H5Scopy(fspace));
-    H5Sselect_hyperslab(fs_sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-    Id mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-    check_status(H5Dwrite(ds, h5::memory_type(t), mspace, fs_sel, H5P_DEFAULT, host.data()), "write " + name);
+  as_output(path_, [&] {
+    Id ds(check(H5Dopen2(impl_->file, name.c_str(), uncached()), "open dataset " + name));
+    Id fspace(H5Dget_space(ds));
+    const Shape full = dims_of(fspace);
+    const DType t = h5::dtype_of(Id(H5Dget_type(ds)), name);
+    if (rows.dtype() != t) fail_usage("write " + name + ": " + rows.str() + " into a " + std::string(dtype_name(t)) + " dataset");
+    for_host_rows(rows, [&](int64_t r, const Tensor& host) {
+      const Shape hs = host.ndim() == 0 ? Shape{1} : host.shape();
+      if (hs.size() != full.size() || !std::equal(hs.begin() + 1, hs.end(), full.begin() + 1) ||
+          row0 + r + hs[0] > full[0])
+        fail_usage("write " + name + ": rows " + shape_str(hs) + " at row " + std::to_string(row0 + r) +
+                   " do not fit the dataset's shape " + shape_str(full));
+      if (hs[0] == 0) return;
+      std::vector<hsize_t> start(full.size(), 0), count(hs.begin(), hs.end());
+      start[0] = static_cast<hsize_t>(row0 + r);
+      Id fs_sel(H5Scopy(fspace));
+      H5Sselect_hyperslab(fs_sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      Id mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+      check_status(H5Dwrite(ds, h5::memory_type(t), mspace, fs_sel, H5P_DEFAULT, host.data()), "write " + name);
+    });
   });
 }
 
@@ -244,46 +381,61 @@ void FileWriter::write(const std::string& name, const Tensor& t) {
 }
 
 void FileWriter::set_attrs(const std::string& name, const std::map<std::string, std::vector<int64_t>>& attrs) {
-  Id obj(check(H5Oopen(impl_->file, name.c_str(), H5P_DEFAULT), "open " + name));
-  for (const auto& [k, v] : attrs) h5::set_attr(obj, k.c_str(), v);
+  as_output(path_, [&] {
+    Id obj(check(H5Oopen(impl_->file, name.c_str(), H5P_DEFAULT), "open " + name));
+    for (const auto& [k, v] : attrs) h5::set_attr(obj, k.c_str(), v);
+  });
 }
 
-void FileWriter::set_metadata(const Metadata& m) { write_metadata(impl_->file, m); }
+void FileWriter::set_metadata(const Metadata& m) {
+  as_output(path_, [&] { write_metadata(impl_->file, m); });
+}
 
-void FileWriter::set_root_attr(const char* name, int64_t value) { h5::set_attr(impl_->file, name, value); }
+void FileWriter::set_root_attr(const char* name, int64_t value) {
+  as_output(path_, [&] { h5::set_attr(impl_->file, name, value); });
+}
+
+void FileWriter::set_root_attr(const char* name, const std::string& value) {
+  as_output(path_, [&] { h5::set_attr(impl_->file, name, value); });
+}
 
 void FileWriter::create_virtual(const std::string& name, const Shape& shape, DType t, const std::vector<Source>& sources) {
-  const Shape s = stored_shape(shape);
-  h5::make_parents(impl_->file, name);
-  std::vector<hsize_t> dims(s.begin(), s.end());
-  Id vspace(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace " + name));
-  Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  for (const Source& src : sources) {
-    std::vector<hsize_t> start(dims.size(), 0), count = dims;
-    start[0] = static_cast<hsize_t>(src.row0);
-    count[0] = static_cast<hsize_t>(src.rows);
-    Id sel(H5Scopy(vspace));
-    check_status(H5Sselect_hyperslab(sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-                 "select rows of " + name);
-    Id sspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-    check_status(H5Pset_virtual(dcpl, sel, src.file.c_str(), name.c_str(), sspace), "map " + name + " to " + src.file);
-  }
-  Id ds(check(H5Dcreate2(impl_->file, name.c_str(), h5::file_type(t), vspace, H5P_DEFAULT, dcpl, H5P_DEFAULT),
-              "create virtual dataset " + name));
-  if (shape.empty()) h5::set_attr(ds, "dtk_scalar", int64_t{1});
+  as_output(path_, [&] {
+    const Shape s = stored_shape(shape);
+    h5::make_parents(impl_->file, name);
+    std::vector<hsize_t> dims(s.begin(), s.end());
+    Id vspace(check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace " + name));
+    Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+    for (const Source& src : sources) {
+      std::vector<hsize_t> start(dims.size(), 0), count = dims;
+      start[0] = static_cast<hsize_t>(src.row0);
+      count[0] = static_cast<hsize_t>(src.rows);
+      Id sel(H5Scopy(vspace));
+      check_status(H5Sselect_hyperslab(sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+                   "select rows of " + name);
+      Id sspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+      check_status(H5Pset_virtual(dcpl, sel, src.file.c_str(), name.c_str(), sspace), "map " + name + " to " + src.file);
+    }
+    Id ds(check(H5Dcreate2(impl_->file, name.c_str(), h5::file_type(t), vspace, H5P_DEFAULT, dcpl, H5P_DEFAULT),
+                "create virtual dataset " + name));
+    if (shape.empty()) h5::set_attr(ds, "dtk_scalar", int64_t{1});
+  });
 }
 
 void FileWriter::commit() {
-  check_status(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flush " + tmp_.string());
-  impl_->file.reset();
-  fsync_path(tmp_, false);
-  std::error_code ec;
-  fs::rename(tmp_, path_, ec);
-  if (ec) {
-    fs::remove(tmp_);
-    fail("cannot rename " + tmp_.string() + " to " + path_.string() + ": " + ec.message());
-  }
-  fsync_path(path_.parent_path().empty() ? fs::path(".") : path_.parent_path(), true);
+  as_output(path_, [&] {
+    check_status(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flush");
+    check_status(impl_->file.close(), "close");
+    fsync_path(tmp_, false);
+    std::error_code ec;
+    fs::rename(tmp_, path_, ec);
+    if (ec) {
+      fs::remove(tmp_);
+      fail("cannot rename " + tmp_.string() + " to " + path_.string() + ": " + ec.message());
+    }
+    impl_->committed = true;
+    fsync_path(path_.parent_path().empty() ? fs::path(".") : path_.parent_path(), true);
+  });
 }
 
 // ------------------------------------------------------------------------------ Reader
@@ -299,6 +451,10 @@ struct Reader::Impl {
 Reader::Reader(const fs::path& path) : impl_(new Impl) {
   h5::quiet();
   path_ = path;
+  as_input(path_, [&] { open(path); });
+}
+
+void Reader::open(const fs::path& path) {
   if (fs::is_directory(path)) {
     path_ = path / "index.h5";
     if (!fs::exists(path_)) fail_usage(path.string() + ": a directory without index.h5 is not a sharded state");
@@ -349,9 +505,17 @@ Reader::Reader(const fs::path& path) : impl_(new Impl) {
   impl_->sharded = h5::has_attr(f, "shard_world_size");
   if (impl_->sharded) {
     const int64_t n = h5::get_attr_int(f, "shard_world_size");
+    const std::string id = state_id(f);
     for (int64_t r = 0; r < n; ++r) {
       const fs::path p = path_.parent_path() / rank_file_name(static_cast<int>(r));
       if (!fs::exists(p)) fail_usage(where + ": shard " + p.filename().string() + " is missing");
+      // Every rank file must come from the index's write (checkpoint.h: identity).
+      const hid_t rf = H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      if (rf < 0) fail_usage(p.string() + ": cannot be opened (truncated or damaged?): " + h5::last_error());
+      const std::string rid = state_id(Id(rf));
+      if (rid != id)
+        fail_usage(p.string() + ": a rank file of another sharded state (state_id " + (rid.empty() ? "none" : rid) +
+                   ", the index's " + (id.empty() ? "none" : id) + "); every rank file must come from the same write");
       impl_->shards.push_back(p);
     }
   }
@@ -383,6 +547,11 @@ void Reader::read_rows(const std::string& name, int64_t row0, Tensor& out) const
     fail_usage("read " + name + ": " + out.str() + " at row " + std::to_string(row0) + " does not fit the stored " +
                std::string(dtype_name(ti.dtype)) + shape_str(ti.shape));
   if (os[0] == 0 || out.numel() == 0) return;
+  as_input(path_, [&] { read_stored(name, full, os, row0, out); });
+}
+
+void Reader::read_stored(const std::string& name, const Shape& full, const Shape& os, int64_t row0, Tensor& out) const {
+  const TensorInfo& ti = info(name);
   Id ds(check(H5Dopen2(impl_->file, name.c_str(), H5P_DEFAULT), "open " + name));
   Id fspace(H5Dget_space(ds));
   std::vector<hsize_t> start(full.size(), 0), count(os.begin(), os.end());
@@ -434,7 +603,7 @@ namespace {
 // Completes a sharded state whose rank files are in tmp_dir: writes the index (virtual datasets
 // over the rank files), then renames tmp_dir over dir.
 void finish_sharded(const fs::path& tmp_dir, const fs::path& dir, const std::vector<TensorInfo>& index,
-                    const Metadata& meta, int world_size) {
+                    const Metadata& meta, int world_size, const std::string& id) {
   FileWriter w(tmp_dir / "index.h5");
   for (const TensorInfo& ti : index) {
     std::vector<FileWriter::Source> src;
@@ -449,38 +618,97 @@ void finish_sharded(const fs::path& tmp_dir, const fs::path& dir, const std::vec
   }
   w.set_metadata(meta);
   w.set_root_attr("shard_world_size", world_size);
+  w.set_root_attr(kStateId, id);
   w.commit();
+  // An existing state at dir is moved aside first and removed only once the new one is in place.
   std::error_code ec;
-  if (fs::exists(dir)) fs::remove_all(dir, ec);
+  fs::path old;
+  if (fs::exists(dir)) {
+    old = temp_name(dir);
+    fs::rename(dir, old, ec);
+    if (ec) fail("cannot move " + dir.string() + " aside to replace it: " + ec.message());
+  }
   fs::rename(tmp_dir, dir, ec);
-  if (ec) fail("cannot rename " + tmp_dir.string() + " to " + dir.string() + ": " + ec.message());
+  if (ec) {
+    std::error_code back;
+    if (!old.empty()) fs::rename(old, dir, back);
+    fail("cannot rename " + tmp_dir.string() + " to " + dir.string() + ": " + ec.message());
+  }
+  if (!old.empty()) fs::remove_all(old, ec);
   fsync_path(dir.parent_path().empty() ? fs::path(".") : dir.parent_path(), true);
+}
+
+// A new state_id: 128 random bits as 32 hex digits.
+std::string new_state_id() {
+  std::random_device rd;
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
+
+// Broadcasts a string from `root` to every rank of comm.
+std::string broadcast_string(comm::Communicator& comm, std::string s, int root) {
+  int64_t n = static_cast<int64_t>(s.size());
+  comm.broadcast({&n, 1, DType::i64, {}}, root, comm::Mode::sync);
+  s.resize(static_cast<size_t>(n));
+  if (n > 0) comm.broadcast({s.data(), s.size(), DType::u8, {}}, root, comm::Mode::sync);
+  return s;
 }
 
 }  // namespace
 
-ShardedWriter::ShardedWriter(fs::path dir, comm::Communicator& comm, WriteOptions opts)
-    : dir_(std::move(dir)), comm_(comm) {
-  tmp_dir_ = dir_.parent_path() / ("." + dir_.filename().string() + ".tmp");
-  int ok = 1;
-  std::string err;
-  if (comm_.rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp_dir_, ec);
-    fs::create_directories(tmp_dir_, ec);
-    if (ec) ok = 0, err = ec.message();
-  }
-  int32_t flag = ok;
-  comm_.broadcast({&flag, 1, DType::i32, {}}, 0, comm::Mode::sync);
-  if (!flag)
-    fail("cannot create " + tmp_dir_.string() + (err.empty() ? "" : ": " + err));
-  mine_ = std::make_unique<FileWriter>(tmp_dir_ / rank_file_name(comm_.rank()), opts);
+std::string agree(comm::Communicator& comm, const std::string& error) {
+  int32_t first = error.empty() ? comm.size() : comm.rank();
+  comm.all_reduce({&first, 1, DType::i32, {}}, {&first, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync);
+  if (first == comm.size()) return {};
+  return broadcast_string(comm, first == comm.rank() ? error : std::string(), first);
 }
 
-// Without commit, each rank's FileWriter removes its own temporary file; the temporary
-// directory stays (other ranks may still be writing into it, as after a crash) until the next
-// writer of the same destination replaces it.
+ShardedWriter::ShardedWriter(fs::path dir, comm::Communicator& comm, WriteOptions opts)
+    : dir_(std::move(dir)), comm_(comm) {
+  std::string err;
+  if (comm_.rank() == 0) {
+    try {
+      const fs::path parent = dir_.parent_path().empty() ? fs::path(".") : dir_.parent_path();
+      if (!fs::is_directory(parent))
+        fail("cannot write " + dir_.string() + ": directory " + parent.string() + " does not exist");
+      tmp_dir_ = temp_name(dir_);
+      std::error_code ec;
+      fs::create_directory(tmp_dir_, ec);
+      if (ec) fail("cannot create " + tmp_dir_.string() + ": " + ec.message());
+      id_ = new_state_id();
+    } catch (const std::exception& e) {
+      err = e.what();
+      tmp_dir_.clear();
+    }
+  }
+  settle(err);
+  tmp_dir_ = broadcast_string(comm_, tmp_dir_.string(), 0);
+  id_ = broadcast_string(comm_, id_, 0);
+  err.clear();
+  try {
+    mine_ = std::make_unique<FileWriter>(tmp_dir_ / rank_file_name(comm_.rank()), opts);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  settle(err);
+}
+
 ShardedWriter::~ShardedWriter() = default;
+
+void ShardedWriter::settle(const std::string& error) {
+  std::string e = agree(comm_, error);
+  if (e.empty()) return;
+  // Name the destination, not the temporary directory that is about to go.
+  if (!tmp_dir_.empty() && e.starts_with(tmp_dir_.string())) e = dir_.string() + e.substr(tmp_dir_.string().size());
+  mine_.reset();  // this rank's temporary file
+  comm_.barrier(comm::Mode::sync);
+  if (comm_.rank() == 0 && !tmp_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+  }
+  throw AgreedError(e, 1);
+}
 
 void ShardedWriter::write_shard(const std::string& name, const Shape& shape, const Tensor& local,
                                 const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths) {
@@ -516,22 +744,24 @@ void ShardedWriter::set_metadata(const Metadata& m) {
 }
 
 void ShardedWriter::commit() {
-  mine_->set_metadata(meta_);
-  mine_->commit();
-  mine_.reset();
-  comm_.barrier(comm::Mode::sync);
-  int32_t ok = 1;
   std::string err;
+  try {
+    mine_->set_metadata(meta_);
+    mine_->set_root_attr(kStateId, id_);
+    mine_->commit();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  settle(err);  // every rank file is complete
+  mine_.reset();
   if (comm_.rank() == 0) {
     try {
-      finish_sharded(tmp_dir_, dir_, index_, meta_, comm_.size());
+      finish_sharded(tmp_dir_, dir_, index_, meta_, comm_.size(), id_);
     } catch (const std::exception& e) {
-      ok = 0;
       err = e.what();
     }
   }
-  comm_.broadcast({&ok, 1, DType::i32, {}}, 0, comm::Mode::sync);
-  if (!ok) fail(comm_.rank() == 0 ? err : "rank 0 could not complete the sharded state " + dir_.string());
+  settle(err);
 }
 
 // ------------------------------------------------------------------------------ SerialShardedWriter
@@ -555,6 +785,7 @@ SerialShardedWriter::SerialShardedWriter(fs::path dir, int world_size, WriteOpti
   if (!fs::is_directory(parent))
     fail_usage("cannot write " + dir_.string() + ": directory " + parent.string() + " does not exist");
   tmp_dir_ = temp_name(dir_);
+  id_ = new_state_id();
   std::error_code ec;
   fs::create_directory(tmp_dir_, ec);
   if (ec) fail("cannot create " + tmp_dir_.string() + ": " + ec.message());
@@ -625,10 +856,11 @@ void SerialShardedWriter::commit() {
   const size_t n = files_.size();
   for (auto& f : files_) {
     f->set_metadata(meta_);
+    f->set_root_attr(kStateId, id_);
     f->commit();
   }
   files_.clear();
-  finish_sharded(tmp_dir_, dir_, index_, meta_, static_cast<int>(n));
+  finish_sharded(tmp_dir_, dir_, index_, meta_, static_cast<int>(n), id_);
   committed_ = true;
 }
 
@@ -657,7 +889,7 @@ int64_t step_of(const fs::path& p) {
 }  // namespace
 
 void Directory::finish(const fs::path& entry) {
-  write_file_atomic(dir_ / "latest", entry.filename().string() + "\n");
+  write_file_atomic(dir_ / "latest", entry.filename().string() + "\n");  // also removes dead writers' temporaries
   std::vector<std::pair<int64_t, fs::path>> entries;
   for (const auto& e : fs::directory_iterator(dir_)) {
     const int64_t s = step_of(e.path());

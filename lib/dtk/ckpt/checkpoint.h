@@ -16,6 +16,21 @@
 //
 // Writes go to a temporary name in the destination's directory, are flushed and fsynced, and are
 // renamed over the final name at commit: a crash leaves the old checkpoint or the new one.
+// Temporaries are named ".<name>.tmp-<host>-<pid>-<n>" (temp_name); the next write into the same
+// directory removes those whose writer is dead (a process of this host that no longer exists).
+//
+// Identity of a sharded state: every rank file and the index carry the root attribute state_id,
+// a random 128-bit id (32 hex digits) made once per sharded write and shared by every rank of it.
+// Reader refuses (UsageError naming the odd rank file) a sharded state whose rank files do not
+// all carry the index's state_id: rank files of different writes mixed in one directory. Files
+// written before state_id existed carry none: a state where no file has one is accepted as it
+// always was; one where only some files have it is a mix and refused.
+//
+// Errors: a write that fails (a full disk, a permission, an HDF5 error) is an Error (exit 1)
+// naming the file; collective writes (save_state, save_sharded_state, ShardedWriter) fail on
+// every rank alike with AgreedError(message of the lowest failing rank, 1) and leave no
+// temporary behind. Anything wrong with a checkpoint being read (not a checkpoint, damaged,
+// truncated, unreadable, mixed) is a UsageError (exit 2) naming the file.
 #pragma once
 #include <filesystem>
 #include <map>
@@ -78,6 +93,7 @@ class FileWriter {
   void set_attrs(const std::string& name, const std::map<std::string, std::vector<int64_t>>& attrs);
   void set_metadata(const Metadata& m);
   void set_root_attr(const char* name, int64_t value);
+  void set_root_attr(const char* name, const std::string& value);
   // A virtual dataset over rows of datasets of the same name in other files (relative paths
   // resolve against this file's directory).
   struct Source {
@@ -122,6 +138,8 @@ class Reader {
   std::vector<std::filesystem::path> shard_files() const;
 
  private:
+  void open(const std::filesystem::path& path);
+  void read_stored(const std::string& name, const Shape& full, const Shape& rows, int64_t row0, Tensor& out) const;
   std::filesystem::path path_;
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -132,8 +150,13 @@ class Reader {
 // into place. Collective: every rank calls every method in the same order.
 class ShardedWriter {
  public:
+  // Rank 0 creates the temporary directory; a failure on any rank is an AgreedError on every rank.
   ShardedWriter(std::filesystem::path dir, comm::Communicator& comm, WriteOptions opts = {});
+  // Without commit(), each rank's temporary file is removed; the temporary directory stays until
+  // the next write into `dir`'s parent after rank 0's process has ended (remove_stale_temporaries).
   ~ShardedWriter();
+  ShardedWriter(const ShardedWriter&) = delete;
+  ShardedWriter& operator=(const ShardedWriter&) = delete;
   // This rank's rows [offset, offset + local.dim(0)) of a tensor of global shape `shape`;
   // `offsets` and `lengths` give every rank's rows (the same on every rank).
   void write_shard(const std::string& name, const Shape& shape, const Tensor& local,
@@ -142,6 +165,12 @@ class ShardedWriter {
   // every rank passes the shape and dtype).
   void write_whole(const std::string& name, const Shape& shape, DType t, int owner, const Tensor& data);
   void set_metadata(const Metadata& m);
+  // Collective: every rank passes its own error from the writes above ("" when they succeeded);
+  // when any rank failed, every rank removes its temporaries and throws AgreedError(message of
+  // the lowest failing rank, 1).
+  void settle(const std::string& error);
+  // Collective; a failure on any rank (its file, or rank 0's index and rename) is an
+  // AgreedError on every rank, and no temporary is left.
   void commit();
 
  private:
@@ -150,6 +179,7 @@ class ShardedWriter {
   std::unique_ptr<FileWriter> mine_;
   std::vector<TensorInfo> index_;
   Metadata meta_;
+  std::string id_;  // state_id, rank 0's, the same on every rank
 };
 
 // A sharded state of `world_size` ranks written by one process (resharding, conversion, tests):
@@ -177,6 +207,7 @@ class SerialShardedWriter {
   std::vector<std::unique_ptr<FileWriter>> files_;
   std::vector<TensorInfo> index_;
   Metadata meta_;
+  std::string id_;  // state_id
   bool committed_ = false;
 };
 
@@ -193,7 +224,8 @@ class Directory {
  public:
   Directory(std::filesystem::path dir, int keep);
   std::filesystem::path entry(int64_t step, bool sharded) const;
-  // Records `entry` as the latest (atomically) and removes all but the newest `keep` entries.
+  // Records `entry` as the latest (atomically) and removes all but the newest `keep` entries,
+  // and dead writers' temporaries (remove_stale_temporaries).
   void finish(const std::filesystem::path& entry);
   // The latest complete entry, if any (the `latest` file, else the newest entry present).
   std::optional<std::filesystem::path> latest() const;
@@ -205,6 +237,21 @@ class Directory {
 
 // Writes text to path atomically (temporary file in the same directory, fsync, rename).
 void write_file_atomic(const std::filesystem::path& path, const std::string& text);
+
+// A temporary name for `dest` in its directory, ".<name>.tmp-<host>-<pid>-<n>", after removing
+// the temporaries there that dead writers left (remove_stale_temporaries). Every writer of dtk
+// (checkpoint files, sharded states' directories, `latest`, shard-inspect's outputs) takes its
+// temporary names here.
+std::filesystem::path temp_name(const std::filesystem::path& dest);
+// Removes the temporaries in `dir` whose writer is dead: names of temp_name's form made on this
+// host whose pid no longer exists. A live writer's temporaries, other hosts' (no sound way to
+// tell whether their writer lives) and other names are left alone. Returns how many it removed.
+int remove_stale_temporaries(const std::filesystem::path& dir);
+
+// Agreement after a collective write: every rank of `comm` passes its own error ("" when its part
+// succeeded) and learns, on every rank alike, "" when every rank succeeded, else the error of
+// the lowest failing rank (callers then throw AgreedError(that, 1) on every rank). Collective.
+std::string agree(comm::Communicator& comm, const std::string& error);
 std::string now_iso8601();
 
 }  // namespace dtk::ckpt

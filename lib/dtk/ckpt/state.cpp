@@ -90,8 +90,8 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
       }
     }
   }
-  comm.broadcast({&ok, 1, DType::i32, {}}, 0, comm::Mode::sync);
-  if (!ok) fail(rank == 0 ? err : "rank 0 could not write the checkpoint " + path.string());
+  const std::string e = agree(comm, ok ? std::string() : err.empty() ? "cannot write " + path.string() : err);
+  if (!e.empty()) throw AgreedError(e, 1);
 }
 
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
@@ -131,8 +131,7 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
     ok = 0;
     err = e.what();
   }
-  comm.all_reduce({&ok, 1, DType::i32, {}}, {&ok, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync);
-  if (!ok) fail(err.empty() ? "another rank could not write its part of " + path.string() : err);
+  w.settle(ok ? std::string() : err.empty() ? "cannot write " + path.string() : err);
   w.set_metadata(meta);
   w.commit();
 }

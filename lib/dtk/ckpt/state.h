@@ -34,7 +34,7 @@ struct StateEntry {
 // Writes a full checkpoint at `path`. Collective over `comm` (a host communicator): every rank
 // passes its entries (replicated and per-rank ones in the same order everywhere; an owned entry
 // only on its owner); rank 0 receives the others' entries one at a time and writes the file,
-// atomically. Throws on every rank when rank 0 fails.
+// atomically. When rank 0 fails, every rank throws AgreedError(rank 0's message, 1).
 void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
                 comm::Communicator& comm, WriteOptions opts = {});
 
@@ -42,7 +42,8 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
 // rank of `comm` writing its own file in parallel: sharded entries as rows, replicated ones in
 // rank 0's file, per-rank ones (which may differ in names and shapes between ranks) whole in
 // their rank's file under ranks/<r>/ (owned entries are not taken). Collective; a write that
-// fails on any rank fails it on every rank, before the commit.
+// fails on any rank fails it on every rank (AgreedError(the lowest failing rank's message, 1),
+// no temporary left), before or at the commit.
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {});
 

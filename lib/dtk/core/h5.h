@@ -28,7 +28,10 @@ class Id {
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
   bool valid() const { return id_ >= 0; }
-  void reset();
+  void reset();  // closes it, ignoring a failure (destructors; see close())
+  // Closes it and returns the status of the close (for files: whether everything reached the
+  // disk), so that a caller can check it: an id is closed once, whatever the status.
+  herr_t close();
 
  private:
   hid_t id_ = H5I_INVALID_HID;
@@ -36,7 +39,10 @@ class Id {
 
 // Silences HDF5's own printing of errors (once per process); failures become exceptions.
 void quiet();
-// The innermost message of the current HDF5 error stack ("" when empty).
+// The most meaningful line of the current HDF5 error stack, which it clears ("" when empty):
+// the innermost entry's description, or for a failed system call the system's message ("file
+// write failed: No space left on device"). Every entry of the stack goes to the debug log
+// (spdlog::debug), so one line reaches the user and --log-level debug shows the rest.
 std::string last_error();
 // Throws Error("<what>: <HDF5 message>") when id < 0 / status < 0.
 hid_t check(hid_t id, const std::string& what);

@@ -585,20 +585,17 @@ class Trainer {
     m.extra["state_ranks"] = state_rank().second;  // whose per-rank state this is (ckpt::load_state)
     if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
     // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
-    // hold the same shards and learn the outcome.
-    int ok = 1;
+    // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
     std::string err;
     const auto entries = state_entries();
     if (comm::Communicator* c = par_->checkpoint_comm()) {
       try {
         ckpt::save_sharded_state(path, entries, m, *c);
       } catch (const std::exception& e) {
-        ok = 0;
-        err = e.what();
+        err = *e.what() ? e.what() : "the sharded state " + path.string() + " could not be written";
       }
     }
-    host_->all_reduce({&ok, 1, DType::i32, {}}, {&ok, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync);
-    if (!ok) fail(err.empty() ? "the sharded state " + path.string() + " could not be written" : err);
+    if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 1);
   }
 
   void resume(const fs::path& path) {

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Checkpoints under faults and bad input (issue 14): a full file system during a checkpoint write
+# (exit 1 on every rank, one line naming the file and "No space left on device", the earlier
+# checkpoint intact, no temporary left); a damaged dataset object header (exit 2, one line
+# naming the file, from every reader); rank files of different sharded states mixed (exit 2
+# naming the odd rank file); temporaries of dead writers removed by the next write while a live
+# writer's and another host's stay.
+#   ckpt_faults.sh MPIEXEC PSGD_TRAIN FSDP_TRAIN SHARD_INSPECT CKPT_MAKE
+set -u
+. "$(dirname "$0")/train_lib.sh"
+mpiexec=$1 psgd=$2 fsdp=$3 si=$4 mk=$5
+common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
+# The program's own error lines (mpiexec adds lines of its own about the exit codes).
+errors() { grep -E '(^|[] ])error' "$tmp/e" || true; }
+# Exactly one error line, with every word given, and no HDF5 stack or buffer address.
+one_line() {
+  local lines; lines=$(errors)
+  [ -n "$lines" ] && [ "$(wc -l <<<"$lines")" = 1 ] || return 1
+  for w in "$@"; do grep -qF -- "$w" <<<"$lines" || return 1; done
+  ! grep -qE 'HDF5-DIAG|0x[0-9a-f]{6,}|#[0-9]+:' "$tmp/e"
+}
+host=$(hostname)
+dead_pid() { sh -c 'echo $$'; }  # a process that has ended
+
+# ---- a full file system during a checkpoint write ----
+# A private tmpfs (a mount namespace of its own, as root) that holds the step-2 checkpoint but
+# not a second one beside it: the step-4 write fails.
+if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
+  full_disk() {  # NAME LAUNCH... : runs the program in a full tmpfs, then looks at what it left
+    local name=$1 entry=$2 bytes=$3; shift 3
+    local size=$(( (bytes * 3 / 2 + 65535) / 4096 * 4096 ))
+    mkdir -p "$tmp/mnt"
+    unshare -m sh -c '
+      mount -t tmpfs -o size=$1 tmpfs "$2/mnt" || exit 99
+      cd "$2/mnt"; shift 2
+      "$@" --checkpoint-dir ck >"'"$tmp"'/o" 2>"'"$tmp"'/e"; echo $? >"'"$tmp"'/rc"
+      ls -A ck >"'"$tmp"'/left"
+      '"$si"' verify ck/'"$entry"' >"'"$tmp"'/verify" 2>&1; echo $? >>"'"$tmp"'/verify"
+    ' sh $size "$tmp" "$@"
+    rc=$(cat "$tmp/rc" 2>/dev/null || echo none)
+    local left; left=$(grep -F .tmp "$tmp/left" || true)
+    if [ "$rc" = 1 ] && one_line "No space left on device" "ck/step-00000004" && [ -z "$left" ] \
+       && [ "$(tail -1 "$tmp/verify")" = 0 ]; then ok "full disk, $name: exit 1, one line, step 2 intact, no temporary"
+    else bad "full disk, $name (exit $rc, left: $left)" "$(cat "$tmp/e")" "$(cat "$tmp/verify")"; fi
+  }
+  # The size of one checkpoint of each kind, on the ordinary file system.
+  run $psgd $common --steps 2 --checkpoint-dir size1
+  full_bytes=$(stat -c %s size1/step-00000002.h5)
+  run $mpiexec -n 2 $fsdp $common --steps 2 --checkpoint-dir size2
+  sharded_bytes=$(du -sb size2/step-00000002 | cut -f1)
+  full_disk "psgd-train, 1 rank" step-00000002.h5 $full_bytes $psgd $common --steps 4 --checkpoint-every 2
+  full_disk "psgd-train, 2 ranks" step-00000002.h5 $full_bytes $mpiexec -n 2 $psgd $common --steps 4 --checkpoint-every 2
+  full_disk "fsdp-train (sharded), 2 ranks" step-00000002 $sharded_bytes \
+    $mpiexec -n 2 $fsdp $common --steps 4 --checkpoint-every 2
+else
+  echo "skip full-disk cases: they need root and unshare -m"
+fi
+
+# ---- a damaged dataset object header: bad input, exit 2, one line naming the file ----
+$mk full full.h5 || { echo "ckpt-make failed"; exit 1; }
+damage() {  # FILE DATASET: overwrites the first bytes of the dataset's object header
+  local at; at=$($mk header "$1" "$2") || return 1
+  printf '\377\377\377\377\377\377\377\377' | dd of="$1" bs=1 seek="$at" conv=notrunc status=none
+}
+cp full.h5 hdr.h5 && damage hdr.h5 model/w.f32
+for cmd in "ls hdr.h5" "show hdr.h5" "stats hdr.h5" "verify hdr.h5" "diff full.h5 hdr.h5" "consolidate hdr.h5 -o out.h5" \
+           "reshard hdr.h5 -n 2 -o outdir" "convert hdr.h5 --dtype f32 -o out.h5" "extract hdr.h5 model/x -o out.h5" \
+           "export hdr.h5 --format npz -o out.npz"; do
+  run $si $cmd
+  if [ $rc = 2 ] && one_line "hdr.h5" && [ ! -e out.h5 ] && [ ! -e outdir ] && [ ! -e out.npz ]; then ok "damaged header: $cmd"
+  else bad "damaged header: $cmd (exit $rc)" "$(cat "$tmp/e")"; fi
+  rm -rf out.h5 outdir out.npz
+done
+run $psgd $common --steps 2 --save p.h5
+cp p.h5 pd.h5 && damage pd.h5 model/tok_embeddings.weight
+for opt in --resume --init-from; do
+  run $mpiexec -n 2 $psgd $common --steps 4 $opt pd.h5
+  [ $rc = 2 ] && one_line "pd.h5" && ok "damaged header: psgd-train $opt" || bad "damaged header: psgd-train $opt (exit $rc)" "$(cat "$tmp/e")"
+done
+
+# ---- rank files of different sharded states mixed: refused, naming the odd rank file ----
+$mk sharded s1 && $mk sharded s2 && cp s2/rank-00001.h5 s1/rank-00001.h5
+for cmd in "ls s1" "verify s1" "consolidate s1 -o out.h5" "reshard s1 -n 2 -o outdir" "convert s1 --dtype f32 -o outdir" \
+           "extract s1 model/ramp -o out.h5" "export s1 --format npz -o out.npz"; do
+  run $si $cmd
+  if [ $rc = 2 ] && one_line "rank-00001.h5" "another sharded state" && [ ! -e out.h5 ] && [ ! -e outdir ]; then
+    ok "mixed rank files: $cmd"
+  else bad "mixed rank files: $cmd (exit $rc)" "$(cat "$tmp/e")"; fi
+  rm -rf out.h5 outdir out.npz
+done
+run $mpiexec -n 2 $fsdp $common --steps 2 --checkpoint-dir m1 && run $mpiexec -n 2 $fsdp $common --steps 2 --checkpoint-dir m2
+cp m2/step-00000002/rank-00001.h5 m1/step-00000002/
+for prog in "$fsdp" "$psgd"; do
+  run $mpiexec -n 2 $prog $common --steps 4 --resume m1
+  [ $rc = 2 ] && one_line "rank-00001.h5" && ok "mixed rank files: $(basename $prog) --resume" \
+    || bad "mixed rank files: $(basename $prog) --resume (exit $rc)" "$(cat "$tmp/e")"
+done
+
+# ---- temporaries of dead writers are removed by the next write; a live writer's stay ----
+sleep 600 & live=$!
+dead=$(dead_pid)
+plant() {  # DIR NAMES...: temporaries that dead writers, a live one and another host left
+  local d=$1; shift
+  for n in "$@"; do printf x >"$d/$n"; done
+}
+mkdir ck
+plant ck ".step-00000002.h5.tmp-$host-$dead-0" ".latest.tmp-$host-$dead-3" ".step-00000009.h5.tmp-$host-$live-0" \
+  ".step-00000008.h5.tmp-elsewhere-$dead-0"
+mkdir "ck/.step-00000006.tmp-$host-$dead-1" && plant "ck/.step-00000006.tmp-$host-$dead-1" rank-00000.h5
+run $psgd $common --steps 2 --checkpoint-dir ck
+left=$(ls -A ck | tr '\n' ' ')
+if [ $rc = 0 ] && [ "$left" = ".step-00000008.h5.tmp-elsewhere-$dead-0 .step-00000009.h5.tmp-$host-$live-0 latest step-00000002.h5 " ]; then
+  ok "checkpoint directory: dead writers' temporaries removed, a live one's and another host's kept"
+else bad "checkpoint directory temporaries (exit $rc): $left" "$(cat "$tmp/e")"; fi
+mkdir si && plant si ".out.h5.tmp-$host-$dead-0" ".out.npz.tmp-$host-$dead-7" ".outdir.tmp-$host-$dead-2" ".out.h5.tmp-$host-$live-5"
+run $si consolidate s2 -o si/out.h5
+left=$(ls -A si | tr '\n' ' ')
+[ $rc = 0 ] && [ "$left" = ".out.h5.tmp-$host-$live-5 out.h5 " ] && ok "shard-inspect output: dead writers' temporaries removed" \
+  || bad "shard-inspect temporaries (exit $rc): $left" "$(cat "$tmp/e")"
+kill $live
+
+finish
