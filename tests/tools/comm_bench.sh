@@ -87,7 +87,7 @@ usage "add --device cuda" --backend nccl
 usage "bad size" -e 12Q
 usage "step-factor" -f 1
 usage "excludes" -f 2 -i 1K
-usage "Run with --help" --iters 0
+usage "comm-bench: error: --iters must be at least 1" --iters 0
 usage "needs --fit" --predict 1M
 
 echo "$pass passed, $fail failed"

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -493,6 +494,54 @@ TEST_F(DataFiles, BadFilesNameTheFileAndTheProblem) {
     H5Fclose(f);
   }
   expect_bad(path("lab.h5"), mlp(4, 2), "label -1 of sample 1 is out of range [0, 2) (the model's classes)");
+}
+
+// NaN or an infinity in `features` would train silently (the loss of the other samples stays
+// finite): the writer refuses them, and opening a file that holds them (written by another tool)
+// fails, naming the file and the first such sample, whichever chunk of the file it is in.
+TEST_F(DataFiles, NonFiniteFeaturesAreRefused) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> f = {0, 1, 2, 3, 4, 5};
+  for (float bad : {nan, inf, -inf}) {
+    f[3] = bad;
+    EXPECT_THROW(write_feature_file(path("w.h5"), f, {3, 2}, std::vector<int32_t>{0, 1, 1}, 2), UsageError);
+    EXPECT_FALSE(fs::exists(path("w.h5")));
+  }
+  // A file with labels and these features ([N, D] of `type`, given as `mem`).
+  const auto file = [&](const std::string& name, hid_t type, std::vector<hsize_t> dims, const void* data, hid_t mem) {
+    const std::string p = path(name);
+    raw_file(p, "features", type, dims, data, mem);
+    const std::vector<int32_t> lab(dims[0], 0);
+    hid_t h = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t sp = H5Screate_simple(1, dims.data(), nullptr);
+    hid_t dd = H5Dcreate2(h, "labels", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(dd, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, lab.data());
+    H5Dclose(dd);
+    H5Sclose(sp);
+    H5Fclose(h);
+    return p;
+  };
+  f = {0, 1, 2, 3, 4, 5, 6, 7};
+  f[5] = nan;
+  f[6] = inf;
+  expect_bad(file("nan.h5", H5T_IEEE_F32LE, {4, 2}, f.data(), H5T_NATIVE_FLOAT), mlp(2, 2),
+             "sample 2 of `features` holds NaN (column 1); features must be finite");
+  f[5] = 5;
+  expect_bad(file("inf.h5", H5T_IEEE_F32LE, {4, 2}, f.data(), H5T_NATIVE_FLOAT), mlp(2, 2),
+             "sample 3 of `features` holds +inf (column 0)");
+  // f64 features are read as the model sees them, f32: 1e300 is an infinity there.
+  const std::vector<double> g = {0, 1, -1e300, 3};
+  expect_bad(file("f64.h5", H5T_IEEE_F64LE, {2, 2}, g.data(), H5T_NATIVE_DOUBLE), mlp(2, 2),
+             "sample 1 of `features` holds -inf (column 0)");
+  // Rows of 2^20 features: the check reads 4 rows at a time; the NaN is in the second chunk.
+  const hsize_t D = hsize_t{1} << 20;
+  std::vector<float> big(6 * D, 0.5f);
+  big[5 * D + 7] = nan;
+  expect_bad(file("big.h5", H5T_IEEE_F32LE, {6, D}, big.data(), H5T_NATIVE_FLOAT), mlp(static_cast<int64_t>(D), 2),
+             "sample 5 of `features` holds NaN (column 7)");
+  big[5 * D + 7] = 0.5f;
+  EXPECT_EQ(open_dataset(file("good.h5", H5T_IEEE_F32LE, {6, D}, big.data(), H5T_NATIVE_FLOAT),
+                         mlp(static_cast<int64_t>(D), 2), false, 0)->size(), 6);
 }
 
 TEST_F(DataFiles, WritesAreAtomic) {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "dtk/cli/cli.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "engine.h"
 
@@ -39,10 +40,10 @@ cli::Program program() {
     auto* f = app.add_option("-f,--step-factor", a.factor, "multiply the size by this between runs");
     auto* i = app.add_option("-i,--step-bytes", a.step, "add this to the size between runs (instead of -f)");
     f->excludes(i);
-    app.add_option("-n,--iters", a.iters, "timed iterations per size")->check(CLI::PositiveNumber);
-    app.add_option("-w,--warmup-iters", a.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+    app.add_option("-n,--iters", a.iters, "timed iterations per size")->check(cli::at_least(1));
+    app.add_option("-w,--warmup-iters", a.warmup, "untimed iterations per size")->check(cli::at_least(0));
     app.add_option("-c,--check-iters", a.check, "checked iterations per size (0: no check)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(cli::at_least(0));
     app.add_option("-d,--dtype", a.dtype, "f32, f64, bf16, f16, i32, i64, u8 or u16");
     app.add_option("-o,--redop", a.redop, "sum, avg, max or min");
     app.add_option("-r,--root", a.root, "root rank of broadcast");

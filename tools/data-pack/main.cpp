@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dtk/cli/cli.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 
@@ -82,11 +83,10 @@ std::string hex(uint32_t v) {
 }
 
 // ---------------------------------------------------------------------------- outputs
-void check_output(const std::string& out, const std::vector<std::string>& inputs) {
+void check_output(const char* option, const std::string& out, const std::vector<std::string>& inputs) {
   if (out.empty()) fail_usage("no output given (-o OUT.h5)");
   const fs::path o(out);
-  const fs::path parent = o.parent_path().empty() ? fs::path(".") : o.parent_path();
-  if (!fs::is_directory(parent)) fail_usage("cannot write " + out + ": the directory " + parent.string() + " does not exist");
+  cli::check_output_parent(option, out);
   std::error_code ec;
   for (const auto& in : inputs)
     if (fs::weakly_canonical(o, ec) == fs::weakly_canonical(in, ec))
@@ -274,33 +274,33 @@ cli::Program program() {
     text_cmd->add_option("FILE", a.inputs, "text files")->required();
     add_output(text_cmd);
     text_cmd->add_option("--val-fraction", a.val_fraction, "put this fraction of the tokens (the end) in --val-output")
-        ->check(CLI::Range(0.0, 0.999));
+        ->check(cli::between(0, 0.999));
     text_cmd->add_option("--val-output", a.val_output, "the validation token file");
 
     mnist_cmd = app.add_subcommand("mnist", "image file from an MNIST idx3 image file and idx1 label file");
     mnist_cmd->add_option("IMAGES", a.images, "idx3-ubyte images (e.g. train-images-idx3-ubyte[.gz])")->required();
     mnist_cmd->add_option("LABELS", a.labels, "idx1-ubyte labels (e.g. train-labels-idx1-ubyte[.gz])")->required();
     add_output(mnist_cmd);
-    mnist_cmd->add_option("--classes", a.classes, "number of classes")->check(CLI::Range(1, 256));
+    mnist_cmd->add_option("--classes", a.classes, "number of classes")->check(cli::between(1, 256));
 
     cifar_cmd = app.add_subcommand("cifar10", "image file from CIFAR-10 binary batches (stored NHWC)");
     cifar_cmd->add_option("BATCH", a.inputs, "data_batch_*.bin / test_batch.bin")->required();
     add_output(cifar_cmd);
-    cifar_cmd->add_option("--classes", a.classes, "number of classes")->check(CLI::Range(1, 256));
+    cifar_cmd->add_option("--classes", a.classes, "number of classes")->check(cli::between(1, 256));
 
     synth_cmd = app.add_subcommand("synthetic", "materialise the synthetic data (the Markov language or the mixture)");
     synth_cmd->add_option("--kind", a.kind, "tokens (the Markov language) or classes (the Gaussian mixture)")
         ->required()
         ->check(CLI::IsMember({"tokens", "classes"}));
     add_output(synth_cmd);
-    synth_cmd->add_option("--samples", a.samples, "samples (tokens: windows of --seq-len)")->check(CLI::PositiveNumber);
+    synth_cmd->add_option("--samples", a.samples, "samples (tokens: windows of --seq-len)")->check(cli::at_least(1));
     synth_cmd->add_option("--seed", a.seed, "the data seed (the --seed of the training programs gives the same data)");
     synth_cmd->add_flag("--validation", a.validation, "draw from the validation stream");
-    synth_cmd->add_option("--vocab", a.vocab, "tokens: vocabulary size")->check(CLI::Range(int64_t{2}, int64_t{1} << 31));
+    synth_cmd->add_option("--vocab", a.vocab, "tokens: vocabulary size")->check(cli::between(2, 2147483648.0));
     synth_cmd->add_option("--seq-len", a.seq_len, "tokens: window length; the file holds samples * seq_len + 1 tokens")
-        ->check(CLI::PositiveNumber);
-    synth_cmd->add_option("--input-dim", a.input_dim, "classes: feature dimension")->check(CLI::PositiveNumber);
-    synth_cmd->add_option("--classes", a.synth_classes, "classes: number of classes")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+        ->check(cli::at_least(1));
+    synth_cmd->add_option("--input-dim", a.input_dim, "classes: feature dimension")->check(cli::at_least(1));
+    synth_cmd->add_option("--classes", a.synth_classes, "classes: number of classes")->check(cli::between(2, 1 << 20));
   };
   p.validate = [](comm::Runtime& rt) {
     if (rt.size() > 1)
@@ -308,12 +308,12 @@ cli::Program program() {
     std::vector<std::string> inputs = a.inputs;
     if (mnist_cmd->parsed()) inputs = {a.images, a.labels};
     for (const auto& f : inputs) check_input(f);
-    check_output(a.output, inputs);
+    check_output("-o", a.output, inputs);
     if (text_cmd->parsed()) {
       if (a.val_fraction > 0 && a.val_output.empty()) fail_usage("--val-fraction needs --val-output VAL.h5");
       if (!a.val_output.empty() && a.val_fraction <= 0) fail_usage("--val-output needs --val-fraction F > 0");
       if (!a.val_output.empty()) {
-        check_output(a.val_output, inputs);
+        check_output("--val-output", a.val_output, inputs);
         std::error_code ec;
         if (fs::weakly_canonical(a.val_output, ec) == fs::weakly_canonical(a.output, ec))
           fail_usage("--val-output and -o are the same file");

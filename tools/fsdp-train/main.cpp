@@ -1,5 +1,6 @@
 // fsdp-train: fully sharded data-parallel training after SimpleFSDP (see man fsdp-train).
 #include "dtk/cli/cli.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/fsdp.h"
 #include "dtk/train/trainer.h"
@@ -39,17 +40,17 @@ cli::Program program() {
                    "free gathered parameters after forward and gather again in backward: default (every bucket but "
                    "the last), always or never")->group(g)->check(CLI::IsMember({"default", "always", "never"}));
     app.add_option("--prefetch", c.prefetch, "buckets gathered ahead of the one computing (forward and backward)")
-        ->group(g)->check(CLI::NonNegativeNumber);
+        ->group(g)->check(cli::at_least(0));
     app.add_option("--buckets", c.buckets,
                    "param (a collective per parameter), block (one per block), N (N blocks per bucket), auto "
                    "(planned from measured costs) or a plan file (JSON, as --print-plan writes)")->group(g);
     app.add_option("--bucket-memory", bucket_memory_mb, "auto: the largest gathered bucket in MiB (default: twice the largest block's)")
-        ->group(g)->check(CLI::NonNegativeNumber);
+        ->group(g)->check(cli::at_least(0));
     app.add_flag("--print-plan", c.print_plan,
                  "print the bucket plan as JSON with its predicted exposed communication (after calibrating the "
                  "collectives and timing two steps), then exit")->group(g);
     app.add_option("--replicate", c.replicate, "HSDP: R groups of N/R ranks, sharded within, replicated across")
-        ->group(g)->check(CLI::PositiveNumber);
+        ->group(g)->check(cli::at_least(1));
     app.add_flag("--no-overlap", no_overlap, "issue every collective when needed and wait at once (the baseline)")
         ->group(g);
     app.add_flag("--keep-unsharded-grad", c.keep_unsharded_grad,

@@ -1,5 +1,6 @@
 // psgd-train: data-parallel training with PowerSGD gradient compression (see man psgd-train).
 #include "dtk/cli/cli.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/train/trainer.h"
 
@@ -26,11 +27,11 @@ cli::Program program() {
     const char* g = "Compression";
     app.add_option("--compressor", c.kind, "powersgd, none (bucketed all-reduce), topk, randomk or signum")
         ->group(g)->check(CLI::IsMember({"powersgd", "none", "topk", "randomk", "signum"}));
-    app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(CLI::PositiveNumber);
+    app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(cli::at_least(1));
     app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")
-        ->group(g)->check(CLI::NonNegativeNumber);
+        ->group(g)->check(cli::at_least(0));
     app.add_option("--min-compression-rate", c.min_compression_rate,
-                   "compress a matrix only when it shrinks at least this much")->group(g)->check(CLI::PositiveNumber);
+                   "compress a matrix only when it shrinks at least this much")->group(g)->check(cli::positive());
     app.add_flag("--no-warm-start", no_warm_start, "draw a new Q every step instead of reusing the last")->group(g);
     app.add_flag("--no-error-feedback", no_error_feedback, "drop what the compression leaves out")->group(g);
     app.add_option("--error-mode", c.error_mode,
@@ -41,7 +42,7 @@ cli::Program program() {
     app.add_option("--comm-dtype", comm_dtype, "P and Q on the wire: f32 or bf16")
         ->group(g)->check(CLI::IsMember({"f32", "bf16"}));
     app.add_option("--compress-ratio", c.ratio, "topk/randomk: fraction of each gradient's coordinates sent")
-        ->group(g)->check(CLI::Range(1e-9, 1.0));
+        ->group(g)->check(cli::positive())->check(cli::at_most(1));
   };
   p.validate = [](comm::Runtime& rt) { train::validate(o, rt.size()); };
   p.run = [](comm::Runtime& rt) {

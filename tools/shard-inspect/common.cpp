@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "command.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -35,8 +36,7 @@ std::unique_ptr<ckpt::Reader> open_input(const fs::path& p) {
 
 void check_output(const fs::path& out, bool force, bool directory, const ckpt::Reader& in) {
   if (out.empty()) fail_usage("no output given (-o OUT)");
-  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-  if (!fs::is_directory(parent)) fail_usage("cannot write " + out.string() + ": directory " + parent.string() + " does not exist");
+  cli::check_output_parent("-o", out.string());
   std::error_code ec;
   const fs::path o = fs::weakly_canonical(out, ec);
   const fs::path file = fs::weakly_canonical(in.path(), ec);
@@ -75,7 +75,7 @@ void WriteCommand::add_io_options(CLI::App& sub, const std::string& input_help, 
   sub.add_flag("-f,--force", force_, "overwrite an existing output");
   if (hdf5_output)
     sub.add_option("--gzip", gzip_, "compress datasets with HDF5's deflate filter at this level (0: none)")
-        ->check(CLI::Range(0, 9));
+        ->check(cli::between(0, 9));
 }
 
 void WriteCommand::open_input_only() { in_ = open_input(input_); }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "command.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 
 namespace dtk::inspect {
@@ -51,8 +52,8 @@ class Diff : public Command {
     sub.add_option("B", b_path_, "the second checkpoint (the reference of relative differences)")->required();
     sub.add_option("NAME", names_, "only these tensors, or groups ending in / (model/); default all");
     sub.add_option("--rtol", rtol_, "relative tolerance: |a - b| <= atol + rtol * |b| counts as the same")
-        ->check(CLI::NonNegativeNumber);
-    sub.add_option("--atol", atol_, "absolute tolerance")->check(CLI::NonNegativeNumber);
+        ->check(cli::at_least(0));
+    sub.add_option("--atol", atol_, "absolute tolerance")->check(cli::at_least(0));
     sub.add_flag("-q,--quiet", quiet_, "print nothing; the exit status tells");
     sub.add_flag("--json", json_, "print one JSON document instead of the table");
   }

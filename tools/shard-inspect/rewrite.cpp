@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "command.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -70,7 +71,7 @@ class Reshard : public WriteCommand {
     add_io_options(sub, "a full checkpoint or a sharded state");
     sub.add_option("-n,--world-size", world_size_, "ranks of the sharded state written")
         ->required()
-        ->check(CLI::Range(1, 1 << 20));
+        ->check(cli::between(1, 1 << 20));
   }
   void validate() override { open(true); }
   int run() override {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 
 #ifndef DTK_VERSION
@@ -56,6 +57,27 @@ int guarded(F&& f, std::string& message, bool* agreed = nullptr) {
   }
 }
 
+// The one line that says what a parse error was, and whether --help would tell more. A value
+// that broke a rule of checks.h: CLI11's "--steps: must be at least 1" as the sentence "--steps
+// must be at least 1". A --config file that is missing, or holds what no option takes: the file
+// named. Other errors as CLI11 says them (an unknown option: --help lists the options).
+std::pair<std::string, bool> parse_error(const CLI::App& app, const CLI::ParseError& e) {
+  std::string m = e.what();
+  if (dynamic_cast<const CLI::ValidationError*>(&e)) {
+    if (const size_t k = m.find(": must "); k != std::string::npos) return {m.erase(k, 1), false};
+  }
+  const CLI::Option* config = app.get_config_ptr();
+  const bool file_error = dynamic_cast<const CLI::FileError*>(&e) != nullptr;
+  if (config && config->count() > 0 && (file_error || dynamic_cast<const CLI::ConfigError*>(&e))) {
+    const std::string file = "--config " + config->results().back() + ": ";
+    if (file_error) return {file + "no such file, or it cannot be read", false};
+    const std::string extra = "INI was not able to parse ";  // CLI::ConfigError::Extras
+    if (m.rfind(extra, 0) == 0) return {file + "no option --" + m.substr(extra.size()), false};
+    return {file + m, false};
+  }
+  return {m, true};
+}
+
 }  // namespace
 
 std::string version_string(const std::string& program) {
@@ -77,6 +99,7 @@ int main(int argc, char** argv, const Program& p) {
   app.footer(p.footer);
   app.set_version_flag("--version", version_string(p.name));
   app.set_config("--config", "", "read options from a TOML or INI file (CLI11 config format)");
+  app.allow_config_extras(CLI::config_extras_mode::error);  // a key that no option takes is a mistake
   app.option_defaults()->always_capture_default();
   // A repeated option takes its last value, as in most Unix tools (a script can override a default).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -87,7 +110,7 @@ int main(int argc, char** argv, const Program& p) {
   app.add_flag("--log-all-ranks", common.log_all_ranks, "log from every rank, not only rank 0")->group("Common");
   app.add_option("--comm-timeout", common.comm_timeout,
                  "seconds a collective may take before the job is ended as hung")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->group("Common");
   if (p.add_options) p.add_options(app);
 
@@ -98,8 +121,10 @@ int main(int argc, char** argv, const Program& p) {
     if (rank == 0) {
       if (e.get_exit_code() == 0)
         app.exit(e);
+      else if (const auto [line, help] = parse_error(app, e); help)
+        std::fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", p.name.c_str(), line.c_str());
       else
-        std::fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", p.name.c_str(), e.what());
+        std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), line.c_str());
     }
     return rt->max_over_ranks(e.get_exit_code() == 0 ? kExitOk : kExitUsage);
   }

@@ -158,6 +158,10 @@ void write_feature_file(const std::string& path, std::span<const float> features
     if (d < 0) fail_usage(path + ": bad feature shape " + shape_str(shape));
   if (static_cast<int64_t>(features.size()) != shape_numel(shape))
     fail_usage(path + ": " + std::to_string(features.size()) + " features for the shape " + shape_str(shape));
+  if (const size_t at = detail::first_non_finite(features.data(), features.size()); at < features.size())
+    fail_usage(path + ": sample " + std::to_string(static_cast<int64_t>(at) / shape[1]) + " holds " +
+               (std::isnan(features[at]) ? "NaN" : features[at] > 0 ? "+inf" : "-inf") + " (column " +
+               std::to_string(static_cast<int64_t>(at) % shape[1]) + "); features must be finite");
   write_classification(path, "features", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, features.data(), shape, labels, classes,
                        "dtk-features", attrs);
 }

@@ -4,6 +4,7 @@
 // selections; only the labels are held in memory.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -213,6 +214,7 @@ class ClassFile final : public FileDataset {
         labels_[static_cast<size_t>(r + i)] = static_cast<int32_t>(v[i]);
       }
     }
+    if (!images_) check_finite_features();
     double v;
     if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
@@ -263,6 +265,26 @@ class ClassFile final : public FileDataset {
   double optimal_loss() const override { return optimal_; }
 
  private:
+  // Every feature, as the model will see it (f32), is finite: one pass over the file in chunks
+  // of about 16 MiB. UsageError naming the first sample that holds NaN or an infinity.
+  void check_finite_features() const {
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / d_);
+    std::vector<unsigned char> buf;
+    std::vector<int64_t> off;
+    for (int64_t r = 0; r < n_; r += chunk) {
+      const int64_t rows = std::min(chunk, n_ - r);
+      h5io::read_ranges(arr_.dset, 2, arr_.dims, {{r, rows}}, H5T_NATIVE_FLOAT, sizeof(float), buf, off,
+                        path_ + ": reading `features`");
+      const auto* x = reinterpret_cast<const float*>(buf.data());
+      const size_t n = static_cast<size_t>(rows * d_), at = detail::first_non_finite(x, n);
+      if (at == n) continue;
+      const float bad = x[at];
+      fail_usage(path_ + ": sample " + std::to_string(r + static_cast<int64_t>(at) / d_) + " of `features` holds " +
+                 (std::isnan(bad) ? "NaN" : bad > 0 ? "+inf" : "-inf") + " (column " +
+                 std::to_string(static_cast<int64_t>(at) % d_) + "); features must be finite");
+    }
+  }
+
   bool images_ = true;
   int64_t n_ = 0, d_ = 0, classes_ = 0;
   std::vector<int32_t> labels_;
@@ -271,6 +293,24 @@ class ClassFile final : public FileDataset {
 }  // namespace
 
 namespace detail {
+
+size_t first_non_finite(const float* x, size_t n) {
+  const auto non_finite = [](float v) {  // exponent all ones: an infinity or a NaN
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    return (u & 0x7f800000u) == 0x7f800000u;
+  };
+  constexpr size_t kBlock = 4096;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    unsigned any = 0;
+    for (size_t i = b; i < e; ++i) any |= non_finite(x[i]);
+    if (any)
+      for (size_t i = b; i < e; ++i)
+        if (non_finite(x[i])) return i;
+  }
+  return n;
+}
 
 std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::ModelConfig& model) {
   std::error_code ec;

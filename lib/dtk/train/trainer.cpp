@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "dtk/ckpt/checkpoint.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 #include "dtk/ops/ops.h"
@@ -33,16 +34,16 @@ void add_options(CLI::App& app, Options& o) {
     for (const auto& n : nn::preset_names()) s += (s.empty() ? "" : ", ") + n;
     return s;
   }() + " (default llama-tiny, or the checkpoint's model with --resume/--init-from)")->group(g);
-  app.add_option("--dim", o.dim, "model width (llama)")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--dim", o.dim, "model width (llama)")->group(g)->check(cli::at_least(1));
   app.add_option("--layers", o.layers, "number of layers (llama: blocks; mlp: hidden layers, each --dim wide)")
-      ->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.heads, "attention heads")->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(CLI::PositiveNumber);
-  app.add_option("--classes", o.classes, "number of classes (mlp)")->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(1));
+  app.add_option("--heads", o.heads, "attention heads")->group(g)->check(cli::at_least(1));
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(cli::at_least(1));
+  app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(cli::at_least(1));
+  app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(cli::at_least(1));
+  app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(cli::at_least(1));
+  app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
+  app.add_option("--classes", o.classes, "number of classes (mlp)")->group(g)->check(cli::at_least(1));
   app.add_option_function<std::string>(
          "--activation-checkpointing",
          [&o](const std::string& v) { o.activation_checkpointing = v.empty() ? nn::Checkpointing::full : nn::parse_checkpointing(v); },
@@ -53,50 +54,50 @@ void add_options(CLI::App& app, Options& o) {
   g = "Data";
   app.add_option("--data", o.data, "training data: synthetic (embedded, no files) or an HDF5 file from data-pack")->group(g);
   app.add_option("--val-data", o.val_data, "validation data file (synthetic data has its own validation stream)")->group(g);
-  app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
   app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
-      ->group(g)->check(CLI::NonNegativeNumber);
+      ->group(g)->check(cli::at_least(0));
 
   g = "Optimization";
-  app.add_option("--steps", o.steps, "training steps")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
   app.add_option("--stop-at", o.stop_at,
                  "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
-                 "spans --steps); --resume continues")->group(g)->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(CLI::PositiveNumber);
+                 "spans --steps); --resume continues")->group(g)->check(cli::at_least(0));
+  app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(cli::positive());
   app.add_option("--schedule", o.schedule, "learning-rate schedule after warm-up: constant, linear or cosine")
       ->group(g)->check(CLI::IsMember({"constant", "linear", "cosine"}));
-  app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
   app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
-      ->group(g)->check(CLI::Range(0.0, 1.0));
-  app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(CLI::NonNegativeNumber);
+      ->group(g)->check(cli::between(0, 1));
+  app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
   app.add_option("--optimizer", o.optimizer, "adamw, sgd or shampoo (shampoo with its defaults unless the program has Shampoo options)")->group(g);
   app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
-      ->group(g)->check(CLI::Range(0.0, 1.0));
+      ->group(g)->check(cli::between(0, 1));
   app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
-  app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(CLI::NonNegativeNumber);
-  app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(CLI::Range(0.0, 1.0));
-  app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(CLI::Range(0.0, 1.0));
-  app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(cli::at_least(0));
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(cli::between(0, 1));
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(cli::between(0, 1));
+  app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(cli::positive());
   app.add_option("--seed", o.seed, "seed of initialisation, data order and synthetic data")->group(g);
 
   g = "Run";
   app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
   app.add_option("--threads", o.threads,
                  "CPU threads per rank (default: OMP_NUM_THREADS if set, else the cores the launcher bound the "
-                 "rank to, else the node's cores shared among its ranks)")->group(g)->check(CLI::PositiveNumber);
+                 "rank to, else the node's cores shared among its ranks)")->group(g)->check(cli::at_least(1));
   app.add_option_function<double>(
          "--bucket-mb", [&o](double mb) { o.bucket_bytes = static_cast<size_t>(mb * (1 << 20)); },
-         "gradient all-reduce bucket size in MiB (default 25)")->group(g)->check(CLI::PositiveNumber);
+         "gradient all-reduce bucket size in MiB (default 25)")->group(g)->check(cli::positive());
   app.add_option("--eval-every", o.eval_every, "validation loss every K steps (0: only at the end)")
-      ->group(g)->check(CLI::NonNegativeNumber);
-  app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(0));
+  app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(cli::at_least(1));
   app.add_option("--log-every", o.log_every, "a log line every K steps when stderr is not a terminal")
-      ->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(1));
   app.add_option("--metrics", o.metrics, "JSON-lines metrics file (- for stdout)")->group(g);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
   app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
-      ->group(g)->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(0));
+  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
   app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
   auto* r = app.add_option("--resume", o.resume,
                            "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
@@ -121,35 +122,35 @@ void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
   const char* g = "Shampoo";
   app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
                  "merge dims while their product stays below this, and split dims into blocks of at most it")
-      ->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(1));
   app.add_option("--precondition-frequency", c.precondition_frequency, "recompute the inverse roots every K steps")
-      ->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(1));
   app.add_option("--start-preconditioning-step", c.start_preconditioning_step,
                  "grafting alone before this step (-1: --precondition-frequency)")->group(g);
-  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(CLI::PositiveNumber);
+  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(cli::positive());
   app.add_option("--factor-dtype", c.factor_dtype, "Kronecker factors in f32 or f64")
       ->group(g)->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
-      ->group(g)->check(CLI::NonNegativeNumber);
+      ->group(g)->check(cli::at_least(0));
   app.add_option("--root-method", c.root_method,
                  "inverse roots by eigh, (coupled) newton iteration, or qr: eigh warm-started from the previous "
                  "eigenbasis by QR iterations")
       ->group(g)->check(CLI::IsMember({"eigh", "newton", "qr"}));
   app.add_option("--qr-max-iterations", c.qr_max_iterations, "qr: at most this many QR iterations per root step")
-      ->group(g)->check(CLI::NonNegativeNumber);
+      ->group(g)->check(cli::at_least(0));
   app.add_option("--qr-tolerance", c.qr_tolerance,
                  "qr: no more iterations once the off-diagonal part of Q^T F Q is at most this fraction of it (Frobenius)")
-      ->group(g)->check(CLI::Range(0.0, 1.0));
+      ->group(g)->check(cli::between(0, 1));
   app.add_option("--root-spread", c.root_spread,
                  "recompute the roots in this many phases spread over each period, each root step doing about 1/S of "
                  "the blocks (1: all at once, the reference's schedule)")
-      ->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::at_least(1));
   app.add_option("--grafting", c.grafting, "step-size grafting: adam, rmsprop, adagrad, sgd or none")
       ->group(g)->check(CLI::IsMember({"none", "sgd", "adagrad", "rmsprop", "adam"}));
   app.add_option("--grafting-beta2", c.grafting_beta2, "second-moment decay of rmsprop/adam grafting")
-      ->group(g)->check(CLI::Range(0.0, 1.0));
+      ->group(g)->check(cli::between(0, 1));
   app.add_option("--grafting-epsilon", c.grafting_epsilon, "epsilon of the grafting method")
-      ->group(g)->check(CLI::PositiveNumber);
+      ->group(g)->check(cli::positive());
   app.add_option("--weight-decay-type", c.weight_decay_type,
                  "how --weight-decay enters: decoupled (wd W added to the search direction, before momentum) or l2 "
                  "(added to the gradient, before preconditioning)")
@@ -159,7 +160,7 @@ void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
   if (!distribution) return;
   app.add_option("--trainers-per-group", c.trainers_per_group,
                  "split the world into groups of g ranks that each compute every block (0: one group)")
-      ->group(g)->check(CLI::NonNegativeNumber);
+      ->group(g)->check(cli::at_least(0));
   app.add_option("--direction-dtype", c.communication_dtype, "search directions all-gathered in f32 or bf16")
       ->group(g)->check(CLI::IsMember({"f32", "bf16"}));
 }
@@ -277,12 +278,12 @@ void validate(const Options& o, int world_size) {
     fail_usage("--stop-at needs --checkpoint-dir or --save, or the run is lost");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
     fail_usage("--checkpoint-every needs --checkpoint-dir");
-  if (!o.checkpoint_dir.empty() && fs::exists(o.checkpoint_dir) && !fs::is_directory(o.checkpoint_dir))
-    fail_usage("--checkpoint-dir " + o.checkpoint_dir + " exists and is not a directory");
-  if (!o.save.empty()) {
-    const fs::path parent = fs::path(o.save).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent)) fail_usage("--save " + o.save + ": no directory " + parent.string());
-  }
+  // Outputs, checked here on every rank so that a run that cannot write them ends before it starts
+  // (exit 2 everywhere), creating nothing: the run creates --checkpoint-dir, and rank 0 opens
+  // --metrics, only after validation.
+  if (!o.checkpoint_dir.empty()) cli::check_output_dir("--checkpoint-dir", o.checkpoint_dir);
+  if (!o.save.empty()) cli::check_output_file("--save", o.save);
+  if (o.metrics != "-") cli::check_output_file("--metrics", o.metrics);
   if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
   if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
   // Opening the datasets checks them against the model (vocabulary, shapes).

@@ -1,0 +1,117 @@
+#include "dtk/cli/checks.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include "dtk/core/error.h"
+
+namespace dtk::cli {
+namespace {
+namespace fs = std::filesystem;
+
+// A bound as the user would write it: 1, 0.5, 1e-09, 2147483648.
+std::string number(double v) {
+  char buf[40];
+  if (v == std::floor(v) && std::fabs(v) < 1e18)
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+  else
+    std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// A validator of numbers: `ok` says whether a finite value keeps the rule; `rule` completes
+// "must ..." (cli::main puts the option's name in front).
+CLI::Validator rule(const std::string& help, const std::string& rule, std::function<bool(double)> ok) {
+  return CLI::Validator(
+      [rule, ok](std::string& s) -> std::string {
+        double v = 0;
+        if (s.empty() || !CLI::detail::lexical_cast(s, v) || !std::isfinite(v)) return "must be a finite number";
+        return ok(v) ? std::string() : "must " + rule;
+      },
+      help);
+}
+
+std::string why(int err) { return std::strerror(err); }
+
+// The directory that `p` (a file or a directory about to be made) would be created in.
+fs::path parent_of(const fs::path& p) {
+  const fs::path parent = p.parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+}  // namespace
+
+CLI::Validator at_least(double min) {
+  return rule(">= " + number(min), "be at least " + number(min), [min](double v) { return v >= min; });
+}
+CLI::Validator at_most(double max) {
+  return rule("<= " + number(max), "be at most " + number(max), [max](double v) { return v <= max; });
+}
+CLI::Validator positive() {
+  return rule("> 0", "be positive", [](double v) { return v > 0; });
+}
+CLI::Validator between(double lo, double hi) {
+  return rule("in [" + number(lo) + ", " + number(hi) + "]", "be between " + number(lo) + " and " + number(hi),
+              [lo, hi](double v) { return v >= lo && v <= hi; });
+}
+
+void check_output_dir(const std::string& option, const std::string& path) {
+  const std::string what = option + " " + path;
+  if (path.empty()) fail_usage(option + ": an empty path");
+  fs::path p(path);
+  if (!p.has_filename()) p = p.parent_path();  // "ck/" is "ck"
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st)) fail_usage(what + ": exists and is not a directory");
+    if (::access(p.c_str(), W_OK | X_OK) != 0) fail_usage(what + ": the directory is not writable (" + why(errno) + ")");
+    return;
+  }
+  if (fs::exists(fs::symlink_status(p, ec))) fail_usage(what + ": a symbolic link to nothing");
+  // Created with its missing parents: the nearest existing ancestor must be a writable directory.
+  for (fs::path a = parent_of(p);; a = parent_of(a)) {
+    const fs::file_status s = fs::status(a, ec);
+    if (!fs::exists(s)) {
+      if (a == a.root_path() || a == ".") fail_usage(what + ": cannot be created (" + a.string() + " is missing)");
+      continue;
+    }
+    if (!fs::is_directory(s))
+      fail_usage(what + ": cannot be created: " + a.string() + " is not a directory");
+    if (::access(a.c_str(), W_OK | X_OK) != 0)
+      fail_usage(what + ": cannot be created in " + a.string() + " (" + why(errno) + ")");
+    return;
+  }
+}
+
+void check_output_parent(const std::string& option, const std::string& path) {
+  const std::string what = option + " " + path;
+  if (path.empty()) fail_usage(option + ": an empty path");
+  fs::path p(path);
+  if (!p.has_filename()) p = p.parent_path();
+  const fs::path dir = parent_of(p);
+  std::error_code ec;
+  const fs::file_status ds = fs::status(dir, ec);
+  if (!fs::exists(ds)) fail_usage(what + ": the directory " + dir.string() + " does not exist");
+  if (!fs::is_directory(ds)) fail_usage(what + ": " + dir.string() + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    fail_usage(what + ": cannot write in " + dir.string() + " (" + why(errno) + ")");
+}
+
+void check_output_file(const std::string& option, const std::string& path) {
+  const std::string what = option + " " + path;
+  if (path.empty()) fail_usage(option + ": an empty path");
+  const fs::path p(path);
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::is_directory(st) || !p.has_filename()) fail_usage(what + ": is a directory, not a file");
+  check_output_parent(option, path);
+  if (fs::exists(st) && ::access(p.c_str(), W_OK) != 0) fail_usage(what + ": not writable (" + why(errno) + ")");
+}
+
+}  // namespace dtk::cli
