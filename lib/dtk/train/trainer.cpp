@@ -418,7 +418,7 @@ class Trainer {
       if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
         const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
-        if (rank_ == 0) dir_->finish(p);
+        agreed(rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
         if (rank_ == 0) std::printf("%s\n", p.c_str());
       }
       if (stopping) {
@@ -587,13 +587,20 @@ class Trainer {
     if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
     // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
     // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
-    std::string err;
     const auto entries = state_entries();
-    if (comm::Communicator* c = par_->checkpoint_comm()) {
+    comm::Communicator* c = par_->checkpoint_comm();
+    agreed(c != nullptr, [&] { ckpt::save_sharded_state(path, entries, m, *c); });
+  }
+
+  // Runs f where `mine`; a failure of f on any rank becomes the same AgreedError on every rank.
+  template <class F>
+  void agreed(bool mine, F&& f) {
+    std::string err;
+    if (mine) {
       try {
-        ckpt::save_sharded_state(path, entries, m, *c);
+        f();
       } catch (const std::exception& e) {
-        err = *e.what() ? e.what() : "the sharded state " + path.string() + " could not be written";
+        err = *e.what() ? e.what() : "a checkpoint write failed";
       }
     }
     if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 1);
