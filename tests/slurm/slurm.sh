@@ -106,7 +106,11 @@ for _ in $(seq 240); do
   sleep 0.5
 done
 [ "$(field "$j" Restarts)" = 1 ] || fail "job $j was not requeued (state $(state "$j"))"
-scontrol update JobId="$j" StartTime=now  # SLURM holds a requeued job about 2 minutes
+# SLURM holds a requeued job about 2 minutes; hurry it, once both nodes are idle again (a step
+# launched while the last one is still being cleaned up fails to launch).
+for _ in $(seq 120); do [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] && break; sleep 0.5; done
+sleep 2
+scontrol update JobId="$j" StartTime=now
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "requeued job $j"
 grep -q "requeueing job $j" "warned-$j.out" || fail "the script did not say it requeued job $j"
 stop=$(stops_checkpointed "warned-$j.out" ckw)
