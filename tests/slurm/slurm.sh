@@ -2,7 +2,8 @@
 # The shipped SLURM scripts (scripts/slurm/*.sbatch) on a real SLURM cluster started here
 # (tests/slurm/cluster.sh: slurmctld and two slurmd, nodes n1 and n2 of one CPU each), with only
 # sizes, times and the CPU device set on the command line:
-#   - comm-bench over srun --mpi=pmix, one task per node;
+#   - comm-bench over srun --mpi=pmix, one task per node; srun without it: exit 2, one line;
+#   - a rank killed with SIGKILL: srun --kill-on-bad-exit ends the job within seconds;
 #   - psgd-train reaching its time limit stops with a checkpoint and, resubmitted, ends with the
 #     weights of an uninterrupted run, bit for bit;
 #   - psgd-train warned before its time limit (SIGUSR1 to the batch script) stops with a
@@ -72,6 +73,26 @@ stops_checkpointed() {
   for s in $stops; do [ -f "$2/step-$(printf %08d "$s").h5" ] || fail "$1: no checkpoint at step $s"; done
   echo $stops
 }
+
+echo "== srun without --mpi=pmix: every task stops in one line, exit 2"
+set +e
+srun --nodes=2 --ntasks-per-node=1 "$build/tools/comm-bench/comm-bench" --op allreduce -e 1K > nopmix.out 2>&1
+rc=$?
+set -e
+[ $rc = 2 ] && [ "$(grep -c 'without PMIx, which Open MPI needs' nopmix.out)" = 2 ] \
+  || { cat nopmix.out >&2; fail "srun without --mpi=pmix: exit $rc"; }
+
+echo "== a rank killed: --kill-on-bad-exit=1 ends the job within seconds (not the 600 s watchdog)"
+j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=killed-%j.out \
+      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ckk)
+wait_state "$j" RUNNING 60 > /dev/null
+for _ in $(seq 600); do grep -q 'step 50/' "killed-$j.out" 2>/dev/null && break; sleep 0.2; done
+t0=$(date +%s)
+pkill -9 -f -n "psgd-train.*ckk"
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 60)" = FAILED ] || fail "job $j with a killed rank"
+elapsed=$(( $(date +%s) - t0 ))
+[ $elapsed -le 20 ] || fail "job $j took $elapsed s to end after a rank was killed"
+echo "a rank killed: the job ended $elapsed s later"
 
 echo "== psgd-train: uninterrupted reference run (mpiexec)"
 mpiexec -n 2 --bind-to none "$build/tools/psgd-train/psgd-train" "${train[@]}" --checkpoint-dir refck \

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <time.h>
+
 namespace dtk::comm::watchdog {
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -17,6 +19,8 @@ std::atomic<long long> g_start_ns{0};  // 0: no wait in progress
 std::atomic<const char*> g_what{nullptr};
 std::atomic<size_t> g_bytes{0};
 std::atomic<long long> g_timeout_ns{600'000'000'000LL};
+std::atomic<long long> g_hurry_ns{0};  // when a stop was requested; 0: none
+std::atomic<int> g_patient{0};         // Patient scopes alive
 int g_rank = 0;
 
 std::mutex g_mu;
@@ -35,7 +39,16 @@ void loop() {
     const auto period = std::chrono::nanoseconds(std::clamp(timeout / 8, 10'000'000LL, 1'000'000'000LL));
     g_cv.wait_for(lock, period, [] { return g_stop; });
     if (g_stop) break;
-    const long long start = g_start_ns.load();
+    const long long start = g_start_ns.load(), hurry = g_hurry_ns.load();
+    if (start != 0 && hurry != 0 && g_patient.load() == 0 && now_ns() - std::max(start, hurry) > kHurryGraceS * 1e9) {
+      const char* what = g_what.load();
+      std::fprintf(stderr,
+                   "dtk: error: rank %d: %s of %zu bytes has waited %.0f s since the stop was requested; a peer "
+                   "rank has probably died. Ending the job.\n",
+                   g_rank, what ? what : "a collective", g_bytes.load(), kHurryGraceS);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
     if (start != 0 && now_ns() - start > timeout) {
       const char* what = g_what.load();
       std::fprintf(stderr,
@@ -60,6 +73,16 @@ void start(double timeout_s, int rank) {
 }
 
 void set_timeout(double timeout_s) { g_timeout_ns.store(static_cast<long long>(timeout_s * 1e9)); }
+
+void hurry() {
+  timespec t;  // CLOCK_MONOTONIC: steady_clock's on Linux; clock_gettime is async-signal-safe
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  g_hurry_ns.store(static_cast<long long>(t.tv_sec) * 1'000'000'000LL + t.tv_nsec);
+}
+
+void unhurry() { g_hurry_ns.store(0); }
+Patient::Patient() { ++g_patient; }
+Patient::~Patient() { --g_patient; }
 
 void stop() {
   {

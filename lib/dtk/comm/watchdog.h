@@ -11,6 +11,21 @@ void start(double timeout_s, int rank);
 void set_timeout(double timeout_s);
 void stop();
 
+// After a stop request (train/stop.h): from now on, a wait that lasts more than kHurryGraceS
+// past the request ends the job as hung. A peer that died leaves the others waiting, and srun
+// --kill-on-bad-exit asks them to stop with the same SIGTERM that a time limit sends; they
+// would otherwise wait out the whole timeout. Async-signal-safe. unhurry() ends it. While a
+// Patient lives (a checkpoint write: the other ranks wait for the writers), it does not apply.
+inline constexpr double kHurryGraceS = 5;
+void hurry();
+void unhurry();
+struct Patient {
+  Patient();
+  ~Patient();
+  Patient(const Patient&) = delete;
+  Patient& operator=(const Patient&) = delete;
+};
+
 class Scope {
  public:
   Scope(const char* what, size_t bytes);

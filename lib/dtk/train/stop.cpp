@@ -1,5 +1,7 @@
 #include "dtk/train/stop.h"
 
+#include "dtk/comm/watchdog.h"
+
 #include <signal.h>
 #include <time.h>
 
@@ -28,6 +30,7 @@ extern "C" void on_stop_signal(int sig) {
   int none = 0;
   if (g_received.compare_exchange_strong(none, sig)) {
     g_first_ns = now_ns();
+    comm::watchdog::hurry();  // a wait that outlasts the request by seconds: a peer died
     return;
   }
   if (now_ns() - g_first_ns.load() < kSameRequestNs) return;
@@ -50,6 +53,7 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
+  comm::watchdog::unhurry();
   for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
 }
 

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "dtk/ckpt/checkpoint.h"
+#include "dtk/comm/watchdog.h"
 #include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
@@ -415,6 +416,7 @@ class Trainer {
       }
       metrics.write(m);
       progress.update(step + 1, loss, val, lr, dt);
+      const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
       if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
         const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
@@ -438,6 +440,7 @@ class Trainer {
     }
     progress.done();
     if (!o_.save.empty()) {
+      const comm::watchdog::Patient writing;
       save(o_.save, stop);
       if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
     }
