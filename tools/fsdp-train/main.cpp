@@ -24,7 +24,7 @@ cli::Program program() {
   p.footer =
       train::metrics_help("all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP), exposed_comm_ms, "
                           "shard_bytes, arena_bytes") +
-      "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input.\n"
+      "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + train::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 fsdp-train --model llama-small --buckets auto --activation-checkpointing --steps 300";
   p.add_options = [](CLI::App& app) {
     train::add_options(app, o);

@@ -20,7 +20,7 @@ cli::Program program() {
       "aggregation as baselines.";
   p.footer =
       train::metrics_help("comm_bytes_uncompressed, compression_ratio (with a compressor other than none)") +
-      "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input.\n"
+      "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + train::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 --steps 300";
   p.add_options = [](CLI::App& app) {
     train::add_options(app, o);

@@ -20,7 +20,7 @@ cli::Program program() {
   p.footer =
       train::metrics_help("") +
       "Exit status: 0 done, 1 a failure while training (a factor with NaN, four failed roots in a row), 2 bad usage "
-      "or bad input.\n"
+      "or bad input, " + train::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 shampoo-train --model llama-tiny --optimizer shampoo --precondition-frequency 20 "
       "--steps 300";
   p.add_options = [](CLI::App& app) {

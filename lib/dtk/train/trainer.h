@@ -98,6 +98,9 @@ struct Strategy {
 // The exit code of a run stopped early by a signal (train/stop.h), on every rank; with
 // --checkpoint-dir or --save its checkpoint is written and --resume continues it.
 inline constexpr int kExitStopped = 3;
+inline const std::string kExitStoppedHelp =
+    "3 stopped by SIGTERM, SIGINT or SIGUSR1 after the step in progress, its checkpoint written (--resume or "
+    "--auto-resume continues)";
 
 // The step the run ends at: --stop-at, else --steps.
 int64_t last_step(const Options& o);
