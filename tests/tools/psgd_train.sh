@@ -86,7 +86,7 @@ expect2 "missing data file" "no such file" $mpiexec -n 2 $psgd $common --data no
 expect2 "not a dataset" "nothere\|not an HDF5\|keep.h5" $psgd $common --data keep.h5 --steps 2
 expect2 "missing checkpoint" "no such checkpoint" $mpiexec -n 2 $psgd $common --resume nothere.h5 --steps 2
 expect2 "model contradicts the checkpoint" "contradicts" $psgd $common --resume keep.h5 --dim 64 --steps 30
-expect2 "resume past --steps" "raise it" $psgd $common --resume keep.h5 --steps 20
+expect2 "resume past --steps" "raise it" $psgd $common --resume keep.h5 --steps 10
 expect2 "batch smaller than the world" "no sample" $mpiexec -n 4 $psgd $common --global-batch 2 --steps 2
 expect2 "unknown model" "llama-tiny" $psgd --model gpt-9 --steps 2
 expect2 "heads do not divide dim" "heads" $psgd $small --heads 5 --steps 2
