@@ -95,6 +95,6 @@ run $psgd $common --steps 30 --checkpoint-dir ck5 --auto-resume --metrics /dev/n
 run $mpiexec -n 2 $psgd $common --steps 30 --resume ck5 --metrics /dev/null
 [ $rc = 0 ] && grep -q "the run is complete" $tmp/e && ok "--resume of a finished run, 2 ranks: exit 0" \
   || bad "--resume finished, 2 ranks (exit $rc)" "$(cat $tmp/e)"
-expect2 "--resume beyond --steps" "is at step 30, not before --steps 20" $psgd $common --steps 20 --resume ck5
+expect2 "--resume beyond --steps" "is at step 30, beyond --steps 20" $psgd $common --steps 20 --resume ck5
 expect2 "--auto-resume without --checkpoint-dir" "--auto-resume needs --checkpoint-dir" $psgd $common --auto-resume
 finish

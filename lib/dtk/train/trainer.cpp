@@ -295,7 +295,7 @@ void validate(const Options& o, int world_size) {
     ckpt::Reader r(checkpoint_path(resume));
     const int64_t stop = last_step(o);
     if (r.metadata().step > stop)
-      fail_usage("--resume " + resume + " is at step " + std::to_string(r.metadata().step) + ", not before " +
+      fail_usage("--resume " + resume + " is at step " + std::to_string(r.metadata().step) + ", beyond " +
                  (o.stop_at > 0 ? "--stop-at " : "--steps ") + std::to_string(stop) + "; raise it to train further");
   }
 }
