@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real SLURM cluster on this machine, for the tests: munged, slurmctld and two slurmd (emulated
 # nodes n1 and n2, both on this host, on their own ports), everything under one scratch
-# directory, nothing in /etc touched.
+# directory, nothing in /etc touched; addresses are 127.0.0.1 (no name lookup needed).
 #   tests/slurm/cluster.sh up DIR     starts it; prints `export SLURM_CONF=DIR/slurm.conf`
 #   tests/slurm/cluster.sh down DIR   stops every daemon it started, by PID
 # Needs root (slurmd runs jobs as their user) and Debian's slurm-wlm, munge and libpmix-dev.
@@ -40,7 +40,7 @@ up() {
   # One CPU per emulated node: two nodes on one 2-core host, one task on each.
   cat > "$dir/slurm.conf" <<EOF
 ClusterName=dtk-test
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld
 SlurmUser=root
 SlurmdUser=root
@@ -68,8 +68,8 @@ MinJobAge=300
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
-NodeName=n1 NodeHostname=$host Port=$p1 CPUs=1 State=UNKNOWN
-NodeName=n2 NodeHostname=$host Port=$p2 CPUs=1 State=UNKNOWN
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$p1 CPUs=1 State=UNKNOWN
+NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$p2 CPUs=1 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 EOF
   export SLURM_CONF=$dir/slurm.conf
