@@ -140,12 +140,32 @@ TEST(CkptState, ShardedStateWithPerRankEntriesOfDifferentShapes) {
   if (rank == 0) fs::remove_all(dir);
 }
 
+// Runs f, which must end this rank with an AgreedError of exit code 1; returns its message.
+template <class F>
+std::string agreed_error_of(F&& f, int rank) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const AgreedError& x) {
+    EXPECT_EQ(x.exit_code(), 1);
+    return x.what();
+  } catch (const std::exception& x) {
+    ADD_FAILURE() << "not an AgreedError on rank " << rank << ": " << x.what();
+  }
+  return "";
+}
+
+// A small state: one replicated tensor and one per rank.
+std::vector<StateEntry> small_state(int rank) {
+  return {{"model/w", filled({4}, DType::f32, 3), kReplicated},
+          {"compress/e", filled({2}, DType::f32, 4 + rank), kPerRank}};
+}
+
 TEST(CkptState, FailedWriteLeavesThePreviousFileAndFailsEveryRank) {
   auto& rt = Runtime::get();
   auto comm = rt.world();
   const fs::path dir = shared_tmpdir();
-  std::vector<StateEntry> e{{"model/w", filled({4}, DType::f32, 3), kReplicated},
-                            {"compress/e", filled({2}, DType::f32, 4 + comm->rank()), kPerRank}};
+  const std::vector<StateEntry> e = small_state(comm->rank());
   Metadata meta;
   meta.world_size = comm->size();
   save_state(dir / "a.h5", e, meta, *comm);
@@ -181,20 +201,11 @@ TEST(CkptState, FailedFullWriteIsAnAgreedErrorOnEveryRank) {
   auto& rt = Runtime::get();
   auto comm = rt.world();
   const fs::path dir = shared_tmpdir();
-  std::vector<StateEntry> e{{"model/w", filled({4}, DType::f32, 3), kReplicated},
-                            {"compress/e", filled({2}, DType::f32, 4 + comm->rank()), kPerRank}};
+  const std::vector<StateEntry> e = small_state(comm->rank());
   Metadata meta;
   meta.world_size = comm->size();
-  std::string msg;
-  try {
-    save_state(dir / "missing" / "a.h5", e, meta, *comm);
-    ADD_FAILURE() << "no error";
-  } catch (const AgreedError& x) {
-    EXPECT_EQ(x.exit_code(), 1);
-    msg = x.what();
-  } catch (const std::exception& x) {
-    ADD_FAILURE() << "not an AgreedError on rank " << comm->rank() << ": " << x.what();
-  }
+  const std::string msg =
+      agreed_error_of([&] { save_state(dir / "missing" / "a.h5", e, meta, *comm); }, comm->rank());
   EXPECT_NE(msg.find("missing/a.h5"), std::string::npos) << msg;
   expect_same_everywhere(*comm, msg);
   comm->barrier();
@@ -214,16 +225,7 @@ TEST(CkptState, OneRanksFailedShardedWriteFailsEveryRankAlike) {
   const int64_t width = rank == n - 1 ? 3 : 2;
   std::vector<StateEntry> e{{"model/w", filled({len[rank], width}, DType::f32, 1), kSharded, {8, 2}, off, len}};
   Metadata meta;
-  std::string msg;
-  try {
-    save_sharded_state(dir / "state", e, meta, *comm);
-    ADD_FAILURE() << "no error";
-  } catch (const AgreedError& x) {
-    EXPECT_EQ(x.exit_code(), 1);
-    msg = x.what();
-  } catch (const std::exception& x) {
-    ADD_FAILURE() << "not an AgreedError on rank " << rank << ": " << x.what();
-  }
+  const std::string msg = agreed_error_of([&] { save_sharded_state(dir / "state", e, meta, *comm); }, rank);
   EXPECT_NE(msg.find("model/w"), std::string::npos) << msg;
   expect_same_everywhere(*comm, msg);
   comm->barrier();
@@ -243,8 +245,7 @@ TEST(CkptState, OneRanksFailedCommitFailsEveryRankWithoutHanging) {
   const fs::path dir = shared_tmpdir();
   std::vector<int64_t> off, len;
   even_split(8, n, off, len);
-  std::string msg;
-  try {
+  const std::string msg = agreed_error_of([&] {
     ShardedWriter w(dir / "state", *comm);
     w.write_shard("model/w", {8, 2}, filled({len[rank], 2}, DType::f32, 1), off, len);
     w.set_metadata(Metadata{});
@@ -253,12 +254,7 @@ TEST(CkptState, OneRanksFailedCommitFailsEveryRankWithoutHanging) {
         if (d.path().filename().string().starts_with(".state.tmp")) fs::create_directories(d.path() / rank_file_name(rank) / "x");
     }
     w.commit();
-    ADD_FAILURE() << "no error";
-  } catch (const AgreedError& x) {
-    msg = x.what();
-  } catch (const std::exception& x) {
-    ADD_FAILURE() << "not an AgreedError on rank " << rank << ": " << x.what();
-  }
+  }, rank);
   EXPECT_NE(msg.find(rank_file_name(n - 1)), std::string::npos) << msg;
   expect_same_everywhere(*comm, msg);
   comm->barrier();

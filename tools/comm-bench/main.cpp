@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "dtk/cli/cli.h"
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "engine.h"
 

@@ -1,6 +1,6 @@
 // fsdp-train: fully sharded data-parallel training after SimpleFSDP (see man fsdp-train).
 #include "dtk/cli/cli.h"
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/fsdp.h"
 #include "dtk/train/trainer.h"

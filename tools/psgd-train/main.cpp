@@ -1,6 +1,6 @@
 // psgd-train: data-parallel training with PowerSGD gradient compression (see man psgd-train).
 #include "dtk/cli/cli.h"
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/train/trainer.h"
 

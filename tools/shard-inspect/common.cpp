@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "command.h"
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 

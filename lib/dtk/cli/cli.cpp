@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 
 #ifndef DTK_VERSION

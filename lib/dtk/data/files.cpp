@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
+#include <tuple>
 
 #include "dtk/core/error.h"
 #include "dtk/data/h5io.h"
@@ -33,6 +35,31 @@ struct Array {
   Id dset, type;
   std::vector<hsize_t> dims;
 };
+
+// Reads rows [0, n) of a's dim 0 in chunks of `chunk` rows as `type` (T in memory):
+// f(first row, rows, values of those rows).
+template <class T, class F>
+void for_each_chunk(const Array& a, int64_t n, int64_t chunk, hid_t type, const std::string& what, F&& f) {
+  std::vector<unsigned char> buf;
+  std::vector<int64_t> off;
+  for (int64_t r = 0; r < n; r += chunk) {
+    const int64_t rows = std::min(chunk, n - r);
+    h5io::read_ranges(a.dset, static_cast<int>(a.dims.size()), a.dims, {{r, rows}}, type, sizeof(T), buf, off, what);
+    f(r, rows, reinterpret_cast<const T*>(buf.data()));
+  }
+}
+
+// The files whose features this process found finite, as they were then (path, size,
+// modification time): programs open their data once to validate the options and again to
+// train, and the check reads every feature.
+using FileVersion = std::tuple<std::string, uintmax_t, int64_t>;
+std::set<FileVersion> g_finite_files;
+FileVersion file_version(const std::string& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
+  return {fs::weakly_canonical(path, ec).string(), size, static_cast<int64_t>(mtime)};
+}
 
 Array open_array(hid_t file, const char* name, const std::string& path) {
   Array a;
@@ -198,14 +225,8 @@ class ClassFile final : public FileDataset {
     }
     // The labels, read in bounded chunks and checked.
     labels_.resize(static_cast<size_t>(n_));
-    const int64_t chunk = int64_t{1} << 20;
-    std::vector<unsigned char> buf;
-    std::vector<int64_t> off;
-    for (int64_t r = 0; r < n_; r += chunk) {
-      const int64_t rows = std::min(chunk, n_ - r);
-      h5io::read_ranges(lab.dset, 1, lab.dims, {{r, rows}}, H5T_NATIVE_INT64, sizeof(int64_t), buf, off,
-                        p + ": reading `labels`");
-      const auto* v = reinterpret_cast<const int64_t*>(buf.data());
+    for_each_chunk<int64_t>(lab, n_, int64_t{1} << 20, H5T_NATIVE_INT64, p + ": reading `labels`",
+                            [&](int64_t r, int64_t rows, const int64_t* v) {
       for (int64_t i = 0; i < rows; ++i) {
         if (v[i] < 0 || v[i] >= classes_)
           fail_usage(p + ": label " + std::to_string(v[i]) + " of sample " + std::to_string(r + i) +
@@ -213,8 +234,14 @@ class ClassFile final : public FileDataset {
                      (attr_classes ? " (the file's classes attribute)" : " (the model's classes)"));
         labels_[static_cast<size_t>(r + i)] = static_cast<int32_t>(v[i]);
       }
+    });
+    if (!images_) {
+      const FileVersion v = file_version(path_);
+      if (!g_finite_files.contains(v)) {
+        check_finite_features();
+        g_finite_files.insert(v);
+      }
     }
-    if (!images_) check_finite_features();
     double v;
     if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
@@ -269,20 +296,15 @@ class ClassFile final : public FileDataset {
   // of about 16 MiB. UsageError naming the first sample that holds NaN or an infinity.
   void check_finite_features() const {
     const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / d_);
-    std::vector<unsigned char> buf;
-    std::vector<int64_t> off;
-    for (int64_t r = 0; r < n_; r += chunk) {
-      const int64_t rows = std::min(chunk, n_ - r);
-      h5io::read_ranges(arr_.dset, 2, arr_.dims, {{r, rows}}, H5T_NATIVE_FLOAT, sizeof(float), buf, off,
-                        path_ + ": reading `features`");
-      const auto* x = reinterpret_cast<const float*>(buf.data());
+    for_each_chunk<float>(arr_, n_, chunk, H5T_NATIVE_FLOAT, path_ + ": reading `features`",
+                          [&](int64_t r, int64_t rows, const float* x) {
       const size_t n = static_cast<size_t>(rows * d_), at = detail::first_non_finite(x, n);
-      if (at == n) continue;
+      if (at == n) return;
       const float bad = x[at];
       fail_usage(path_ + ": sample " + std::to_string(r + static_cast<int64_t>(at) / d_) + " of `features` holds " +
                  (std::isnan(bad) ? "NaN" : bad > 0 ? "+inf" : "-inf") + " (column " +
                  std::to_string(static_cast<int64_t>(at) % d_) + "); features must be finite");
-    }
+    });
   }
 
   bool images_ = true;

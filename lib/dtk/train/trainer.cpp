@@ -14,7 +14,7 @@
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/comm/watchdog.h"
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 #include "dtk/ops/ops.h"
@@ -384,6 +384,7 @@ class Trainer {
     Progress progress(rank_ == 0, o_.steps, o_.log_every);
     const int64_t items_per_sample = cfg_.arch == "llama" ? cfg_.seq_len : 1;
     const int64_t stop = last_step(o_);
+    int64_t end = stop;  // the step the run ends at: earlier when a signal stops it
     for (int64_t step = start_step_; step < stop; ++step) {
       if (!par_->before_step(step)) return 0;  // fsdp-train --print-plan
       reset_peak_memory(device_);
@@ -424,28 +425,23 @@ class Trainer {
         if (rank_ == 0) std::printf("%s\n", p.c_str());
       }
       if (stopping) {
-        progress.done();
-        if (!o_.save.empty()) {
-          save(o_.save, step + 1);
-          if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
-        }
-        std::fflush(stdout);
-        if (dir_ || !o_.save.empty())
-          spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", step + 1, stop);
-        else
-          spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)",
-                       step + 1, stop);
-        return kExitStopped;
+        end = step + 1;
+        break;
       }
     }
     progress.done();
     if (!o_.save.empty()) {
       const comm::watchdog::Patient writing;
-      save(o_.save, stop);
+      save(o_.save, end);
       if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
     }
     std::fflush(stdout);
-    return 0;
+    if (end == stop) return 0;
+    if (dir_ || !o_.save.empty())
+      spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", end, stop);
+    else
+      spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)", end, stop);
+    return kExitStopped;
   }
 
  private:

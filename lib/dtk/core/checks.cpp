@@ -1,4 +1,4 @@
-#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 
 #include <unistd.h>
 

@@ -9,8 +9,8 @@
 // Output paths are checked before any work starts, on every rank, creating nothing (UsageError
 // naming the option and the problem: exit 2).
 //
-// This header needs CLI11 and dtk/core only: the option groups of dtk::train use it, and train
-// sits below cli in the module order.
+// In core (namespace dtk::cli, the programs' command line): the options that dtk::train
+// registers use these rules, and train sits below the cli module. It needs CLI11 and core only.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
