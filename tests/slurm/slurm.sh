@@ -29,10 +29,16 @@ export DTK_BUILD=$build
 mkdir "$scratch/work"
 cd "$scratch/work"
 
+# Reports a failure: the other jobs' logs briefly, then job $j's state and log, the reason last.
 fail() {
+  local f cur=""
+  [ -z "${j:-}" ] || cur=$(ls "$scratch"/work/*-"$j".out 2>/dev/null | head -n 1)
+  for f in "$scratch"/work/*.out; do
+    [ -f "$f" ] && [ "$f" != "$cur" ] && { echo "--- $f" >&2; tail -n 12 "$f" >&2; }
+  done
+  [ -z "${j:-}" ] || scontrol show job "$j" | grep -E 'JobState|Restarts|RunTime|StartTime' >&2 || true
+  [ -z "$cur" ] || { echo "--- $cur" >&2; tail -n 40 "$cur" >&2; }
   echo "FAIL: $*" >&2
-  [ -z "${j:-}" ] || scontrol show job "$j" >&2 || true
-  for f in "$scratch"/work/*.out; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
   exit 1
 }
 state() { scontrol show job "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
@@ -62,8 +68,8 @@ train=(--device cpu --model llama-tiny --global-batch 64 --micro-batch 16 --step
        --schedule constant --compressor powersgd --rank 4 --start-iter 100 --eval-every 0 --log-every 50)
 # Fails unless the model of checkpoint $1 equals $2's bit for bit.
 same_weights() {
-  "$build/tools/shard-inspect/shard-inspect" diff "$1" "$2" model/ --rtol 0 --atol 0 > diff.out 2>&1 \
-    || { cat diff.out >&2; fail "$1 differs from $2"; }
+  "$build/tools/shard-inspect/shard-inspect" diff "$1" "$2" model/ --rtol 0 --atol 0 > diff.txt 2>&1 \
+    || { head -n 4 diff.txt >&2; tail -n 1 diff.txt >&2; fail "$1 differs from $2"; }
 }
 # Checks that each stop in log $1 wrote its checkpoint into directory $2; prints the steps.
 stops_checkpointed() {
@@ -127,10 +133,15 @@ for _ in $(seq 240); do
   sleep 0.5
 done
 [ "$(field "$j" Restarts)" = 1 ] || fail "job $j was not requeued (state $(state "$j"))"
-# SLURM holds a requeued job about 2 minutes; hurry it, once both nodes are idle again (a step
-# launched while the last one is still being cleaned up fails to launch).
-for _ in $(seq 120); do [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] && break; sleep 0.5; done
-sleep 2
+# SLURM holds a requeued job about 2 minutes; hurry it, but only once the first run's step
+# daemons have gone: the requeued job has the same id, so its step has the same id too, and while
+# the old slurmstepd still holds that step's PMIx socket the new step fails to launch, and srun
+# (slurm 22.05) then exits 0, so the job ends COMPLETED without having trained (seen in CI).
+for _ in $(seq 120); do
+  [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] && ! pgrep -f "^slurmstepd: \[$j\." > /dev/null && break
+  sleep 0.5
+done
+sleep 1
 scontrol update JobId="$j" StartTime=now
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "requeued job $j"
 grep -q "requeueing job $j" "warned-$j.out" || fail "the script did not say it requeued job $j"
