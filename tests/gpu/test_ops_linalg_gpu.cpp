@@ -121,6 +121,36 @@ TEST(LinalgGpu, GemmMatchesCpu) {
   }
 }
 
+// syrk on the GPU (a gemm whose lower triangle is mirrored) matches the CPU's and is exactly
+// symmetric, as Shampoo's packed checkpoints need; symmetrize is a copy: bit-equal to the CPU's.
+TEST(LinalgGpu, SyrkAndSymmetrizeMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  for (DType t : kFloatTypes) {
+    double worst = 0;
+    for (int64_t n : {1, 7, 70, 130})
+      for (int tr = 0; tr < 2; ++tr) {
+        const int64_t B = 3, k = 33;
+        Tensor a = Tensor::from_doubles(random_values(size_t(B * n * k), seed++), tr ? Shape{B, k, n} : Shape{B, n, k}, t);
+        Tensor c = Tensor::from_doubles(random_symmetric(B, n, seed++, false), {B, n, n}, t);
+        Tensor ag = a.to(kGpu), cg = c.to(kGpu);
+        ops::syrk(tr, 0.5, a, 0.25, c);
+        ops::syrk(tr, 0.5, ag, 0.25, cg);
+        const Vec g = cg.to_doubles();
+        worst = std::max(worst, max_rel_err(g, c.to_doubles()));
+        for (int64_t bi = 0; bi < B; ++bi)
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < i; ++j)
+              ASSERT_EQ(g[size_t((bi * n + i) * n + j)], g[size_t((bi * n + j) * n + i)]) << "syrk n=" << n;
+        Tensor m = Tensor::from_doubles(random_values(size_t(B * n * n), seed++), {B, n, n}, t), mg = m.to(kGpu);
+        ops::symmetrize(m);
+        ops::symmetrize(mg);
+        EXPECT_EQ(mg.to_doubles(), m.to_doubles()) << "symmetrize n=" << n;
+      }
+    report("syrk", std::string(dtype_name(t)), worst, tol_for(t) * 10);
+  }
+}
+
 TEST(LinalgGpu, GemmBf16MatchesCpuF32) {
   SKIP_WITHOUT_GPU();
   // bf16 inputs are exact in f32, so the CPU f32 product of the same values is the reference;

@@ -88,6 +88,71 @@ TEST(CkptState, SaveAndLoadAcrossRanks) {
   if (rank == 0) fs::remove_all(dir);
 }
 
+// A symmetric matrix of side d with distinct entries above the diagonal.
+Tensor symmetric(int64_t d, DType t, uint64_t seed) {
+  Tensor a = filled({d, d}, t, seed);
+  std::vector<double> v = a.to_doubles();
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t j = 0; j < i; ++j) v[static_cast<size_t>(i * d + j)] = v[static_cast<size_t>(j * d + i)];
+  Tensor s = Tensor::from_doubles(v, {d, d}, t);
+  return s;
+}
+
+// Symmetric matrices (Shampoo's factors and roots) are stored as their upper triangle, row by
+// row, in full checkpoints (owned by any rank) and in sharded states (per rank); they come back
+// whole, bit for bit; a matrix stored whole (before packing) still loads.
+TEST(CkptState, SymmetricMatricesStoredPacked) {
+  auto comm = Runtime::get().world();
+  const int rank = comm->rank(), n = comm->size();
+  const fs::path dir = shared_tmpdir();
+  auto entry = [&](int b, bool zero, int owner) {
+    const int64_t d = 3 + b;
+    StateEntry e{"optim/f" + std::to_string(b), zero ? Tensor::zeros({d, d}, DType::f64) : symmetric(d, DType::f64, 20 + b), owner};
+    e.symmetric = true;
+    return e;
+  };
+  // Full checkpoint: block b owned by rank b % n; restored by rank (b + 1) % n.
+  std::vector<StateEntry> mine, back;
+  for (int b = 0; b < 3; ++b) {
+    if (b % n == rank) mine.push_back(entry(b, false, b % n));
+    if ((b + 1) % n == rank) back.push_back(entry(b, true, (b + 1) % n));
+  }
+  Metadata meta;
+  meta.program = "test";
+  meta.world_size = n;
+  save_state(dir / "full.h5", mine, meta, *comm);
+  Reader r(dir / "full.h5");
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(r.info("optim/f" + std::to_string(b)).shape, (Shape{(3 + b) * (4 + b) / 2}));
+  // Packed row by row from the diagonal: the first row whole, then the second from column 1.
+  const std::vector<double> stored = r.read("optim/f0").to_doubles(), want = symmetric(3, DType::f64, 20).to_doubles();
+  EXPECT_EQ(stored, (std::vector<double>{want[0], want[1], want[2], want[4], want[5], want[8]}));
+  EXPECT_TRUE(load_state(r, back, rank, n));
+  for (const auto& e : back) expect_same(e.tensor, symmetric(e.tensor.dim(0), DType::f64, 20 + e.tensor.dim(0) - 3));
+
+  // Sharded state: each rank's own matrix, per rank.
+  std::vector<StateEntry> own{entry(rank, false, kPerRank)}, own_back{entry(rank, true, kPerRank)};
+  save_sharded_state(dir / "sharded", own, meta, *comm);
+  Reader rs(dir / "sharded");
+  EXPECT_EQ(rs.info("ranks/" + std::to_string(rank) + "/optim/f" + std::to_string(rank)).shape,
+            (Shape{(3 + rank) * (4 + rank) / 2}));
+  EXPECT_TRUE(load_state(rs, own_back, rank, n));
+  expect_same(own_back[0].tensor, symmetric(3 + rank, DType::f64, 20 + rank));
+
+  // Stored whole (not packed): read as it is.
+  comm->barrier();
+  if (rank == 0) {
+    std::vector<StateEntry> whole{entry(0, false, 0)};
+    whole[0].symmetric = false;
+    auto local = comm::make_local_communicator();
+    save_state(dir / "whole.h5", whole, meta, *local);
+    std::vector<StateEntry> in{entry(0, true, 0)};
+    EXPECT_TRUE(load_state(Reader(dir / "whole.h5"), in, 0, 1));
+    expect_same(in[0].tensor, symmetric(3, DType::f64, 20));
+  }
+  comm->barrier();
+  if (rank == 0) fs::remove_all(dir);
+}
+
 TEST(CkptState, ShardedStateWithPerRankEntriesOfDifferentShapes) {
   auto& rt = Runtime::get();
   auto comm = rt.world();

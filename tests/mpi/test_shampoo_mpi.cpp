@@ -89,7 +89,10 @@ int sum_over_ranks(comm::Communicator& c, int v) {
 std::vector<ckpt::StateEntry> entries(Optimizer& opt, RunState& r) {
   std::vector<ckpt::StateEntry> e;
   for (auto& p : r.params) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
-  for (auto& [name, t] : opt.state()) e.push_back({"optim/" + name, t, opt.owner(name)});
+  for (auto& [name, t] : opt.state()) {
+    e.push_back({"optim/" + name, t, opt.owner(name)});
+    e.back().symmetric = opt.symmetric(name);
+  }
   return e;
 }
 

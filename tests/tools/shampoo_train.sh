@@ -41,6 +41,10 @@ run $mpiexec -n 2 $st $common --steps 7 --stop-at 4 --checkpoint-dir ck
 run $mpiexec -n 2 $st $common --steps 7 --resume ck --save r2.h5
 run $si diff ws2.h5 r2.h5
 [ $rc = 0 ] && ok "resume on 2 ranks is exact" || bad "resume differs" "$(cat $tmp/o)"
+run $si ls r2.h5
+packed=$(grep -cE '/(factor|root)[0-9]+ +f32 +\[[0-9]+\] ' $tmp/o) whole=$(grep -cE '/(factor|root)[0-9]+ +f32 +\[[0-9]+, ' $tmp/o)
+[ $rc = 0 ] && [ "$packed" -gt 0 ] && [ "$whole" = 0 ] && ok "factors and roots stored packed ($packed)" \
+  || bad "factors and roots not packed ($packed packed, $whole whole)" "$(grep -E 'factor|root' $tmp/o | head -4)"
 run $mpiexec -n 4 $st $common --steps 7 --resume ck --save r4.h5
 run $si diff ws1.h5 r4.h5 model/ --rtol 1e-3 --atol 1e-4
 [ $rc = 0 ] && ok "2-rank checkpoint resumes on 4 ranks (blocks reassigned)" || bad "resume on 4" "$(cat $tmp/o)" "$(cat $tmp/e)"

@@ -232,8 +232,8 @@ TEST(LinalgGemm, BatchedMatchesPerMatrix) {
       }
 }
 
-// syrk against A A^T (A^T A) in f64, from a symmetric C, batched, k = 0; exactly symmetric on
-// the CPU (its upper triangle mirrors the lower); usage errors.
+// syrk against A A^T (A^T A) in f64, from a symmetric C, batched, k = 0; exactly symmetric
+// (its upper triangle mirrors the lower); usage errors.
 TEST(LinalgSyrk, MatchesGemmAndIsSymmetric) {
   const int64_t B = 3;
   uint64_t seed = 300;
@@ -270,6 +270,31 @@ TEST(LinalgSyrk, MatchesGemmAndIsSymmetric) {
   EXPECT_THROW(ops::syrk(false, 1.0, a, 0.0, r), UsageError);  // not square
   Tensor a64 = Tensor::zeros({4, 3}, DType::f64);
   EXPECT_THROW(ops::syrk(false, 1.0, a64, 0.0, c4), UsageError);  // dtypes differ
+}
+
+// symmetrize: the upper triangle takes the lower's values, the lower and diagonal unchanged;
+// 2-D and batched; usage errors.
+TEST(LinalgSymmetrize, CopiesLowerIntoUpper) {
+  for (DType t : kFloatTypes)
+    for (int64_t n : {1, 5, 70, 131}) {
+      const int64_t B = 2;
+      const Mat v = rounded(random_values(size_t(B * n * n), 900 + uint64_t(n)), t);
+      Tensor m = Tensor::from_doubles(v, {B, n, n}, t);
+      ops::symmetrize(m);
+      const Mat got = m.to_doubles();
+      for (int64_t bi = 0; bi < B; ++bi)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(got[size_t((bi * n + i) * n + j)], v[size_t((bi * n + std::max(i, j)) * n + std::min(i, j))])
+                << dtype_name(t) << " n=" << n << " (" << i << ", " << j << ")";
+      Tensor one = Tensor::from_doubles(Mat(v.begin(), v.begin() + n * n), {n, n}, t);
+      ops::symmetrize(one);
+      EXPECT_EQ(one.to_doubles(), Mat(got.begin(), got.begin() + n * n));
+    }
+  Tensor r = Tensor::zeros({4, 5}, DType::f32), v = Tensor::zeros({4}, DType::f32), i = Tensor::zeros({3, 3}, DType::i64);
+  EXPECT_THROW(ops::symmetrize(r), UsageError);
+  EXPECT_THROW(ops::symmetrize(v), UsageError);
+  EXPECT_THROW(ops::symmetrize(i), UsageError);
 }
 
 TEST(LinalgGemm, UsageErrors) {

@@ -333,7 +333,11 @@ void FileWriter::create(const std::string& name, const Shape& shape, DType t) {
       if (dims[i] == 0) maxdims[i] = H5S_UNLIMITED;  // chunk sizes must not exceed fixed extents
       chunk[i] = std::max<hsize_t>(1, dims[i]);
     }
-    chunk[0] = std::clamp<hsize_t>(kChunkBytes / row_bytes, 1, std::max<hsize_t>(1, dims[0]));
+    // Rows per chunk: at most kChunkBytes, in chunks of equal size (a last chunk filled only in
+    // part would still take a whole chunk's space on disk).
+    const hsize_t rows = std::max<hsize_t>(1, dims[0]);
+    const hsize_t most = std::clamp<hsize_t>(kChunkBytes / row_bytes, 1, rows), count = (rows + most - 1) / most;
+    chunk[0] = (rows + count - 1) / count;
     // Rows far larger than a chunk (HDF5 caps chunks at 4 GiB) are split along dim 1 too.
     if (chunk.size() > 1 && row_bytes > 64 * kChunkBytes)
       chunk[1] = std::max<hsize_t>(1, kChunkBytes / (row_bytes / std::max<hsize_t>(1, dims[1])));

@@ -32,6 +32,43 @@ std::string recv_bytes(comm::Communicator& c, int src) {
   return s;
 }
 
+int64_t packed_size(int64_t d) { return d * (d + 1) / 2; }
+
+Shape stored_shape(const StateEntry& e) { return e.symmetric ? Shape{packed_size(e.tensor.dim(0))} : e.tensor.shape(); }
+
+// The entry's tensor as stored, on the host: a symmetric matrix packed (StateEntry::symmetric).
+Tensor stored_form(const StateEntry& e) {
+  Tensor h = e.tensor.to(Device::cpu());
+  if (!e.symmetric) return h;
+  const int64_t d = h.dim(0);
+  if (h.ndim() != 2 || h.dim(1) != d) fail("ckpt: " + e.name + " is marked symmetric but is " + shape_str(h.shape()));
+  const size_t es = dtype_size(h.dtype());
+  Tensor p = Tensor::empty({packed_size(d)}, h.dtype());
+  const char* src = static_cast<const char*>(h.data());
+  char* dst = static_cast<char*>(p.data());
+  for (int64_t i = 0; i < d; ++i) {
+    const size_t n = static_cast<size_t>(d - i) * es;
+    std::memcpy(dst, src + static_cast<size_t>(i * d + i) * es, n);
+    dst += n;
+  }
+  return p;
+}
+
+// Fills the symmetric [d, d] host tensor `full` from its packed upper triangle.
+void unpack_symmetric(const Tensor& packed, Tensor& full) {
+  const int64_t d = full.dim(0);
+  const size_t es = dtype_size(full.dtype());
+  const char* src = static_cast<const char*>(packed.data());
+  char* dst = static_cast<char*>(full.data());
+  for (int64_t i = 0; i < d; ++i) {
+    const size_t n = static_cast<size_t>(d - i) * es;
+    std::memcpy(dst + static_cast<size_t>(i * d + i) * es, src, n);  // row i from the diagonal on
+    for (int64_t j = i + 1; j < d; ++j)                               // and its mirror, column i
+      std::memcpy(dst + static_cast<size_t>(j * d + i) * es, src + static_cast<size_t>(j - i) * es, es);
+    src += n;
+  }
+}
+
 }  // namespace
 
 void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
@@ -40,15 +77,15 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
   if (rank != 0) {
     // Announce the entries this rank contributes, then send them one by one.
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& e : entries)
-      if (e.owner != kReplicated && mine(e, rank))
-        list.push_back({{"name", stored_name(e, rank)}, {"shape", e.tensor.shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
-    send_bytes(comm, list.dump());
+    std::vector<Tensor> sent;
     for (const auto& e : entries)
       if (e.owner != kReplicated && mine(e, rank)) {
-        Tensor h = e.tensor.to(Device::cpu());
-        if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync);
+        sent.push_back(stored_form(e));
+        list.push_back({{"name", stored_name(e, rank)}, {"shape", sent.back().shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
       }
+    send_bytes(comm, list.dump());
+    for (const Tensor& h : sent)
+      if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync);
   }
   int ok = 1;
   std::string err;
@@ -71,7 +108,7 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
       }
     };
     for (const auto& e : entries)
-      if (mine(e, 0)) write(stored_name(e, 0), e.tensor);
+      if (mine(e, 0)) write(stored_name(e, 0), e.symmetric ? stored_form(e) : e.tensor);
     for (int r = 1; r < comm.size(); ++r) {
       const auto list = nlohmann::json::parse(recv_bytes(comm, r));
       for (const auto& item : list) {
@@ -104,7 +141,7 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
     nlohmann::json list = nlohmann::json::array();
     for (const auto& e : entries)
       if (e.owner == kPerRank)
-        list.push_back({{"name", stored_name(e, rank)}, {"shape", e.tensor.shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
+        list.push_back({{"name", stored_name(e, rank)}, {"shape", stored_shape(e)}, {"dtype", dtype_name(e.tensor.dtype())}});
     send_bytes(comm, list.dump());
   } else {
     for (int r = 1; r < comm.size(); ++r)
@@ -119,9 +156,9 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
       if (e.owner == kSharded) {
         w.write_shard(e.name, e.shape, e.tensor.to(Device::cpu()), e.offsets, e.lengths);
       } else if (e.owner == kReplicated) {
-        w.write_whole(e.name, e.tensor.shape(), e.tensor.dtype(), 0, rank == 0 ? e.tensor.to(Device::cpu()) : Tensor());
+        w.write_whole(e.name, stored_shape(e), e.tensor.dtype(), 0, rank == 0 ? stored_form(e) : Tensor());
       } else if (e.owner == kPerRank) {
-        w.write_whole(stored_name(e, rank), e.tensor.shape(), e.tensor.dtype(), rank, e.tensor.to(Device::cpu()));
+        w.write_whole(stored_name(e, rank), stored_shape(e), e.tensor.dtype(), rank, stored_form(e));
       } else {
         fail("save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated and "
              "per-rank state");
@@ -163,6 +200,12 @@ bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank
       continue;
     }
     const TensorInfo& ti = reader.info(name);  // UsageError naming it when missing
+    if (e.symmetric && ti.dtype == e.tensor.dtype() && ti.shape == stored_shape(e)) {
+      Tensor full = Tensor::empty(e.tensor.shape(), e.tensor.dtype());
+      unpack_symmetric(reader.read(name), full);
+      e.tensor.copy_from(full);
+      continue;
+    }
     if (ti.shape != e.tensor.shape() || ti.dtype != e.tensor.dtype())
       fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
                  ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.tensor.shape()));

@@ -29,6 +29,10 @@ struct StateEntry {
   // [offsets[rank], offsets[rank] + lengths[rank])).
   Shape shape;
   std::vector<int64_t> offsets, lengths;
+  // A symmetric [d, d] matrix (Shampoo's factors and roots; not kSharded): stored packed, its
+  // upper triangle row by row, a vector of d (d + 1) / 2 elements. load_state reads it back as
+  // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.
+  bool symmetric = false;
 };
 
 // Writes a full checkpoint at `path`. Collective over `comm` (a host communicator): every rank

@@ -61,6 +61,7 @@
   void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean, double std);                           \
   void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c); \
   void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c);                                 \
+  void symmetrize(Tensor& c);                                                                                   \
   void orthonormalize_mgs(Tensor& a, double eps);                                                               \
   void orthonormalize_qr(Tensor& a);                                                                            \
   void eigh(const Tensor& a, Tensor& w, Tensor& v);                                                             \

@@ -81,6 +81,13 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   DTK_DISPATCH(c, gemm(trans_a, trans_b, alpha, a, b, beta, c));
 }
 
+void symmetrize(Tensor& c) {
+  if (c.ndim() < 2 || c.ndim() > 3 || c.dim(-1) != c.dim(-2))
+    fail_usage("symmetrize: c must be [n, n] or [B, n, n], got " + c.str());
+  if (c.dtype() != DType::f32 && c.dtype() != DType::f64) fail_usage("symmetrize: c must be f32 or f64, got " + c.str());
+  DTK_DISPATCH(c, symmetrize(c));
+}
+
 void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
   if (a.dtype() == DType::bf16) fail_usage("syrk: a must be f32 or f64, got " + a.str());
   if (c.ndim() >= 2 && c.dim(-1) != c.dim(-2)) fail_usage("syrk: c must be square, got " + c.str());

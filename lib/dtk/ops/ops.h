@@ -122,9 +122,13 @@ void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean = 0, doubl
 // f32 or f64 throughout; on CUDA also A and B bf16 with C f32 (f32 accumulation).
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c);
 // C = alpha * A A^T + beta * C (trans: alpha * A^T A + beta * C), A [n, k] (or [k, n]), C [n, n],
-// f32 or f64, 2-D or batched as gemm. On the CPU half of gemm's products (BLAS ?syrk on the lower
-// triangle, mirrored into the upper: exactly symmetric); on CUDA a gemm (symmetric to rounding).
+// f32 or f64, 2-D or batched as gemm. Exactly symmetric: the lower triangle is computed (the CPU:
+// BLAS ?syrk, half of gemm's products; CUDA: a strided-batched gemm, cuBLAS's ?syrk not being
+// batched) and mirrored into the upper (symmetrize).
 void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c);
+// Copies the lower triangle of a square matrix [n, n] (or of each of [B, n, n]) into its upper
+// triangle: exactly symmetric afterwards. f32 or f64.
+void symmetrize(Tensor& c);
 // Orthonormalise the columns of a [m, r] (or each matrix of [B, m, r]) in place.
 // Modified Gram-Schmidt: a column whose norm is below eps becomes zero (never NaN).
 void orthonormalize_mgs(Tensor& a, double eps = 1e-8);

@@ -38,6 +38,12 @@ class Optimizer {
     (void)state_name;
     return -1;
   }
+  // Whether a state tensor is a symmetric matrix (Shampoo's factors and roots), which
+  // checkpoints store packed (ckpt::StateEntry::symmetric).
+  virtual bool symmetric(const std::string& state_name) const {
+    (void)state_name;
+    return false;
+  }
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params);

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -371,6 +372,19 @@ class Shampoo final : public Optimizer {
     // group that holds a copy answers -1 for it: a replica, restored by name, never written.
     if (!in_group0_ && b.owner == group_rank_) return -1;
     return b.owner;
+  }
+
+  bool symmetric(const std::string& name) const override {
+    const size_t slash = name.rfind('/');
+    if (slash == std::string::npos) return false;
+    const std::string leaf = name.substr(slash + 1);
+    for (const char* kind : {"factor", "root"}) {
+      const size_t n = std::strlen(kind);
+      if (leaf.size() > n && leaf.compare(0, n, kind) == 0 &&
+          leaf.find_first_not_of("0123456789", n) == std::string::npos)
+        return true;
+    }
+    return false;
   }
 
   void step(std::vector<nn::Param>& params, double lr) override {
@@ -868,6 +882,8 @@ class Shampoo final : public Optimizer {
               failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
           }
         }
+        // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
+        ops::symmetrize(R);
       }
     }
     int64_t* fails = gr.failures.ptr<int64_t>();

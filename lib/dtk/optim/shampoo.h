@@ -69,6 +69,8 @@
 // names do not depend on the world size:
 //   shampoo/<param>/block<i>/factor<k>      [b_k, b_k] factor dtype   (k < order)
 //   shampoo/<param>/block<i>/root<k>        [b_k, b_k] f32
+// (factors and roots are exactly symmetric, syrk and ops::symmetrize: symmetric() names them,
+// and checkpoints store them packed, ckpt::StateEntry::symmetric)
 //   shampoo/<param>/block<i>/eigvecs<k>     [b_k, b_k] factor dtype (root_method qr: Q, columns)
 //   shampoo/<param>/block<i>/graft          block shape, f32 (adagrad, rmsprop, adam grafting)
 //   shampoo/<param>/block<i>/filtered_grad  block shape, f32 (beta1 > 0)

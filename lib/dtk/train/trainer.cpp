@@ -540,6 +540,7 @@ class Trainer {
       if (like_param && par_->rows(it->second)) e.push_back(entry("optim/" + name, t, par_->rows(it->second)));
       else if (sharded() && owner != ckpt::kReplicated) e.push_back({"optim/" + name, t, ckpt::kPerRank});
       else e.push_back({"optim/" + name, t, owner});
+      e.back().symmetric = optim_->symmetric(name);
     }
     if (compressor_)
       for (auto& [name, t] : compressor_->state())

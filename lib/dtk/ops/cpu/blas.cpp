@@ -63,18 +63,33 @@ void syrk_typed(bool trans, double alpha, const Tensor& a, double beta, Tensor& 
       continue;
     }
     blas_syrk(trans, n, k, alpha, ap + i * a_stride, lda, beta, ci);
-    // The upper triangle from the lower, in 64 x 64 tiles (the transposed reads stay in cache).
-    constexpr int kTile = 64;
+  }
+  symmetrize(c);
+}
+
+// The upper triangle from the lower, in 64 x 64 tiles (the transposed reads stay in cache).
+template <typename T>
+void symmetrize_typed(Tensor& c) {
+  const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1, n = c.dim(-1);
+  constexpr int64_t kTile = 64;
+  for (int64_t i = 0; i < batch; ++i) {
+    T* ci = c.ptr<T>() + i * n * n;
 #pragma omp parallel for schedule(static)
-    for (int r0 = 0; r0 < n; r0 += kTile)
-      for (int c0 = r0; c0 < n; c0 += kTile)
-        for (int r = r0; r < std::min(n, r0 + kTile); ++r)
-          for (int cc = std::max(c0, r + 1); cc < std::min(n, c0 + kTile); ++cc)
-            ci[int64_t(r) * n + cc] = ci[int64_t(cc) * n + r];
+    for (int64_t r0 = 0; r0 < n; r0 += kTile)
+      for (int64_t c0 = r0; c0 < n; c0 += kTile)
+        for (int64_t r = r0; r < std::min(n, r0 + kTile); ++r)
+          for (int64_t cc = std::max(c0, r + 1); cc < std::min(n, c0 + kTile); ++cc) ci[r * n + cc] = ci[cc * n + r];
   }
 }
 
 }  // namespace
+
+void symmetrize(Tensor& c) {
+  if (c.dtype() == DType::f32)
+    symmetrize_typed<float>(c);
+  else
+    symmetrize_typed<double>(c);
+}
 
 void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
   if (c.dtype() == DType::f32)

@@ -10,6 +10,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cuda/common.cuh"
 #include "dtk/ops/cuda/lazy.h"
 
 // The C symbols of the two GEMMs that cublas_api.h also overloads for C++ (compute type as cudaDataType).
@@ -52,8 +53,36 @@ cublasHandle_t cublas_handle() {
   return it->second;
 }
 
-// cuBLAS's ?syrk is not batched: one strided-batched gemm of A with itself (symmetric to rounding).
-void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) { gemm(trans, !trans, alpha, a, a, beta, c); }
+namespace {
+
+// Element (r, c) above the diagonal of each matrix takes (c, r): the upper triangle from the lower.
+template <typename T>
+__global__ void symmetrize_kernel(T* m, int64_t n, int64_t total) {
+  for (int64_t e = kern::global_tid(); e < total; e += kern::grid_stride()) {
+    const int64_t within = e % (n * n), r = within / n, c = within % n;
+    if (c > r) m[e - within + r * n + c] = m[e - within + c * n + r];
+  }
+}
+
+}  // namespace
+
+void symmetrize(Tensor& c) {
+  const int64_t n = c.dim(-1), total = c.numel();
+  if (total == 0) return;
+  constexpr int kThreads = 256;
+  kern::visit_float(c.dtype(), [&](auto t) {
+    using T = decltype(t);
+    symmetrize_kernel<T><<<kern::grid_for(total, kThreads), kThreads, 0, kern::stream()>>>(c.ptr<T>(), n, total);
+  });
+  kern::check_launch("symmetrize");
+}
+
+// cuBLAS's ?syrk is not batched: one strided-batched gemm of A with itself, whose lower triangle
+// is then mirrored into the upper (exactly symmetric, like the CPU's).
+void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
+  gemm(trans, !trans, alpha, a, a, beta, c);
+  symmetrize(c);
+}
 
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
   const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1;
