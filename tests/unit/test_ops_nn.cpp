@@ -572,5 +572,232 @@ TEST(OpsNN, SoftmaxUsageErrors) {
   EXPECT_THROW(ops::softmax_forward(xi, xi), UsageError);
 }
 
+// ---------------------------------------------------------------------------- convolutional nets
+
+struct ConvCase {
+  int64_t N, C, H, W, K;
+  ops::Window g;
+};
+// 3x3 stride 1 pad 1 (ResNet's), 3x3 stride 2 pad 1, 1x1 stride 2 (the downsampling shortcut),
+// a non-square kernel with unequal strides and padding, a kernel as large as the image.
+const ConvCase kConvCases[] = {{2, 3, 5, 6, 4, {3, 3, 1, 1, 1, 1}},
+                               {1, 2, 7, 7, 3, {3, 3, 2, 2, 1, 1}},
+                               {2, 3, 6, 5, 2, {1, 1, 2, 2, 0, 0}},
+                               {1, 2, 6, 7, 3, {2, 3, 2, 1, 1, 2}},
+                               {1, 1, 3, 3, 1, {3, 3, 1, 1, 0, 0}}};
+
+// Direct convolution in f64: y[n, k, p, q] = sum over c, i, j of w[k, c, i, j] x[n, c, h, w].
+Vec ref_conv(const Vec& x, const Vec& w, const ConvCase& c) {
+  const ops::Window& g = c.g;
+  const int64_t P = g.out_h(c.H), Q = g.out_w(c.W);
+  Vec y(static_cast<size_t>(c.N * c.K * P * Q), 0.0);
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t k = 0; k < c.K; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          double s = 0;
+          for (int64_t ch = 0; ch < c.C; ++ch)
+            for (int64_t i = 0; i < g.kh; ++i)
+              for (int64_t j = 0; j < g.kw; ++j) {
+                const int64_t h = p * g.stride_h - g.pad_h + i, ww = q * g.stride_w - g.pad_w + j;
+                if (h >= 0 && h < c.H && ww >= 0 && ww < c.W)
+                  s += w[((k * c.C + ch) * g.kh + i) * g.kw + j] * x[((n * c.C + ch) * c.H + h) * c.W + ww];
+              }
+          y[((n * c.K + k) * P + p) * Q + q] = s;
+        }
+  return y;
+}
+
+TEST(OpsNN, Conv2dForwardMatchesDirectConvolution) {
+  for (DType t : kFloats)
+    for (const ConvCase& c : kConvCases) {
+      const ops::Window& g = c.g;
+      const int64_t P = g.out_h(c.H), Q = g.out_w(c.W);
+      const Vec x = rounded(randn(c.N * c.C * c.H * c.W, 31), t), w = rounded(randn(c.K * c.C * g.kh * g.kw, 32), t);
+      Tensor y = Tensor::empty({c.N, c.K, P, Q}, t), cols = Tensor::empty({c.C * g.kh * g.kw, P * Q}, t);
+      ops::conv2d_forward(make(x, {c.N, c.C, c.H, c.W}, t), make(w, {c.K, c.C, g.kh, g.kw}, t), g, cols, y);
+      expect_close(y.to_doubles(), ref_conv(x, w, c), tol_of(t) * 10, "conv2d " + std::string(dtype_name(t)));
+    }
+}
+
+// col2im is im2col's adjoint: <im2col(x), r> = <x, col2im(r)>.
+TEST(OpsNN, Col2imIsTheAdjointOfIm2col) {
+  for (const ConvCase& c : kConvCases) {
+    const ops::Window& g = c.g;
+    const Shape cs{c.C * g.kh * g.kw, g.out_h(c.H) * g.out_w(c.W)};
+    const Vec x = randn(c.C * c.H * c.W, 33), r = randn(cs[0] * cs[1], 34);
+    Tensor cols = Tensor::empty(cs, DType::f64), dx = Tensor::empty({c.C, c.H, c.W}, DType::f64);
+    ops::im2col(make(x, {c.C, c.H, c.W}), g, cols);
+    ops::col2im(make(r, cs), g, dx);
+    EXPECT_NEAR(dotv(cols.to_doubles(), r), dotv(x, dx.to_doubles()), 1e-12 * (1 + std::fabs(dotv(x, dx.to_doubles()))));
+  }
+}
+
+TEST(OpsNN, Conv2dBackwardFiniteDifferences) {
+  for (const ConvCase& c : kConvCases) {
+    const ops::Window& g = c.g;
+    const int64_t P = g.out_h(c.H), Q = g.out_w(c.W);
+    const Shape xs{c.N, c.C, c.H, c.W}, ws{c.K, c.C, g.kh, g.kw}, cs{c.C * g.kh * g.kw, P * Q};
+    const Vec x = randn(c.N * c.C * c.H * c.W, 35), w = randn(c.K * c.C * g.kh * g.kw, 36);
+    const Vec r = randn(c.N * c.K * P * Q, 37), dw0 = randn(c.K * c.C * g.kh * g.kw, 38);
+    Tensor cols = Tensor::empty(cs, DType::f64), dcols = Tensor::empty(cs, DType::f64);
+    Tensor dw = make(dw0, ws), dx = Tensor::empty(xs, DType::f64);
+    ops::conv2d_backward(make(x, xs), make(w, ws), make(r, {c.N, c.K, P, Q}), g, cols, dcols, dw, &dx);
+    const std::string what = "conv2d backward kernel " + std::to_string(g.kh) + "x" + std::to_string(g.kw);
+    expect_close(dx.to_doubles(), numeric_grad(x, [&](const Vec& xv) { return dotv(ref_conv(xv, w, c), r); }), kFdTol,
+                 what + " dx");
+    Vec dw_num = numeric_grad(w, [&](const Vec& wv) { return dotv(ref_conv(x, wv, c), r); });
+    for (size_t i = 0; i < dw_num.size(); ++i) dw_num[i] += dw0[i];  // dw accumulates
+    expect_close(dw.to_doubles(), dw_num, kFdTol, what + " dw");
+    // Without dx: the same dw.
+    Tensor dw2 = make(dw0, ws);
+    ops::conv2d_backward(make(x, xs), make(w, ws), make(r, {c.N, c.K, P, Q}), g, cols, dcols, dw2, nullptr);
+    EXPECT_EQ(dw2.to_doubles(), dw.to_doubles());
+  }
+}
+
+// Max over each window (padding excluded) in f64; argmax the first winner in row-major order.
+Vec ref_maxpool(const Vec& x, int64_t NC, int64_t H, int64_t W, const ops::Window& g, std::vector<int>* arg = nullptr) {
+  const int64_t P = g.out_h(H), Q = g.out_w(W);
+  Vec y(static_cast<size_t>(NC * P * Q));
+  if (arg) arg->assign(y.size(), -1);
+  for (int64_t nc = 0; nc < NC; ++nc)
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t q = 0; q < Q; ++q) {
+        double m = -INFINITY;
+        int best = -1;
+        for (int64_t i = 0; i < g.kh; ++i)
+          for (int64_t j = 0; j < g.kw; ++j) {
+            const int64_t h = p * g.stride_h - g.pad_h + i, w = q * g.stride_w - g.pad_w + j;
+            if (h < 0 || h >= H || w < 0 || w >= W) continue;
+            if (best < 0 || x[(nc * H + h) * W + w] > m) {
+              m = x[(nc * H + h) * W + w];
+              best = static_cast<int>(h * W + w);
+            }
+          }
+        y[(nc * P + p) * Q + q] = m;
+        if (arg) (*arg)[(nc * P + p) * Q + q] = best;
+      }
+  return y;
+}
+
+TEST(OpsNN, MaxPoolForwardAndBackward) {
+  // torchvision's 3x3 stride 2 pad 1 (windows overlap), 2x2 stride 2, a non-square window.
+  const ops::Window wins[] = {{3, 3, 2, 2, 1, 1}, {2, 2, 2, 2, 0, 0}, {2, 3, 1, 2, 1, 1}};
+  for (const ops::Window& g : wins)
+    for (DType t : kFloats) {
+      const int64_t N = 2, C = 3, H = 7, W = 6, P = g.out_h(H), Q = g.out_w(W);
+      const Vec x = rounded(randn(N * C * H * W, 41), t), r = randn(N * C * P * Q, 42);
+      Tensor y = Tensor::empty({N, C, P, Q}, t), arg = Tensor::empty({N, C, P, Q}, DType::i32);
+      ops::maxpool2d_forward(make(x, {N, C, H, W}, t), g, y, arg);
+      std::vector<int> want_arg;
+      EXPECT_EQ(y.to_doubles(), ref_maxpool(x, N * C, H, W, g, &want_arg));
+      const Vec got_arg = arg.to_doubles();
+      for (size_t i = 0; i < want_arg.size(); ++i) ASSERT_EQ(got_arg[i], want_arg[i]) << i;
+      if (t != DType::f64) continue;
+      Tensor dx = Tensor::empty({N, C, H, W}, t);
+      ops::maxpool2d_backward(arg, make(r, {N, C, P, Q}), g, dx);
+      expect_close(dx.to_doubles(), numeric_grad(x, [&](const Vec& xv) { return dotv(ref_maxpool(xv, N * C, H, W, g), r); }),
+                   kFdTol, "maxpool backward");
+    }
+  // Ties go to the first in window order; a NaN wins.
+  const ops::Window g{2, 2, 2, 2, 0, 0};
+  Tensor y = Tensor::empty({1, 1, 1, 1}, DType::f32), arg = Tensor::empty({1, 1, 1, 1}, DType::i32);
+  ops::maxpool2d_forward(make({1, 3, 3, 2}, {1, 1, 2, 2}, DType::f32), g, y, arg);
+  EXPECT_EQ(arg.to_doubles()[0], 1);
+  ops::maxpool2d_forward(make({1, NAN, 3, 2}, {1, 1, 2, 2}, DType::f32), g, y, arg);
+  EXPECT_TRUE(std::isnan(y.to_doubles()[0]));
+  EXPECT_EQ(arg.to_doubles()[0], 1);
+}
+
+// Training-mode batch norm in f64 from scratch: per channel over (n, l), biased variance.
+Vec ref_batchnorm(const Vec& x, const Vec& gamma, const Vec& beta, int64_t N, int64_t C, int64_t L, double eps) {
+  Vec y(x.size());
+  for (int64_t c = 0; c < C; ++c) {
+    double m = 0, v = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) m += x[(n * C + c) * L + l];
+    m /= static_cast<double>(N * L);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) v += (x[(n * C + c) * L + l] - m) * (x[(n * C + c) * L + l] - m);
+    v /= static_cast<double>(N * L);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const size_t i = static_cast<size_t>((n * C + c) * L + l);
+        y[i] = (x[i] - m) / std::sqrt(v + eps) * gamma[c] + beta[c];
+      }
+  }
+  return y;
+}
+
+// The batch-norm ops composed as a layer does: sums -> mean, invstd -> forward; backward from
+// the backward sums. Against the f64 reference and its finite differences.
+TEST(OpsNN, BatchnormForwardAndBackward) {
+  for (DType t : kFloats)
+    for (const Shape& s : {Shape{4, 3, 2, 5}, Shape{5, 2}, Shape{1, 1, 3, 3}}) {
+      const int64_t N = s[0], C = s[1], L = shape_numel(s) / (N * C);
+      const double eps = 1e-5, M = static_cast<double>(N * L);
+      const Vec x = rounded(randn(shape_numel(s), 51, 2.0), t), gamma = rounded(randn(C, 52), t), beta = rounded(randn(C, 53), t);
+      auto forward = [&](const Vec& xv, const Vec& gv, const Vec& bv, Tensor& mean, Tensor& invstd) {
+        Tensor sums = Tensor::empty({2, C}, DType::f64), y = Tensor::empty(s, t);
+        const Tensor xt = make(xv, s, t);
+        ops::batchnorm_reduce(xt, sums);
+        const Vec sv = sums.to_doubles();
+        Vec mv(C), rv(C);
+        for (int64_t c = 0; c < C; ++c) {
+          mv[c] = sv[c] / M;
+          rv[c] = 1 / std::sqrt(sv[C + c] / M - mv[c] * mv[c] + eps);
+        }
+        mean = make(mv, {C}, t);
+        invstd = make(rv, {C}, t);
+        ops::batchnorm_forward(xt, mean, invstd, make(gv, {C}, t), make(bv, {C}, t), y);
+        return y.to_doubles();
+      };
+      Tensor mean, invstd;
+      const std::string what = "batchnorm " + std::string(dtype_name(t)) + " " + shape_str(s);
+      expect_close(forward(x, gamma, beta, mean, invstd), ref_batchnorm(x, gamma, beta, N, C, L, eps),
+                   t == DType::f32 ? 1e-4 : 1e-10, what + " forward");
+      if (t != DType::f64 || N * L == 1) continue;
+      const Vec r = randn(shape_numel(s), 54);
+      Tensor sums = Tensor::empty({2, C}, DType::f64), dx = Tensor::empty(s, t);
+      const Tensor xt = make(x, s, t), rt = make(r, s, t);
+      ops::batchnorm_backward_reduce(rt, xt, mean, invstd, sums);
+      ops::batchnorm_backward(rt, xt, mean, invstd, make(gamma, {C}, t), sums, M, dx);
+      auto loss = [&](const Vec& xv, const Vec& gv, const Vec& bv) { return dotv(ref_batchnorm(xv, gv, bv, N, C, L, eps), r); };
+      expect_close(dx.to_doubles(), numeric_grad(x, [&](const Vec& v) { return loss(v, gamma, beta); }), kFdTol, what + " dx");
+      const Vec sv = sums.to_doubles();  // dbeta = sums[0], dgamma = sums[1]
+      expect_close(Vec(sv.begin(), sv.begin() + C), numeric_grad(beta, [&](const Vec& v) { return loss(x, gamma, v); }),
+                   kFdTol, what + " dbeta");
+      expect_close(Vec(sv.begin() + C, sv.end()), numeric_grad(gamma, [&](const Vec& v) { return loss(x, v, beta); }),
+                   kFdTol, what + " dgamma");
+    }
+}
+
+TEST(OpsNN, ConvolutionalUsageErrors) {
+  const ops::Window g{3, 3, 1, 1, 1, 1};
+  Tensor x = Tensor::zeros({2, 3, 5, 5}, DType::f32), w = Tensor::zeros({4, 3, 3, 3}, DType::f32);
+  Tensor y = Tensor::empty({2, 4, 5, 5}, DType::f32), cols = Tensor::empty({27, 25}, DType::f32);
+  EXPECT_NO_THROW(ops::conv2d_forward(x, w, g, cols, y));
+  Tensor w2 = Tensor::zeros({4, 2, 3, 3}, DType::f32);  // channels differ
+  EXPECT_THROW(ops::conv2d_forward(x, w2, g, cols, y), UsageError);
+  Tensor ybad = Tensor::empty({2, 4, 3, 3}, DType::f32);
+  EXPECT_THROW(ops::conv2d_forward(x, w, g, cols, ybad), UsageError);
+  Tensor cbad = Tensor::empty({27, 24}, DType::f32);
+  EXPECT_THROW(ops::conv2d_forward(x, w, g, cbad, y), UsageError);
+  EXPECT_THROW(ops::conv2d_forward(x, w, ops::Window{3, 3, 0, 1, 1, 1}, cols, y), UsageError);  // stride 0
+  EXPECT_THROW(ops::conv2d_forward(x, w, ops::Window{3, 3, 1, 1, 3, 3}, cols, y), UsageError);  // pad >= kernel
+  Tensor tiny = Tensor::zeros({1, 1, 2, 2}, DType::f32), tout = Tensor::empty({1, 1, 1, 1}, DType::f32);
+  Tensor targ = Tensor::empty({1, 1, 1, 1}, DType::i32);
+  EXPECT_THROW(ops::maxpool2d_forward(tiny, ops::Window{5, 5, 1, 1, 1, 1}, tout, targ), UsageError);  // does not fit
+  Tensor a64 = Tensor::empty({1, 1, 1, 1}, DType::i64);
+  EXPECT_THROW(ops::maxpool2d_forward(tiny, ops::Window{2, 2, 2, 2, 0, 0}, tout, a64), UsageError);
+  Tensor sums = Tensor::empty({2, 3}, DType::f64), s32 = Tensor::empty({2, 3}, DType::f32);
+  EXPECT_NO_THROW(ops::batchnorm_reduce(x, sums));
+  EXPECT_THROW(ops::batchnorm_reduce(x, s32), UsageError);
+  Tensor c3 = Tensor::zeros({3}, DType::f32), c4 = Tensor::zeros({4}, DType::f32);
+  EXPECT_THROW(ops::batchnorm_forward(x, c3, c3, c4, c3, x), UsageError);
+  EXPECT_THROW(ops::batchnorm_backward(x, x, c3, c3, c3, sums, 0.0, x), UsageError);
+}
+
 }  // namespace
 }  // namespace dtk

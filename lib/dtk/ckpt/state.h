@@ -27,8 +27,8 @@ struct StateEntry {
   int owner = kReplicated;  // kReplicated, kPerRank, kSharded or the owning rank
   // kSharded: the whole tensor's shape and every rank's rows of dim 0 (tensor holds rows
   // [offsets[rank], offsets[rank] + lengths[rank])).
-  Shape shape;
-  std::vector<int64_t> offsets, lengths;
+  Shape shape{};
+  std::vector<int64_t> offsets{}, lengths{};
   // A symmetric [d, d] matrix (Shampoo's factors and roots; not kSharded): stored packed, its
   // upper triangle row by row, a vector of d (d + 1) / 2 elements. load_state reads it back as
   // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.

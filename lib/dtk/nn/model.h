@@ -52,7 +52,7 @@ struct Param {
   Tensor value;      // f32; linear weights [out_features, in_features]
   Tensor grad;       // f32, same shape
   int block = 0;     // the block it belongs to
-  Shape shape;       // of value and grad, whatever the storage
+  Shape shape{};     // of value and grad, whatever the storage
 };
 
 // Where a model's parameter values and gradients live (see above).

@@ -54,6 +54,17 @@
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);          \
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,                 \
                           const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);           \
+  void im2col(const Tensor& x, const Window& win, Tensor& cols);                                                \
+  void col2im(const Tensor& cols, const Window& win, Tensor& dx);                                               \
+  void maxpool2d_forward(const Tensor& x, const Window& win, Tensor& y, Tensor& argmax);                        \
+  void maxpool2d_backward(const Tensor& argmax, const Tensor& dy, const Window& win, Tensor& dx);                \
+  void batchnorm_reduce(const Tensor& x, Tensor& sums);                                                         \
+  void batchnorm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,         \
+                         const Tensor& beta, Tensor& y);                                                        \
+  void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,   \
+                                 Tensor& sums);                                                                 \
+  void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,          \
+                          const Tensor& gamma, const Tensor& sums, double count, Tensor& dx);                   \
   void topk_abs(const Tensor& x, int64_t k, Tensor& values, Tensor& indices);                                   \
   void gather(const Tensor& x, const Tensor& indices, Tensor& out);                                             \
   void scatter_add(const Tensor& indices, const Tensor& values, Tensor& out);                                   \

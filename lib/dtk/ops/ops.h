@@ -100,6 +100,53 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
+// ---------------------------------------------------------------------------- convolutional nets
+// Images are NCHW. A window: kernel kh x kw, stride and zero padding per dimension (PyTorch's
+// Conv2d and MaxPool2d without dilation, groups or ceil_mode). An H x W input gives P x Q outputs,
+// P = (H + 2 pad_h - kh) / stride_h + 1 (floor), Q likewise; both must be at least 1.
+struct Window {
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t out_h(int64_t h) const { return (h + 2 * pad_h - kh) / stride_h + 1; }
+  int64_t out_w(int64_t w) const { return (w + 2 * pad_w - kw) / stride_w + 1; }
+};
+// Unfolds one image x [C, H, W] into cols [C kh kw, P Q]: row (c, i, j) (row-major), column
+// (p, q) holds x[c, p stride_h - pad_h + i, q stride_w - pad_w + j], 0 outside the image.
+void im2col(const Tensor& x, const Window& win, Tensor& cols);
+// The adjoint of im2col: dx [C, H, W] (overwritten), each element the sum of the cols entries
+// that im2col copies it to, added in row-major order of cols (deterministic, no atomics).
+void col2im(const Tensor& cols, const Window& win, Tensor& dx);
+// Convolution without bias, one image at a time through im2col and gemm: x [N, C, H, W],
+// w [K, C, kh, kw] (win's kernel), y [N, K, P, Q]; cols [C kh kw, P Q] is scratch.
+void conv2d_forward(const Tensor& x, const Tensor& w, const Window& win, Tensor& cols, Tensor& y);
+// dw += the weight gradient (accumulates); dx (when given, overwritten) the input gradient.
+// cols and dcols [C kh kw, P Q] are scratch.
+void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Window& win, Tensor& cols,
+                     Tensor& dcols, Tensor& dw, Tensor* dx);
+// Max pooling: y [N, C, P, Q] the maximum of each window of x [N, C, H, W] (padding never wins);
+// argmax i32 [N, C, P, Q] the winner's index h W + w within its channel (the first in row-major
+// window order among equal values; a NaN wins).
+void maxpool2d_forward(const Tensor& x, const Window& win, Tensor& y, Tensor& argmax);
+// dx [N, C, H, W] (overwritten): each input the sum of dy over the windows it won, in row-major
+// order of the outputs (deterministic, no atomics).
+void maxpool2d_backward(const Tensor& argmax, const Tensor& dy, const Window& win, Tensor& dx);
+// Batch normalisation over dim 1 (channels) of x [N, C, ...] (the rest flattened to L): each
+// channel's statistics over its N L elements. The reductions give f64 [2, C] sums, which ranks
+// can all-reduce for statistics over the whole batch (SyncBatchNorm).
+// sums[0][c] = sum of x, sums[1][c] = sum of x^2 (accumulated in f64).
+void batchnorm_reduce(const Tensor& x, Tensor& sums);
+// y = (x - mean[c]) invstd[c] gamma[c] + beta[c]; mean, invstd, gamma, beta [C] of x's dtype.
+// In place allowed (y may be x).
+void batchnorm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                       const Tensor& beta, Tensor& y);
+// sums[0][c] = sum of dy, sums[1][c] = sum of dy (x - mean[c]) invstd[c] (f64 [2, C]).
+void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                               Tensor& sums);
+// dx = gamma[c] invstd[c] (dy - sums[0][c] / count - (x - mean[c]) invstd[c] sums[1][c] / count),
+// count the number of elements per channel the statistics were taken over (all ranks' with
+// SyncBatchNorm); overwritten.
+void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                        const Tensor& gamma, const Tensor& sums, double count, Tensor& dx);
+
 // ---------------------------------------------------------------------------- selection
 // The k elements of largest magnitude of x (flattened): values (their signed values, f32/f64 as
 // x) and indices i64, by decreasing magnitude, ties by lower index.
