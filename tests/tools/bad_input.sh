@@ -109,6 +109,15 @@ one_line "psgd-train --lr nan" "psgd-train: error: --lr must be a finite number"
 one_line "psgd-train --beta2 1.5" "psgd-train: error: --beta2 must be between 0 and 1" $psgd --beta2 1.5
 one_line "psgd-train --compress-ratio 2" "psgd-train: error: --compress-ratio must be at most 1" $psgd --compress-ratio 2
 one_line "psgd-train --warmup -1" "psgd-train: error: --warmup must be at least 0" $psgd --warmup -1
+one_line "psgd-train --schedule step without decay steps" "error: --schedule step needs --decay-steps" \
+  $psgd --schedule step
+one_line "psgd-train --decay-steps without --schedule step" "error: --decay-steps needs --schedule step" \
+  $psgd --decay-steps 10
+one_line "psgd-train --decay-steps not increasing" "error: --decay-steps must increase: 10 follows 20" \
+  $psgd --schedule step --decay-steps 20,10
+one_line "psgd-train --decay-steps beyond --steps" "error: --decay-steps 300 is not before --steps 300" \
+  $psgd --schedule step --decay-steps 100,300
+one_line "psgd-train --decay-steps 0" "psgd-train: error: --decay-steps must be at least 1" $psgd --schedule step --decay-steps 0
 one_line "psgd-train --comm-timeout 0" "psgd-train: error: --comm-timeout must be positive" $psgd --comm-timeout 0
 one_line "shampoo-train --precondition-frequency 0" "shampoo-train: error: --precondition-frequency must be at least 1" \
   $shampoo --precondition-frequency 0

@@ -80,6 +80,15 @@ r = rows[-1]
 assert r["comm_bytes"] < r["comm_bytes_uncompressed"] and abs(r["compression_ratio"] - r["comm_bytes_uncompressed"] / r["comm_bytes"]) < 1e-9
 PY
 
+# ---- step decay: the metrics' learning rate follows --decay-steps after the warm-up ----
+run $psgd $common --steps 8 --lr 0.01 --warmup 2 --schedule step --decay-steps 4,6 --decay-factor 0.5 --metrics sched.jsonl
+python3 - sched.jsonl <<'PY' && ok "--schedule step: the rate halves at steps 4 and 6" || bad "step schedule (exit $rc)" "$(cat $tmp/e)" "$(cat sched.jsonl)"
+import json, sys
+lr = [json.loads(l)["lr"] for l in open(sys.argv[1])]
+want = [0.005, 0.01, 0.01, 0.01, 0.005, 0.005, 0.0025, 0.0025]
+assert len(lr) == 8 and all(abs(a - b) < 1e-12 for a, b in zip(lr, want)), lr
+PY
+
 # ---- bad input: exit 2 on every rank, nothing written, existing files untouched ----
 cp full.h5 keep.h5; sum=$(md5sum < keep.h5)
 expect2 "missing data file" "no such file" $mpiexec -n 2 $psgd $common --data nothere.h5 --steps 2 --save keep.h5

@@ -291,7 +291,22 @@ TEST(Optim, ScheduleKeySteps) {
   EXPECT_NEAR(w1.at(2), lr * 0.5, 1e-15);
   EXPECT_DOUBLE_EQ(w1.at(3), 0.0);
 
-  EXPECT_THROW((Schedule{"step", lr, 0, 10, 0.1}.at(0)), UsageError);
+  // Step decay (MultiStepLR): the factor once more at each decay step, after the warm-up.
+  Schedule st{"step", lr, 5, 100, 0.0, {30, 60, 90}, 0.1};
+  EXPECT_DOUBLE_EQ(st.at(0), lr / 5);
+  EXPECT_DOUBLE_EQ(st.at(5), lr);
+  EXPECT_DOUBLE_EQ(st.at(29), lr);
+  EXPECT_DOUBLE_EQ(st.at(30), lr * 0.1);
+  EXPECT_DOUBLE_EQ(st.at(59), lr * 0.1);
+  EXPECT_DOUBLE_EQ(st.at(60), lr * 0.1 * 0.1);
+  EXPECT_DOUBLE_EQ(st.at(99), lr * 0.1 * 0.1 * 0.1);
+  Schedule early{"step", lr, 10, 100, 0.0, {3}, 0.5};  // a decay within the warm-up: at its end
+  EXPECT_DOUBLE_EQ(early.at(9), lr);
+  EXPECT_DOUBLE_EQ(early.at(10), lr * 0.5);
+  Schedule bad{"step", lr, 0, 100, 0.0, {30, 30}, 0.1};
+  EXPECT_THROW(bad.at(40), UsageError);
+
+  EXPECT_THROW((Schedule{"exponential", lr, 0, 10, 0.1}.at(0)), UsageError);
   EXPECT_THROW((Schedule{"cosine", lr, 0, 10, 1.5}.at(0)), UsageError);
   EXPECT_THROW((Schedule{"cosine", lr, -1, 10, 0.1}.at(0)), UsageError);
   EXPECT_THROW(s.at(-1), UsageError);

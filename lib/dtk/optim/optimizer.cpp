@@ -170,15 +170,26 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vec
 // clamped to [0, 1]; linear lr * (1 - (1 - min_ratio) q), cosine lr * (min_ratio + (1 - min_ratio)
 // (1 + cos(pi q)) / 2); from `total` on the rate stays at lr * min_ratio. When total <= warmup
 // the decay has no length: the rate is lr * min_ratio from step `warmup` on.
+// Step decay: lr decay_factor^k from step `warmup` on, k the number of decay steps <= step (a
+// decay step within the warm-up takes effect at its end).
 double Schedule::at(int64_t step) const {
-  if (kind != "constant" && kind != "linear" && kind != "cosine")
-    fail_usage("schedule: unknown kind '" + kind + "' (expected constant, linear or cosine)");
+  if (kind != "constant" && kind != "linear" && kind != "cosine" && kind != "step")
+    fail_usage("schedule: unknown kind '" + kind + "' (expected constant, linear, cosine or step)");
   if (!(lr >= 0) || !std::isfinite(lr)) fail_usage("schedule: lr must be finite and >= 0, got " + std::to_string(lr));
   if (warmup < 0) fail_usage("schedule: warmup must be >= 0, got " + std::to_string(warmup));
   if (!(min_ratio >= 0 && min_ratio <= 1)) fail_usage("schedule: min_ratio must be in [0, 1], got " + std::to_string(min_ratio));
   if (step < 0) fail_usage("schedule: step must be >= 0, got " + std::to_string(step));
   if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (kind == "constant") return lr;
+  if (kind == "step") {
+    double r = lr;
+    for (size_t i = 0; i < decay_steps.size(); ++i) {
+      if (decay_steps[i] < 1 || (i > 0 && decay_steps[i] <= decay_steps[i - 1]))
+        fail_usage("schedule: decay steps must be at least 1 and strictly increasing");
+      if (decay_steps[i] <= step) r *= decay_factor;
+    }
+    return r;
+  }
   const int64_t span = total - warmup;
   const double q = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(span));
   if (kind == "linear") return lr * (1.0 - (1.0 - min_ratio) * q);

@@ -49,13 +49,17 @@ class Optimizer {
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params);
 
 // Learning rate at a step (0-based): linear warm-up from lr/warmup to lr over `warmup` steps,
-// then constant, linear decay, or cosine decay to lr * min_ratio at `total` steps.
+// then constant, linear decay, or cosine decay to lr * min_ratio at `total` steps, or step decay
+// (the papers' ResNet schedules, PyTorch's MultiStepLR): lr times decay_factor^k, k the number
+// of decay_steps at or before the step (strictly increasing, each at least 1).
 struct Schedule {
-  std::string kind = "cosine";  // "constant" | "linear" | "cosine"
+  std::string kind = "cosine";  // "constant" | "linear" | "cosine" | "step"
   double lr = 1e-3;
   int64_t warmup = 0;
   int64_t total = 1;
   double min_ratio = 0.1;
+  std::vector<int64_t> decay_steps{};  // step
+  double decay_factor = 0.1;           // step
   double at(int64_t step) const;
 };
 

@@ -65,11 +65,18 @@ void add_options(CLI::App& app, Options& o) {
                  "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
                  "spans --steps); --resume continues")->group(g)->check(cli::at_least(0));
   app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(cli::positive());
-  app.add_option("--schedule", o.schedule, "learning-rate schedule after warm-up: constant, linear or cosine")
-      ->group(g)->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  app.add_option("--schedule", o.schedule,
+                 "learning-rate schedule after warm-up: constant, linear, cosine or step (--decay-steps)")
+      ->group(g)->check(CLI::IsMember({"constant", "linear", "cosine", "step"}));
   app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
   app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
       ->group(g)->check(cli::between(0, 1));
+  app.add_option("--decay-steps", o.decay_steps,
+                 "--schedule step: the steps (comma-separated, increasing) from which the learning rate is "
+                 "multiplied by --decay-factor once more")
+      ->group(g)->delimiter(',')->check(cli::at_least(1));
+  app.add_option("--decay-factor", o.decay_factor, "--schedule step: the factor of each decay (default 0.1)")
+      ->group(g)->check(cli::positive());
   app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
   app.add_option("--optimizer", o.optimizer, "adamw, sgd or shampoo (shampoo with its defaults unless the program has Shampoo options)")->group(g);
   app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
@@ -270,6 +277,17 @@ void validate(const Options& o, int world_size) {
   }
   if (o.warmup > o.steps)
     fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
+  if (o.schedule == "step" && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps");
+  if (o.schedule != "step" && !o.decay_steps.empty())
+    fail_usage("--decay-steps needs --schedule step (the schedule is " + o.schedule + ")");
+  for (size_t i = 0; i < o.decay_steps.size(); ++i) {
+    if (i > 0 && o.decay_steps[i] <= o.decay_steps[i - 1])
+      fail_usage("--decay-steps must increase: " + std::to_string(o.decay_steps[i]) + " follows " +
+                 std::to_string(o.decay_steps[i - 1]));
+    if (o.decay_steps[i] >= o.steps)
+      fail_usage("--decay-steps " + std::to_string(o.decay_steps[i]) + " is not before --steps " +
+                 std::to_string(o.steps) + ": that decay would never apply");
+  }
   const Device d = parse_device(o.device);
   if (d.is_cuda() && cuda::device_count() == 0)
     fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
@@ -361,7 +379,7 @@ class Trainer {
     std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
 
     optim_ = make_optimizer();
-    schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio};
+    schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio, o.decay_steps, o.decay_factor};
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
       double bytes = 0;
@@ -576,6 +594,10 @@ class Trainer {
     m.optim_config = optim_->config();
     m.optim_config["schedule"] = {{"kind", schedule_.kind}, {"lr", schedule_.lr}, {"warmup", schedule_.warmup},
                                   {"total", schedule_.total}, {"min_ratio", schedule_.min_ratio}};
+    if (schedule_.kind == "step") {
+      m.optim_config["schedule"]["decay_steps"] = schedule_.decay_steps;
+      m.optim_config["schedule"]["decay_factor"] = schedule_.decay_factor;
+    }
     m.optim_config["clip"] = o_.clip;
     m.data_position = {{"step", step}, {"global_batch", o_.global_batch}, {"seed", o_.seed},
                        {"samples_seen", step * o_.global_batch}, {"data", o_.data}};

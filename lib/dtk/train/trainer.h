@@ -46,6 +46,8 @@ struct Options {
   std::string schedule = "cosine";
   int64_t warmup = 0;
   double min_lr_ratio = 0.1;
+  std::vector<int64_t> decay_steps;  // --schedule step
+  double decay_factor = 0.1;
   double clip = 1.0;  // 0: no clipping
   std::string optimizer = "adamw";
   std::optional<double> momentum;  // unset: SGD 0.9, Shampoo none (0.9 with --nesterov)
