@@ -31,6 +31,21 @@ if $datapack synthetic --kind classes --input-dim 48 --samples 512 -o cls.h5 >/d
   [ $rc = 0 ] && ok "mlp on a packed file with --input-dim" || bad "mlp --input-dim (exit $rc)" "$(cat $tmp/e)"
   run $psgd --model mlp-small --data cls.h5 --steps 3
   [ $rc = 2 ] && grep -q "cls.h5" $tmp/e && ok "input size mismatch names the file" || bad "input mismatch (exit $rc)" "$(cat $tmp/e)"
+  # Accuracy: a classifier's metrics carry accuracy and val_accuracy (correct counts over the
+  # global batch, the same on 1 and 2 ranks at the first step), samples_per_s for tokens_per_s.
+  for n in 1 2; do
+    run $mpiexec -n $n $psgd --model mlp-small --input-dim 48 --data cls.h5 --val-data cls.h5 --steps 4 --eval-every 2 \
+      --global-batch 16 --lr 1e-2 --log-level warn --metrics acc$n.jsonl
+  done
+  python3 - acc1.jsonl acc2.jsonl <<'PY' && ok "accuracy and val_accuracy reported, equal on 1 and 2 ranks" || bad "accuracy" "$(cat acc1.jsonl acc2.jsonl)"
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+for r in a + b:
+    assert 0 <= r["accuracy"] <= 1 and abs(r["accuracy"] * 16 - round(r["accuracy"] * 16)) < 1e-9, r
+    assert "samples_per_s" in r and "tokens_per_s" not in r
+assert a[0]["accuracy"] == b[0]["accuracy"]
+assert "val_accuracy" in a[1] and "val_accuracy" not in a[0] and abs(a[1]["val_accuracy"] - b[1]["val_accuracy"]) < 0.2
+PY
 else bad "data-pack synthetic"; fi
 
 # ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----

@@ -296,6 +296,22 @@ TEST(NnLayers, CrossEntropyMeanOverCountedTargets) {
     ref += m + std::log(s) - x[row * 5 + t[row]];
   }
   EXPECT_NEAR(l, ref / 5, 1e-12);
+  // Top-1: rows whose target holds the largest logit, ignored rows not counted.
+  int64_t correct = 0;
+  for (int row = 0; row < 6; ++row) {
+    if (t[row] < 0) continue;
+    int best = 0;
+    for (int v = 1; v < 5; ++v)
+      if (x[row * 5 + v] > x[row * 5 + best]) best = v;
+    correct += best == t[row];
+  }
+  EXPECT_EQ(ce.correct(), correct);
+  // Ties go to the first index; every row right, then every row wrong.
+  CrossEntropy tie;
+  tie.forward(Tensor::from_doubles({1, 3, 3, 0, 2, 2}, {2, 3}, DType::f32), ids_tensor({1, 1}, {2}));
+  EXPECT_EQ(tie.correct(), 2);
+  tie.forward(Tensor::from_doubles({1, 3, 3, 0, 2, 2}, {2, 3}, DType::f32), ids_tensor({2, 2}, {2}));
+  EXPECT_EQ(tie.correct(), 0);
   Tensor d = Tensor::empty(logits.shape(), DType::f64);
   ce.backward(scale, d);
   check_gradients(loss, {{"logits", logits, d}}, 30);

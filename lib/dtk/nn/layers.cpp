@@ -299,9 +299,37 @@ void CrossEntropy::backward(double scale, Tensor& dlogits) {
   ops::cross_entropy_backward(logits_, targets_, s, dlogits);
 }
 
+int64_t CrossEntropy::correct() {
+  if (!logits_.defined()) fail("CrossEntropy.correct: no forward");
+  const int64_t N = logits_.dim(0), V = logits_.dim(1);
+  Tensor logits = logits_, targets = targets_;
+  if (logits.is_cuda()) {
+    cuda::stream_synchronize(cuda::current_stream());  // the logits come from the current stream
+    logits = host_logits_.get(logits_.shape(), logits_.dtype(), Device::cpu());
+    logits.copy_from(logits_);
+    targets = host_targets_.get({N}, DType::i32, Device::cpu());
+    targets.copy_from(targets_);
+  }
+  const int32_t* t = targets.ptr<int32_t>();
+  int64_t c = 0;
+  auto count = [&](const auto* l) {
+    for (int64_t i = 0; i < N; ++i) {
+      if (t[i] < 0) continue;
+      const auto* row = l + i * V;
+      int64_t best = 0;
+      for (int64_t v = 1; v < V; ++v)
+        if (row[v] > row[best]) best = v;
+      c += best == t[i];
+    }
+  };
+  if (logits.dtype() == DType::f64) count(logits.ptr<double>());
+  else count(logits.ptr<float>());
+  return c;
+}
+
 void CrossEntropy::release() {
   logits_ = targets_ = losses_ = Tensor();
-  for (Buffer* b : {&losses_buf_, &host_targets_, &sum_buf_, &host_sum_}) b->release();
+  for (Buffer* b : {&losses_buf_, &host_targets_, &sum_buf_, &host_sum_, &host_logits_}) b->release();
 }
 
 // ---------------------------------------------------------------------------- ReluMlp

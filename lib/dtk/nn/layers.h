@@ -160,11 +160,14 @@ class CrossEntropy {
   // dlogits = scale * d(mean loss)/d(logits), overwritten.
   void backward(double scale, Tensor& dlogits);
   int64_t count() const { return count_; }
+  // Of the last forward's counted targets, how many are the row's largest logit (top-1; the first
+  // index among equal logits). Copies the logits to the host (N V elements): for classifiers.
+  int64_t correct();
   void release();
 
  private:
   Tensor logits_, targets_, losses_;
-  Buffer losses_buf_, host_targets_, sum_buf_, host_sum_;
+  Buffer losses_buf_, host_targets_, sum_buf_, host_sum_, host_logits_;
   int64_t count_ = 0;
 };
 

@@ -37,6 +37,7 @@ class Mlp final : public Model {
     Tensor x = input(batch, x_buf_);
     batch_size_ = x.dim(0);
     const double loss = loss_.forward(net_.forward(x, &hooks(), Pass::train), batch.targets);
+    correct_ = loss_.correct();
     pending_ = true;
     return loss;
   }
@@ -54,8 +55,12 @@ class Mlp final : public Model {
     ReluMlp& net = pending_ ? eval_net_ : net_;
     CrossEntropy& loss = pending_ ? eval_loss_ : loss_;
     Tensor x = input(batch, pending_ ? eval_x_buf_ : x_buf_);
-    return loss.forward(net.forward(x, &hooks(), Pass::evaluate), batch.targets);
+    const double l = loss.forward(net.forward(x, &hooks(), Pass::evaluate), batch.targets);
+    correct_ = loss.correct();
+    return l;
   }
+
+  int64_t correct() const override { return correct_; }
 
  private:
   // The batch's inputs as [B, input_dim] in the model's dtype (cast into buf when needed).
@@ -82,7 +87,7 @@ class Mlp final : public Model {
   ReluMlp net_, eval_net_;
   CrossEntropy loss_, eval_loss_;
   Buffer x_buf_, eval_x_buf_, dlogits_buf_;
-  int64_t batch_size_ = 0;
+  int64_t batch_size_ = 0, correct_ = 0;
   bool pending_ = false;
 };
 

@@ -170,6 +170,9 @@ class Model {
   virtual void backward(double scale) = 0;
   // Forward only, no activations kept for backward: the mean loss (evaluation).
   virtual double evaluate(const Batch& batch) = 0;
+  // Classifiers (mlp): how many samples of the last forward or evaluate had their target as the
+  // largest logit (top-1 accuracy times the batch size). -1: not a classifier (llama).
+  virtual int64_t correct() const { return -1; }
   void zero_grad();  // flat storage: zeroes grads(); external: nothing (the strategy's job)
   // Activation checkpointing (see Checkpointing) from the next forward on; a pending backward
   // keeps the mode of its forward.

@@ -36,12 +36,15 @@ void Metrics::write(const nlohmann::ordered_json& record) {
 Progress::Progress(bool active, int64_t total_steps, int64_t log_every)
     : active_(active), tty_(active && isatty(STDERR_FILENO)), total_(total_steps), every_(log_every) {}
 
-void Progress::update(int64_t step, double loss, double val_loss, double lr, double step_s) {
+void Progress::update(int64_t step, double loss, double val_loss, double lr, double step_s, double val_accuracy) {
   if (!active_) return;
   ema_s_ = ema_s_ == 0 ? step_s : 0.9 * ema_s_ + 0.1 * step_s;
   const double eta = ema_s_ * static_cast<double>(total_ - step);
-  char val[32] = "";
-  if (std::isfinite(val_loss)) std::snprintf(val, sizeof val, " val %.4f", val_loss);
+  char val[48] = "";
+  if (std::isfinite(val_loss) && std::isfinite(val_accuracy))
+    std::snprintf(val, sizeof val, " val %.4f acc %.2f%%", val_loss, 100 * val_accuracy);
+  else if (std::isfinite(val_loss))
+    std::snprintf(val, sizeof val, " val %.4f", val_loss);
   char line[200];
   std::snprintf(line, sizeof line, "step %lld/%lld loss %.4f%s lr %.3g %.0f ms/step eta %.0fs",
                 static_cast<long long>(step), static_cast<long long>(total_), loss, val, lr, ema_s_ * 1e3, eta);

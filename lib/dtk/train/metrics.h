@@ -1,6 +1,7 @@
 // Training output: metrics as JSON lines (stdout or a file) and progress on stderr — a live line
 // on a terminal, a log line every few steps otherwise (SLURM logs). Rank 0 only.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -24,7 +25,8 @@ class Metrics {
 class Progress {
  public:
   Progress(bool active, int64_t total_steps, int64_t log_every);
-  void update(int64_t step, double loss, double val_loss, double lr, double step_s);
+  // val_loss and val_accuracy NaN: not evaluated at this step (or not a classifier).
+  void update(int64_t step, double loss, double val_loss, double lr, double step_s, double val_accuracy = NAN);
   void done();  // ends the live line
 
  private:

@@ -119,7 +119,8 @@ void add_options(CLI::App& app, Options& o) {
 std::string metrics_help(const std::string& added) {
   // Every *-train program's metrics (Trainer::run writes them; comm_bytes comes from either placement).
   std::string s =
-      "Metrics (JSON lines on stdout or --metrics): step, loss, val_loss, lr, grad_norm, tokens_per_s, "
+      "Metrics (JSON lines on stdout or --metrics): step, loss, accuracy (classifiers: top-1 on the step's "
+      "batch), val_loss, val_accuracy, lr, grad_norm, tokens_per_s (llama; samples_per_s otherwise), "
       "model_flops_per_s, step_time_ms, compute_ms, sync_ms, optim_ms, peak_mem_bytes, persistent_mem_bytes, "
       "optim_state_bytes, comm_bytes";
   return s + (added.empty() ? "" : ", " + added) + ".\n";
@@ -360,6 +361,7 @@ class Trainer {
     world_ = comm_->size();
 
     model_ = nn::make_model(cfg_, device_, DType::f32, s.sharded ? nn::Storage::external : nn::Storage::flat);
+    classifier_ = model_->correct() >= 0;
     model_->set_activation_checkpointing(o.activation_checkpointing);
     if (s.sharded) {
       par_ = s.sharded(*model_, *comm_, *host_);
@@ -419,22 +421,25 @@ class Trainer {
         fail(std::string("the loss is ") + (std::isnan(loss) ? "NaN" : "infinite") + " at step " + std::to_string(step + 1) +
              "; lower --lr, raise --warmup or clip (--clip)");
 
-      nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                          {"tokens_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
+      nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}};
+      if (classifier_) m["accuracy"] = accuracy_;
+      m.update(nlohmann::ordered_json{{"lr", lr}, {"grad_norm", grad_norm},
+                          {cfg_.arch == "llama" ? "tokens_per_s" : "samples_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
                           {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak},
-                          {"persistent_mem_bytes", persistent}, {"optim_state_bytes", optim_state_bytes_}};
+                          {"persistent_mem_bytes", persistent}, {"optim_state_bytes", optim_state_bytes_}});
       par_->metrics(m);
       const bool last = step + 1 == stop;
       const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
-      double val = NAN;
+      double val = NAN, val_acc = NAN;
       if (val_ && !stopping && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
-        val = evaluate();
+        std::tie(val, val_acc) = evaluate();
         m["val_loss"] = val;
+        if (classifier_) m["val_accuracy"] = val_acc;
       }
       metrics.write(m);
-      progress.update(step + 1, loss, val, lr, dt);
+      progress.update(step + 1, loss, val, lr, dt, val_acc);
       const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
       if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
         const fs::path p = dir_->entry(step + 1, sharded());
@@ -468,9 +473,10 @@ class Trainer {
   double train_step(int64_t step) {
     const auto t0 = Clock::now();
     par_->zero_grad();
-    double loss_sum = 0;
+    double loss_sum = 0, correct = 0;
     for_each_micro_batch(*train_, sampler_->global_indices(step), [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
+      correct += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       if (last) par_->begin(step);  // its buckets start during this backward
       model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch));
     });
@@ -480,10 +486,11 @@ class Trainer {
     par_->finish();
     if (device_.is_cuda()) cuda::synchronize();
     sync_s_ = seconds_since(t_sync);
-    // The loss over ranks and, in the same all-reduce, whether a stop signal reached any rank:
-    // every rank then finishes this step and stops after it.
-    double v[2] = {loss_sum, signals_.received() ? 1.0 : 0.0};
-    host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    // The loss (and a classifier's correct predictions) over ranks and, in the same all-reduce,
+    // whether a stop signal reached any rank: every rank then finishes this step and stops after it.
+    double v[3] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct};
+    host_->all_reduce({v, 3, DType::f64, {}}, {v, 3, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    accuracy_ = v[2] / static_cast<double>(o_.global_batch);
     if (v[1] > 0 && !stop_requested_) {
       stop_requested_ = true;
       const int sig = signals_.received();
@@ -493,14 +500,18 @@ class Trainer {
     return v[0] / static_cast<double>(o_.global_batch);
   }
 
-  // The validation loss over eval_batches fixed global batches (the same every time).
-  double evaluate() {
-    double sum = 0;
+  // The validation loss and (classifiers) top-1 accuracy over eval_batches fixed global batches
+  // (the same every time).
+  std::pair<double, double> evaluate() {
+    double v[2] = {0, 0};
     for (int64_t b = 0; b < o_.eval_batches; ++b)
       for_each_micro_batch(*val_, val_sampler_->global_indices(b), [&](const nn::Batch& batch, int64_t k, bool) {
-        sum += model_->evaluate(batch) * static_cast<double>(k);
+        v[0] += model_->evaluate(batch) * static_cast<double>(k);
+        v[1] += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       });
-    return sum_over_ranks(sum) / static_cast<double>(o_.global_batch * o_.eval_batches);
+    host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    const double n = static_cast<double>(o_.global_batch * o_.eval_batches);
+    return {v[0] / n, v[1] / n};
   }
 
   // This rank's rows [begin_, end_) of a global batch, in micro-batches on the device:
@@ -512,11 +523,6 @@ class Trainer {
       const int64_t k = std::min(mb, n - i);
       f(ds.get({global.data() + begin_ + i, static_cast<size_t>(k)}).to(device_), k, i + k >= n);
     }
-  }
-
-  double sum_over_ranks(double v) {
-    host_->all_reduce({&v, 1, DType::f64, {}}, {&v, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
-    return v;
   }
 
   // The optimizer over what this rank holds; Shampoo splits its blocks over the ranks that hold
@@ -689,6 +695,8 @@ class Trainer {
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
+  bool classifier_ = false;        // the model reports correct predictions: accuracy metrics
+  double accuracy_ = NAN;          // the last step's training accuracy (classifiers)
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
 };
 
