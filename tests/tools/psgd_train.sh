@@ -48,6 +48,25 @@ assert "val_accuracy" in a[1] and "val_accuracy" not in a[0] and abs(a[1]["val_a
 PY
 else bad "data-pack synthetic"; fi
 
+# ---- real images: Fashion-MNIST from Debian's dataset-fashion-mnist (scripts/install-deps) ----
+fm=/usr/share/datasets/fashion-mnist
+if [ -f $fm/train-images-idx3-ubyte.gz ]; then
+  $datapack mnist $fm/train-images-idx3-ubyte.gz $fm/train-labels-idx1-ubyte.gz -o fm-train.h5 >/dev/null 2>&1 &&
+    $datapack mnist $fm/t10k-images-idx3-ubyte.gz $fm/t10k-labels-idx1-ubyte.gz -o fm-test.h5 >/dev/null 2>&1 ||
+    bad "data-pack mnist of Fashion-MNIST"
+  run $mpiexec -n 2 $psgd --model mlp-mnist --data fm-train.h5 --val-data fm-test.h5 --global-batch 128 --steps 200 \
+    --eval-every 0 --eval-batches 78 --optimizer sgd --lr 0.1 --momentum 0.9 --nesterov --warmup 20 \
+    --schedule step --decay-steps 150 --log-level warn --metrics fm.jsonl
+  python3 - fm.jsonl <<'PY' && ok "Fashion-MNIST: mlp-mnist passes 75% test accuracy" || bad "Fashion-MNIST (exit $rc)" "$(cat $tmp/e)" "$(tail -1 fm.jsonl)"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(f"test accuracy {r['val_accuracy']:.4f}")
+assert r["step"] == 200 and r["val_accuracy"] > 0.75, r
+PY
+else
+  bad "Fashion-MNIST is not installed ($fm): scripts/install-deps installs dataset-fashion-mnist"
+fi
+
 # ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----
 resume_check() {
   local name=$1; shift
