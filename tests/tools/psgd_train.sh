@@ -37,6 +37,17 @@ if $datapack synthetic --kind classes --input-dim 48 --samples 512 -o cls.h5 >/d
     run $mpiexec -n $n $psgd --model mlp-small --input-dim 48 --data cls.h5 --val-data cls.h5 --steps 4 --eval-every 2 \
       --global-batch 16 --lr 1e-2 --log-level warn --metrics acc$n.jsonl
   done
+  # --epochs: 512 samples / 16 = 32 steps an epoch; --decay-epochs 1.5: step 48.
+  run $psgd --model mlp-small --input-dim 48 --data cls.h5 --epochs 2 --global-batch 16 --lr 0.01 --schedule step \
+    --decay-epochs 1.5 --decay-factor 0.5 --log-level warn --metrics ep.jsonl
+  python3 - ep.jsonl <<'PY' && ok "--epochs 2 is 64 steps, --decay-epochs 1.5 decays at step 48" || bad "--epochs (exit $rc)" "$(cat $tmp/e)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 64 and rows[-1]["step"] == 64, len(rows)
+assert rows[47]["lr"] == 0.01 and rows[48]["lr"] == 0.005, (rows[47]["lr"], rows[48]["lr"])
+PY
+  run $psgd --model mlp-small --input-dim 48 --data cls.h5 --epochs 2 --steps 5
+  [ $rc = 2 ] && grep -q "excludes" $tmp/e && ok "--epochs and --steps exclude each other" || bad "--epochs with --steps (exit $rc)" "$(cat $tmp/e)"
   python3 - acc1.jsonl acc2.jsonl <<'PY' && ok "accuracy and val_accuracy reported, equal on 1 and 2 ranks" || bad "accuracy" "$(cat acc1.jsonl acc2.jsonl)"
 import json, sys
 a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])

@@ -60,7 +60,11 @@ void add_options(CLI::App& app, Options& o) {
       ->group(g)->check(cli::at_least(0));
 
   g = "Optimization";
-  app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
+  CLI::Option* steps = app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
+  app.add_option("--epochs", o.epochs,
+                 "training length in passes over --data instead of --steps: epochs x samples / --global-batch "
+                 "steps, rounded up")
+      ->group(g)->check(cli::positive())->excludes(steps);
   app.add_option("--stop-at", o.stop_at,
                  "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
                  "spans --steps); --resume continues")->group(g)->check(cli::at_least(0));
@@ -71,10 +75,13 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
   app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
       ->group(g)->check(cli::between(0, 1));
-  app.add_option("--decay-steps", o.decay_steps,
+  CLI::Option* decay = app.add_option("--decay-steps", o.decay_steps,
                  "--schedule step: the steps (comma-separated, increasing) from which the learning rate is "
                  "multiplied by --decay-factor once more")
       ->group(g)->delimiter(',')->check(cli::at_least(1));
+  app.add_option("--decay-epochs", o.decay_epochs,
+                 "--schedule step: the decay points in epochs instead of steps (each rounded to the nearest step)")
+      ->group(g)->delimiter(',')->check(cli::positive())->excludes(decay);
   app.add_option("--decay-factor", o.decay_factor, "--schedule step: the factor of each decay (default 0.1)")
       ->group(g)->check(cli::positive());
   app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
@@ -262,11 +269,25 @@ nn::ModelConfig resolve_model(const Options& o) {
   return c;
 }
 
-void validate(const Options& o, int world_size) {
+void validate(Options& o, int world_size) {
   const nn::ModelConfig c = resolve_model(o);
   if (o.global_batch < world_size)
     fail_usage("--global-batch " + std::to_string(o.global_batch) + " gives some of the " + std::to_string(world_size) +
                " ranks no sample; use at least one sample per rank");
+  if (o.epochs > 0 || !o.decay_epochs.empty()) {
+    const int64_t samples = data::open_dataset(o.data, c, false, o.seed)->size();
+    const double per_epoch = static_cast<double>(samples) / static_cast<double>(o.global_batch);
+    if (o.epochs > 0) {
+      const double s = std::ceil(o.epochs * per_epoch);
+      if (s > 1e15) fail_usage("--epochs " + std::to_string(o.epochs) + " of " + o.data + " is beyond any number of steps");
+      o.steps = std::max<int64_t>(1, static_cast<int64_t>(s));
+      spdlog::info("--epochs {}: {} steps ({} samples, global batch {})", o.epochs, o.steps, samples, o.global_batch);
+    }
+    if (!o.decay_epochs.empty()) {
+      o.decay_steps.clear();
+      for (double e : o.decay_epochs) o.decay_steps.push_back(std::max<int64_t>(1, std::llround(e * per_epoch)));
+    }
+  }
   if (o.optimizer != "sgd" && o.optimizer != "adamw" && o.optimizer != "shampoo")
     fail_usage("unknown --optimizer '" + o.optimizer + "' (expected adamw, sgd or shampoo)");
   if (o.optimizer == "shampoo") {
@@ -278,15 +299,16 @@ void validate(const Options& o, int world_size) {
   }
   if (o.warmup > o.steps)
     fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
-  if (o.schedule == "step" && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps");
+  const std::string decay = o.decay_epochs.empty() ? "--decay-steps" : "--decay-epochs (in steps)";
+  if (o.schedule == "step" && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps or --decay-epochs");
   if (o.schedule != "step" && !o.decay_steps.empty())
-    fail_usage("--decay-steps needs --schedule step (the schedule is " + o.schedule + ")");
+    fail_usage(decay.substr(0, decay.find(' ')) + " needs --schedule step (the schedule is " + o.schedule + ")");
   for (size_t i = 0; i < o.decay_steps.size(); ++i) {
     if (i > 0 && o.decay_steps[i] <= o.decay_steps[i - 1])
-      fail_usage("--decay-steps must increase: " + std::to_string(o.decay_steps[i]) + " follows " +
+      fail_usage(decay + " must increase: " + std::to_string(o.decay_steps[i]) + " follows " +
                  std::to_string(o.decay_steps[i - 1]));
     if (o.decay_steps[i] >= o.steps)
-      fail_usage("--decay-steps " + std::to_string(o.decay_steps[i]) + " is not before --steps " +
+      fail_usage(decay + " " + std::to_string(o.decay_steps[i]) + " is not before --steps " +
                  std::to_string(o.steps) + ": that decay would never apply");
   }
   const Device d = parse_device(o.device);

@@ -41,12 +41,14 @@ struct Options {
   int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once
   // optimisation
   int64_t steps = 300;
+  double epochs = 0;  // > 0: steps from passes over --data (validate resolves it)
   int64_t stop_at = 0;  // stop after this step (a checkpoint is written), as if interrupted; 0: --steps
   double lr = 3e-3;
   std::string schedule = "cosine";
   int64_t warmup = 0;
   double min_lr_ratio = 0.1;
   std::vector<int64_t> decay_steps;  // --schedule step
+  std::vector<double> decay_epochs;  // ... given in epochs (validate resolves them into decay_steps)
   double decay_factor = 0.1;
   double clip = 1.0;  // 0: no clipping
   std::string optimizer = "adamw";
@@ -79,7 +81,9 @@ void add_options(CLI::App& app, Options& o);
 void add_shampoo_options(CLI::App& app, Options& o, bool distribution);
 // Checks the options (UsageError naming the option) and returns the resolved model config.
 nn::ModelConfig resolve_model(const Options& o);
-void validate(const Options& o, int world_size);
+// Checks the options (UsageError naming the option); resolves --epochs into steps and
+// --decay-epochs into decay_steps (an epoch: the training data's samples / --global-batch steps).
+void validate(Options& o, int world_size);
 // Shampoo's configuration: `base` (a program's Shampoo options) with the common options applied:
 // --beta1 filters the gradient, --beta2 decays the factors, --weight-decay is decoupled,
 // --momentum and --nesterov act on the search direction.
