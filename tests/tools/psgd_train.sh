@@ -78,6 +78,20 @@ else
   bad "Fashion-MNIST is not installed ($fm): scripts/install-deps installs dataset-fashion-mnist"
 fi
 
+# ---- real text: the licenses every Debian system has, a held-out split; no accuracy for llama ----
+if $datapack text /usr/share/common-licenses/* -o lic.h5 --val-fraction 0.05 --val-output lic-val.h5 >/dev/null 2>&1; then
+  run $psgd --model llama-tiny --data lic.h5 --val-data lic-val.h5 --global-batch 8 --steps 40 --lr 3e-3 --warmup 5 \
+    --eval-every 40 --eval-batches 4 --log-every 40 --metrics lic.jsonl
+  python3 - lic.jsonl <<'PY' && grep -q "step 40/40 loss .* val " $tmp/e && ! grep -q " acc " $tmp/e \
+    && ok "real text: llama-tiny learns the licenses, no accuracy for a language model" \
+    || bad "real text (exit $rc)" "$(cat $tmp/e)" "$(tail -1 lic.jsonl)"
+import json, math, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(f"val loss {r['val_loss']:.3f} (ln 256 = {math.log(256):.3f})")
+assert r["val_loss"] < 3.6 and "accuracy" not in r and "val_accuracy" not in r and "tokens_per_s" in r, r
+PY
+else bad "data-pack text of /usr/share/common-licenses"; fi
+
 # ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----
 resume_check() {
   local name=$1; shift

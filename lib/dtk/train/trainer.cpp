@@ -459,6 +459,7 @@ class Trainer {
         std::tie(val, val_acc) = evaluate();
         m["val_loss"] = val;
         if (classifier_) m["val_accuracy"] = val_acc;
+        else val_acc = NAN;
       }
       metrics.write(m);
       progress.update(step + 1, loss, val, lr, dt, val_acc);
