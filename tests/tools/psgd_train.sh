@@ -74,6 +74,25 @@ r = [json.loads(l) for l in open(sys.argv[1])][-1]
 print(f"test accuracy {r['val_accuracy']:.4f}")
 assert r["step"] == 200 and r["val_accuracy"] > 0.75, r
 PY
+  # --augment crop-flip: the same draws on 1 and 2 ranks (the same losses up to summation
+  # order) and across a resume (bit for bit).
+  aug="--model mlp-mnist --data fm-train.h5 --global-batch 32 --steps 6 --lr 0.05 --augment crop-flip --log-level warn"
+  run $psgd $aug --metrics aug1.jsonl --save aug-full.h5
+  run $mpiexec -n 2 $psgd $aug --metrics aug2.jsonl
+  run $psgd $aug --metrics plain.jsonl --augment none
+  python3 - aug1.jsonl aug2.jsonl plain.jsonl <<'PY' && ok "--augment: the same losses on 1 and 2 ranks, not those without it" || bad "--augment world size" "$(cat aug1.jsonl aug2.jsonl | cut -c1-80)"
+import json, sys
+a, b, p = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
+assert len(a) == len(b) == 6 and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
+assert a[0] != p[0], (a[0], p[0])
+PY
+  rm -rf augck
+  run $psgd $aug --stop-at 3 --checkpoint-dir augck
+  run $psgd $aug --resume augck --save aug-resumed.h5
+  run $si diff aug-full.h5 aug-resumed.h5 model/ --rtol 0 --atol 0
+  [ $rc = 0 ] && ok "--augment: resume is exact" || bad "--augment resume differs" "$(cat $tmp/o | tail -3)"
+  run $psgd --model mlp-small --input-dim 48 --data cls.h5 --steps 2 --augment crop-flip
+  [ $rc = 2 ] && grep -q "needs image data" $tmp/e && ok "--augment on feature data: exit 2" || bad "--augment on features (exit $rc)" "$(cat $tmp/e)"
 else
   bad "Fashion-MNIST is not installed ($fm): scripts/install-deps installs dataset-fashion-mnist"
 fi

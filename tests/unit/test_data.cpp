@@ -14,6 +14,7 @@
 #include <set>
 
 #include "dtk/core/error.h"
+#include "dtk/data/augment.h"
 #include "dtk/data/dataset.h"
 
 namespace dtk::data {
@@ -654,6 +655,69 @@ TEST(Sampler, DeterministicAndSeeded) {
   EXPECT_THROW(Sampler(0, 4, 0), UsageError);
   EXPECT_THROW(Sampler(10, 0, 0), UsageError);
   EXPECT_THROW(a.global_indices(-1), UsageError);
+}
+
+// ---------------------------------------------------------------------------- augmentation
+
+// Crop-flip: every augmented image is its original shifted by some (dy, dx) in [-4, 4], flipped
+// or not, zeros where the shift uncovers the border: found by trying every candidate. The draw
+// depends on (seed, step, index) only; offsets cover the whole range and flips are about half.
+TEST(Augment, CropFlipShiftsFlipsAndZeroFills) {
+  const int64_t H = 7, W = 6, C = 2, B = 40, D = H * W * C;
+  std::vector<float> orig(static_cast<size_t>(B * D));
+  for (size_t i = 0; i < orig.size(); ++i) orig[i] = 1.0f + static_cast<float>(i % 997);  // no zeros
+  nn::Batch batch{Tensor::from_host(orig.data(), {B, D}, DType::f32), Tensor::zeros({B}, DType::i32)};
+  std::vector<int64_t> idx(static_cast<size_t>(B));
+  std::iota(idx.begin(), idx.end(), 1000);
+  augment(batch, Augment::crop_flip, H, W, C, idx, 7, 3);
+  const float* got = batch.inputs.ptr<float>();
+  int flips = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const CropFlip d = draw_crop_flip(7, 3, idx[static_cast<size_t>(b)], 4);
+    EXPECT_TRUE(d.dy >= -4 && d.dy <= 4 && d.dx >= -4 && d.dx <= 4);
+    flips += d.flip;
+    int matches = 0;
+    for (int fl = 0; fl < 2; ++fl)
+      for (int64_t dy = -4; dy <= 4; ++dy)
+        for (int64_t dx = -4; dx <= 4; ++dx) {
+          bool same = true;
+          for (int64_t h = 0; h < H && same; ++h)
+            for (int64_t w = 0; w < W && same; ++w)
+              for (int64_t c = 0; c < C && same; ++c) {
+                const int64_t sh = h + dy, sw = w + dx;
+                const bool inside = sh >= 0 && sh < H && sw >= 0 && sw < W;
+                const int64_t ow = fl ? W - 1 - sw : sw;
+                const float want = inside ? orig[static_cast<size_t>(b * D + (sh * W + ow) * C + c)] : 0.0f;
+                same = got[b * D + (h * W + w) * C + c] == want;
+              }
+          if (same) {
+            ++matches;
+            EXPECT_TRUE(dy == d.dy && dx == d.dx && fl == d.flip) << "sample " << b;
+          }
+        }
+    EXPECT_EQ(matches, 1) << "sample " << b;
+  }
+  EXPECT_GT(flips, 0);
+  EXPECT_LT(flips, B);
+  // The same (seed, step, index): the same draw; the range is covered.
+  std::set<int64_t> dys, dxs;
+  int changed = 0;
+  for (int64_t i = 0; i < 2000; ++i) {
+    const CropFlip a = draw_crop_flip(7, 3, i, 4), b = draw_crop_flip(7, 3, i, 4), c = draw_crop_flip(7, 4, i, 4);
+    EXPECT_TRUE(a.dy == b.dy && a.dx == b.dx && a.flip == b.flip);
+    changed += a.dy != c.dy || a.dx != c.dx || a.flip != c.flip;
+    dys.insert(a.dy);
+    dxs.insert(a.dx);
+  }
+  EXPECT_EQ(dys.size(), 9u);
+  EXPECT_EQ(dxs.size(), 9u);
+  EXPECT_GT(changed, 1900);  // another step, another draw
+  // none leaves the batch alone; bad names are usage errors.
+  nn::Batch same{Tensor::from_host(orig.data(), {B, D}, DType::f32), Tensor::zeros({B}, DType::i32)};
+  augment(same, Augment::none, H, W, C, idx, 7, 3);
+  EXPECT_EQ(std::vector<float>(same.inputs.ptr<float>(), same.inputs.ptr<float>() + B * D), orig);
+  EXPECT_EQ(parse_augment("crop-flip"), Augment::crop_flip);
+  EXPECT_THROW(parse_augment("mixup"), UsageError);
 }
 
 }  // namespace

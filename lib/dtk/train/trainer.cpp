@@ -58,6 +58,12 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
   app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
       ->group(g)->check(cli::at_least(0));
+  app.add_option_function<std::string>(
+         "--augment", [&o](const std::string& v) { o.augment = data::parse_augment(v); },
+         "training-time augmentation of image data: none (default) or crop-flip (a random crop of the image padded "
+         "by 4 pixels and a horizontal flip with probability 1/2, each sample's draw a function of the seed, the "
+         "step and the sample)")
+      ->group(g)->check(CLI::IsMember({"none", "crop-flip"}));
 
   g = "Optimization";
   CLI::Option* steps = app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
@@ -396,6 +402,13 @@ class Trainer {
     model_->set_hooks(par_.get());
     par_->init(o.seed);
     train_ = data::open_dataset(o.data, cfg_, false, o.seed);
+    if (o.augment != data::Augment::none) {
+      const nlohmann::json d = train_->describe();
+      if (!d.contains("image_shape"))
+        fail_usage("--augment " + std::string(data::augment_name(o.augment)) + " needs image data (a file from data-pack "
+                   "mnist or cifar10); " + o.data + " holds none");
+      image_shape_ = d["image_shape"].get<std::vector<int64_t>>();  // H, W, C
+    }
     if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
     else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
     sampler_ = std::make_unique<data::Sampler>(train_->size(), o.global_batch, o.seed);
@@ -497,7 +510,7 @@ class Trainer {
     const auto t0 = Clock::now();
     par_->zero_grad();
     double loss_sum = 0, correct = 0;
-    for_each_micro_batch(*train_, sampler_->global_indices(step), [&](const nn::Batch& batch, int64_t k, bool last) {
+    for_each_micro_batch(*train_, sampler_->global_indices(step), step, [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
       correct += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       if (last) par_->begin(step);  // its buckets start during this backward
@@ -528,7 +541,7 @@ class Trainer {
   std::pair<double, double> evaluate() {
     double v[2] = {0, 0};
     for (int64_t b = 0; b < o_.eval_batches; ++b)
-      for_each_micro_batch(*val_, val_sampler_->global_indices(b), [&](const nn::Batch& batch, int64_t k, bool) {
+      for_each_micro_batch(*val_, val_sampler_->global_indices(b), -1, [&](const nn::Batch& batch, int64_t k, bool) {
         v[0] += model_->evaluate(batch) * static_cast<double>(k);
         v[1] += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       });
@@ -538,13 +551,17 @@ class Trainer {
   }
 
   // This rank's rows [begin_, end_) of a global batch, in micro-batches on the device:
-  // f(batch, samples, last micro-batch).
+  // f(batch, samples, last micro-batch). A training step (step >= 0) augments them (--augment).
   template <class F>
-  void for_each_micro_batch(const data::Dataset& ds, const std::vector<int64_t>& global, F&& f) {
+  void for_each_micro_batch(const data::Dataset& ds, const std::vector<int64_t>& global, int64_t step, F&& f) {
     const int64_t n = end_ - begin_, mb = o_.micro_batch > 0 ? o_.micro_batch : n;
     for (int64_t i = 0; i < n; i += mb) {
       const int64_t k = std::min(mb, n - i);
-      f(ds.get({global.data() + begin_ + i, static_cast<size_t>(k)}).to(device_), k, i + k >= n);
+      const std::span<const int64_t> idx{global.data() + begin_ + i, static_cast<size_t>(k)};
+      nn::Batch b = ds.get(idx);
+      if (step >= 0 && o_.augment != data::Augment::none)
+        data::augment(b, o_.augment, image_shape_[0], image_shape_[1], image_shape_[2], idx, o_.seed, step);
+      f(b.to(device_), k, i + k >= n);
     }
   }
 
@@ -719,6 +736,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
   bool classifier_ = false;        // the model reports correct predictions: accuracy metrics
+  std::vector<int64_t> image_shape_;  // H, W, C of the training images (--augment)
   double accuracy_ = NAN;          // the last step's training accuracy (classifiers)
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
 };

@@ -23,6 +23,7 @@
 #include "dtk/ckpt/state.h"
 #include "dtk/comm/comm.h"
 #include "dtk/compress/compressor.h"
+#include "dtk/data/augment.h"
 #include "dtk/nn/model.h"
 #include "dtk/optim/optimizer.h"
 #include "dtk/optim/shampoo.h"
@@ -39,6 +40,7 @@ struct Options {
   // data
   std::string data = "synthetic", val_data;
   int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once
+  data::Augment augment = data::Augment::none;  // of the training images
   // optimisation
   int64_t steps = 300;
   double epochs = 0;  // > 0: steps from passes over --data (validate resolves it)

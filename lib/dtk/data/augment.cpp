@@ -1,0 +1,60 @@
+#include "dtk/data/augment.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/core/philox.h"
+
+namespace dtk::data {
+
+Augment parse_augment(std::string_view s) {
+  if (s == "none") return Augment::none;
+  if (s == "crop-flip") return Augment::crop_flip;
+  fail_usage("unknown augmentation '" + std::string(s) + "' (expected none or crop-flip)");
+}
+
+std::string_view augment_name(Augment a) { return a == Augment::crop_flip ? "crop-flip" : "none"; }
+
+CropFlip draw_crop_flip(uint64_t seed, int64_t step, int64_t index, int64_t pad) {
+  // Counter (index, step), key the seed with a tag of its own: a stream no other draw uses.
+  constexpr uint64_t kTag = 0x61756741756741ull;  // "AugAug"
+  const auto u = static_cast<uint64_t>(index), s = static_cast<uint64_t>(step), k = seed ^ kTag;
+  const philox::U4 r = philox::philox4x32_10(
+      philox::U4{{static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32), static_cast<uint32_t>(s),
+                  static_cast<uint32_t>(s >> 32)}},
+      static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32));
+  const auto span = static_cast<uint64_t>(2 * pad + 1);
+  return {static_cast<int64_t>(r.x[0] % span) - pad, static_cast<int64_t>(r.x[1] % span) - pad, (r.x[2] & 1u) != 0};
+}
+
+void augment(nn::Batch& batch, Augment kind, int64_t height, int64_t width, int64_t channels,
+             std::span<const int64_t> indices, uint64_t seed, int64_t step, int64_t pad) {
+  if (kind == Augment::none) return;
+  const int64_t B = batch.inputs.dim(0), D = height * width * channels;
+  if (batch.inputs.dtype() != DType::f32 || batch.inputs.numel() != B * D || static_cast<int64_t>(indices.size()) != B ||
+      pad < 0)
+    fail("augment: inputs " + batch.inputs.str() + " are not " + std::to_string(indices.size()) + " images of " +
+         std::to_string(height) + "x" + std::to_string(width) + "x" + std::to_string(channels));
+  float* x = batch.inputs.ptr<float>();
+  std::vector<float> src(static_cast<size_t>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    const CropFlip d = draw_crop_flip(seed, step, indices[static_cast<size_t>(b)], pad);
+    float* img = x + b * D;
+    std::copy(img, img + D, src.begin());
+    for (int64_t h = 0; h < height; ++h)
+      for (int64_t w = 0; w < width; ++w) {
+        const int64_t sh = h + d.dy, sw0 = w + d.dx;
+        const int64_t sw = d.flip ? width - 1 - sw0 : sw0;  // flip the original, then shift
+        float* out = img + (h * width + w) * channels;
+        if (sh < 0 || sh >= height || sw0 < 0 || sw0 >= width) {
+          std::fill(out, out + channels, 0.0f);
+        } else {
+          const float* in = src.data() + (sh * width + sw) * channels;
+          std::copy(in, in + channels, out);
+        }
+      }
+  }
+}
+
+}  // namespace dtk::data
