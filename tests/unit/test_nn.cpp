@@ -168,6 +168,153 @@ TEST(NnLayers, LinearWithAndWithoutBias) {
   }
 }
 
+// Conv2d: the ops' convolution through the layer; gradients by central differences.
+TEST(NnLayers, Conv2dStrideAndPadding) {
+  Param w = make_param("w", {3, 2, 3, 3}, 11);
+  Tensor x = rand_tensor({2, 2, 5, 6}, 12);
+  Conv2d conv;
+  conv.bind(&w, ops::Window{3, 3, 2, 2, 1, 1});
+  const Shape out = conv.out_shape(x.shape());
+  EXPECT_EQ(out, (Shape{2, 3, 3, 3}));
+  Tensor y = Tensor::empty(out, DType::f64), r = rand_tensor(out, 13), dx = Tensor::empty(x.shape(), DType::f64);
+  const auto loss = [&] {
+    conv.forward(x, y);
+    return weighted_sum(y, r);
+  };
+  loss();
+  conv.backward(r, &dx);
+  check_gradients(loss, {{"w", w.value, w.grad}, {"x", x, dx}});
+  Param bad = make_param("bad", {3, 2, 2, 2}, 14);
+  EXPECT_THROW(conv.bind(&bad, ops::Window{3, 3, 1, 1, 1, 1}), UsageError);
+}
+
+// BatchNorm2d in training: batch statistics (biased variance), running statistics moved by the
+// momentum (unbiased variance), gradients of x, gamma and beta by central differences; in
+// evaluation the running statistics, left unchanged.
+TEST(NnLayers, BatchNorm2dTrainingAndEvaluation) {
+  const int64_t N = 3, C = 2, H = 2, W = 3, L = H * W;
+  Param g = make_param("g", {C}, 21, 0.5, 1.0), b = make_param("b", {C}, 22);
+  Tensor rm = rand_tensor({C}, 23), rv = Tensor::from_doubles({0.5, 2.0}, {C}, DType::f64);
+  const Vec rm0 = rm.to_doubles(), rv0 = rv.to_doubles();
+  Tensor x = rand_tensor({N, C, H, W}, 24, 2.0, 0.5), r = rand_tensor({N, C, H, W}, 25);
+  Tensor y = Tensor::empty(x.shape(), DType::f64), dx = Tensor::empty(x.shape(), DType::f64);
+  BatchNorm2d bn;
+  bn.bind(&g, &b, rm, rv, 1e-5, 0.1);
+  bn.forward(x, y, Pass::train);
+  const Vec xv = x.to_doubles(), yv = y.to_doubles(), gv = g.value.to_doubles(), bv = b.value.to_doubles();
+  const Vec rm1 = rm.to_doubles(), rv1 = rv.to_doubles();
+  for (int64_t c = 0; c < C; ++c) {
+    double m = 0, v = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) m += xv[(n * C + c) * L + l];
+    m /= N * L;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) v += std::pow(xv[(n * C + c) * L + l] - m, 2);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const size_t i = static_cast<size_t>((n * C + c) * L + l);
+        EXPECT_NEAR(yv[i], (xv[i] - m) / std::sqrt(v / (N * L) + 1e-5) * gv[c] + bv[c], 1e-12);
+      }
+    EXPECT_NEAR(rm1[c], 0.9 * rm0[c] + 0.1 * m, 1e-12);
+    EXPECT_NEAR(rv1[c], 0.9 * rv0[c] + 0.1 * v / (N * L - 1), 1e-12);
+  }
+  bn.backward(r, dx);
+  const auto loss = [&] {
+    bn.forward(x, y, Pass::recompute);  // batch statistics, running statistics untouched
+    return weighted_sum(y, r);
+  };
+  check_gradients(loss, {{"x", x, dx}, {"gamma", g.value, g.grad}, {"beta", b.value, b.grad}});
+  EXPECT_EQ(rm.to_doubles(), rm1);  // recompute did not move them
+  // Evaluation: the running statistics.
+  bn.forward(x, y, Pass::evaluate);
+  const Vec ye = y.to_doubles();
+  for (int64_t i = 0; i < N * C * L; ++i) {
+    const int64_t c = i / L % C;
+    EXPECT_NEAR(ye[i], (xv[i] - rm1[c]) / std::sqrt(rv1[c] + 1e-5) * gv[c] + bv[c], 1e-12);
+  }
+  EXPECT_EQ(rm.to_doubles(), rm1);
+  Tensor one = rand_tensor({1, C, 1, 1}, 26), yo = Tensor::empty({1, C, 1, 1}, DType::f64);
+  EXPECT_THROW(bn.forward(one, yo, Pass::train), UsageError);  // one value per channel
+}
+
+// SyncBatchNorm: a half batch whose Sync adds the other half's sums normalises and
+// differentiates exactly as the whole batch does.
+TEST(NnLayers, BatchNorm2dSyncMatchesTheWholeBatch) {
+  const int64_t N = 4, C = 3, H = 2, W = 2;
+  Param g = make_param("g", {C}, 31, 0.5, 1.0), b = make_param("b", {C}, 32);
+  Param g2 = g, b2 = b;
+  g2.grad = Tensor::zeros({C}, DType::f64);
+  b2.grad = Tensor::zeros({C}, DType::f64);
+  Tensor x = rand_tensor({N, C, H, W}, 33, 1.5, 0.3), r = rand_tensor({N, C, H, W}, 34);
+  BatchNorm2d whole, half;
+  whole.bind(&g, &b, Tensor::zeros({C}, DType::f64), Tensor::from_doubles(Vec(C, 1.0), {C}, DType::f64));
+  half.bind(&g2, &b2, Tensor::zeros({C}, DType::f64), Tensor::from_doubles(Vec(C, 1.0), {C}, DType::f64));
+  Tensor y = Tensor::empty(x.shape(), DType::f64), dx = Tensor::empty(x.shape(), DType::f64);
+  whole.forward(x, y, Pass::train);
+  whole.backward(r, dx);
+  // The other half's contributions, as another rank would all-reduce them.
+  const Tensor xa = x.slice(0, 2), xb = x.slice(2, 4), ra = r.slice(0, 2), rb = r.slice(2, 4);
+  Tensor fwd_b = Tensor::empty({2, C}, DType::f64), bwd_b = Tensor::empty({2, C}, DType::f64);
+  ops::batchnorm_reduce(xb, fwd_b);
+  bool backward_pass = false;
+  half.set_sync([&](Tensor& sums, double& count) {
+    ops::add(sums, backward_pass ? bwd_b : fwd_b, sums);
+    count *= 2;
+  });
+  Tensor ya = Tensor::empty(xa.shape(), DType::f64), dxa = Tensor::empty(xa.shape(), DType::f64);
+  half.forward(xa, ya, Pass::train);
+  // The whole batch's statistics, which the sync gave the half too, for the other half's backward sums.
+  Tensor mean = Tensor::empty({C}, DType::f64), invstd = Tensor::empty({C}, DType::f64);
+  {
+    Tensor sums = Tensor::empty({2, C}, DType::f64);
+    ops::batchnorm_reduce(x, sums);
+    const Vec s = sums.to_doubles();
+    Vec m(C), is(C);
+    const double n = static_cast<double>(N * H * W);
+    for (int64_t c = 0; c < C; ++c) {
+      m[c] = s[c] / n;
+      is[c] = 1 / std::sqrt(s[C + c] / n - m[c] * m[c] + 1e-5);
+    }
+    mean = Tensor::from_doubles(m, {C}, DType::f64);
+    invstd = Tensor::from_doubles(is, {C}, DType::f64);
+  }
+  ops::batchnorm_backward_reduce(rb, xb, mean, invstd, bwd_b);
+  backward_pass = true;
+  half.backward(ra, dxa);
+  const Vec yw = y.to_doubles(), dxw = dx.to_doubles(), yh = ya.to_doubles(), dxh = dxa.to_doubles();
+  for (size_t i = 0; i < yh.size(); ++i) {
+    EXPECT_NEAR(yh[i], yw[i], 1e-12) << i;
+    EXPECT_NEAR(dxh[i], dxw[i], 1e-12) << i;
+  }
+  // gamma and beta: this half's share only (the data-parallel gradient sum adds the other's).
+  Tensor own = Tensor::empty({2, C}, DType::f64);
+  ops::batchnorm_backward_reduce(ra, xa, mean, invstd, own);
+  const Vec o = own.to_doubles(), gb = b2.grad.to_doubles(), gg = g2.grad.to_doubles();
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_NEAR(gb[c], o[c], 1e-12);
+    EXPECT_NEAR(gg[c], o[C + c], 1e-12);
+  }
+}
+
+TEST(NnLayers, GlobalAvgPool) {
+  Tensor x = rand_tensor({2, 3, 2, 4}, 41), r = rand_tensor({2, 3}, 42);
+  Tensor y = Tensor::empty({2, 3}, DType::f64), dx = Tensor::empty(x.shape(), DType::f64);
+  GlobalAvgPool pool;
+  const auto loss = [&] {
+    pool.forward(x, y);
+    return weighted_sum(y, r);
+  };
+  loss();
+  const Vec xv = x.to_doubles(), yv = y.to_doubles();
+  for (int64_t i = 0; i < 6; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < 8; ++j) s += xv[i * 8 + j];
+    EXPECT_NEAR(yv[i], s / 8, 1e-14);
+  }
+  pool.backward(r, dx);
+  check_gradients(loss, {{"x", x, dx}});
+}
+
 TEST(NnLayers, Embedding) {
   Param table = make_param("table", {7, 3}, 5);
   Tensor ids = ids_tensor({1, 4, 1, 6, 0, 4, 4, 2}, {2, 4});

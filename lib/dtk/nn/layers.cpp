@@ -2,6 +2,7 @@
 // same code runs on the CPU and on CUDA.
 #include "dtk/nn/layers.h"
 
+#include <limits>
 #include <string>
 
 #include "dtk/core/error.h"
@@ -330,6 +331,157 @@ int64_t CrossEntropy::correct() {
 void CrossEntropy::release() {
   logits_ = targets_ = losses_ = Tensor();
   for (Buffer* b : {&losses_buf_, &host_targets_, &sum_buf_, &host_sum_, &host_logits_}) b->release();
+}
+
+// ---------------------------------------------------------------------------- Conv2d
+
+void Conv2d::bind(Param* weight, const ops::Window& win) {
+  if (weight->shape.size() != 4 || weight->shape[2] != win.kh || weight->shape[3] != win.kw)
+    fail_usage("Conv2d: " + weight->name + " " + shape_str(weight->shape) + " must be [K, C, " + std::to_string(win.kh) +
+               ", " + std::to_string(win.kw) + "]");
+  w_ = weight;
+  win_ = win;
+}
+
+Shape Conv2d::out_shape(const Shape& x) const {
+  if (!w_) fail("Conv2d: used before bind()");
+  if (x.size() != 4) fail_usage("Conv2d: x must be [N, C, H, W], got " + shape_str(x));
+  return {x[0], w_->shape[0], win_.out_h(x[2]), win_.out_w(x[3])};
+}
+
+void Conv2d::forward(const Tensor& x, Tensor& y) {
+  const Shape out = out_shape(x.shape());
+  const Tensor& W = w_->value;
+  Tensor cols = cols_.get({x.dim(1) * win_.kh * win_.kw, out[2] * out[3]}, W.dtype(), W.device());
+  ops::conv2d_forward(x, W, win_, cols, y);
+  x_ = x;
+}
+
+void Conv2d::backward(const Tensor& dy, Tensor* dx) {
+  if (!x_.defined()) fail("Conv2d.backward: no forward to differentiate");
+  const Tensor& W = w_->value;
+  const Shape cs{x_.dim(1) * win_.kh * win_.kw, dy.dim(2) * dy.dim(3)};
+  Tensor cols = cols_.get(cs, W.dtype(), W.device()), dcols = dcols_.get(cs, W.dtype(), W.device());
+  ops::conv2d_backward(x_, W, dy, win_, cols, dcols, w_->grad, dx);
+}
+
+void Conv2d::release() {
+  x_ = Tensor();
+  cols_.release();
+  dcols_.release();
+}
+
+// ---------------------------------------------------------------------------- BatchNorm2d
+
+void BatchNorm2d::bind(Param* weight, Param* bias, Tensor running_mean, Tensor running_var, double eps, double momentum) {
+  const Shape c{weight->shape.empty() ? 0 : weight->shape[0]};
+  if (weight->shape.size() != 1 || bias->shape != c || running_mean.shape() != c || running_var.shape() != c)
+    fail_usage("BatchNorm2d: " + weight->name + ", " + bias->name + " and the running statistics must all be [C], got " +
+               shape_str(weight->shape) + ", " + shape_str(bias->shape) + ", " + running_mean.str() + ", " +
+               running_var.str());
+  w_ = weight;
+  b_ = bias;
+  running_mean_ = std::move(running_mean);
+  running_var_ = std::move(running_var);
+  eps_ = eps;
+  momentum_ = momentum;
+}
+
+void BatchNorm2d::forward(const Tensor& x, Tensor& y, Pass pass) {
+  if (!w_) fail("BatchNorm2d: used before bind()");
+  if (x.ndim() < 2 || x.dim(1) != w_->shape[0])
+    fail_usage("BatchNorm2d: x must be [N, " + std::to_string(w_->shape[0]) + ", ...], got " + x.str());
+  const int64_t C = x.dim(1);
+  const DType t = x.dtype();
+  const Device d = x.device();
+  if (pass == Pass::evaluate) {  // the running statistics; nothing saved (a pending backward keeps its own)
+    Tensor invstd = eval_buf_.get({C}, t, d);
+    ops::add_scalar(running_var_, eps_, invstd);
+    ops::rsqrt(invstd, invstd);
+    ops::batchnorm_forward(x, running_mean_, invstd, w_->value, b_->value, y);
+    return;
+  }
+  Tensor sums = sums_buf_.get({2, C}, DType::f64, d);
+  ops::batchnorm_reduce(x, sums);
+  double count = C > 0 ? static_cast<double>(x.numel() / C) : 0;
+  if (sync_) sync_(sums, count);
+  if (count <= 1)
+    fail_usage("BatchNorm2d: training needs more than one value per channel, got " + x.str() +
+               " (a larger batch or --micro-batch)");
+  // mean and biased variance in f64 (E[x^2] - mean^2 from f64 sums), then in the model's dtype.
+  Tensor m64 = f64_buf_[0].get({C}, DType::f64, d), v64 = f64_buf_[1].get({C}, DType::f64, d);
+  Tensor tmp = f64_buf_[2].get({C}, DType::f64, d);
+  ops::scale(sums.select(0), 1.0 / count, m64);
+  ops::mul(m64, m64, tmp);
+  ops::scale(sums.select(1), 1.0 / count, v64);
+  ops::sub(v64, tmp, v64);
+  ops::clamp(v64, 0.0, std::numeric_limits<double>::max(), v64);  // rounding below zero
+  mean_ = mean_buf_.get({C}, t, d);
+  ops::cast(m64, mean_);
+  ops::add_scalar(v64, eps_, tmp);
+  ops::rsqrt(tmp, tmp);
+  invstd_ = invstd_buf_.get({C}, t, d);
+  ops::cast(tmp, invstd_);
+  if (pass == Pass::train) {  // not again when activation checkpointing recomputes the forward
+    ops::lerp(running_mean_, mean_, momentum_, running_mean_);
+    ops::scale(v64, count / (count - 1), tmp);  // unbiased
+    Tensor v = grad_buf_.get({C}, t, d);
+    ops::cast(tmp, v);
+    ops::lerp(running_var_, v, momentum_, running_var_);
+  }
+  ops::batchnorm_forward(x, mean_, invstd_, w_->value, b_->value, y);
+  x_ = x;
+  count_ = count;
+}
+
+void BatchNorm2d::backward(const Tensor& dy, Tensor& dx) {
+  if (!x_.defined()) fail("BatchNorm2d.backward: no forward to differentiate");
+  const int64_t C = x_.dim(1);
+  Tensor sums = sums_buf_.get({2, C}, DType::f64, x_.device());
+  ops::batchnorm_backward_reduce(dy, x_, mean_, invstd_, sums);
+  // This rank's dbeta = sum dy and dgamma = sum dy xhat: the gradient sum over ranks completes them.
+  Tensor g = grad_buf_.get({C}, x_.dtype(), x_.device());
+  ops::cast(sums.select(0), g);
+  ops::axpy(1.0, g, b_->grad);
+  ops::cast(sums.select(1), g);
+  ops::axpy(1.0, g, w_->grad);
+  if (sync_) {  // the input gradient needs the sums over every rank that shared the statistics
+    double ignored = static_cast<double>(x_.numel() / C);
+    sync_(sums, ignored);
+  }
+  ops::batchnorm_backward(dy, x_, mean_, invstd_, w_->value, sums, count_, dx);
+}
+
+void BatchNorm2d::release() {
+  x_ = mean_ = invstd_ = Tensor();
+  for (Buffer* b : {&sums_buf_, &mean_buf_, &invstd_buf_, &eval_buf_, &f64_buf_[0], &f64_buf_[1], &f64_buf_[2], &grad_buf_})
+    b->release();
+}
+
+// ---------------------------------------------------------------------------- GlobalAvgPool
+
+void GlobalAvgPool::forward(const Tensor& x, Tensor& y) {
+  if (x.ndim() != 4 || y.shape() != Shape{x.dim(0), x.dim(1)})
+    fail_usage("GlobalAvgPool: x must be [N, C, H, W] and y [N, C], got " + x.str() + " and " + y.str());
+  const int64_t NC = x.dim(0) * x.dim(1);
+  Tensor y1 = y.reshape({NC});
+  ops::reduce(ops::Reduce::mean, ops::Axis::rows, x.reshape({NC, x.dim(2) * x.dim(3)}), y1);
+  shape_ = x.shape();
+}
+
+void GlobalAvgPool::backward(const Tensor& dy, Tensor& dx) {
+  if (shape_.empty()) fail("GlobalAvgPool.backward: no forward");
+  const int64_t NC = shape_[0] * shape_[1], HW = shape_[2] * shape_[3];
+  if (dx.shape() != shape_) fail_usage("GlobalAvgPool.backward: dx must be " + shape_str(shape_) + ", got " + dx.str());
+  Tensor ones = ones_.get({1, HW}, dx.dtype(), dx.device());
+  ops::fill(ones, 1.0);
+  Tensor dx2 = dx.reshape({NC, HW});
+  ops::gemm(false, false, 1.0 / static_cast<double>(HW), dy.reshape({NC, 1}), ones, 0.0, dx2);
+}
+
+void GlobalAvgPool::release() {
+  shape_.clear();
+  ones_.release();
 }
 
 // ---------------------------------------------------------------------------- ReluMlp

@@ -19,6 +19,7 @@
 
 #include "dtk/core/tensor.h"
 #include "dtk/nn/model.h"
+#include "dtk/ops/ops.h"
 
 namespace dtk::nn {
 
@@ -190,6 +191,71 @@ class ReluMlp {
   std::vector<Tensor> z_, h_;  // z_[i] layer i's output; h_[i] = relu(z_[i]) (the input of i + 1)
   Tensor x_;
   Buffer dbuf_[2];
+};
+
+// ---------------------------------------------------------------------------- convolutional nets
+// Images NCHW, in the parameters' dtype and on their device.
+
+// 2-D convolution without bias (ResNets put a batch norm after every convolution): x [N, C, H, W]
+// -> y [N, K, P, Q] with w [K, C, kh, kw] (PyTorch's Conv2d, bias=False). im2col + gemm, one
+// image at a time (ops::conv2d_*).
+class Conv2d {
+ public:
+  // The window's kernel must be the weight's (kh, kw).
+  void bind(Param* weight, const ops::Window& win);
+  Shape out_shape(const Shape& x) const;  // [N, K, P, Q] for x [N, C, H, W]
+  void forward(const Tensor& x, Tensor& y);  // saves x
+  // dW += the weight gradient; dx (when given) overwritten.
+  void backward(const Tensor& dy, Tensor* dx);
+  void release();
+
+ private:
+  Param* w_ = nullptr;
+  ops::Window win_;
+  Tensor x_;
+  Buffer cols_, dcols_;
+};
+
+// Batch normalisation over the channels of x [N, C, ...] (PyTorch's BatchNorm2d, affine, with
+// running statistics). Training (Pass::train or recompute): each channel normalised by the
+// batch's mean and biased variance over its N H W elements, and the running statistics moved
+// towards the batch's by `momentum` (the running variance unbiased, n / (n - 1), as PyTorch);
+// with a Sync, the statistics are those of every rank's batch together (SyncBatchNorm): the sums
+// and the count are all-reduced. Evaluation: the running statistics, which are left unchanged.
+class BatchNorm2d {
+ public:
+  // Sums f64 [2, C] and the element count, summed in place over the ranks that share statistics.
+  using Sync = std::function<void(Tensor& sums, double& count)>;
+  // weight (gamma) and bias (beta) [C]; running_mean and running_var [C] of the parameters'
+  // dtype and device (the model's buffers, updated in place).
+  void bind(Param* weight, Param* bias, Tensor running_mean, Tensor running_var, double eps = 1e-5,
+            double momentum = 0.1);
+  void set_sync(Sync sync) { sync_ = std::move(sync); }
+  void forward(const Tensor& x, Tensor& y, Pass pass);  // training saves x and the statistics
+  // dgamma, dbeta += (this rank's share: a data-parallel gradient sum completes them); dx overwritten.
+  void backward(const Tensor& dy, Tensor& dx);
+  void release();
+
+ private:
+  Param *w_ = nullptr, *b_ = nullptr;
+  Tensor running_mean_, running_var_;
+  double eps_ = 1e-5, momentum_ = 0.1, count_ = 0;
+  Sync sync_;
+  Tensor x_, mean_, invstd_;
+  Buffer sums_buf_, mean_buf_, invstd_buf_, eval_buf_, f64_buf_[3], grad_buf_;
+};
+
+// y [N, C] = the mean of each channel of x [N, C, H, W] (global average pooling); the backward
+// spreads dy / (H W) over the channel.
+class GlobalAvgPool {
+ public:
+  void forward(const Tensor& x, Tensor& y);  // remembers x's shape
+  void backward(const Tensor& dy, Tensor& dx);  // dx [N, C, H, W] overwritten
+  void release();
+
+ private:
+  Shape shape_;
+  Buffer ones_;
 };
 
 // Validated host copy of integer ids (i32, any device): every id in [lo, hi) or a UsageError
