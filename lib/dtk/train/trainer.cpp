@@ -305,10 +305,11 @@ void validate(Options& o, int world_size) {
   }
   if (o.warmup > o.steps)
     fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
-  const std::string decay = o.decay_epochs.empty() ? "--decay-steps" : "--decay-epochs (in steps)";
+  const std::string flag = o.decay_epochs.empty() ? "--decay-steps" : "--decay-epochs";
+  const std::string decay = flag + (o.decay_epochs.empty() ? "" : " (in steps)");
   if (o.schedule == "step" && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps or --decay-epochs");
   if (o.schedule != "step" && !o.decay_steps.empty())
-    fail_usage(decay.substr(0, decay.find(' ')) + " needs --schedule step (the schedule is " + o.schedule + ")");
+    fail_usage(flag + " needs --schedule step (the schedule is " + o.schedule + ")");
   for (size_t i = 0; i < o.decay_steps.size(); ++i) {
     if (i > 0 && o.decay_steps[i] <= o.decay_steps[i - 1])
       fail_usage(decay + " must increase: " + std::to_string(o.decay_steps[i]) + " follows " +
