@@ -367,8 +367,11 @@ TEST_F(DataFiles, LargeVocabIsU32) {
   EXPECT_FALSE(fs::exists(path("bad.h5")));
 }
 
-TEST_F(DataFiles, ImagesScaledAndFlattenedHWC) {
-  const Shape s = {3, 2, 2, 3};
+// Images are stored H, W, C bytes and given as C, H, W floats in [0, 1] (PyTorch's layout); a
+// resnet must take the images' C, H, W exactly, an mlp only their number of values.
+TEST_F(DataFiles, ImagesScaledAndGivenAsCHW) {
+  const int64_t H = 2, W = 2, C = 3;
+  const Shape s = {3, H, W, C};
   std::vector<uint8_t> img(36);
   for (size_t i = 0; i < img.size(); ++i) img[i] = static_cast<uint8_t>(i * 7);
   img[0] = 255;
@@ -378,16 +381,24 @@ TEST_F(DataFiles, ImagesScaledAndFlattenedHWC) {
   auto d = open_dataset(p, mlp(12, 10), false, 0);
   EXPECT_EQ(d->size(), 3);
   EXPECT_TRUE(std::isnan(d->optimal_loss()));
-  EXPECT_EQ(d->describe()["image_shape"], (std::vector<int64_t>{2, 2, 3}));
+  EXPECT_EQ(d->describe()["image_shape"], (std::vector<int64_t>{3, 2, 2}));
   nn::Batch b = d->get(std::vector<int64_t>{2, 0});
-  ASSERT_EQ(b.inputs.shape(), (Shape{2, 12}));
+  ASSERT_EQ(b.inputs.shape(), (Shape{2, C, H, W}));
   const auto x = floats(b.inputs);
-  for (int j = 0; j < 12; ++j) {
-    EXPECT_FLOAT_EQ(x[static_cast<size_t>(j)], static_cast<float>(img[static_cast<size_t>(24 + j)]) / 255.0f);
-    EXPECT_FLOAT_EQ(x[static_cast<size_t>(12 + j)], static_cast<float>(img[static_cast<size_t>(j)]) / 255.0f);
-  }
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t w = 0; w < W; ++w) {
+        const size_t out = static_cast<size_t>((c * H + h) * W + w), in = static_cast<size_t>((h * W + w) * C + c);
+        EXPECT_FLOAT_EQ(x[out], static_cast<float>(img[24 + in]) / 255.0f);
+        EXPECT_FLOAT_EQ(x[12 + out], static_cast<float>(img[in]) / 255.0f);
+      }
   EXPECT_FLOAT_EQ(x[12], 1.0f);
   EXPECT_EQ(ints(b.targets), (std::vector<int32_t>{1, 2}));
+  nn::ModelConfig r = nn::preset("resnet-8");
+  r.input_shape = {3, 2, 2};
+  EXPECT_EQ(open_dataset(p, r, false, 0)->get(std::vector<int64_t>{1}).inputs.shape(), (Shape{1, 3, 2, 2}));
+  r.input_shape = {1, 3, 4};  // 12 values, but not these images
+  expect_bad(p, r, "the images are [3, 2, 2] (C, H, W), but the model's input_shape is [1, 3, 4]");
 }
 
 TEST_F(DataFiles, FeaturesRoundTrip) {
@@ -666,11 +677,12 @@ TEST(Augment, CropFlipShiftsFlipsAndZeroFills) {
   const int64_t H = 7, W = 6, C = 2, B = 40, D = H * W * C;
   std::vector<float> orig(static_cast<size_t>(B * D));
   for (size_t i = 0; i < orig.size(); ++i) orig[i] = 1.0f + static_cast<float>(i % 997);  // no zeros
-  nn::Batch batch{Tensor::from_host(orig.data(), {B, D}, DType::f32), Tensor::zeros({B}, DType::i32)};
+  nn::Batch batch{Tensor::from_host(orig.data(), {B, C, H, W}, DType::f32), Tensor::zeros({B}, DType::i32)};
   std::vector<int64_t> idx(static_cast<size_t>(B));
   std::iota(idx.begin(), idx.end(), 1000);
-  augment(batch, Augment::crop_flip, H, W, C, idx, 7, 3);
+  augment(batch, Augment::crop_flip, C, H, W, idx, 7, 3);
   const float* got = batch.inputs.ptr<float>();
+  const auto at = [&](int64_t b, int64_t c, int64_t h, int64_t w) { return static_cast<size_t>(((b * C + c) * H + h) * W + w); };
   int flips = 0;
   for (int64_t b = 0; b < B; ++b) {
     const CropFlip d = draw_crop_flip(7, 3, idx[static_cast<size_t>(b)], 4);
@@ -687,8 +699,8 @@ TEST(Augment, CropFlipShiftsFlipsAndZeroFills) {
                 const int64_t sh = h + dy, sw = w + dx;
                 const bool inside = sh >= 0 && sh < H && sw >= 0 && sw < W;
                 const int64_t ow = fl ? W - 1 - sw : sw;
-                const float want = inside ? orig[static_cast<size_t>(b * D + (sh * W + ow) * C + c)] : 0.0f;
-                same = got[b * D + (h * W + w) * C + c] == want;
+                const float want = inside ? orig[at(b, c, sh, ow)] : 0.0f;
+                same = got[at(b, c, h, w)] == want;
               }
           if (same) {
             ++matches;
@@ -714,7 +726,7 @@ TEST(Augment, CropFlipShiftsFlipsAndZeroFills) {
   EXPECT_GT(changed, 1900);  // another step, another draw
   // none leaves the batch alone; bad names are usage errors.
   nn::Batch same{Tensor::from_host(orig.data(), {B, D}, DType::f32), Tensor::zeros({B}, DType::i32)};
-  augment(same, Augment::none, H, W, C, idx, 7, 3);
+  augment(same, Augment::none, C, H, W, idx, 7, 3);
   EXPECT_EQ(std::vector<float>(same.inputs.ptr<float>(), same.inputs.ptr<float>() + B * D), orig);
   EXPECT_EQ(parse_augment("crop-flip"), Augment::crop_flip);
   EXPECT_THROW(parse_augment("mixup"), UsageError);

@@ -948,12 +948,188 @@ TEST(NnMlp, BatchChecksAndF32Training) {
   EXPECT_THROW(m->backward(1.0), Error);
 }
 
+// ---------------------------------------------------------------------------- resnet
+
+// Two stages: a block without and blocks with a downsample shortcut, and one of each kind after
+// a stride; 6x6 images of 2 channels, 3 classes.
+ModelConfig tiny_resnet(const std::string& stem = "cifar") {
+  ModelConfig c = preset("resnet-8");
+  c.input_shape = stem == "cifar" ? std::vector<int64_t>{2, 6, 6} : std::vector<int64_t>{2, 11, 11};
+  c.stage_widths = {3, 4};
+  c.stage_blocks = {1, 2};
+  c.classes = 3;
+  c.stem = stem;
+  return c;
+}
+
+Batch image_batch(const ModelConfig& c, int64_t B, uint64_t seed, DType t = DType::f64) {
+  std::vector<int32_t> y(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) y[static_cast<size_t>(i)] = static_cast<int32_t>(i % c.classes);
+  Tensor x = rand_tensor({B, c.input_shape[0], c.input_shape[1], c.input_shape[2]}, seed);
+  if (t != DType::f64) {
+    Tensor x2 = Tensor::empty(x.shape(), t);
+    ops::cast(x, x2);
+    x = x2;
+  }
+  return {x, ids_tensor(y, {B})};
+}
+
+// torchvision's names in its state_dict order, the blocks, the buffers and their initial values.
+TEST(NnResNet, PresetsNamesAndBuffers) {
+  auto m = make_model(preset("resnet-8"), Device::cpu());
+  std::vector<std::string> want{"conv1.weight", "bn1.weight", "bn1.bias"};
+  std::vector<std::string> bufs{"bn1.running_mean", "bn1.running_var"};
+  for (int s = 1; s <= 3; ++s) {
+    const std::string p = "layer" + std::to_string(s) + ".0.";
+    for (const char* n : {"conv1.weight", "bn1.weight", "bn1.bias", "conv2.weight", "bn2.weight", "bn2.bias"})
+      want.push_back(p + n);
+    for (const char* n : {"bn1", "bn2"})
+      for (const char* r : {".running_mean", ".running_var"}) bufs.push_back(p + n + r);
+    if (s > 1) {
+      for (const char* n : {"downsample.0.weight", "downsample.1.weight", "downsample.1.bias"}) want.push_back(p + n);
+      for (const char* r : {".running_mean", ".running_var"}) bufs.push_back(p + "downsample.1" + r);
+    }
+  }
+  want.insert(want.end(), {"fc.weight", "fc.bias"});
+  ASSERT_EQ(m->params().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(m->params()[i].name, want[i]);
+  ASSERT_EQ(m->buffers().size(), bufs.size());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    const NamedTensor& b = m->buffers()[i];
+    EXPECT_EQ(b.name, bufs[i]);
+    EXPECT_TRUE(b.value.shares_storage(m->buffer_values()));
+    for (double v : b.value.to_doubles()) EXPECT_EQ(v, b.name.ends_with("var") ? 1.0 : 0.0) << b.name;
+  }
+  EXPECT_EQ(m->param("conv1.weight").shape, (Shape{16, 3, 3, 3}));
+  EXPECT_EQ(m->param("layer2.0.conv1.weight").shape, (Shape{32, 16, 3, 3}));
+  EXPECT_EQ(m->param("layer3.0.downsample.0.weight").shape, (Shape{64, 32, 1, 1}));
+  EXPECT_EQ(m->param("fc.weight").shape, (Shape{10, 64}));
+  // Blocks: the stem, each residual block, the head. resnet-20 by hand: stem 3*16*9 + 2*16;
+  // stage 1: 3 x (2*16*16*9 + 4*16); stage 2: (16*32*9 + 32*32*9 + 4*32 + 16*32 + 2*32) +
+  // 2 x (2*32*32*9 + 4*32); stage 3 likewise with 32 -> 64; fc 64*10 + 10.
+  ASSERT_EQ(m->num_blocks(), 5);
+  EXPECT_EQ(m->block_params(0), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(m->block_params(4), (std::vector<int>{static_cast<int>(want.size()) - 2, static_cast<int>(want.size()) - 1}));
+  EXPECT_EQ(preset("resnet-20").num_params(), 464 + 3 * 4672 + 14528 + 2 * 18560 + 57728 + 2 * 73984 + 650);
+  EXPECT_EQ(make_model(preset("resnet-20"), Device::cpu())->num_blocks(), 11);
+  // init: convolutions normal(0, sqrt(2 / fan_out)), batch norm 1 and 0, fc 1/sqrt(3 fan_in).
+  m->init(4);
+  const auto stdev = [](const Tensor& t) {
+    double s = 0;
+    for (double v : t.to_doubles()) s += v * v;
+    return std::sqrt(s / static_cast<double>(t.numel()));
+  };
+  EXPECT_NEAR(stdev(m->param("layer3.0.conv2.weight").value), std::sqrt(2.0 / (64 * 9)), 0.005);
+  EXPECT_NEAR(stdev(m->param("fc.weight").value), 1 / std::sqrt(3.0 * 64), 0.01);
+  EXPECT_EQ(m->param("layer2.0.bn2.weight").value.to_doubles(), Vec(32, 1.0));
+  EXPECT_EQ(m->param("layer2.0.downsample.1.bias").value.to_doubles(), Vec(32, 0.0));
+}
+
+// Every parameter's gradient in f64 against central differences of the training loss (batch
+// statistics), for both stems.
+TEST(NnResNet, GradientsMatchFiniteDifferences) {
+  for (const char* stem : {"cifar", "imagenet"}) {
+    const ModelConfig c = tiny_resnet(stem);
+    auto m = make_model(c, Device::cpu(), DType::f64);
+    m->init(3);
+    for (Param& p : m->params())  // batch norm's affine parameters away from 1 and 0
+      if (p.init != Init::normal) {
+        Tensor r = rand_tensor(p.shape, 40 + p.block, 0.3, p.init == Init::ones ? 1.0 : 0.0);
+        ops::cast(r, p.value);
+      }
+    const Batch b = image_batch(c, 4, 9);
+    const double scale = 0.5;
+    m->zero_grad();
+    const double l = m->forward(b);
+    EXPECT_TRUE(std::isfinite(l));
+    m->backward(scale);
+    check_gradients([&] { return scale * m->forward(b); }, all_params(*m), 10);
+  }
+}
+
+// Training forwards move the running statistics, evaluation reads them and leaves them, and
+// evaluating between a forward and its backward changes nothing; the recomputation of
+// checkpointing leaves them too: losses, gradients and buffers are the same bits in every mode.
+TEST(NnResNet, CheckpointingEvaluationAndRunningStatistics) {
+  const ModelConfig c = tiny_resnet();
+  const Batch b1 = image_batch(c, 5, 1, DType::f32), b2 = image_batch(c, 3, 2, DType::f32);
+  std::vector<double> want_losses;
+  Vec want_grads, want_buffers;
+  for (Checkpointing mode : kModes) {
+    auto m = make_model(c, Device::cpu());
+    m->init(5);
+    m->set_activation_checkpointing(mode);
+    const Vec buffers0 = m->buffer_values().to_doubles();
+    const double e0 = m->evaluate(b2);
+    EXPECT_EQ(m->buffer_values().to_doubles(), buffers0) << "evaluation moved the running statistics";
+    std::vector<double> losses;
+    m->zero_grad();
+    losses.push_back(m->forward(b1));
+    EXPECT_NE(m->buffer_values().to_doubles(), buffers0) << "a training forward left the running statistics";
+    const Vec moved = m->buffer_values().to_doubles();
+    losses.push_back(m->evaluate(b2));  // with the moved statistics, between forward and backward
+    EXPECT_NE(losses.back(), e0);
+    m->backward(0.5);
+    EXPECT_EQ(m->buffer_values().to_doubles(), moved) << mode_str(mode) << ": backward moved the running statistics";
+    losses.push_back(m->forward(b2));
+    m->backward(0.5);
+    if (mode == Checkpointing::none) {
+      want_losses = losses;
+      want_grads = m->grads().to_doubles();
+      want_buffers = m->buffer_values().to_doubles();
+      EXPECT_GT(m->correct(), -1);
+      continue;
+    }
+    EXPECT_EQ(losses, want_losses) << mode_str(mode);
+    EXPECT_EQ(m->grads().to_doubles(), want_grads) << mode_str(mode);
+    EXPECT_EQ(m->buffer_values().to_doubles(), want_buffers) << mode_str(mode);
+  }
+}
+
+TEST(NnResNet, HooksAndBatchChecks) {
+  const ModelConfig c = tiny_resnet();
+  for (Checkpointing mode : kModes) {
+    auto m = make_model(c, Device::cpu());
+    m->init(2);
+    m->set_activation_checkpointing(mode);
+    HookLog hooks;
+    m->set_hooks(&hooks);
+    m->zero_grad();
+    m->forward(image_batch(c, 2, 3, DType::f32));
+    m->backward(1.0);
+    std::vector<std::string> want;
+    for (int b = 0; b < 5; ++b) want.insert(want.end(), {"f" + std::to_string(b), "F" + std::to_string(b)});
+    for (int b = 4; b >= 0; --b) {
+      want.push_back("b" + std::to_string(b));
+      if (mode != Checkpointing::none && b >= 1 && b <= 3) want.insert(want.end(), {"r" + std::to_string(b), "R" + std::to_string(b)});
+      want.push_back("B" + std::to_string(b));
+    }
+    EXPECT_EQ(hooks.events, want) << mode_str(mode);
+    m->set_hooks(nullptr);
+  }
+  auto m = make_model(c, Device::cpu());
+  const Tensor y = ids_tensor({0, 1}, {2});
+  EXPECT_THROW(m->forward(Batch{Tensor::zeros({2, 2, 6, 5}, DType::f32), y}), UsageError);  // 60 values, not 72
+  EXPECT_THROW(m->forward(Batch{Tensor::zeros({2, 72}, DType::i32), y}), UsageError);
+  EXPECT_THROW(m->forward(Batch{Tensor::zeros({2, 72}, DType::f32), ids_tensor({0, 3}, {2})}), UsageError);  // class 3 of 3
+  EXPECT_THROW(m->backward(1.0), Error);
+  EXPECT_NEAR(m->forward(Batch{Tensor::zeros({2, 72}, DType::f32), y}), std::log(3.0), 1e-6);  // flat images work
+  // One value per channel at the last stage cannot give batch statistics.
+  ModelConfig one = c;
+  one.input_shape = {2, 2, 2};
+  auto m1 = make_model(one, Device::cpu());
+  EXPECT_THROW(m1->forward(Batch{Tensor::zeros({1, 2, 2, 2}, DType::f32), ids_tensor({0}, {1})}), UsageError);
+}
+
 // ---------------------------------------------------------------------------- configs
 
 TEST(NnConfig, PresetParameterCounts) {
+  // resnet-18: 11,173,962 as the PowerSGD paper's (kuangliu's) CIFAR ResNet-18; resnet-20 and
+  // resnet-8 by hand in NnResNet.PresetsNamesAndBuffers.
   const std::map<std::string, int64_t> want = {{"llama-tiny", 853120},   {"llama-small", 27795968},
                                                {"llama-1b", 1104218112}, {"mlp-small", 6922},
-                                               {"mlp-mnist", 235146}};
+                                               {"mlp-mnist", 235146},    {"resnet-8", 78042},
+                                               {"resnet-20", 272474},    {"resnet-18", 11173962}};
   EXPECT_EQ(preset_names().size(), want.size());
   for (const std::string& name : preset_names()) {
     const ModelConfig c = preset(name);
@@ -965,7 +1141,7 @@ TEST(NnConfig, PresetParameterCounts) {
     EXPECT_EQ(c.num_params(), want.at(name)) << name;
     EXPECT_GT(c.train_flops_per_item(), 6.0 * static_cast<double>(c.num_params()) * 0.5) << name;
   }
-  for (const char* name : {"llama-tiny", "mlp-small", "mlp-mnist"}) {
+  for (const char* name : {"llama-tiny", "mlp-small", "mlp-mnist", "resnet-8", "resnet-20"}) {
     auto m = make_model(preset(name), Device::cpu());
     EXPECT_EQ(m->values().numel(), preset(name).num_params()) << name;
   }
@@ -1032,6 +1208,13 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
       {with([](ModelConfig& c) { c.hidden = {64, 0}; }, "mlp-small"), "hidden[1]"},
       {with([](ModelConfig& c) { c.classes = 0; }, "mlp-small"), "classes"},
       {with([](ModelConfig& c) { c.input_dim = -3; }, "mlp-small"), "input_dim"},
+      {with([](ModelConfig& c) { c.input_shape = {3, 32}; }, "resnet-8"), "input_shape"},
+      {with([](ModelConfig& c) { c.input_shape = {3, 0, 32}; }, "resnet-8"), "input_shape[1]"},
+      {with([](ModelConfig& c) { c.stage_blocks = {1, 1}; }, "resnet-8"), "stage_blocks"},
+      {with([](ModelConfig& c) { c.stage_widths = {16, -2, 64}; }, "resnet-8"), "stage_widths[1]"},
+      {with([](ModelConfig& c) { c.stem = "mnist"; }, "resnet-8"), "stem"},
+      {with([](ModelConfig& c) { c.classes = 0; }, "resnet-8"), "classes"},
+      {with([](ModelConfig& c) { c.input_shape = {3, 32, 32, 1}; }, "resnet-8"), "input_shape"},
   };
   for (const auto& [cfg, field] : cases) {
     expect_usage_error([&] { cfg.validate(); }, field);
@@ -1090,6 +1273,39 @@ TEST(NnLlama, CudaMatchesCpu) {
   mg->init(5);
   const Batch mb = mlp_batch(6, DType::f32, 6);
   EXPECT_NEAR(mg->forward(mb.to(gpu)), mc->forward(mb), 1e-5);
+}
+
+
+TEST(NnResNet, CudaMatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const Device gpu = Device::cuda(0);
+  for (const char* stem : {"cifar", "imagenet"}) {
+    const ModelConfig c = tiny_resnet(stem);
+    auto cpu_m = make_model(c, Device::cpu()), gpu_m = make_model(c, gpu);
+    cpu_m->init(17);
+    gpu_m->init(17);
+    EXPECT_EQ(cpu_m->values().to_doubles(), gpu_m->values().to_doubles()) << stem;
+    const Batch b = image_batch(c, 6, 18, DType::f32);
+    const double lc = cpu_m->forward(b), lg = gpu_m->forward(b.to(gpu));
+    EXPECT_NEAR(lg, lc, 1e-5 * std::fabs(lc)) << stem;
+    cpu_m->zero_grad();
+    gpu_m->zero_grad();
+    cpu_m->forward(b);
+    gpu_m->forward(b.to(gpu));
+    cpu_m->backward(1.0);
+    gpu_m->backward(1.0);
+    for (const auto& [want, got] : {std::pair{cpu_m->grads().to_doubles(), gpu_m->grads().to_doubles()},
+                                    std::pair{cpu_m->buffer_values().to_doubles(), gpu_m->buffer_values().to_doubles()}}) {
+      double most = 0, diff = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        most = std::max(most, std::fabs(want[i]));
+        diff = std::max(diff, std::fabs(want[i] - got[i]));
+      }
+      EXPECT_LE(diff, 1e-4 * most) << stem;
+    }
+    EXPECT_NEAR(gpu_m->evaluate(b.to(gpu)), cpu_m->evaluate(b), 1e-4) << stem;
+    EXPECT_EQ(gpu_m->correct(), cpu_m->correct()) << stem;
+  }
 }
 
 }  // namespace

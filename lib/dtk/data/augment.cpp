@@ -28,32 +28,29 @@ CropFlip draw_crop_flip(uint64_t seed, int64_t step, int64_t index, int64_t pad)
   return {static_cast<int64_t>(r.x[0] % span) - pad, static_cast<int64_t>(r.x[1] % span) - pad, (r.x[2] & 1u) != 0};
 }
 
-void augment(nn::Batch& batch, Augment kind, int64_t height, int64_t width, int64_t channels,
+void augment(nn::Batch& batch, Augment kind, int64_t channels, int64_t height, int64_t width,
              std::span<const int64_t> indices, uint64_t seed, int64_t step, int64_t pad) {
   if (kind == Augment::none) return;
-  const int64_t B = batch.inputs.dim(0), D = height * width * channels;
+  const int64_t B = batch.inputs.dim(0), HW = height * width, D = channels * HW;
   if (batch.inputs.dtype() != DType::f32 || batch.inputs.numel() != B * D || static_cast<int64_t>(indices.size()) != B ||
       pad < 0)
     fail("augment: inputs " + batch.inputs.str() + " are not " + std::to_string(indices.size()) + " images of " +
-         std::to_string(height) + "x" + std::to_string(width) + "x" + std::to_string(channels));
+         std::to_string(channels) + "x" + std::to_string(height) + "x" + std::to_string(width));
   float* x = batch.inputs.ptr<float>();
-  std::vector<float> src(static_cast<size_t>(D));
+  std::vector<float> src(static_cast<size_t>(HW));
   for (int64_t b = 0; b < B; ++b) {
     const CropFlip d = draw_crop_flip(seed, step, indices[static_cast<size_t>(b)], pad);
-    float* img = x + b * D;
-    std::copy(img, img + D, src.begin());
-    for (int64_t h = 0; h < height; ++h)
-      for (int64_t w = 0; w < width; ++w) {
-        const int64_t sh = h + d.dy, sw0 = w + d.dx;
-        const int64_t sw = d.flip ? width - 1 - sw0 : sw0;  // flip the original, then shift
-        float* out = img + (h * width + w) * channels;
-        if (sh < 0 || sh >= height || sw0 < 0 || sw0 >= width) {
-          std::fill(out, out + channels, 0.0f);
-        } else {
-          const float* in = src.data() + (sh * width + sw) * channels;
-          std::copy(in, in + channels, out);
+    for (int64_t c = 0; c < channels; ++c) {
+      float* img = x + b * D + c * HW;
+      std::copy(img, img + HW, src.begin());
+      for (int64_t h = 0; h < height; ++h)
+        for (int64_t w = 0; w < width; ++w) {
+          const int64_t sh = h + d.dy, sw0 = w + d.dx;
+          const int64_t sw = d.flip ? width - 1 - sw0 : sw0;  // flip the original, then shift
+          const bool inside = sh >= 0 && sh < height && sw0 >= 0 && sw0 < width;
+          img[h * width + w] = inside ? src[static_cast<size_t>(sh * width + sw)] : 0.0f;
         }
-      }
+    }
   }
 }
 

@@ -27,9 +27,9 @@ struct CropFlip {
 };
 CropFlip draw_crop_flip(uint64_t seed, int64_t step, int64_t index, int64_t pad);
 
-// Augments the host batch in place: inputs f32 [B, H W C] (flattened HWC images, as image files
-// give them), indices[b] the dataset index of sample b. pad >= 0.
-void augment(nn::Batch& batch, Augment kind, int64_t height, int64_t width, int64_t channels,
+// Augments the host batch in place: inputs f32 [B, C, H, W] (images as image files give them),
+// indices[b] the dataset index of sample b. pad >= 0.
+void augment(nn::Batch& batch, Augment kind, int64_t channels, int64_t height, int64_t width,
              std::span<const int64_t> indices, uint64_t seed, int64_t step, int64_t pad = 4);
 
 }  // namespace dtk::data

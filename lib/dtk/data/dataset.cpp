@@ -114,10 +114,10 @@ double Dataset::optimal_loss() const { return std::numeric_limits<double>::quiet
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelConfig& model, bool validation,
                                       uint64_t seed) {
   if (spec == "synthetic") {
-    if (model.arch == "mlp") return detail::make_mixture_dataset(model, validation, seed);
+    if (model.classifier()) return detail::make_mixture_dataset(model, validation, seed);
     if (model.vocab > 0 && model.seq_len > 0) return detail::make_markov_dataset(model, validation, seed);
     fail_usage("--data synthetic: no synthetic data for a model of arch '" + model.arch +
-               "' (llama-like models need vocab and seq_len; mlp models input_dim and classes)");
+               "' (llama-like models need vocab and seq_len)");
   }
   if (spec.empty()) fail_usage("no data given (expected \"synthetic\" or an HDF5 data file)");
   return detail::open_file_dataset(spec, model);

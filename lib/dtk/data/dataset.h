@@ -38,16 +38,22 @@ class Dataset {
 
 // Opens a training or validation dataset for a model:
 //   spec "synthetic": llama -> the sparse Markov-chain language over the model's vocab and
-//   seq_len; mlp -> the Gaussian mixture over input_dim and classes. validation selects a
-//   disjoint stream of the same distribution. seed (the run's --seed) picks the chain / mixture.
+//   seq_len; classifiers (mlp, resnet) -> the Gaussian mixture over their input size
+//   (ModelConfig::sample_numel) and classes. validation selects a disjoint stream of the same
+//   distribution. seed (the run's --seed) picks the chain / mixture.
 //   spec FILE.h5: a token file (1-D `tokens` u16/u32, attribute vocab_size; samples are windows
-//   of seq_len + 1 tokens) or a classification file (`images` u8 [N,H,W,C] scaled to [0,1] and
-//   flattened, or `features` f32 [N,D]; `labels` integer [N]). Checked against the model
-//   (vocab_size <= vocab, feature size == input_dim, labels < classes): UsageError naming the
+//   of seq_len + 1 tokens) or a classification file (`images` u8 [N,H,W,C], given as f32
+//   [B, C, H, W] scaled to [0,1], PyTorch's layout; or `features` f32 [N,D], given as [B, D];
+//   `labels` integer [N]). Checked against the model (vocab_size <= vocab, a sample's size ==
+//   sample_numel, a resnet's input_shape == the images' C, H, W, labels < classes): UsageError naming the
 //   file and the mismatch. `validation` and `seed` matter only for "synthetic" (a file is what
 //   it is: pass the validation file itself). Synthetic datasets have 2^40 samples.
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelConfig& model, bool validation,
                                       uint64_t seed);
+
+// C, H, W of the images of a classification file; empty when spec is not a readable file of
+// images (open_dataset then says why). How a resnet's input_shape defaults to its data's.
+std::vector<int64_t> image_shape(const std::string& spec);
 
 // Writes the datasets that data-pack produces (atomically: temporary name, then rename).
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,

@@ -204,9 +204,17 @@ class ClassFile final : public FileDataset {
     d_ = 1;
     for (size_t i = 1; i < arr_.dims.size(); ++i) d_ *= static_cast<int64_t>(arr_.dims[i]);
     if (n_ == 0) fail_usage(p + ": `" + name + "` holds no samples");
-    if (d_ != m.input_dim)
+    if (images_) {  // C, H, W of the images (the file stores them H, W, C)
+      const auto dim = [&](size_t i) { return static_cast<int64_t>(arr_.dims[i]); };
+      chw_ = {arr_.dims.size() == 4 ? dim(3) : 1, dim(1), dim(2)};
+    }
+    if (m.arch == "resnet" && images_ && chw_ != m.input_shape)
+      fail_usage(p + ": the images are " + shape_str(chw_) + " (C, H, W), but the model's input_shape is " +
+                 shape_str(m.input_shape));
+    if (d_ != m.sample_numel())
       fail_usage(p + ": a sample of `" + name + "` " + dims_str(arr_.dims) + " has " + std::to_string(d_) +
-                 " values, but the model's input_dim is " + std::to_string(m.input_dim));
+                 " values, but the model takes " + std::to_string(m.sample_numel()) +
+                 (m.arch == "mlp" ? " (its input_dim)" : " (its input_shape)"));
 
     if (!exists(file_, "labels")) fail_usage(p + ": the dataset `labels` is missing");
     Array lab = open_array(file_, "labels", p);
@@ -262,14 +270,18 @@ class ClassFile final : public FileDataset {
                         images_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, images_ ? 1 : sizeof(float), buf, off,
                         path_ + (images_ ? ": reading `images`" : ": reading `features`"));
     }
-    Tensor x = Tensor::empty({B, D}, DType::f32), y = Tensor::empty({B}, DType::i32);
+    Tensor x = Tensor::empty(images_ ? Shape{B, chw_[0], chw_[1], chw_[2]} : Shape{B, D}, DType::f32);
+    Tensor y = Tensor::empty({B}, DType::i32);
     float* px = x.ptr<float>();
     int32_t* py = y.ptr<int32_t>();
     for (int64_t b = 0; b < B; ++b) {
       const int64_t o = off[static_cast<size_t>(b)] * D;
-      if (images_) {
+      if (images_) {  // H, W, C bytes -> C, H, W floats in [0, 1]
         const unsigned char* s = buf.data() + o;
-        for (int64_t j = 0; j < D; ++j) px[b * D + j] = static_cast<float>(s[j]) / 255.0f;
+        const int64_t C = chw_[0], HW = chw_[1] * chw_[2];
+        float* dst = px + b * D;
+        for (int64_t i = 0; i < HW; ++i)
+          for (int64_t c = 0; c < C; ++c) dst[c * HW + i] = static_cast<float>(s[i * C + c]) / 255.0f;
       } else {
         const float* s = reinterpret_cast<const float*>(buf.data()) + o;
         std::copy(s, s + D, px + b * D);
@@ -281,11 +293,7 @@ class ClassFile final : public FileDataset {
   nlohmann::json describe() const override {
     nlohmann::json j = {{"source", path_}, {"kind", "classification"}, {"samples", n_},
                         {"classes", classes_}, {"input_dim", d_}, {"format", images_ ? "images" : "features"}};
-    if (images_) {
-      std::vector<int64_t> s(arr_.dims.begin() + 1, arr_.dims.end());
-      if (s.size() == 2) s.push_back(1);
-      j["image_shape"] = s;
-    }
+    if (images_) j["image_shape"] = chw_;
     if (!std::isnan(optimal_)) j["optimal_loss"] = optimal_;
     return j;
   }
@@ -309,6 +317,7 @@ class ClassFile final : public FileDataset {
 
   bool images_ = true;
   int64_t n_ = 0, d_ = 0, classes_ = 0;
+  Shape chw_;  // images: C, H, W
   std::vector<int32_t> labels_;
 };
 
@@ -346,7 +355,7 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
     const std::string m = h5io::last_error();
     fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
   }
-  const bool classify = model.arch == "mlp";
+  const bool classify = model.classifier();
   try {
     if (exists(file, "tokens")) {
       if (classify)
@@ -367,4 +376,22 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
 }
 
 }  // namespace detail
+
+std::vector<int64_t> image_shape(const std::string& spec) {
+  std::error_code ec;
+  if (spec == "synthetic" || !fs::is_regular_file(spec, ec)) return {};
+  auto g = h5io::lock();
+  h5io::quiet();
+  Id file(H5Fopen(spec.c_str(), H5F_ACC_RDONLY, h5io::file_access()));
+  if (!file.valid() || !exists(file, "images")) return {};
+  Id dset(H5Dopen2(file, "images", H5P_DEFAULT));
+  Id space(dset.valid() ? H5Dget_space(dset) : H5I_INVALID_HID);
+  if (!space.valid()) return {};
+  hsize_t d[4] = {0, 0, 0, 1};
+  const int n = H5Sget_simple_extent_ndims(space);
+  if (n != 3 && n != 4) return {};
+  H5Sget_simple_extent_dims(space, d, nullptr);
+  return {static_cast<int64_t>(d[3]), static_cast<int64_t>(d[1]), static_cast<int64_t>(d[2])};
+}
+
 }  // namespace dtk::data

@@ -235,8 +235,8 @@ class MarkovDataset final : public Dataset {
 class MixtureDataset final : public Dataset {
  public:
   MixtureDataset(const nn::ModelConfig& m, bool validation, uint64_t seed)
-      : D_(m.input_dim), C_(m.classes), validation_(validation), seed_(seed) {
-    if (D_ < 1) fail_usage("synthetic classification: the model's input_dim must be positive");
+      : D_(m.sample_numel()), C_(m.classes), validation_(validation), seed_(seed) {
+    if (D_ < 1) fail_usage("synthetic classification: the model's input size must be positive");
     if (C_ < 2) fail_usage("synthetic classification: the model needs at least 2 classes");
     if (C_ > (int64_t{1} << 20) || C_ * D_ > (int64_t{1} << 31))
       fail_usage("synthetic classification: classes x input_dim is too large");

@@ -225,7 +225,7 @@ class Conv2d {
 class BatchNorm2d {
  public:
   // Sums f64 [2, C] and the element count, summed in place over the ranks that share statistics.
-  using Sync = std::function<void(Tensor& sums, double& count)>;
+  using Sync = StatSync;
   // weight (gamma) and bias (beta) [C]; running_mean and running_var [C] of the parameters'
   // dtype and device (the model's buffers, updated in place).
   void bind(Param* weight, Param* bias, Tensor running_mean, Tensor running_var, double eps = 1e-5,

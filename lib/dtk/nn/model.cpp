@@ -16,6 +16,10 @@ namespace dtk::nn {
 namespace detail {
 std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t, Storage s);  // llama.cpp
 std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t, Storage s);    // mlp.cpp
+std::unique_ptr<Model> make_resnet(const ModelConfig& cfg, Device d, DType t, Storage s);  // resnet.cpp
+void resnet_validate(const ModelConfig& cfg);                                           // resnet.cpp
+int64_t resnet_num_params(const ModelConfig& cfg);                                      // resnet.cpp
+double resnet_train_flops(const ModelConfig& cfg);                                      // resnet.cpp
 }  // namespace detail
 
 namespace {
@@ -32,7 +36,8 @@ std::string num(int64_t v) { return std::to_string(v); }
 const std::set<std::string>& known_keys() {
   static const std::set<std::string> k = {"arch",   "preset",  "dim",        "n_layers", "n_heads",
                                           "n_kv_heads", "ffn_hidden", "vocab", "seq_len", "rope_theta",
-                                          "norm_eps", "input_dim", "classes", "hidden"};
+                                          "norm_eps", "input_dim", "classes", "hidden", "input_shape",
+                                          "stage_widths", "stage_blocks", "stem"};
   return k;
 }
 
@@ -76,7 +81,11 @@ nlohmann::json ModelConfig::to_json() const {
                         {"norm_eps", norm_eps},
                         {"input_dim", input_dim},
                         {"classes", classes},
-                        {"hidden", hidden}};
+                        {"hidden", hidden},
+                        {"input_shape", input_shape},
+                        {"stage_widths", stage_widths},
+                        {"stage_blocks", stage_blocks},
+                        {"stem", stem}};
 }
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
@@ -98,6 +107,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   read(j, "input_dim", c.input_dim);
   read(j, "classes", c.classes);
   read(j, "hidden", c.hidden);
+  read(j, "input_shape", c.input_shape);
+  read(j, "stage_widths", c.stage_widths);
+  read(j, "stage_blocks", c.stage_blocks);
+  read(j, "stem", c.stem);
   c.validate();
   return c;
 }
@@ -128,8 +141,10 @@ void ModelConfig::validate() const {
     for (size_t i = 0; i < hidden.size(); ++i)
       if (hidden[i] <= 0) bad("hidden[" + std::to_string(i) + "] must be positive, got " + num(hidden[i]));
     if (classes > std::numeric_limits<int32_t>::max()) bad("classes (" + num(classes) + ") must fit in i32");
+  } else if (arch == "resnet") {
+    detail::resnet_validate(*this);
   } else {
-    bad("arch must be \"llama\" or \"mlp\", got \"" + arch + "\"");
+    bad("arch must be \"llama\", \"mlp\" or \"resnet\", got \"" + arch + "\"");
   }
   // Sizes whose parameter count does not fit comfortably (computed in double: no overflow).
   double total = 0;
@@ -139,14 +154,14 @@ void ModelConfig::validate() const {
             static_cast<double>(n_layers) *
                 (2 * D + 2 * D * static_cast<double>(n_heads) * hd + 2 * D * static_cast<double>(n_kv_heads) * hd +
                  3 * D * static_cast<double>(ffn_hidden));
-  } else {
+  } else if (arch == "mlp") {
     double in = static_cast<double>(input_dim);
     for (int64_t h : hidden) {
       total += (in + 1) * static_cast<double>(h);
       in = static_cast<double>(h);
     }
     total += (in + 1) * static_cast<double>(classes);
-  }
+  }  // resnet: resnet_validate bounds its sizes
   if (total > 1e13) bad("the sizes give " + std::to_string(total) + " parameters, more than 1e13");
 }
 
@@ -164,6 +179,13 @@ int64_t ModelConfig::num_params() const {
     }
     return total + (in + 1) * classes;
   }
+  if (arch == "resnet") return detail::resnet_num_params(*this);
+  return 0;
+}
+
+int64_t ModelConfig::sample_numel() const {
+  if (arch == "mlp") return input_dim;
+  if (arch == "resnet" && input_shape.size() == 3) return input_shape[0] * input_shape[1] * input_shape[2];
   return 0;
 }
 
@@ -186,6 +208,7 @@ double ModelConfig::train_flops_per_item() const {
     }
     return 6 * (total + in * static_cast<double>(classes));
   }
+  if (arch == "resnet") return detail::resnet_train_flops(*this);
   return 0;
 }
 
@@ -225,6 +248,18 @@ ModelConfig mlp(const char* name, int64_t input, std::vector<int64_t> hidden, in
   return c;
 }
 
+ModelConfig resnet(const char* name, std::vector<int64_t> widths, std::vector<int64_t> blocks) {
+  ModelConfig c;
+  c.arch = "resnet";
+  c.preset = name;
+  c.input_shape = {3, 32, 32};
+  c.classes = 10;
+  c.stage_widths = std::move(widths);
+  c.stage_blocks = std::move(blocks);
+  c.stem = "cifar";
+  return c;
+}
+
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
       // ~0.85M: quick to train on a CPU.
@@ -235,6 +270,12 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama-1b", llama("llama-1b", 2048, 16, 32, 8, 8192, 32000, 2048, 10000.0)},
       {"mlp-small", mlp("mlp-small", 32, {64, 64}, 10)},
       {"mlp-mnist", mlp("mlp-mnist", 784, {256, 128}, 10)},
+      // He et al. (2016) section 4.2: 6n + 2 layers, widths 16, 32, 64 (n = 1 and n = 3).
+      {"resnet-8", resnet("resnet-8", {16, 32, 64}, {1, 1, 1})},
+      {"resnet-20", resnet("resnet-20", {16, 32, 64}, {3, 3, 3})},
+      // ResNet-18 with a 3x3 stride-1 stem and no max pooling, as the PowerSGD paper trains on
+      // CIFAR-10 (11,173,962 parameters).
+      {"resnet-18", resnet("resnet-18", {64, 128, 256, 512}, {2, 2, 2, 2})},
   };
   return p;
 }
@@ -287,6 +328,7 @@ void Model::zero_grad() {
 }
 
 void Model::init(uint64_t seed) {
+  for (NamedTensor& b : buffers_) ops::fill(b.value, b.name.ends_with("running_var") ? 1.0 : 0.0);
   if (storage_ != Storage::flat) fail_usage("Model::init: external parameter storage is initialised by its strategy");
   for (size_t i = 0; i < params_.size(); ++i) init_param(i, seed, params_[i].value);
 }
@@ -299,7 +341,11 @@ void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
   const Param& p = params_.at(index);
   if (out.shape() != p.shape) fail("init_param: " + p.name + " is " + shape_str(p.shape) + ", not " + out.str());
   const int64_t depth = config_.arch == "llama" ? config_.n_layers : static_cast<int64_t>(config_.hidden.size()) + 1;
-  if (p.name.ends_with("norm.weight")) {
+  if (p.init == Init::normal) {
+    ops::normal_(out, seed, static_cast<uint64_t>(index) << 40, 0.0, p.init_std);
+  } else if (p.init == Init::ones || p.init == Init::zeros) {
+    ops::fill(out, p.init == Init::ones ? 1.0 : 0.0);
+  } else if (p.name.ends_with("norm.weight")) {
     ops::fill(out, 1.0);
   } else if (p.name.ends_with(".bias")) {
     ops::fill(out, 0.0);
@@ -346,11 +392,26 @@ void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>&
   }
 }
 
+void Model::build_buffers(const std::vector<std::pair<std::string, Shape>>& specs) {
+  int64_t total = 0;
+  for (const auto& [name, shape] : specs) total += shape_numel(shape);
+  buffers_.clear();
+  buffer_values_ = specs.empty() ? Tensor() : Tensor::zeros({total}, dtype_, device_);
+  int64_t off = 0;
+  for (const auto& [name, shape] : specs) {
+    const int64_t n = shape_numel(shape);
+    buffers_.push_back({name, buffer_values_.slice(off, off + n).reshape(shape)});
+    if (name.ends_with("running_var")) ops::fill(buffers_.back().value, 1.0);
+    off += n;
+  }
+}
+
 std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype, Storage storage) {
   cfg.validate();
   if (dtype != DType::f32 && dtype != DType::f64)
     fail_usage("make_model: the model dtype must be f32 or f64, got " + std::string(dtype_name(dtype)));
   if (cfg.arch == "llama") return detail::make_llama(cfg, d, dtype, storage);
+  if (cfg.arch == "resnet") return detail::make_resnet(cfg, d, dtype, storage);
   return detail::make_mlp(cfg, d, dtype, storage);
 }
 

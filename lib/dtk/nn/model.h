@@ -27,9 +27,13 @@
 //  - Batches must live on the model's device; llama inputs/targets i32 [B, T] with 1 <= T <= seq_len
 //    and ids in [0, vocab) (targets may be -1: ignored); the loss is the mean over counted targets.
 //  - llama blocks: 0 = tok_embeddings, 1..n_layers = layers.0..layers.{n_layers-1}, n_layers + 1
-//    = norm + output. mlp: block i = layers.i. Activation checkpointing (Checkpointing) applies to
-//    the transformer layers (blocks 1..n_layers), whose recomputation runs in backward; the mlp
-//    ignores it.
+//    = norm + output. mlp: block i = layers.i. resnet: 0 = the stem (conv1, bn1), 1..n = the
+//    residual blocks in order (layer1.0, layer1.1, ..., layer4.1), n + 1 = fc. Activation
+//    checkpointing (Checkpointing) applies to the transformer layers and the residual blocks,
+//    whose recomputation runs in backward; the mlp ignores it.
+//  - Buffers (resnet: batch norm's running statistics) are state that is not trained: the model
+//    owns them whatever the Storage, training forwards update them, evaluation reads them, and
+//    checkpoints save them beside the parameters.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -44,6 +48,10 @@
 
 namespace dtk::nn {
 
+// How Model::init sets a parameter: by the name rules of Model::init (llama, mlp), or as the
+// model chose when it built its parameters: normal(0, init_std), ones or zeros.
+enum class Init { by_name, normal, ones, zeros };
+
 // A trainable tensor. With flat storage value and grad are views into Model::values() and
 // Model::grads(); with external storage they are whatever the strategy binds (undefined between
 // blocks).
@@ -53,14 +61,27 @@ struct Param {
   Tensor grad;       // f32, same shape
   int block = 0;     // the block it belongs to
   Shape shape{};     // of value and grad, whatever the storage
+  Init init = Init::by_name;
+  double init_std = 0;  // Init::normal
 };
+
+// A model's buffer: state that is not trained (batch norm's running_mean and running_var),
+// a view into Model::buffer_values().
+struct NamedTensor {
+  std::string name;  // "layer1.0.bn1.running_mean"
+  Tensor value;
+};
+
+// Statistics shared by the ranks of SyncBatchNorm: f64 sums [2, C] (on the model's device) and
+// the element count they were taken over, summed in place over the ranks.
+using StatSync = std::function<void(Tensor& sums, double& count)>;
 
 // Where a model's parameter values and gradients live (see above).
 enum class Storage { flat, external };
 
 // The full model configuration; travels in every checkpoint (model_config) as JSON.
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" | "mlp"
+  std::string arch = "llama";  // "llama" | "mlp" | "resnet"
   std::string preset;          // the preset it was built from (informational)
   // llama
   int64_t dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, ffn_hidden = 0, vocab = 0, seq_len = 0;
@@ -68,6 +89,13 @@ struct ModelConfig {
   // mlp: input_dim -> hidden[0] -> ... -> classes, ReLU between
   int64_t input_dim = 0, classes = 0;
   std::vector<int64_t> hidden;
+  // resnet (basic blocks, torchvision's layout): images input_shape = {C, H, W}; a stem (conv1,
+  // bn1, ReLU; "cifar": 3x3 stride 1, "imagenet": 7x7 stride 2 then 3x3 max pooling stride 2),
+  // stages i = 1..S of stage_blocks[i-1] residual blocks of stage_widths[i-1] channels (the
+  // first block of every stage after the first with stride 2), global average pooling, fc to
+  // `classes`. Batch norm's epsilon is norm_eps.
+  std::vector<int64_t> input_shape, stage_widths, stage_blocks;
+  std::string stem;
 
   nlohmann::json to_json() const;
   static ModelConfig from_json(const nlohmann::json& j);  // validates (UsageError naming the field)
@@ -76,6 +104,9 @@ struct ModelConfig {
   // Training FLOPs per token (llama) or per sample (mlp): 6 * matmul parameters + attention.
   double train_flops_per_item() const;
   int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
+  bool classifier() const { return arch == "mlp" || arch == "resnet"; }
+  // Values per sample of a classifier's input: input_dim (mlp), C H W (resnet); 0 for llama.
+  int64_t sample_numel() const;
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -84,13 +115,16 @@ struct ModelConfig {
 ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,
                          int64_t seq_len, double rope_theta = 10000.0);
 
-// Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist.
+// Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist,
+// resnet-8, resnet-20 (He et al.'s CIFAR ResNets, 78K and 272K parameters) and resnet-18 (the
+// PowerSGD paper's CIFAR variant, 11.2M); the resnets take 3x32x32 images and 10 classes.
 ModelConfig preset(const std::string& name);  // UsageError listing the presets when unknown
 std::vector<std::string> preset_names();
 
 // One batch on the model's device.
 //   llama: inputs i32 [B, T] token ids, targets i32 [B, T] (the next tokens)
 //   mlp:   inputs f32 [B, input_dim], targets i32 [B] (class ids)
+//   resnet: inputs f32 [B, C, H, W] (or [B, C H W]), targets i32 [B] (class ids)
 struct Batch {
   Tensor inputs, targets;
   int64_t samples() const { return inputs.defined() ? inputs.dim(0) : 0; }
@@ -158,7 +192,8 @@ class Model {
   // Philox normal(0, 0.02) per parameter, each parameter its own stream (seed, parameter index:
   // ops::normal_ with key seed and counter offset index << 40),
   // output projections (attention.wo, feed_forward.w2) scaled by 1/sqrt(2 * n_layers), norm
-  // weights 1, biases 0: identical for a seed on any device and any world size.
+  // weights 1, biases 0, unless the model chose otherwise (Param::init: the resnet's); buffers
+  // to their initial values: identical for a seed on any device and any world size.
   // Flat storage only (a UsageError otherwise); init_param gives one parameter's initial value
   // (out: its shape, the model's dtype, any device), which is how a sharded strategy initialises
   // its shards.
@@ -170,10 +205,17 @@ class Model {
   virtual void backward(double scale) = 0;
   // Forward only, no activations kept for backward: the mean loss (evaluation).
   virtual double evaluate(const Batch& batch) = 0;
-  // Classifiers (mlp): how many samples of the last forward or evaluate had their target as the
+  // Classifiers (mlp, resnet): how many samples of the last forward or evaluate had their target as the
   // largest logit (top-1 accuracy times the batch size). -1: not a classifier (llama).
   virtual int64_t correct() const { return -1; }
   void zero_grad();  // flat storage: zeroes grads(); external: nothing (the strategy's job)
+  // The buffers in order, each a view into buffer_values() (the model's dtype and device; one
+  // tensor, so that ranks can broadcast them at once; undefined when there are none).
+  std::vector<NamedTensor>& buffers() { return buffers_; }
+  Tensor& buffer_values() { return buffer_values_; }
+  // Batch norm's statistics over the ranks that share them (SyncBatchNorm) from the next forward
+  // on; null: this rank's batch alone (the default, as DDP). Models without batch norm ignore it.
+  virtual void set_batchnorm_sync(StatSync sync) { (void)sync; }
   // Activation checkpointing (see Checkpointing) from the next forward on; a pending backward
   // keeps the mode of its forward.
   void set_activation_checkpointing(Checkpointing c) { checkpointing_ = c; }
@@ -186,6 +228,9 @@ class Model {
   // Registers the parameters (name, shape, block) in order, then allocates the flat buffers
   // (flat storage).
   void build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs);
+  // Registers the buffers (name, shape) in order and allocates them: running_var ones, the rest
+  // zeros (their values after init()).
+  void build_buffers(const std::vector<std::pair<std::string, Shape>>& specs);
 
   ModelConfig config_;
   Device device_;
@@ -194,6 +239,8 @@ class Model {
   std::vector<Param> params_;
   std::vector<std::vector<int>> blocks_;
   Tensor values_, grads_;
+  std::vector<NamedTensor> buffers_;
+  Tensor buffer_values_;
   Checkpointing checkpointing_ = Checkpointing::none;
   // The hooks to call (a no-op set when none are given).
   BlockHooks& hooks() {

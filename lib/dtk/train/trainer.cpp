@@ -44,7 +44,13 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(cli::at_least(1));
   app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(cli::at_least(1));
   app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
-  app.add_option("--classes", o.classes, "number of classes (mlp)")->group(g)->check(cli::at_least(1));
+  app.add_option("--input-shape", o.input_shape,
+                 "C,H,W of the input images (resnet; default: the --data file's images, else 3,32,32)")
+      ->group(g)->delimiter(',')->expected(3)->check(cli::at_least(1));
+  app.add_option("--classes", o.classes, "number of classes (mlp, resnet)")->group(g)->check(cli::at_least(1));
+  app.add_flag("--sync-batchnorm", o.sync_batchnorm,
+               "batch norm statistics over every rank's share of the batch (SyncBatchNorm); default: each rank's "
+               "own, as DDP (resnet)")->group(g);
   app.add_option_function<std::string>(
          "--activation-checkpointing",
          [&o](const std::string& v) { o.activation_checkpointing = v.empty() ? nn::Checkpointing::full : nn::parse_checkpointing(v); },
@@ -244,6 +250,9 @@ nn::ModelConfig resolve_model(const Options& o) {
     same("--vocab", o.vocab, c.vocab);
     same("--input-dim", o.input_dim, c.input_dim);
     same("--classes", o.classes, c.classes);
+    if (!o.input_shape.empty() && o.input_shape != c.input_shape)
+      fail_usage("--input-shape " + shape_str(o.input_shape) + " contradicts the checkpoint's model (" +
+                 shape_str(c.input_shape) + ")");
     if (c.arch == "llama") same("--layers", o.layers, c.n_layers);
     // seq_len may change between runs of a llama (RoPE has no trained length).
     if (o.seq_len) c.seq_len = *o.seq_len;
@@ -251,7 +260,17 @@ nn::ModelConfig resolve_model(const Options& o) {
     return c;
   }
   c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
-  if (c.arch == "llama") {
+  if (!o.input_shape.empty() && c.arch != "resnet") fail_usage("--input-shape applies to resnet models, not " + c.preset);
+  if (o.sync_batchnorm && c.arch != "resnet")
+    fail_usage("--sync-batchnorm applies to models with batch norm (resnet), not " + c.preset);
+  if (c.arch == "resnet") {
+    if (o.dim || o.layers || o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len || o.input_dim)
+      fail_usage("--dim, --layers, --heads, --kv-heads, --ffn-hidden, --vocab, --seq-len and --input-dim do not apply "
+                 "to " + c.preset + " (its sizes are the preset's; --input-shape and --classes set its input and output)");
+    if (!o.input_shape.empty()) c.input_shape = o.input_shape;
+    else if (const auto s = data::image_shape(o.data); !s.empty()) c.input_shape = s;
+    if (o.classes) c.classes = *o.classes;
+  } else if (c.arch == "llama") {
     if (o.input_dim || o.classes) fail_usage("--input-dim and --classes apply to mlp models, not " + c.preset);
     if (o.dim) c.dim = *o.dim;
     if (o.layers) c.n_layers = *o.layers;
@@ -401,6 +420,10 @@ class Trainer {
       par_ = std::make_unique<parallel::GradSync>(*model_, *comm_, o.bucket_bytes);
     }
     model_->set_hooks(par_.get());
+    if (o.sync_batchnorm) model_->set_batchnorm_sync([this](Tensor& sums, double& count) {
+      comm_->all_reduce(comm::buffer_of(sums), comm::buffer_of(sums), comm::ReduceOp::sum, comm::Mode::sync);
+      host_->all_reduce({&count, 1, DType::f64, {}}, {&count, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    });
     par_->init(o.seed);
     train_ = data::open_dataset(o.data, cfg_, false, o.seed);
     if (o.augment != data::Augment::none) {
@@ -408,7 +431,7 @@ class Trainer {
       if (!d.contains("image_shape"))
         fail_usage("--augment " + std::string(data::augment_name(o.augment)) + " needs image data (a file from data-pack "
                    "mnist or cifar10); " + o.data + " holds none");
-      image_shape_ = d["image_shape"].get<std::vector<int64_t>>();  // H, W, C
+      image_shape_ = d["image_shape"].get<std::vector<int64_t>>();  // C, H, W
     }
     if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
     else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
@@ -428,6 +451,7 @@ class Trainer {
     if (const std::string from = resume_from(o); !from.empty()) resume(checkpoint_path(from));
     else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
     par_->loaded();
+    sync_buffers();
     if (!o.checkpoint_dir.empty()) {
       if (rank_ == 0) fs::create_directories(o.checkpoint_dir);
       dir_ = std::make_unique<ckpt::Directory>(o.checkpoint_dir, o.keep);
@@ -540,6 +564,7 @@ class Trainer {
   // The validation loss and (classifiers) top-1 accuracy over eval_batches fixed global batches
   // (the same every time).
   std::pair<double, double> evaluate() {
+    sync_buffers();
     double v[2] = {0, 0};
     for (int64_t b = 0; b < o_.eval_batches; ++b)
       for_each_micro_batch(*val_, val_sampler_->global_indices(b), -1, [&](const nn::Batch& batch, int64_t k, bool) {
@@ -582,12 +607,22 @@ class Trainer {
   }
 
   // ---- checkpoints
-  // The model's entries: whole (replicated) or this rank's rows (sharded).
+  // The model's entries: the parameters whole (replicated) or this rank's rows (sharded), then
+  // the buffers (batch norm's running statistics), whole: rank 0's (sync_buffers).
   std::vector<ckpt::StateEntry> model_entries() {
     std::vector<ckpt::StateEntry> e;
     auto& ps = par_->params();
     for (size_t i = 0; i < ps.size(); ++i) e.push_back(entry("model/" + ps[i].name, ps[i].value, par_->rows(i)));
+    for (nn::NamedTensor& b : model_->buffers()) e.push_back({"model/" + b.name, b.value, ckpt::kReplicated});
     return e;
+  }
+
+  // Rank 0's buffers on every rank, as DDP broadcasts them (broadcast_buffers): with per-rank
+  // batch statistics each rank's running statistics follow its own batches, and rank 0's are the
+  // model's. Before every evaluation and checkpoint; training forwards use batch statistics.
+  void sync_buffers() {
+    if (Tensor& b = model_->buffer_values(); b.defined() && world_ > 1)
+      comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync);
   }
 
   std::vector<ckpt::StateEntry> state_entries() {
@@ -653,6 +688,7 @@ class Trainer {
     m.extra = {{"program_config", s_.config}};
     if (compressor_) m.extra["compressor"] = nullptr;
     m.extra["state_ranks"] = state_rank().second;  // whose per-rank state this is (ckpt::load_state)
+    sync_buffers();
     if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
     // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
     // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
@@ -737,7 +773,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
   bool classifier_ = false;        // the model reports correct predictions: accuracy metrics
-  std::vector<int64_t> image_shape_;  // H, W, C of the training images (--augment)
+  std::vector<int64_t> image_shape_;  // C, H, W of the training images (--augment)
   double accuracy_ = NAN;          // the last step's training accuracy (classifiers)
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
 };

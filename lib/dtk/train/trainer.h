@@ -36,6 +36,8 @@ struct Options {
   // model
   std::string model = "llama-tiny";
   std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len, input_dim, classes;
+  std::vector<int64_t> input_shape;  // resnet: C, H, W (default: the image file's, else the preset's)
+  bool sync_batchnorm = false;       // batch statistics over all ranks (SyncBatchNorm)
   nn::Checkpointing activation_checkpointing = nn::Checkpointing::none;
   // data
   std::string data = "synthetic", val_data;
