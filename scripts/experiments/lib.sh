@@ -1,0 +1,107 @@
+# scripts/experiments/lib.sh: what the experiments share (sourced): the programs, the real data
+# a Debian machine has, one training run, the summary of a run's metrics and the plot.
+# Needs jq and gnuplot (scripts/install-deps installs them).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+. "$root/scripts/env.sh"
+build=${DTK_BUILD_DIR:-$root/build}
+[ -f "$build/build.ninja" ] || cmake -S "$root" -B "$build" -G Ninja >/dev/null
+cmake --build "$build" --target psgd-train shampoo-train data-pack >/dev/null
+prog() { echo "$build/tools/$1/$1"; }
+for tool in jq gnuplot; do
+  command -v $tool >/dev/null || { echo "$(basename "$0"): $tool is missing (scripts/install-deps installs it)" >&2; exit 2; }
+done
+
+# Fashion-MNIST (dataset-fashion-mnist) packed into $1/fm-train.h5 and $1/fm-test.h5, once.
+pack_fashion_mnist() {
+  local f=/usr/share/datasets/fashion-mnist d=$1
+  [ -f $f/train-images-idx3-ubyte.gz ] || { echo "$f: missing (apt-get install dataset-fashion-mnist)" >&2; exit 2; }
+  [ -f "$d/fm-train.h5" ] || "$(prog data-pack)" mnist $f/train-images-idx3-ubyte.gz $f/train-labels-idx1-ubyte.gz \
+    -o "$d/fm-train.h5" --log-level warn >/dev/null
+  [ -f "$d/fm-test.h5" ] || "$(prog data-pack)" mnist $f/t10k-images-idx3-ubyte.gz $f/t10k-labels-idx1-ubyte.gz \
+    -o "$d/fm-test.h5" --log-level warn >/dev/null
+}
+
+# The number of samples of a classification file (its `labels`).
+samples_of() { h5ls "$1/labels" | sed -n 's/.*{\([0-9]*\)[,}].*/\1/p'; }
+
+# The licenses under /usr/share/common-licenses as bytes, 5% held out: $1/lic.h5 and $1/lic-val.h5.
+pack_licenses() {
+  [ -f "$1/lic.h5" ] || "$(prog data-pack)" text /usr/share/common-licenses/* -o "$1/lic.h5" --val-fraction 0.05 \
+    --val-output "$1/lic-val.h5" --log-level warn >/dev/null
+}
+
+# run OUT NAME RANKS PROGRAM ARGS...: one training run, its metrics in OUT/NAME.jsonl and its log
+# in OUT/NAME.log; a failed run stops the experiment with its log's tail.
+run() {
+  local out=$1 name=$2 n=$3 p=$4
+  shift 4
+  echo "$(basename "$0"): $name ($p on $n ranks)" >&2
+  if ! mpiexec -n "$n" "$(prog "$p")" "$@" --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1; then
+    tail -5 "$out/$name.log" >&2
+    echo "$(basename "$0"): $name failed (log: $out/$name.log)" >&2
+    exit 1
+  fi
+}
+
+# series OUT NAME: OUT/NAME.train (step, seconds since the start, loss, accuracy) and OUT/NAME.val
+# (step, seconds, val_loss, val_accuracy) for gnuplot; the time is the sum of the steps' times.
+series() {
+  jq -s -r 'foreach .[] as $m (0; . + $m.step_time_ms / 1000; [$m.step, ., $m.loss, ($m.accuracy // 0)]) | @tsv' \
+    "$1/$2.jsonl" >"$1/$2.train"
+  jq -s -r 'foreach .[] as $m (0; . + $m.step_time_ms / 1000;
+            if $m.val_loss then [$m.step, ., $m.val_loss, ($m.val_accuracy // 0)] else empty end) | @tsv' \
+    "$1/$2.jsonl" >"$1/$2.val"
+}
+
+# summary OUT NAME KEY: a value of the run: last_val_loss, last_val_accuracy, best_val_accuracy,
+# seconds (the sum of step times), steps, bytes (comm_bytes summed over steps), bytes_uncompressed.
+summary() {
+  jq -s -r --arg k "$3" '
+    [.[] | select(.val_loss)] as $v |
+    {last_val_loss: ($v | last | .val_loss), last_val_accuracy: ($v | last | .val_accuracy // 0),
+     best_val_accuracy: ([$v[].val_accuracy // 0] | max), seconds: ([.[].step_time_ms] | add / 1000),
+     steps: (last | .step), bytes: ([.[].comm_bytes // 0] | add),
+     bytes_uncompressed: ([.[] | .comm_bytes_uncompressed // .comm_bytes // 0] | add)}[$k]' "$1/$2.jsonl"
+}
+
+# first_step_at OUT NAME KEY VALUE BETTER: the first step whose KEY (val_loss, val_accuracy) is at
+# least as good as VALUE (BETTER: lower or higher); "-" when none is.
+first_step_at() {
+  jq -s -r --arg k "$3" --argjson v "$4" --arg b "$5" '
+    [.[] | select(.[$k] != null) | select(if $b == "lower" then .[$k] <= $v else .[$k] >= $v end) | .step] |
+    if length > 0 then .[0] else "-" end' "$1/$2.jsonl"
+}
+
+# plot OUT TITLE YKEY NAME...: OUT/plot.png, four panels: the validation metric (YKEY: val_loss
+# or val_accuracy) and the training loss, each against step and against seconds; a line per run.
+plot() {
+  local out=$1 title=$2 ykey=$3
+  shift 3
+  local col=3 ylabel="validation loss"
+  [ "$ykey" = val_accuracy ] && col=4 ylabel="validation accuracy"
+  local panels=() x xcol xlabel name
+  for x in step time; do
+    xcol=1 xlabel=step
+    [ $x = time ] && xcol=2 xlabel="seconds"
+    local vp="" tp=""
+    for name in "$@"; do
+      series "$out" "$name"
+      vp+="${vp:+, }'$out/$name.val' using $xcol:$col with linespoints title '$name'"
+      tp+="${tp:+, }'$out/$name.train' using $xcol:3 with lines title '$name'"
+    done
+    panels+=("set xlabel '$xlabel'; set ylabel '$ylabel'; plot $vp" "set xlabel '$xlabel'; set ylabel 'training loss'; plot $tp")
+  done
+  gnuplot <<GP
+set terminal png size 1400,1000
+set output '$out/plot.png'
+set multiplot layout 2,2 title '$title'
+set key outside right
+set grid
+${panels[0]}
+${panels[2]}
+${panels[1]}
+${panels[3]}
+unset multiplot
+GP
+}
