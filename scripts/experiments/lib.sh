@@ -44,6 +44,10 @@ run() {
   fi
 }
 
+# done_already OUT NAME: OUT/NAME.jsonl holds a whole run of $steps steps (an experiment run
+# again with the same OUT skips it).
+done_already() { [ -f "$1/$2.jsonl" ] && [ "$(tail -1 "$1/$2.jsonl" | jq -r .step)" = "$steps" ]; }
+
 # series OUT NAME: OUT/NAME.train (step, seconds since the start, loss, accuracy) and OUT/NAME.val
 # (step, seconds, val_loss, val_accuracy) for gnuplot; the time is the sum of the steps' times.
 series() {
@@ -104,4 +108,53 @@ ${panels[1]}
 ${panels[3]}
 unset multiplot
 GP
+}
+
+# compare_optimizers OUT TITLE KEY BETTER RANKS "METHOD:LR,LR,... ..." COMMON_ARGS...: Shampoo
+# against its baselines as the Distributed Shampoo paper measures it. Every METHOD (sgd, adamw,
+# shampoo; their extra options in the variables sgd_args, adamw_args, shampoo_args) trains once
+# per learning rate of its grid (OUT/METHOD-lrLR.jsonl); each method's best run is the one
+# with the best final KEY (val_accuracy with BETTER higher, val_loss with lower). The target is
+# the better baseline's final KEY; the table gives, for each method's best run, the first step
+# at which it reached the target (a validation every 1/20 of the run) and that step over the
+# baseline's, the goal being <= 0.75, and the median step time. OUT/table.txt, OUT/plot.png.
+compare_optimizers() {
+  local out=$1 title=$2 key=$3 better=$4 n=$5 grids=$6
+  shift 6
+  local best=() g m lrs lr name v bv cmp
+  cmp='a > b'
+  [ "$better" = lower ] && cmp='a < b'
+  for g in $grids; do
+    m=${g%%:*} lrs=${g#*:}
+    local extra_var="${m}_args[@]" top="" topv=""
+    for lr in ${lrs//,/ }; do
+      name=$m-lr$lr
+      done_already "$out" "$name" || run "$out" "$name" "$n" shampoo-train "$@" --optimizer "$m" --lr "$lr" ${!extra_var+"${!extra_var}"}
+      v=$(summary "$out" "$name" "last_$key")
+      if [ -z "$top" ] || awk -v a="$v" -v b="$topv" "BEGIN { exit !($cmp) }"; then top=$name topv=$v; fi
+    done
+    best+=("$top")
+  done
+  # The target: the better baseline's final value (the baselines are every method but shampoo).
+  local base="" basev=""
+  for name in "${best[@]}"; do
+    [[ $name == shampoo-* ]] && continue
+    v=$(summary "$out" "$name" "last_$key")
+    if [ -z "$base" ] || awk -v a="$v" -v b="$basev" "BEGIN { exit !($cmp) }"; then base=$name basev=$v; fi
+  done
+  local base_steps
+  base_steps=$(first_step_at "$out" "$base" "$key" "$basev" "$better")
+  {
+    echo "# $title: target $key $basev (the final value of $base), $(date +%F), $(nproc) cores"
+    printf "# %-22s %12s %16s %14s %12s\n" "best run" "final $key" "steps to target" "vs $base" "ms/step"
+    for name in "${best[@]}"; do
+      local s ms
+      s=$(first_step_at "$out" "$name" "$key" "$basev" "$better")
+      ms=$(jq -s '[.[].step_time_ms] | sort | .[length / 2 | floor]' "$out/$name.jsonl")
+      awk -v nm="$name" -v v="$(summary "$out" "$name" "last_$key")" -v s="$s" -v b="$base_steps" -v ms="$ms" \
+        'BEGIN { r = (s == "-") ? "not reached" : sprintf("%.2f", s / b);
+                 printf "  %-22s %12.4f %16s %14s %12.1f\n", nm, v, s, r, ms }'
+    done
+  } | tee "$out/table.txt"
+  plot "$out" "$title" "$key" "${best[@]}"
 }

@@ -59,6 +59,19 @@ assert "val_accuracy" in a[1] and "val_accuracy" not in a[0] and abs(a[1]["val_a
 PY
 else bad "data-pack synthetic"; fi
 
+# ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----
+resume_check() {
+  local name=$1; shift
+  run $psgd "$@" --steps 20 --save full.h5 --metrics a.jsonl || true
+  [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
+  rm -rf ck; run $psgd "$@" --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
+  [ $rc = 0 ] && [ -f ck/step-00000010.h5 ] || { bad "$name: first half (exit $rc)" "$(cat $tmp/e)"; return; }
+  run $psgd "$@" --steps 20 --resume ck --save resumed.h5 --metrics b.jsonl
+  [ $rc = 0 ] || { bad "$name: resumed half (exit $rc)" "$(cat $tmp/e)"; return; }
+  run $si diff full.h5 resumed.h5
+  if [ $rc = 0 ] && cmp -s <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl); then ok "$name: resume is exact"
+  else bad "$name: resume differs (diff exit $rc)" "$(cat $tmp/o)" "$(diff <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl))"; fi
+}
 # ---- real images: Fashion-MNIST from Debian's dataset-fashion-mnist (scripts/install-deps) ----
 fm=/usr/share/datasets/fashion-mnist
 if [ -f $fm/train-images-idx3-ubyte.gz ]; then
@@ -93,6 +106,32 @@ PY
   [ $rc = 0 ] && ok "--augment: resume is exact" || bad "--augment resume differs" "$(cat $tmp/o | tail -3)"
   run $psgd --model mlp-small --input-dim 48 --data cls.h5 --steps 2 --augment crop-flip
   [ $rc = 2 ] && grep -q "needs image data" $tmp/e && ok "--augment on feature data: exit 2" || bad "--augment on features (exit $rc)" "$(cat $tmp/e)"
+
+  # ---- resnet: its input shape from the images, batch norm's running statistics in checkpoints ----
+  rn="--model resnet-8 --data fm-train.h5 --global-batch 16 --optimizer sgd --nesterov --lr 0.05 --log-level warn"
+  resume_check "resnet-8 (running statistics, crop-flip)" $rn --val-data fm-test.h5 --eval-every 5 --eval-batches 2 \
+    --augment crop-flip
+  run $si ls full.h5
+  grep -q "model/layer2.0.downsample.1.running_var *f32 *\[32\]" $tmp/o && grep -q "model/conv1.weight *f32 *\[16, 1, 3, 3\]" $tmp/o \
+    && ok "resnet-8: torchvision's names, running statistics saved, input 1x28x28 from the file" \
+    || bad "resnet-8 checkpoint entries" "$(cat $tmp/o)"
+  # --sync-batchnorm: statistics over the whole batch, so 2 ranks train as 1 (up to summation
+  # order); without it each rank normalises its half, another run.
+  for n in 1 2; do
+    run $mpiexec -n $n $psgd $rn --steps 5 --sync-batchnorm --save sbn$n.h5 --metrics sbn$n.jsonl
+    [ $rc = 0 ] || bad "--sync-batchnorm on $n ranks (exit $rc)" "$(cat $tmp/e)"
+  done
+  run $mpiexec -n 2 $psgd $rn --steps 5 --save bn2.h5
+  run $si diff sbn1.h5 sbn2.h5 model/ optim/ --rtol 1e-4 --atol 1e-6
+  if [ $rc = 0 ]; then run $si diff sbn1.h5 bn2.h5 model/ --rtol 1e-4 --atol 1e-6
+    [ $rc = 1 ] && ok "--sync-batchnorm: 2 ranks == 1 rank (running statistics too); per-rank statistics differ" \
+      || bad "per-rank batch norm equals the synchronised one (diff exit $rc)" "$(cat $tmp/o)"
+  else bad "--sync-batchnorm: 2 ranks differ from 1" "$(cat $tmp/o)" "$(cat $tmp/e)"; fi
+  expect2 "--input-shape against the images" "the images are \[1, 28, 28\] (C, H, W), but the model's input_shape is \[3, 32, 32\]" \
+    $psgd $rn --steps 1 --input-shape 3,32,32
+  expect2 "--sync-batchnorm without batch norm" "applies to models with batch norm" $psgd $small --steps 1 --sync-batchnorm
+  expect2 "--input-shape of an mlp" "--input-shape applies to resnet models" $psgd --model mlp-mnist --steps 1 --input-shape 1,28,28
+  expect2 "--dim of a resnet" "do not apply to resnet-8" $psgd --model resnet-8 --steps 1 --dim 32
 else
   bad "Fashion-MNIST is not installed ($fm): scripts/install-deps installs dataset-fashion-mnist"
 fi
@@ -111,19 +150,7 @@ assert r["val_loss"] < 3.6 and "accuracy" not in r and "val_accuracy" not in r a
 PY
 else bad "data-pack text of /usr/share/common-licenses"; fi
 
-# ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----
-resume_check() {
-  local name=$1; shift
-  run $psgd "$@" --steps 20 --save full.h5 --metrics a.jsonl || true
-  [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
-  rm -rf ck; run $psgd "$@" --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
-  [ $rc = 0 ] && [ -f ck/step-00000010.h5 ] || { bad "$name: first half (exit $rc)" "$(cat $tmp/e)"; return; }
-  run $psgd "$@" --steps 20 --resume ck --save resumed.h5 --metrics b.jsonl
-  [ $rc = 0 ] || { bad "$name: resumed half (exit $rc)" "$(cat $tmp/e)"; return; }
-  run $si diff full.h5 resumed.h5
-  if [ $rc = 0 ] && cmp -s <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl); then ok "$name: resume is exact"
-  else bad "$name: resume differs (diff exit $rc)" "$(cat $tmp/o)" "$(diff <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl))"; fi
-}
+# ---- resume ----
 resume_check "llama adamw" $common
 resume_check "llama sgd nesterov, micro-batches" $common --optimizer sgd --nesterov --weight-decay 1e-4 --micro-batch 3
 resume_check "mlp" --model mlp-small --global-batch 16 --lr 1e-2 --log-level warn --eval-every 5
