@@ -63,6 +63,15 @@ run $mpiexec -n 2 $fsdp $mlp $exact --save m.ckpt
 [ $rc = 0 ] && run $si diff mref.h5 m.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
 [ $rc = 0 ] && ok "mlp on 2 ranks == psgd-train" || bad "mlp differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
 
+# ---- a resnet: stem, residual blocks and head are the blocks; with --sync-batchnorm the batch
+# statistics are the whole batch's, so 2 sharded ranks train as psgd-train on 1 (running
+# statistics included) ----
+rn="--model resnet-8 --input-shape 3,12,12 --global-batch 8 --lr 0.05 --optimizer sgd --nesterov --log-level warn --steps 4 --sync-batchnorm"
+run $psgd $rn --compressor none --save rref.h5
+run $mpiexec -n 2 $fsdp $rn $exact --activation-checkpointing selective --save r.ckpt
+[ $rc = 0 ] && run $si diff rref.h5 r.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+[ $rc = 0 ] && ok "resnet with --sync-batchnorm on 2 sharded ranks == psgd-train on 1" || bad "resnet differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
+
 # ---- resume: exact on the same world, continues on another ----
 run $mpiexec -n 2 $fsdp $common $exact --steps 20 --save full.ckpt --metrics a.jsonl
 rm -rf ck; run $mpiexec -n 2 $fsdp $common $exact --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
