@@ -475,7 +475,7 @@ TEST_F(DataFiles, BadFilesNameTheFileAndTheProblem) {
   const Shape s = {2, 2, 2, 1};
   write_image_file(path("img.h5"), std::vector<uint8_t>(8, 9), s, std::vector<int32_t>{0, 4}, 5);
   expect_bad(path("img.h5"), mlp(4, 4), "the file has 5 classes, but the model has 4");
-  expect_bad(path("img.h5"), mlp(9, 5), "has 4 values, but the model's input_dim is 9");
+  expect_bad(path("img.h5"), mlp(9, 5), "has 4 values, but the model takes 9 (its input_dim)");
   expect_bad(path("img.h5"), lm, "a classification file, but the model");
   raw_file(path("nolabels.h5"), "images", H5T_STD_U8LE, {2, 2, 2, 1});
   expect_bad(path("nolabels.h5"), mlp(4, 2), "`labels` is missing");
