@@ -117,7 +117,8 @@ GP
 # with the best final KEY (val_accuracy with BETTER higher, val_loss with lower). The target is
 # the better baseline's final KEY; the table gives, for each method's best run, the first step
 # at which it reached the target (a validation every 1/20 of the run) and that step over the
-# baseline's, the goal being <= 0.75, and the median step time. OUT/table.txt, OUT/plot.png.
+# baseline's, the goal being <= 0.75, and the mean step time (root steps included).
+# OUT/table.txt, OUT/plot.png.
 compare_optimizers() {
   local out=$1 title=$2 key=$3 better=$4 n=$5 grids=$6
   shift 6
@@ -150,7 +151,7 @@ compare_optimizers() {
     for name in "${best[@]}"; do
       local s ms
       s=$(first_step_at "$out" "$name" "$key" "$basev" "$better")
-      ms=$(jq -s '[.[].step_time_ms] | sort | .[length / 2 | floor]' "$out/$name.jsonl")
+      ms=$(jq -s '[.[].step_time_ms] | add / length' "$out/$name.jsonl")
       awk -v nm="$name" -v v="$(summary "$out" "$name" "last_$key")" -v s="$s" -v b="$base_steps" -v ms="$ms" \
         'BEGIN { r = (s == "-") ? "not reached" : sprintf("%.2f", s / b);
                  printf "  %-22s %12.4f %16s %14s %12.1f\n", nm, v, s, r, ms }'
