@@ -46,7 +46,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
   app.add_option("--input-shape", o.input_shape,
                  "C,H,W of the input images (resnet; default: the --data file's images, else 3,32,32)")
-      ->group(g)->delimiter(',')->expected(3)->check(cli::at_least(1));
+      ->group(g)->delimiter(',')->expected(3)->check(cli::at_least(1))->type_name("C,H,W")->default_str("");
   app.add_option("--classes", o.classes, "number of classes (mlp, resnet)")->group(g)->check(cli::at_least(1));
   app.add_flag("--sync-batchnorm", o.sync_batchnorm,
                "batch norm statistics over every rank's share of the batch (SyncBatchNorm); default: each rank's "
@@ -54,8 +54,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option_function<std::string>(
          "--activation-checkpointing",
          [&o](const std::string& v) { o.activation_checkpointing = v.empty() ? nn::Checkpointing::full : nn::parse_checkpointing(v); },
-         "[none|full|selective] recompute in backward instead of keeping activations: full, each layer's forward "
-         "(the bare flag); selective, only what is cheap (matmul and attention outputs kept); default none")
+         "[none|full|selective] recompute in backward instead of keeping activations: full, each layer's (resnet: "
+         "residual block's) forward (the bare flag); selective, only what is cheap (matmul and attention outputs "
+         "kept; resnet: convolution outputs kept); default none")
       ->expected(0, 1)->group(g);
 
   g = "Data";
