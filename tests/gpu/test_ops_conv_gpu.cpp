@@ -15,40 +15,12 @@
 #include "dtk/core/device.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/ops.h"
+#include "../common/gpu_check.h"
 
 namespace dtk {
 namespace {
 
-using Vec = std::vector<double>;
-
-#define SKIP_WITHOUT_GPU() \
-  if (dtk::cuda::device_count() == 0) GTEST_SKIP() << "no GPU"
-
-Vec random_values(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> dist(0.0, 1.0);
-  Vec v(n);
-  for (double& x : v) x = dist(gen);
-  return v;
-}
-
-// max |x - y| / max(1e-30, max |y|)
-double max_rel_err(const Vec& x, const Vec& y) {
-  double e = 0, s = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    e = std::max(e, std::isnan(x[i]) ? INFINITY : std::fabs(x[i] - y[i]));
-    s = std::max(s, std::fabs(y[i]));
-  }
-  return x.size() != y.size() ? INFINITY : e / std::max(s, 1e-30);
-}
-
-void report(const std::string& op, const std::string& dtype, double err, double tol) {
-  const bool pass = err < tol;
-  std::printf("gpu-check: %s %s max_rel_err=%.3g tol=%.3g %s\n", op.c_str(), dtype.c_str(), err, tol,
-              pass ? "PASS" : "FAIL");
-  std::fflush(stdout);
-  EXPECT_TRUE(pass) << op << " " << dtype << ": " << err << " >= " << tol;
-}
+using namespace gpu_test;
 
 // The elements where x and y differ (a NaN equals a NaN), or every element when the sizes differ.
 size_t mismatches(const Vec& x, const Vec& y) {
@@ -73,13 +45,9 @@ Vec finite(Vec v) {
   return v;
 }
 
-const DType kFloatTypes[] = {DType::f32, DType::f64};
-const Device kGpu = Device::cuda(0);
 
 Tensor make(const Vec& v, const Shape& s, DType t, Device d = Device::cpu()) { return Tensor::from_doubles(v, s, t, d); }
 
-// The results of reductions and gemms, which run in another order on the GPU.
-double tol_for(DType t) { return t == DType::f64 ? 1e-10 : 1e-4; }
 // Sums taken in the same order as the CPU's (col2im, pooling backward): expected bit-equal.
 double gather_tol(DType t) { return t == DType::f64 ? 1e-12 : 1e-6; }
 // The batch-norm ops (double accumulation, elementwise passes the GPU may fuse into FMAs).

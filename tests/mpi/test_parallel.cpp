@@ -152,7 +152,9 @@ TEST(GradSync, BucketsStartInBlockOrderAsSoonAsReady) {
       // ...and as soon as it was: the block reported before `at` had not finished the bucket.
       const auto pos = std::find(reported.begin(), reported.end(), at);
       ASSERT_NE(pos, reported.end());
-      if (pos != reported.begin()) EXPECT_GT(*(pos - 1), lo) << "bucket " << k << " started late";
+      if (pos != reported.begin()) {
+        EXPECT_GT(*(pos - 1), lo) << "bucket " << k << " started late";
+      }
     }
     EXPECT_GT(buckets.size(), bytes == 1 ? static_cast<size_t>(m->num_blocks()) : 0);
   }

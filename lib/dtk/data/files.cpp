@@ -79,6 +79,12 @@ Array open_array(hid_t file, const char* name, const std::string& path) {
 
 bool exists(hid_t file, const char* name) { return H5Lexists(file, name, H5P_DEFAULT) > 0; }
 
+// C, H, W of images stored [N, H, W, C] (or [N, H, W]: one channel).
+Shape chw_of(const std::vector<hsize_t>& dims) {
+  const auto d = [&](size_t i) { return static_cast<int64_t>(dims[i]); };
+  return {dims.size() == 4 ? d(3) : 1, d(1), d(2)};
+}
+
 // An integer attribute on the file's root or, failing that, on a dataset.
 bool int_attr(hid_t file, hid_t dset, const char* name, int64_t* out, const std::string& path) {
   return h5io::read_int_attr(file, name, out, path) || (dset >= 0 && h5io::read_int_attr(dset, name, out, path));
@@ -204,10 +210,7 @@ class ClassFile final : public FileDataset {
     d_ = 1;
     for (size_t i = 1; i < arr_.dims.size(); ++i) d_ *= static_cast<int64_t>(arr_.dims[i]);
     if (n_ == 0) fail_usage(p + ": `" + name + "` holds no samples");
-    if (images_) {  // C, H, W of the images (the file stores them H, W, C)
-      const auto dim = [&](size_t i) { return static_cast<int64_t>(arr_.dims[i]); };
-      chw_ = {arr_.dims.size() == 4 ? dim(3) : 1, dim(1), dim(2)};
-    }
+    if (images_) chw_ = chw_of(arr_.dims);
     if (m.arch == "resnet" && images_ && chw_ != m.input_shape)
       fail_usage(p + ": the images are " + shape_str(chw_) + " (C, H, W), but the model's input_shape is " +
                  shape_str(m.input_shape));
@@ -384,14 +387,12 @@ std::vector<int64_t> image_shape(const std::string& spec) {
   h5io::quiet();
   Id file(H5Fopen(spec.c_str(), H5F_ACC_RDONLY, h5io::file_access()));
   if (!file.valid() || !exists(file, "images")) return {};
-  Id dset(H5Dopen2(file, "images", H5P_DEFAULT));
-  Id space(dset.valid() ? H5Dget_space(dset) : H5I_INVALID_HID);
-  if (!space.valid()) return {};
-  hsize_t d[4] = {0, 0, 0, 1};
-  const int n = H5Sget_simple_extent_ndims(space);
-  if (n != 3 && n != 4) return {};
-  H5Sget_simple_extent_dims(space, d, nullptr);
-  return {static_cast<int64_t>(d[3]), static_cast<int64_t>(d[1]), static_cast<int64_t>(d[2])};
+  try {
+    const Array a = open_array(file, "images", spec);
+    if (a.dims.size() == 3 || a.dims.size() == 4) return chw_of(a.dims);
+  } catch (const Error&) {  // open_dataset says what is wrong with the file
+  }
+  return {};
 }
 
 }  // namespace dtk::data

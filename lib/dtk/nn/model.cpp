@@ -328,7 +328,7 @@ void Model::zero_grad() {
 }
 
 void Model::init(uint64_t seed) {
-  for (NamedTensor& b : buffers_) ops::fill(b.value, b.name.ends_with("running_var") ? 1.0 : 0.0);
+  reset_buffers();
   if (storage_ != Storage::flat) fail_usage("Model::init: external parameter storage is initialised by its strategy");
   for (size_t i = 0; i < params_.size(); ++i) init_param(i, seed, params_[i].value);
 }
@@ -401,9 +401,13 @@ void Model::build_buffers(const std::vector<std::pair<std::string, Shape>>& spec
   for (const auto& [name, shape] : specs) {
     const int64_t n = shape_numel(shape);
     buffers_.push_back({name, buffer_values_.slice(off, off + n).reshape(shape)});
-    if (name.ends_with("running_var")) ops::fill(buffers_.back().value, 1.0);
     off += n;
   }
+  reset_buffers();
+}
+
+void Model::reset_buffers() {
+  for (NamedTensor& b : buffers_) ops::fill(b.value, b.name.ends_with("running_var") ? 1.0 : 0.0);
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype, Storage storage) {

@@ -228,9 +228,11 @@ class Model {
   // Registers the parameters (name, shape, block) in order, then allocates the flat buffers
   // (flat storage).
   void build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs);
-  // Registers the buffers (name, shape) in order and allocates them: running_var ones, the rest
-  // zeros (their values after init()).
+  // Registers the buffers (name, shape) in order and allocates them at their initial values
+  // (reset_buffers).
   void build_buffers(const std::vector<std::pair<std::string, Shape>>& specs);
+  // Every buffer to its initial value: running_var ones, the rest zeros.
+  void reset_buffers();
 
   ModelConfig config_;
   Device device_;

@@ -493,6 +493,16 @@ class ResNet final : public Model {
   Checkpointing laid_out_ = Checkpointing::none;
 };
 
+// The parameters of a validated config's network, in double (no overflow whatever the sizes).
+double parameter_count(const ModelConfig& c) {
+  const Plan pl = make_plan(c);
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  double n = d(pl.w0) * d(pl.c * pl.stem.kh * pl.stem.kw) + 2 * d(pl.w0);
+  for (const BlockPlan& b : pl.blocks)
+    n += 9 * d(b.out) * d(b.in + b.out) + 4 * d(b.out) + (b.down ? d(b.out) * d(b.in) + 2 * d(b.out) : 0.0);
+  return n + d(pl.last) * d(c.classes) + d(c.classes);
+}
+
 }  // namespace
 
 namespace detail {
@@ -517,22 +527,12 @@ void resnet_validate(const ModelConfig& c) {
   if (c.stem != "cifar" && c.stem != "imagenet") bad("stem must be \"cifar\" or \"imagenet\", got \"" + c.stem + "\"");
   if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
     bad("norm_eps (batch norm's epsilon) must be positive and finite, got " + std::to_string(c.norm_eps));
-  const Plan pl = make_plan(c);
-  double params = 0;
-  for (const BlockPlan& b : pl.blocks)
-    params += 9.0 * static_cast<double>(b.out) * static_cast<double>(b.in + b.out) +
-              (b.down ? static_cast<double>(b.out) * static_cast<double>(b.in) : 0.0);
-  params += static_cast<double>(pl.last) * static_cast<double>(c.classes);
+  const double params = parameter_count(c);
   if (params > 1e13) bad("the sizes give about " + std::to_string(params) + " parameters, more than 1e13");
 }
 
-int64_t resnet_num_params(const ModelConfig& c) {
-  const Plan pl = make_plan(c);
-  int64_t n = pl.w0 * pl.c * pl.stem.kh * pl.stem.kw + 2 * pl.w0;
-  for (const BlockPlan& b : pl.blocks)
-    n += 9 * b.out * b.in + 9 * b.out * b.out + 4 * b.out + (b.down ? b.out * b.in + 2 * b.out : 0);
-  return n + pl.last * c.classes + c.classes;
-}
+// Exact below 2^53, and resnet_validate bounds it by 1e13.
+int64_t resnet_num_params(const ModelConfig& c) { return static_cast<int64_t>(parameter_count(c)); }
 
 double resnet_train_flops(const ModelConfig& c) {
   // 6 x the multiply-adds of the convolutions and fc per sample (forward 2, backward 4), as for

@@ -78,6 +78,16 @@
   void eigh(const Tensor& a, Tensor& w, Tensor& v);                                                             \
   bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out);
 
+namespace dtk::ops {
+// Batch norm's x [N, C, ...]: the elements per (n, c) pair, the product of the dims after C
+// (both backends view x as [N, C, L]).
+inline int64_t channel_size(const Tensor& x) {
+  int64_t L = 1;
+  for (int d = 2; d < x.ndim(); ++d) L *= x.dim(d);
+  return L;
+}
+}  // namespace dtk::ops
+
 namespace dtk::ops::cpu {
 DTK_OPS_BACKEND_DECLARATIONS
 }

@@ -26,6 +26,14 @@ inline void check_like(const char* op, const Tensor& ref, const Tensor& t, const
     fail_usage(std::string(op) + ": " + name + " must match " + ref.str() + ", got " + t.str());
 }
 
+// `t` has the dtype and device of `ref` (any shape).
+inline void check_kind(const char* op, const Tensor& ref, const Tensor& t, const char* name) {
+  check_defined(op, t, name);
+  if (t.dtype() != ref.dtype() || t.device() != ref.device())
+    fail_usage(std::string(op) + ": " + name + " must be " + std::string(dtype_name(ref.dtype())) + " on " +
+               ref.device().str() + ", got " + t.str());
+}
+
 inline void check_shape(const char* op, const Tensor& t, const Shape& want, const char* name) {
   check_defined(op, t, name);
   if (t.shape() != want)

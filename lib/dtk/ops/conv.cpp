@@ -41,10 +41,8 @@ void check_images(const char* op, const Tensor& x, int64_t ndim, const char* nam
 Shape cols_shape(int64_t C, int64_t H, int64_t W, const Window& g) { return {C * g.kh * g.kw, g.out_h(H) * g.out_w(W)}; }
 
 void check_stats(const char* op, const Tensor& x, const Tensor& t, const char* name) {
-  detail::check_defined(op, t, name);
-  if (t.dtype() != x.dtype() || t.device() != x.device() || t.shape() != Shape{x.dim(1)})
-    fail_usage(std::string(op) + ": " + name + " must be " + std::string(dtype_name(x.dtype())) + "[" + str(x.dim(1)) +
-               "] on " + x.device().str() + ", got " + t.str());
+  detail::check_kind(op, x, t, name);
+  detail::check_shape(op, t, {x.dim(1)}, name);
 }
 
 void check_sums(const char* op, const Tensor& x, const Tensor& sums) {
@@ -64,8 +62,7 @@ void im2col(const Tensor& x, const Window& win, Tensor& cols) {
   check_window("im2col", win);
   check_images("im2col", x, 3, "x");
   check_fits("im2col", x, win, "x");
-  detail::check_on("im2col", x, cols, "cols");
-  if (cols.dtype() != x.dtype()) fail_usage("im2col: cols must be " + std::string(dtype_name(x.dtype())) + ", got " + cols.str());
+  detail::check_kind("im2col", x, cols, "cols");
   detail::check_shape("im2col", cols, cols_shape(x.dim(0), x.dim(1), x.dim(2), win), "cols");
   DTK_DISPATCH(x, im2col(x, win, cols));
 }
@@ -74,8 +71,7 @@ void col2im(const Tensor& cols, const Window& win, Tensor& dx) {
   check_window("col2im", win);
   check_images("col2im", dx, 3, "dx");
   check_fits("col2im", dx, win, "dx");
-  detail::check_on("col2im", dx, cols, "cols");
-  if (cols.dtype() != dx.dtype()) fail_usage("col2im: cols must be " + std::string(dtype_name(dx.dtype())) + ", got " + cols.str());
+  detail::check_kind("col2im", dx, cols, "cols");
   detail::check_shape("col2im", cols, cols_shape(dx.dim(0), dx.dim(1), dx.dim(2), win), "cols");
   DTK_DISPATCH(dx, col2im(cols, win, dx));
 }
@@ -88,19 +84,13 @@ void check_conv(const char* op, const Tensor& x, const Tensor& w, const Window& 
   check_window(op, g);
   check_images(op, x, 4, "x");
   check_fits(op, x, g, "x");
-  detail::check_defined(op, w, "w");
-  if (w.dtype() != x.dtype() || w.device() != x.device() || w.ndim() != 4 || w.dim(1) != x.dim(1) || w.dim(2) != g.kh ||
-      w.dim(3) != g.kw)
-    fail_usage(std::string(op) + ": w must be " + std::string(dtype_name(x.dtype())) + "[K, " + str(x.dim(1)) + ", " +
-               str(g.kh) + ", " + str(g.kw) + "] on " + x.device().str() + ", got " + w.str());
-  detail::check_defined(op, y, yname);
-  if (y.dtype() != x.dtype() || y.device() != x.device())
-    fail_usage(std::string(op) + ": " + yname + " must be " + std::string(dtype_name(x.dtype())) + " on " +
-               x.device().str() + ", got " + y.str());
+  detail::check_kind(op, x, w, "w");
+  if (w.ndim() != 4 || w.dim(1) != x.dim(1) || w.dim(2) != g.kh || w.dim(3) != g.kw)
+    fail_usage(std::string(op) + ": w must be [K, " + str(x.dim(1)) + ", " + str(g.kh) + ", " + str(g.kw) + "], got " +
+               w.str());
+  detail::check_kind(op, x, y, yname);
   detail::check_shape(op, y, {x.dim(0), w.dim(0), g.out_h(x.dim(2)), g.out_w(x.dim(3))}, yname);
-  if (cols.dtype() != x.dtype() || cols.device() != x.device())
-    fail_usage(std::string(op) + ": cols must be " + std::string(dtype_name(x.dtype())) + " on " + x.device().str() +
-               ", got " + cols.str());
+  detail::check_kind(op, x, cols, "cols");
   detail::check_shape(op, cols, cols_shape(x.dim(1), x.dim(2), x.dim(3), g), "cols");
 }
 
@@ -149,8 +139,7 @@ void maxpool2d_forward(const Tensor& x, const Window& win, Tensor& y, Tensor& ar
   check_fits("maxpool2d_forward", x, win, "x");
   if (x.dim(2) * x.dim(3) > INT32_MAX) fail_usage("maxpool2d_forward: images beyond 2^31 - 1 pixels, got " + x.str());
   const Shape out{x.dim(0), x.dim(1), win.out_h(x.dim(2)), win.out_w(x.dim(3))};
-  detail::check_on("maxpool2d_forward", x, y, "y");
-  if (y.dtype() != x.dtype()) fail_usage("maxpool2d_forward: y must be " + std::string(dtype_name(x.dtype())) + ", got " + y.str());
+  detail::check_kind("maxpool2d_forward", x, y, "y");
   detail::check_shape("maxpool2d_forward", y, out, "y");
   detail::check_type("maxpool2d_forward", argmax, DType::i32, "argmax");
   detail::check_on("maxpool2d_forward", x, argmax, "argmax");
@@ -163,8 +152,7 @@ void maxpool2d_backward(const Tensor& argmax, const Tensor& dy, const Window& wi
   check_images("maxpool2d_backward", dx, 4, "dx");
   check_fits("maxpool2d_backward", dx, win, "dx");
   const Shape out{dx.dim(0), dx.dim(1), win.out_h(dx.dim(2)), win.out_w(dx.dim(3))};
-  detail::check_on("maxpool2d_backward", dx, dy, "dy");
-  if (dy.dtype() != dx.dtype()) fail_usage("maxpool2d_backward: dy must be " + std::string(dtype_name(dx.dtype())) + ", got " + dy.str());
+  detail::check_kind("maxpool2d_backward", dx, dy, "dy");
   detail::check_shape("maxpool2d_backward", dy, out, "dy");
   detail::check_type("maxpool2d_backward", argmax, DType::i32, "argmax");
   detail::check_on("maxpool2d_backward", dx, argmax, "argmax");

@@ -300,8 +300,12 @@ void validate(Options& o, int world_size) {
   if (o.global_batch < world_size)
     fail_usage("--global-batch " + std::to_string(o.global_batch) + " gives some of the " + std::to_string(world_size) +
                " ranks no sample; use at least one sample per rank");
+  if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
+  if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
+  // Opening the datasets checks them against the model (vocabulary, shapes).
+  const int64_t samples = data::open_dataset(o.data, c, false, o.seed)->size();
+  if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
   if (o.epochs > 0 || !o.decay_epochs.empty()) {
-    const int64_t samples = data::open_dataset(o.data, c, false, o.seed)->size();
     const double per_epoch = static_cast<double>(samples) / static_cast<double>(o.global_batch);
     if (o.epochs > 0) {
       const double s = std::ceil(o.epochs * per_epoch);
@@ -353,11 +357,6 @@ void validate(Options& o, int world_size) {
   if (!o.checkpoint_dir.empty()) cli::check_output_dir("--checkpoint-dir", o.checkpoint_dir);
   if (!o.save.empty()) cli::check_output_file("--save", o.save);
   if (o.metrics != "-") cli::check_output_file("--metrics", o.metrics);
-  if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
-  if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
-  // Opening the datasets checks them against the model (vocabulary, shapes).
-  data::open_dataset(o.data, c, false, o.seed);
-  if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
   if (o.auto_resume && o.checkpoint_dir.empty()) fail_usage("--auto-resume needs --checkpoint-dir");
   if (const std::string resume = resume_from(o); !resume.empty()) {
     ckpt::Reader r(checkpoint_path(resume));
@@ -410,7 +409,6 @@ class Trainer {
     world_ = comm_->size();
 
     model_ = nn::make_model(cfg_, device_, DType::f32, s.sharded ? nn::Storage::external : nn::Storage::flat);
-    classifier_ = model_->correct() >= 0;
     model_->set_activation_checkpointing(o.activation_checkpointing);
     if (s.sharded) {
       par_ = s.sharded(*model_, *comm_, *host_);
@@ -483,7 +481,7 @@ class Trainer {
              "; lower --lr, raise --warmup or clip (--clip)");
 
       nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}};
-      if (classifier_) m["accuracy"] = accuracy_;
+      if (cfg_.classifier()) m["accuracy"] = accuracy_;
       m.update(nlohmann::ordered_json{{"lr", lr}, {"grad_norm", grad_norm},
                           {cfg_.arch == "llama" ? "tokens_per_s" : "samples_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
@@ -497,7 +495,7 @@ class Trainer {
       if (val_ && !stopping && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
         std::tie(val, val_acc) = evaluate();
         m["val_loss"] = val;
-        if (classifier_) m["val_accuracy"] = val_acc;
+        if (cfg_.classifier()) m["val_accuracy"] = val_acc;
         else val_acc = NAN;
       }
       metrics.write(m);
@@ -773,7 +771,6 @@ class Trainer {
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
-  bool classifier_ = false;        // the model reports correct predictions: accuracy metrics
   std::vector<int64_t> image_shape_;  // C, H, W of the training images (--augment)
   double accuracy_ = NAN;          // the last step's training accuracy (classifiers)
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it

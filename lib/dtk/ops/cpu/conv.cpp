@@ -140,13 +140,6 @@ void channel_sums(int64_t N, int64_t C, int64_t L, double* s0, double* s1, F&& f
   }
 }
 
-// The elements per (n, c) pair of x [N, C, ...]: the product of the dims after C.
-int64_t inner(const Tensor& x) {
-  int64_t L = 1;
-  for (int d = 2; d < x.ndim(); ++d) L *= x.dim(d);
-  return L;
-}
-
 }  // namespace
 
 void im2col(const Tensor& x, const Window& win, Tensor& cols) {
@@ -166,7 +159,7 @@ void maxpool2d_backward(const Tensor& argmax, const Tensor& dy, const Window& wi
 }
 
 void batchnorm_reduce(const Tensor& x, Tensor& sums) {
-  const int64_t N = x.dim(0), C = x.dim(1), L = inner(x);
+  const int64_t N = x.dim(0), C = x.dim(1), L = channel_size(x);
   double* s = sums.ptr<double>();
   visit_float(x.dtype(), [&](auto t) {
     const auto* xp = x.ptr<decltype(t)>();
@@ -180,7 +173,7 @@ void batchnorm_reduce(const Tensor& x, Tensor& sums) {
 
 void batchnorm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, Tensor& y) {
-  const int64_t NC = x.dim(0) * x.dim(1), C = x.dim(1), L = inner(x);
+  const int64_t NC = x.dim(0) * x.dim(1), C = x.dim(1), L = channel_size(x);
   visit_float(x.dtype(), [&](auto t) {
     using T = decltype(t);
     const T *xp = x.ptr<T>(), *m = mean.ptr<T>(), *r = invstd.ptr<T>(), *gm = gamma.ptr<T>(), *bt = beta.ptr<T>();
@@ -196,7 +189,7 @@ void batchnorm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd
 
 void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                                Tensor& sums) {
-  const int64_t N = x.dim(0), C = x.dim(1), L = inner(x);
+  const int64_t N = x.dim(0), C = x.dim(1), L = channel_size(x);
   double* s = sums.ptr<double>();
   visit_float(x.dtype(), [&](auto t) {
     using T = decltype(t);
@@ -211,7 +204,7 @@ void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& 
 
 void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& gamma, const Tensor& sums, double count, Tensor& dx) {
-  const int64_t NC = x.dim(0) * x.dim(1), C = x.dim(1), L = inner(x);
+  const int64_t NC = x.dim(0) * x.dim(1), C = x.dim(1), L = channel_size(x);
   const double* s = sums.ptr<double>();
   visit_float(x.dtype(), [&](auto t) {
     using T = decltype(t);

@@ -132,6 +132,17 @@ __global__ void maxpool_backward_kernel(const int32_t* argmax, const T* dy, T* d
 // x [N, C, L] (the dims after C flattened into L). Channel c's elements are N runs of L
 // contiguous values, run n starting at (n C + c) L.
 
+// The block's per-thread partial sums a and b of channel c, reduced in a fixed tree, into
+// sums[0][c] and sums[1][c].
+__device__ void store_channel_sums(double a, double b, double* sums, int64_t c, int64_t C, double* scratch) {
+  a = block_reduce(a, SumOp{}, 0.0, scratch);
+  b = block_reduce(b, SumOp{}, 0.0, scratch);
+  if (threadIdx.x == 0) {
+    sums[c] = a;
+    sums[C + c] = b;
+  }
+}
+
 // sums f64 [2, C]: one block per channel (blockIdx.x = c). Thread t accumulates, in double,
 // elements k = t, t + blockDim, ... of the channel's N L (k = n L + l), then two fixed-tree block
 // reductions give sums[0][c] = sum x and sums[1][c] = sum x^2.
@@ -146,12 +157,7 @@ __global__ void batchnorm_reduce_kernel(const T* x, double* sums, int64_t N, int
     a += v;
     b += v * v;
   }
-  a = block_reduce(a, SumOp{}, 0.0, scratch);
-  b = block_reduce(b, SumOp{}, 0.0, scratch);
-  if (threadIdx.x == 0) {
-    sums[c] = a;
-    sums[C + c] = b;
-  }
+  store_channel_sums(a, b, sums, c, C, scratch);
 }
 
 // The same layout: sums[0][c] = sum dy, sums[1][c] = sum dy (x - mean[c]) invstd[c], in double.
@@ -168,12 +174,7 @@ __global__ void batchnorm_backward_reduce_kernel(const T* dy, const T* x, const 
     a += d;
     b += d * ((static_cast<double>(x[i]) - m) * r);
   }
-  a = block_reduce(a, SumOp{}, 0.0, scratch);
-  b = block_reduce(b, SumOp{}, 0.0, scratch);
-  if (threadIdx.x == 0) {
-    sums[c] = a;
-    sums[C + c] = b;
-  }
+  store_channel_sums(a, b, sums, c, C, scratch);
 }
 
 // y = (x - mean[c]) (invstd[c] gamma[c]) + beta[c]: one thread per element, channel (e / L) % C.
@@ -198,13 +199,6 @@ __global__ void batchnorm_backward_kernel(const T* dy, const T* x, const T* mean
     const T mean_dy = static_cast<T>(sums[c] / count), mean_dyx = static_cast<T>(sums[C + c] / count);
     dx[e] = (gamma[c] * r) * (dy[e] - mean_dy - (x[e] - mean[c]) * r * mean_dyx);
   }
-}
-
-// The elements per (n, c) pair of x [N, C, ...]: the product of the dims after C.
-int64_t inner(const Tensor& x) {
-  int64_t L = 1;
-  for (int d = 2; d < x.ndim(); ++d) L *= x.dim(d);
-  return L;
 }
 
 }  // namespace
@@ -256,7 +250,7 @@ void maxpool2d_backward(const Tensor& argmax, const Tensor& dy, const Window& wi
 }
 
 void batchnorm_reduce(const Tensor& x, Tensor& sums) {
-  const int64_t N = x.dim(0), C = x.dim(1), L = inner(x);
+  const int64_t N = x.dim(0), C = x.dim(1), L = channel_size(x);
   if (C == 0) return;
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -268,7 +262,7 @@ void batchnorm_reduce(const Tensor& x, Tensor& sums) {
 
 void batchnorm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
                        const Tensor& beta, Tensor& y) {
-  const int64_t n = x.numel(), C = x.dim(1), L = inner(x);
+  const int64_t n = x.numel(), C = x.dim(1), L = channel_size(x);
   if (n == 0) return;
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -280,7 +274,7 @@ void batchnorm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd
 
 void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                                Tensor& sums) {
-  const int64_t N = x.dim(0), C = x.dim(1), L = inner(x);
+  const int64_t N = x.dim(0), C = x.dim(1), L = channel_size(x);
   if (C == 0) return;
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -292,7 +286,7 @@ void batchnorm_backward_reduce(const Tensor& dy, const Tensor& x, const Tensor& 
 
 void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& gamma, const Tensor& sums, double count, Tensor& dx) {
-  const int64_t n = x.numel(), C = x.dim(1), L = inner(x);
+  const int64_t n = x.numel(), C = x.dim(1), L = channel_size(x);
   if (n == 0) return;
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
