@@ -276,7 +276,7 @@ class Reference {
         const size_t n = b.elems.size(), K = b.dims.size();
         Vec g(n), w(n);
         for (size_t e = 0; e < n; ++e) g[e] = grads[p][size_t(b.elems[e])], w[e] = values[p][size_t(b.elems[e])];
-        const bool l2 = cfg_.weight_decay_type == "l2";
+        const bool l2 = name_of(cfg_.weight_decay_type) == "l2";
         if (l2)  // L2: G += wd W before the statistics, grafting and filtering
           for (size_t e = 0; e < n; ++e) g[e] += cfg_.weight_decay * w[e];
         for (size_t k = 0; k < K; ++k) {
@@ -294,7 +294,7 @@ class Reference {
             bool ok = true;
             const int bk = static_cast<int>(b.dims[k]);
             Vec Qk = b.Q[k];
-            Vec R = cfg_.root_method == "qr"
+            Vec R = name_of(cfg_.root_method) == "qr"
                         ? qr_root(Fc, bk, Qk, cfg_.epsilon, pe, cfg_.qr_max_iterations, cfg_.qr_tolerance, true, &ok)
                         : inverse_root(Fc, bk, cfg_.epsilon, pe, &ok);
             b.Q[k] = ok ? Qk : Vec(Qk.size(), 0.0);  // a failed block restarts from a full eigh
@@ -309,7 +309,7 @@ class Reference {
             for (double& x : Mh) x /= 1 - std::pow(cfg_.beta1, double(t));
         }
         Vec Dg = Mh;
-        const std::string& gm = cfg_.grafting;
+        const std::string gm(name_of(cfg_.grafting));
         if (gm == "adagrad" || gm == "rmsprop" || gm == "adam") {
           const double bg = cfg_.grafting_beta2;
           for (size_t e = 0; e < n; ++e) {

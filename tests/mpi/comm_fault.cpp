@@ -8,16 +8,7 @@
 
 int main(int argc, char** argv) {
   static std::string mode;
-  dtk::cli::Program p;
-  p.name = "comm-fault";
-  p.description = "test program: one rank misbehaves";
-  p.add_options = [](CLI::App& app) {
-    app.add_option("--mode", mode, "die, hang, usage-on-one, fail-on-one or ok")->required();
-  };
-  p.validate = [](dtk::comm::Runtime& rt) {
-    if (mode == "usage-on-one" && rt.rank() == rt.size() - 1) dtk::fail_usage("bad input seen on the last rank only");
-  };
-  p.run = [](dtk::comm::Runtime& rt) {
+  const dtk::cli::Work run = [](dtk::comm::Runtime& rt) {
     auto world = rt.world();
     const bool culprit = rt.rank() == rt.size() - 1;
     if (culprit && mode == "die") raise(SIGKILL);
@@ -27,6 +18,16 @@ int main(int argc, char** argv) {
     world->all_reduce({&v, 1, dtk::DType::f64, {}}, {&v, 1, dtk::DType::f64, {}}, dtk::comm::ReduceOp::sum,
                       dtk::comm::Mode::sync);
     return v == rt.size() ? 0 : 1;
+  };
+  dtk::cli::Program p;
+  p.name = "comm-fault";
+  p.description = "test program: one rank misbehaves";
+  p.add_options = [](CLI::App& app) {
+    app.add_option("--mode", mode, "die, hang, usage-on-one, fail-on-one or ok")->required();
+  };
+  p.validate = [&run](dtk::comm::Runtime& rt) -> dtk::cli::Work {
+    if (mode == "usage-on-one" && rt.rank() == rt.size() - 1) dtk::fail_usage("bad input seen on the last rank only");
+    return run;
   };
   return dtk::cli::main(argc, argv, p);
 }

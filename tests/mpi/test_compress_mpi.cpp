@@ -75,10 +75,10 @@ void load(Grads& g, const Vec& v) { g.flat.copy_from(Tensor::from_doubles(v, {g.
 
 Config psgd(int rank, const char* mode, DType wire = DType::f32) {
   Config c;
-  c.kind = "powersgd";
+  c.kind = compress::Kind::powersgd;
   c.rank = rank;
   c.start_iter = 0;
-  c.error_mode = mode;
+  c.error_mode = parse_enum<compress::ErrorMode>(mode, "error_mode");
   c.comm_dtype = wire;
   c.seed = 11;
   return c;
@@ -276,7 +276,7 @@ TEST(CompressMpi, DisagreementFails) {
     EXPECT_NO_THROW(c->aggregate(g.params, 0));
   // Different seeds for randomk: the same.
   Config rk;
-  rk.kind = "randomk";
+  rk.kind = compress::Kind::randomk;
   rk.seed = static_cast<uint64_t>(R() == 0 ? 1 : 2);
   auto r = make_compressor(rk, world(), g.params);
   if (W() > 1)
@@ -291,7 +291,7 @@ TEST(CompressMpi, TopK) {
   const std::vector<std::pair<std::string, Shape>> shapes = {{"w", {10, 20}}, {"b", {50}}};
   auto g = make_grads(shapes);
   Config cfg;
-  cfg.kind = "topk";
+  cfg.kind = compress::Kind::topk;
   cfg.ratio = 0.1;  // k = 20 and 5
   cfg.start_iter = 0;
   auto c = make_compressor(cfg, world(), g.params);
@@ -330,7 +330,7 @@ TEST(CompressMpi, RandomKSharedCoordinates) {
   const std::vector<std::pair<std::string, Shape>> shapes = {{"w", {10, 20}}, {"b", {50}}};
   auto g = make_grads(shapes);
   Config cfg;
-  cfg.kind = "randomk";
+  cfg.kind = compress::Kind::randomk;
   cfg.ratio = 0.1;
   cfg.start_iter = 0;
   cfg.seed = 3;
@@ -361,7 +361,7 @@ TEST(CompressMpi, RandomKSharedCoordinates) {
 TEST(CompressMpi, SignumMajorityVote) {
   auto g = make_grads({{"w", {6, 10}}});
   Config cfg;
-  cfg.kind = "signum";
+  cfg.kind = compress::Kind::signum;
   cfg.start_iter = 0;
   cfg.error_feedback = false;
   auto c = make_compressor(cfg, world(), g.params);
@@ -391,7 +391,7 @@ TEST(CompressMpi, StateRoundTrip) {
   for (const char* kind : {"powersgd", "topk", "randomk", "signum"}) {
     SCOPED_TRACE(kind);
     Config cfg = psgd(2, "projection");
-    cfg.kind = kind;
+    cfg.kind = parse_enum<compress::Kind>(kind, "kind");
     cfg.ratio = 0.1;
     auto ga = make_grads(kShapes), gb = make_grads(kShapes);
     const int64_t total = ga.flat.numel();

@@ -117,7 +117,7 @@ TEST(GradSync, BucketsStartInBlockOrderAsSoonAsReady) {
     SCOPED_TRACE("bucket bytes " + std::to_string(bytes));
     auto m = model();
     compress::Config cfg;
-    cfg.kind = "none";
+    cfg.kind = compress::Kind::none;
     auto inner = compress::make_compressor(cfg, world(), m->params(), bytes);
     int last_block = std::numeric_limits<int>::max();
     std::vector<int> reported;
@@ -204,7 +204,7 @@ TEST(Fsdp, EveryPlanGathersTheFullTensorsAndScattersTheSums) {
     for (const Case& c : cases) {
       if (c.checkpointing != ckpt) continue;
       SCOPED_TRACE("buckets " + c.buckets + " reshard " + std::to_string(static_cast<int>(c.reshard)) + " prefetch " +
-                   std::to_string(c.prefetch) + (c.overlap ? "" : " no overlap") + " checkpointing " + std::string(nn::checkpointing_name(ckpt)) +
+                   std::to_string(c.prefetch) + (c.overlap ? "" : " no overlap") + " checkpointing " + std::string(name_of(ckpt)) +
                    " replicate " + std::to_string(c.replicate));
       parallel::FsdpConfig cfg;
       cfg.param_dtype = cfg.reduce_dtype = DType::f32;

@@ -117,8 +117,8 @@ TEST(ShampooMpi, WorldSizeInvariance) {
   for (const auto& v : variants) {
     ShampooConfig c = base_config();
     c.trainers_per_group = v.group;
-    c.communication_dtype = v.dtype;
-    c.root_method = v.root;
+    c.communication_dtype = parse_enum<DType>(v.dtype, "communication_dtype");
+    c.root_method = parse_enum<RootMethod>(v.root, "root_method");
     c.root_spread = v.spread;
     RunState a = make_run(), b = make_run();
     auto dist = make_shampoo(c, a.params, *world);

@@ -124,7 +124,7 @@ one_line "shampoo-train --precondition-frequency 0" "shampoo-train: error: --pre
 one_line "shampoo-train --grafting-beta2 2" "shampoo-train: error: --grafting-beta2 must be between 0 and 1" \
   $shampoo --grafting-beta2 2
 one_line "fsdp-train --prefetch -1" "fsdp-train: error: --prefetch must be at least 0" $fsdp --prefetch -1
-one_line "fsdp-train --bucket-memory -1" "fsdp-train: error: --bucket-memory must be at least 0" $fsdp --bucket-memory -1
+one_line "fsdp-train --bucket-memory -1" "fsdp-train: error: --bucket-memory must be a size: bytes with an optional K, M, G or T (powers of 1024), as 25M" $fsdp --bucket-memory -1
 one_line "comm-bench --iters 0" "comm-bench: error: --iters must be at least 1" $bench --iters 0
 one_line "data-pack --samples 0" "data-pack: error: --samples must be at least 1" \
   $dp synthetic --kind classes --samples 0 -o x.h5

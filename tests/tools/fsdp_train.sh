@@ -192,9 +192,9 @@ echo '{"buckets": [{"blocks": [0, 1]}]}' > short.json
 expect2 "a plan that leaves blocks out" "cover" $mpiexec -n 2 $fsdp $common --steps 2 --buckets short.json
 echo '{"buckets": [' > broken.json
 expect2 "a plan that is not JSON" "not JSON" $fsdp $common --steps 2 --buckets broken.json
-expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-memory 4
+expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-memory 4M
 expect2 "--print-plan with --save" "print-plan" $fsdp $common --steps 2 --print-plan --save x.ckpt
-expect2 "--bucket-mb is not an fsdp option" "bucket-mb" $fsdp $common --steps 2 --bucket-mb 4
+expect2 "--bucket-size is not an fsdp option" "bucket-size" $fsdp $common --steps 2 --bucket-size 4M
 expect2 "--trainers-per-group is not an fsdp option" "trainers-per-group" $fsdp $common --steps 2 --optimizer shampoo --trainers-per-group 2
 expect2 "a bad Shampoo setting" "grafting" $fsdp $common --steps 2 --optimizer shampoo --grafting nonsense
 finish

@@ -169,7 +169,7 @@ for comp in none powersgd; do
   done
   # small buckets: every block's gradients aggregated while backward goes on (PowerSGD's P and Q
   # of different buckets interleaved), the same run
-  run $mpiexec -n 2 $psgd $common --steps 6 --compressor $comp --rank 2 --start-iter 2 --bucket-mb 0.01 --save wsb.h5
+  run $mpiexec -n 2 $psgd $common --steps 6 --compressor $comp --rank 2 --start-iter 2 --bucket-size 10K --save wsb.h5
   [ $rc = 0 ] || bad "$comp with small buckets (exit $rc)" "$(cat $tmp/e)"
   run $si diff ws1.h5 wsb.h5 model/ optim/ --rtol 1e-4 --atol 1e-6
   [ $rc = 0 ] && ok "$comp: small buckets on 2 ranks == 1 rank" || bad "$comp: small buckets differ" "$(cat $tmp/o)" "$(cat $tmp/e)"

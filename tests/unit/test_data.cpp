@@ -728,8 +728,8 @@ TEST(Augment, CropFlipShiftsFlipsAndZeroFills) {
   nn::Batch same{Tensor::from_host(orig.data(), {B, D}, DType::f32), Tensor::zeros({B}, DType::i32)};
   augment(same, Augment::none, C, H, W, idx, 7, 3);
   EXPECT_EQ(std::vector<float>(same.inputs.ptr<float>(), same.inputs.ptr<float>() + B * D), orig);
-  EXPECT_EQ(parse_augment("crop-flip"), Augment::crop_flip);
-  EXPECT_THROW(parse_augment("mixup"), UsageError);
+  EXPECT_EQ(parse_enum<Augment>("crop-flip", "--augment"), Augment::crop_flip);
+  EXPECT_THROW(parse_enum<Augment>("mixup", "--augment"), UsageError);
 }
 
 }  // namespace

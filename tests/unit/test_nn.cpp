@@ -24,6 +24,12 @@
 namespace dtk::nn {
 namespace {
 
+// A config from JSON as every reader takes it (core/json_config.h).
+template <class T>
+T from_json(const nlohmann::json& j) {
+  return read_config<T>(j, "config");
+}
+
 using Vec = std::vector<double>;
 
 constexpr double kFdStep = 1e-6;
@@ -610,13 +616,13 @@ ModelConfig small_llama() {
 
 constexpr Checkpointing kModes[] = {Checkpointing::none, Checkpointing::full, Checkpointing::selective};
 
-std::string mode_str(Checkpointing c) { return "checkpointing " + std::string(checkpointing_name(c)); }
+std::string mode_str(Checkpointing c) { return "checkpointing " + std::string(name_of(c)); }
 
 TEST(NnLlama, CheckpointingNames) {
-  for (Checkpointing c : kModes) EXPECT_EQ(parse_checkpointing(checkpointing_name(c)), c);
-  EXPECT_EQ(checkpointing_name(Checkpointing::selective), "selective");
+  for (Checkpointing c : kModes) EXPECT_EQ(parse_enum<Checkpointing>(name_of(c), "checkpointing"), c);
+  EXPECT_EQ(name_of(Checkpointing::selective), "selective");
   try {
-    parse_checkpointing("partial");
+    parse_enum<Checkpointing>("partial", "checkpointing");
     ADD_FAILURE() << "no UsageError";
   } catch (const UsageError& e) {
     const std::string what = e.what();
@@ -689,7 +695,7 @@ TEST(NnLlama, ActivationMemoryByMode) {
     m->forward(b);
     later[mode] = memory_stats(Device::cpu()).current - base;
     std::printf("[ llama    ] %-9s activations after forward %zu bytes (peak %zu), after a step %zu\n",
-                std::string(checkpointing_name(mode)).c_str(), after_forward[mode], peak[mode], later[mode]);
+                std::string(name_of(mode)).c_str(), after_forward[mode], peak[mode], later[mode]);
   }
   const auto none = Checkpointing::none, full = Checkpointing::full, sel = Checkpointing::selective;
   for (const auto* bytes : {&after_forward, &peak, &later}) {
@@ -1156,8 +1162,8 @@ TEST(NnConfig, PresetParameterCounts) {
 TEST(NnConfig, JsonRoundTripAndOverrides) {
   for (const std::string& name : preset_names()) {
     const ModelConfig c = preset(name);
-    EXPECT_EQ(ModelConfig::from_json(c.to_json()), c) << name;
-    EXPECT_EQ(ModelConfig::from_json(nlohmann::json::parse(c.to_json().dump())), c) << name;
+    EXPECT_EQ(from_json<ModelConfig>(nlohmann::json(c)), c) << name;
+    EXPECT_EQ(from_json<ModelConfig>(nlohmann::json::parse(nlohmann::json(c).dump())), c) << name;
   }
   ModelConfig c = preset("llama-tiny");
   c.dim = 96;
@@ -1169,13 +1175,13 @@ TEST(NnConfig, JsonRoundTripAndOverrides) {
   c.seq_len = 32;
   c.rope_theta = 5e5;
   c.norm_eps = 1e-6;
-  EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);
+  EXPECT_EQ(from_json<ModelConfig>(nlohmann::json(c)), c);
   auto m = make_model(c, Device::cpu());
   EXPECT_EQ(m->values().numel(), c.num_params());
   EXPECT_EQ(m->config(), c);
   ModelConfig h = preset("mlp-mnist");
   h.hidden = {100, 50, 25};
-  EXPECT_EQ(ModelConfig::from_json(h.to_json()), h);
+  EXPECT_EQ(from_json<ModelConfig>(nlohmann::json(h)), h);
   EXPECT_EQ(make_model(h, Device::cpu())->num_blocks(), 4);
 }
 
@@ -1219,17 +1225,17 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
   for (const auto& [cfg, field] : cases) {
     expect_usage_error([&] { cfg.validate(); }, field);
     expect_usage_error([&] { make_model(cfg, Device::cpu()); }, field);
-    expect_usage_error([&] { ModelConfig::from_json(cfg.to_json()); }, field);
+    expect_usage_error([&] { from_json<ModelConfig>(nlohmann::json(cfg)); }, field);
   }
-  nlohmann::json j = preset("llama-tiny").to_json();
+  nlohmann::json j = nlohmann::json(preset("llama-tiny"));
   j["n_head"] = 4;
-  expect_usage_error([&] { ModelConfig::from_json(j); }, "n_head");
-  j = preset("llama-tiny").to_json();
+  expect_usage_error([&] { from_json<ModelConfig>(j); }, "n_head");
+  j = nlohmann::json(preset("llama-tiny"));
   j["dim"] = "128";
-  expect_usage_error([&] { ModelConfig::from_json(j); }, "dim");
-  j = preset("mlp-small").to_json();
+  expect_usage_error([&] { from_json<ModelConfig>(j); }, "dim");
+  j = nlohmann::json(preset("mlp-small"));
   j["hidden"] = {64, 1.5};
-  expect_usage_error([&] { ModelConfig::from_json(j); }, "hidden");
+  expect_usage_error([&] { from_json<ModelConfig>(j); }, "hidden");
   expect_usage_error([&] { make_model(preset("llama-tiny"), Device::cpu(), DType::bf16); }, "dtype");
 }
 

@@ -16,6 +16,12 @@
 namespace dtk::optim {
 namespace {
 
+// A config from JSON as every reader takes it (core/json_config.h).
+template <class T>
+T from_json(const nlohmann::json& j) {
+  return read_config<T>(j, "config");
+}
+
 using Vec = std::vector<double>;
 
 Vec random_values(size_t n, uint64_t seed) {
@@ -116,7 +122,7 @@ TEST(Optim, SgdMatchesReference) {
       std::vector<Vec> p0;
       for (auto& p : ps) p0.push_back(p.value.to_doubles());
       OptimConfig cfg;
-      cfg.name = "sgd";
+      cfg.name = Kind::sgd;
       cfg.momentum = c.momentum;
       cfg.nesterov = c.nesterov;
       cfg.weight_decay = c.wd;
@@ -147,7 +153,7 @@ TEST(Optim, AdamWMatchesReferenceWithBiasCorrection) {
       std::vector<Vec> p0;
       for (auto& p : ps) p0.push_back(p.value.to_doubles());
       OptimConfig cfg;
-      cfg.name = "adamw";
+      cfg.name = Kind::adamw;
       cfg.beta1 = 0.9;
       cfg.beta2 = 0.95;
       cfg.eps = 1e-8;
@@ -182,7 +188,7 @@ TEST(Optim, AdamWMatchesReferenceWithBiasCorrection) {
 TEST(Optim, StateRoundTripIsBitIdentical) {
   for (const std::string name : {"sgd", "adamw"}) {
     OptimConfig cfg;
-    cfg.name = name;
+    cfg.name = parse_enum<Kind>(name, "name");
     cfg.momentum = 0.9;
     cfg.nesterov = true;
     cfg.weight_decay = 0.01;
@@ -216,19 +222,19 @@ TEST(Optim, StateRoundTripIsBitIdentical) {
 
 TEST(Optim, ConfigJsonAndValidation) {
   OptimConfig c;
-  c.name = "sgd";
+  c.name = Kind::sgd;
   c.momentum = 0.5;
   c.nesterov = true;
   c.weight_decay = 0.25;
-  const OptimConfig d = OptimConfig::from_json(c.to_json());
-  EXPECT_EQ(d.name, "sgd");
+  const OptimConfig d = from_json<OptimConfig>(nlohmann::json(c));
+  EXPECT_EQ(d.name, Kind::sgd);
   EXPECT_EQ(d.momentum, 0.5);
   EXPECT_TRUE(d.nesterov);
   EXPECT_EQ(d.weight_decay, 0.25);
-  EXPECT_EQ(OptimConfig::from_json({{"name", "adamw"}}).beta2, 0.95);  // defaults for missing keys
+  EXPECT_EQ(from_json<OptimConfig>({{"name", "adamw"}}).beta2, 0.95);  // defaults for missing keys
   auto expect_usage = [](const nlohmann::json& j, const std::string& word) {
     try {
-      OptimConfig::from_json(j);
+      from_json<OptimConfig>(j);
       ADD_FAILURE() << "no error for " << j.dump();
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
@@ -252,7 +258,7 @@ TEST(Optim, ConfigJsonAndValidation) {
 
 TEST(Optim, ScheduleKeySteps) {
   const double lr = 0.1;
-  Schedule s{"cosine", lr, 10, 110, 0.1};
+  Schedule s{ScheduleKind::cosine, lr, 10, 110, 0.1};
   EXPECT_DOUBLE_EQ(s.at(0), lr / 10);
   EXPECT_DOUBLE_EQ(s.at(4), lr * 5 / 10);
   EXPECT_DOUBLE_EQ(s.at(9), lr);
@@ -263,36 +269,36 @@ TEST(Optim, ScheduleKeySteps) {
   EXPECT_DOUBLE_EQ(s.at(1000), lr * 0.1);
   for (int64_t k = 10; k < 110; ++k) EXPECT_GE(s.at(k), s.at(k + 1));  // monotone decay
 
-  Schedule l{"linear", lr, 0, 100, 0.0};
+  Schedule l{ScheduleKind::linear, lr, 0, 100, 0.0};
   EXPECT_DOUBLE_EQ(l.at(0), lr);  // warmup 0: no warm-up
   EXPECT_DOUBLE_EQ(l.at(25), lr * 0.75);
   EXPECT_DOUBLE_EQ(l.at(50), lr * 0.5);
   EXPECT_DOUBLE_EQ(l.at(100), 0.0);
   EXPECT_DOUBLE_EQ(l.at(150), 0.0);
 
-  Schedule c{"constant", lr, 4, 10, 0.1};
+  Schedule c{ScheduleKind::constant, lr, 4, 10, 0.1};
   EXPECT_DOUBLE_EQ(c.at(0), lr / 4);
   EXPECT_DOUBLE_EQ(c.at(3), lr);
   EXPECT_DOUBLE_EQ(c.at(4), lr);
   EXPECT_DOUBLE_EQ(c.at(1000), lr);
-  Schedule c0{"constant", lr, 0, 1, 0.1};
+  Schedule c0{ScheduleKind::constant, lr, 0, 1, 0.1};
   EXPECT_DOUBLE_EQ(c0.at(0), lr);
 
   // total <= warmup: the warm-up still reaches lr, then the rate is at its floor.
-  Schedule t{"cosine", lr, 10, 5, 0.2};
+  Schedule t{ScheduleKind::cosine, lr, 10, 5, 0.2};
   EXPECT_DOUBLE_EQ(t.at(9), lr);
   EXPECT_DOUBLE_EQ(t.at(10), lr * 0.2);
-  Schedule t2{"linear", lr, 10, 10, 0.2};
+  Schedule t2{ScheduleKind::linear, lr, 10, 10, 0.2};
   EXPECT_DOUBLE_EQ(t2.at(10), lr * 0.2);
   // warmup 1: full rate from the first step.
-  Schedule w1{"cosine", lr, 1, 3, 0.0};
+  Schedule w1{ScheduleKind::cosine, lr, 1, 3, 0.0};
   EXPECT_DOUBLE_EQ(w1.at(0), lr);
   EXPECT_DOUBLE_EQ(w1.at(1), lr);
   EXPECT_NEAR(w1.at(2), lr * 0.5, 1e-15);
   EXPECT_DOUBLE_EQ(w1.at(3), 0.0);
 
   // Step decay (MultiStepLR): the factor once more at each decay step, after the warm-up.
-  Schedule st{"step", lr, 5, 100, 0.0, {30, 60, 90}, 0.1};
+  Schedule st{ScheduleKind::step, lr, 5, 100, 0.0, {30, 60, 90}, 0.1};
   EXPECT_DOUBLE_EQ(st.at(0), lr / 5);
   EXPECT_DOUBLE_EQ(st.at(5), lr);
   EXPECT_DOUBLE_EQ(st.at(29), lr);
@@ -300,15 +306,14 @@ TEST(Optim, ScheduleKeySteps) {
   EXPECT_DOUBLE_EQ(st.at(59), lr * 0.1);
   EXPECT_DOUBLE_EQ(st.at(60), lr * 0.1 * 0.1);
   EXPECT_DOUBLE_EQ(st.at(99), lr * 0.1 * 0.1 * 0.1);
-  Schedule early{"step", lr, 10, 100, 0.0, {3}, 0.5};  // a decay within the warm-up: at its end
+  Schedule early{ScheduleKind::step, lr, 10, 100, 0.0, {3}, 0.5};  // a decay within the warm-up: at its end
   EXPECT_DOUBLE_EQ(early.at(9), lr);
   EXPECT_DOUBLE_EQ(early.at(10), lr * 0.5);
-  Schedule bad{"step", lr, 0, 100, 0.0, {30, 30}, 0.1};
+  Schedule bad{ScheduleKind::step, lr, 0, 100, 0.0, {30, 30}, 0.1};
   EXPECT_THROW(bad.at(40), UsageError);
 
-  EXPECT_THROW((Schedule{"exponential", lr, 0, 10, 0.1}.at(0)), UsageError);
-  EXPECT_THROW((Schedule{"cosine", lr, 0, 10, 1.5}.at(0)), UsageError);
-  EXPECT_THROW((Schedule{"cosine", lr, -1, 10, 0.1}.at(0)), UsageError);
+  EXPECT_THROW((Schedule{ScheduleKind::cosine, lr, 0, 10, 1.5}.at(0)), UsageError);
+  EXPECT_THROW((Schedule{ScheduleKind::cosine, lr, -1, 10, 0.1}.at(0)), UsageError);
   EXPECT_THROW(s.at(-1), UsageError);
 }
 

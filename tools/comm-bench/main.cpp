@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "dtk/cli/cli.h"
-#include "dtk/core/checks.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "engine.h"
 
@@ -19,9 +19,7 @@ struct Args {
   std::vector<std::string> predict;
 };
 
-cli::Program program() {
-  static Args a;
-  static bench::Options o;
+cli::Program program(Args& a) {
   cli::Program p;
   p.name = "comm-bench";
   p.description =
@@ -32,7 +30,7 @@ cli::Program program() {
       "(n-1)/n for allgather, reducescatter, alltoall; 1 for broadcast and sendrecv.\n"
       "Exit status: 0 all results right, 1 wrong results or a failure, 2 bad usage.\n"
       "Example: mpiexec -n 4 comm-bench --op all -b 8 -e 128M -f 4";
-  p.add_options = [](CLI::App& app) {
+  p.add_options = [&a](CLI::App& app) {
     std::string ops = "allreduce, allgather, reducescatter, broadcast, alltoall, sendrecv or all";
     app.add_option("--op", a.op, ops);
     app.add_option("-b,--min-bytes", a.min, "smallest size");
@@ -59,7 +57,8 @@ cli::Program program() {
     app.add_option("--predict", a.predict, "with --fit: predicted times at these sizes (comma-separated)")
         ->delimiter(',');
   };
-  p.validate = [](comm::Runtime& rt) {
+  p.validate = [&a](comm::Runtime& rt) -> cli::Work {
+    bench::Options o;
     if (a.op == "all") {
       for (const auto& c : bench::collectives()) o.ops.push_back(&c);
     } else if (const auto* c = bench::find_collective(a.op)) {
@@ -112,11 +111,14 @@ cli::Program program() {
     if (nccl && o.dtype == DType::u16)
       for (const auto* c : o.ops)
         if (c->reduces) fail_usage("NCCL cannot reduce u16 (--op " + std::string(c->name) + "); use another --dtype");
+    return [o](comm::Runtime& rt) { return bench::run_benchmark(rt, o); };
   };
-  p.run = [](comm::Runtime& rt) { return bench::run_benchmark(rt, o); };
   return p;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return dtk::cli::main(argc, argv, program()); }
+int main(int argc, char** argv) {
+  Args a;
+  return dtk::cli::main(argc, argv, program(a));
+}

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dtk/cli/cli.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
@@ -86,7 +87,7 @@ std::string hex(uint32_t v) {
 void check_output(const char* option, const std::string& out, const std::vector<std::string>& inputs) {
   if (out.empty()) fail_usage("no output given (-o OUT.h5)");
   const fs::path o(out);
-  cli::check_output_parent(option, out);
+  check_output_parent(option, out);
   std::error_code ec;
   for (const auto& in : inputs)
     if (fs::weakly_canonical(o, ec) == fs::weakly_canonical(in, ec))
@@ -302,7 +303,7 @@ cli::Program program() {
     synth_cmd->add_option("--input-dim", a.input_dim, "classes: feature dimension")->check(cli::at_least(1));
     synth_cmd->add_option("--classes", a.synth_classes, "classes: number of classes")->check(cli::between(2, 1 << 20));
   };
-  p.validate = [](comm::Runtime& rt) {
+  p.validate = [](comm::Runtime& rt) -> cli::Work {
     if (rt.size() > 1)
       fail_usage("data-pack runs as one process, but this job has " + std::to_string(rt.size()) + " ranks");
     std::vector<std::string> inputs = a.inputs;
@@ -325,12 +326,12 @@ cli::Program program() {
       if (a.kind == "classes" && static_cast<double>(a.samples) * static_cast<double>(a.input_dim) > 4e9)
         fail_usage("--samples x --input-dim is too large (at most 4e9 values)");
     }
-  };
-  p.run = [](comm::Runtime&) {
-    if (text_cmd->parsed()) return run_text();
-    if (mnist_cmd->parsed()) return run_mnist();
-    if (cifar_cmd->parsed()) return run_cifar10();
-    return run_synthetic();
+    return [](comm::Runtime&) {
+      if (text_cmd->parsed()) return run_text();
+      if (mnist_cmd->parsed()) return run_mnist();
+      if (cifar_cmd->parsed()) return run_cifar10();
+      return run_synthetic();
+    };
   };
   return p;
 }

@@ -1,5 +1,6 @@
 // shampoo-train: data-parallel training with Distributed Shampoo (see man shampoo-train).
 #include "dtk/cli/cli.h"
+#include "dtk/cli/train_options.h"
 #include "dtk/core/error.h"
 #include "dtk/optim/shampoo.h"
 #include "dtk/train/trainer.h"
@@ -7,9 +8,7 @@
 namespace {
 using namespace dtk;
 
-cli::Program program() {
-  static train::Options o;
-  o.optimizer = "shampoo";
+cli::Program program(train::Options& a) {
   cli::Program p;
   p.name = "shampoo-train";
   p.description =
@@ -18,26 +17,29 @@ cli::Program program() {
       "blocks, and one all-gather per step shares the directions. AdamW and SGD run in the same loop for "
       "comparison.";
   p.footer =
-      train::metrics_help("") +
+      cli::metrics_help(train::MetricSource::loop) +
       "Exit status: 0 done, 1 a failure while training (a factor with NaN, four failed roots in a row), 2 bad usage "
       "or bad input, " + train::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 shampoo-train --model llama-tiny --optimizer shampoo --precondition-frequency 20 "
       "--steps 300";
-  p.add_options = [](CLI::App& app) {
-    train::add_options(app, o);
-    app.get_option("--optimizer")->description("shampoo (default), adamw or sgd");
-    train::add_shampoo_options(app, o, true);
+  p.add_options = [&a](CLI::App& app) {
+    cli::add_options(app, a);
+    cli::add_shampoo_options(app, a, true);
   };
-  p.validate = [](comm::Runtime& rt) { train::validate(o, rt.size()); };
-  p.run = [](comm::Runtime& rt) {
+  p.validate = [&a](comm::Runtime& rt) -> cli::Work {
+    train::Options o = train::validate(a, rt.size());
     train::Strategy s;
     s.program = "shampoo-train";
-    if (o.optimizer == "shampoo") s.config = train::shampoo_config(o).to_json();
-    return train::run(o, s, rt);
+    if (o.optimizer == optim::Kind::shampoo) s.config = train::shampoo_config(o);
+    return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
   };
   return p;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return dtk::cli::main(argc, argv, program()); }
+int main(int argc, char** argv) {
+  dtk::train::Options a;
+  a.optimizer = dtk::optim::Kind::shampoo;
+  return dtk::cli::main(argc, argv, program(a));
+}

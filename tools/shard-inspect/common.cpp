@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "command.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
@@ -36,7 +37,7 @@ std::unique_ptr<ckpt::Reader> open_input(const fs::path& p) {
 
 void check_output(const fs::path& out, bool force, bool directory, const ckpt::Reader& in) {
   if (out.empty()) fail_usage("no output given (-o OUT)");
-  cli::check_output_parent("-o", out.string());
+  check_output_parent("-o", out.string());
   std::error_code ec;
   const fs::path o = fs::weakly_canonical(out, ec);
   const fs::path file = fs::weakly_canonical(in.path(), ec);

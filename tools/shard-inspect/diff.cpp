@@ -7,7 +7,7 @@
 #include <set>
 
 #include "command.h"
-#include "dtk/core/checks.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 
 namespace dtk::inspect {

@@ -31,9 +31,10 @@ const std::vector<CommandSpec>& commands() {
 namespace {
 using namespace dtk;
 
-cli::Program program() {
-  static std::vector<std::pair<CLI::App*, std::unique_ptr<inspect::Command>>> subs;
-  static inspect::Command* chosen = nullptr;
+// The subcommands, each with its options.
+using Commands = std::vector<std::pair<CLI::App*, std::unique_ptr<inspect::Command>>>;
+
+cli::Program program(Commands& subs) {
   cli::Program p;
   p.name = "shard-inspect";
   p.description =
@@ -44,7 +45,7 @@ cli::Program program() {
       "Exit status: 0 success (diff: same), 1 diff found differences or a failure while running, 2 bad usage or "
       "bad input.\n"
       "Example: shard-inspect reshard ckpt/step-00001000 --world-size 8 -o resharded";
-  p.add_options = [](CLI::App& app) {
+  p.add_options = [&subs](CLI::App& app) {
     app.require_subcommand(1, 1);
     app.fallthrough();
     for (const auto& spec : inspect::commands()) {
@@ -54,17 +55,21 @@ cli::Program program() {
       subs.emplace_back(sub, std::move(cmd));
     }
   };
-  p.validate = [](comm::Runtime& rt) {
+  p.validate = [&subs](comm::Runtime& rt) -> cli::Work {
     if (rt.size() > 1)
       fail_usage("shard-inspect runs as one process, but this job has " + std::to_string(rt.size()) + " ranks");
+    inspect::Command* chosen = nullptr;
     for (auto& [sub, cmd] : subs)
       if (sub->parsed()) chosen = cmd.get();
     chosen->validate();
+    return [chosen](comm::Runtime&) { return chosen->run(); };
   };
-  p.run = [](comm::Runtime&) { return chosen->run(); };
   return p;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return dtk::cli::main(argc, argv, program()); }
+int main(int argc, char** argv) {
+  Commands subs;
+  return dtk::cli::main(argc, argv, program(subs));
+}

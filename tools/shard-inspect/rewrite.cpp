@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "command.h"
-#include "dtk/core/checks.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 

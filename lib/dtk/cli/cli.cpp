@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "dtk/core/checks.h"
+#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 
 #ifndef DTK_VERSION
@@ -132,7 +132,8 @@ int main(int argc, char** argv, const Program& p) {
   setup_logging(p.name, common, rank);
 
   // Phase 1: validation, no communication; every rank learns the worst outcome.
-  code = p.validate ? guarded([&] { p.validate(*rt); return 0; }, message) : 0;
+  Work work;
+  code = guarded([&] { work = p.validate(*rt); return 0; }, message);
   const int worst = rt->max_over_ranks(code);
   if (worst != kExitOk) {
     const int rank0 = rt->broadcast_int(code, 0);
@@ -145,7 +146,7 @@ int main(int argc, char** argv, const Program& p) {
   // Phase 2: the work. An error every rank raised together ends them all normally (rank 0 says
   // it); any other error on one rank ends the job.
   bool agreed = false;
-  code = guarded([&] { return p.run(*rt); }, message, &agreed);
+  code = guarded([&] { return work(*rt); }, message, &agreed);
   if (agreed) {
     if (rank == 0 || common.log_all_ranks) spdlog::error("{}", message);
     spdlog::default_logger()->flush();

@@ -45,12 +45,24 @@
 #include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/core/enums.h"
+#include "dtk/core/json_config.h"
 #include "dtk/nn/model.h"
 
 namespace dtk::compress {
 
+enum class Kind { powersgd, none, topk, randomk, signum };
+DTK_ENUM_NAMES(Kind, {Kind::powersgd, "powersgd"}, {Kind::none, "none"}, {Kind::topk, "topk"},
+               {Kind::randomk, "randomk"}, {Kind::signum, "signum"})
+// Error feedback's buffer: "full" M - P Q^T, "projection" M - P (P^T M) (see Config::error_mode).
+enum class ErrorMode { projection, full };
+DTK_ENUM_NAMES(ErrorMode, {ErrorMode::projection, "projection"}, {ErrorMode::full, "full"})
+// P's orthogonalisation: auto (mgs for r <= 2, qr above), modified Gram-Schmidt, Householder QR.
+enum class Orthogonalize { auto_, mgs, qr };
+DTK_ENUM_NAMES(Orthogonalize, {Orthogonalize::auto_, "auto"}, {Orthogonalize::mgs, "mgs"}, {Orthogonalize::qr, "qr"})
+
 struct Config {
-  std::string kind = "powersgd";   // "none" | "powersgd" | "topk" | "randomk" | "signum"
+  Kind kind = Kind::powersgd;
   int rank = 2;                    // powersgd: rank r of the approximation
   int64_t start_iter = 10;         // plain all-reduce for steps < start_iter
   double min_compression_rate = 2; // compress a matrix only when (n + m) r * rate < n m
@@ -73,18 +85,15 @@ struct Config {
   // small, f32 sums well conditioned and bf16 P on the wire from being swamped by large per-rank
   // terms that cancel. The projection needs only the rank's local Q_r = M_r^T P^, so it is
   // computed while Q's all-reduce is in flight. In a world of one the two modes are identical.
-  std::string error_mode = "projection";  // "full": M - P Q^T; "projection": M - P (P^T M)
-  std::string orthogonalize = "auto";     // "auto" (mgs for r <= 2, qr above) | "mgs" | "qr"
+  ErrorMode error_mode = ErrorMode::projection;
+  Orthogonalize orthogonalize = Orthogonalize::auto_;
   DType comm_dtype = DType::f32;   // P and Q on the wire: f32 | bf16
   double ratio = 0.01;             // topk / randomk: fraction of coordinates kept per tensor
   uint64_t seed = 0;               // Q initialisation and randomk selection (shared by all ranks)
-  nlohmann::json to_json() const;
-  static Config from_json(const nlohmann::json& j);  // missing keys keep their defaults
-  void validate() const;  // UsageError naming the field: unknown kind, rank < 1, ratio not in (0, 1], ...
+  void validate() const;  // UsageError naming the field: rank < 1, ratio not in (0, 1], ...
 };
-
-// The kinds, for option help and errors.
-std::vector<std::string> kinds();
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Config, kind, rank, start_iter, min_compression_rate, warm_start,
+                                                error_feedback, error_mode, orthogonalize, comm_dtype, ratio, seed)
 
 struct Bytes {
   int64_t sent = 0;          // payload bytes this rank contributed to collectives in the last step

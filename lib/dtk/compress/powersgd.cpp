@@ -239,7 +239,7 @@ class PowerSGD final : public Base {
     for (int gi : reg.groups) {
       Group& g = groups_[gi];
       Tensor p = p_of(g);
-      const bool mgs = cfg_.orthogonalize == "mgs" || (cfg_.orthogonalize == "auto" && g.r <= 2);
+      const bool mgs = cfg_.orthogonalize == Orthogonalize::mgs || (cfg_.orthogonalize == Orthogonalize::auto_ && g.r <= 2);
       if (mgs)
         ops::orthonormalize_mgs(p, kMgsEps);
       else
@@ -259,7 +259,7 @@ class PowerSGD final : public Base {
         reg.wq = all_reduce(ws, comm::ReduceOp::sum);
       }
     }
-    if (cfg_.error_feedback && cfg_.error_mode == "projection")
+    if (cfg_.error_feedback && cfg_.error_mode == ErrorMode::projection)
       for (int gi : reg.groups) {
         Group& g = groups_[gi];
         ops::gemm(false, true, -1.0, p_of(g), qlocal_group(g), 1.0, g.mat);
@@ -283,7 +283,7 @@ class PowerSGD final : public Base {
       for (int64_t b = 0; b < g.batch(); ++b) {
         Tensor grad = params[static_cast<size_t>(g.members[b])].grad.reshape({g.n, g.m});
         ops::gemm(false, true, 1.0, p.select(b), q.select(b), 0.0, grad);
-        if (cfg_.error_feedback && cfg_.error_mode == "full") {
+        if (cfg_.error_feedback && cfg_.error_mode == ErrorMode::full) {
           Tensor mb = g.mat.select(b);
           ops::axpy(-1.0, grad, mb);
         }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "dtk/core/enums.h"
 #include "dtk/core/error.h"
 
 namespace dtk {
@@ -23,33 +24,19 @@ size_t dtype_size(DType t) {
   return 0;
 }
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
-    case DType::u16: return "u16";
-  }
-  return "?";
-}
+std::string_view dtype_name(DType t) { return name_of(t); }
 
 DType parse_dtype(std::string_view s) {
+  DType t{};
+  if (try_parse_enum(s, t)) return t;
   struct Alias { std::string_view name; DType t; };
   static constexpr Alias aliases[] = {
-      {"f32", DType::f32},   {"float", DType::f32},     {"float32", DType::f32},
-      {"f64", DType::f64},   {"double", DType::f64},    {"float64", DType::f64},
-      {"bf16", DType::bf16}, {"bfloat16", DType::bf16}, {"f16", DType::f16},
-      {"half", DType::f16},  {"float16", DType::f16},   {"i32", DType::i32},
-      {"int32", DType::i32}, {"int", DType::i32},       {"i64", DType::i64},
-      {"int64", DType::i64}, {"u8", DType::u8},         {"uint8", DType::u8},
-      {"u16", DType::u16},   {"uint16", DType::u16}};
+      {"float", DType::f32},    {"float32", DType::f32}, {"double", DType::f64}, {"float64", DType::f64},
+      {"bfloat16", DType::bf16}, {"half", DType::f16},    {"float16", DType::f16}, {"int32", DType::i32},
+      {"int", DType::i32},      {"int64", DType::i64},   {"uint8", DType::u8},   {"uint16", DType::u16}};
   for (const auto& a : aliases)
     if (a.name == s) return a.t;
-  fail_usage("unknown dtype '" + std::string(s) + "' (expected f32, f64, bf16, f16, i32, i64, u8 or u16)");
+  fail_usage("unknown dtype '" + std::string(s) + "' (expected " + choices_of<DType>() + ")");
 }
 
 bool dtype_is_float(DType t) {

@@ -8,14 +8,6 @@
 
 namespace dtk::data {
 
-Augment parse_augment(std::string_view s) {
-  if (s == "none") return Augment::none;
-  if (s == "crop-flip") return Augment::crop_flip;
-  fail_usage("unknown augmentation '" + std::string(s) + "' (expected none or crop-flip)");
-}
-
-std::string_view augment_name(Augment a) { return a == Augment::crop_flip ? "crop-flip" : "none"; }
-
 CropFlip draw_crop_flip(uint64_t seed, int64_t step, int64_t index, int64_t pad) {
   // Counter (index, step), key the seed with a tag of its own: a stream no other draw uses.
   constexpr uint64_t kTag = 0x61756741756741ull;  // "AugAug"

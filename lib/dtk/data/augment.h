@@ -11,13 +11,13 @@
 #include <string>
 #include <string_view>
 
+#include "dtk/core/enums.h"
 #include "dtk/nn/model.h"
 
 namespace dtk::data {
 
 enum class Augment { none, crop_flip };
-Augment parse_augment(std::string_view s);  // "none", "crop-flip"; else UsageError
-std::string_view augment_name(Augment a);
+DTK_ENUM_NAMES(Augment, {Augment::none, "none"}, {Augment::crop_flip, "crop-flip"})
 
 // One sample's draw: the image moves by (dy, dx) (a pixel at (h, w) comes from (h + dy, w + dx)
 // of the original, flipped first when `flip`).

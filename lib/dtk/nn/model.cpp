@@ -32,88 +32,9 @@ void need_positive(const char* field, int64_t v, const std::string& arch) {
 
 std::string num(int64_t v) { return std::to_string(v); }
 
-// Every field of the config, as to_json writes them.
-const std::set<std::string>& known_keys() {
-  static const std::set<std::string> k = {"arch",   "preset",  "dim",        "n_layers", "n_heads",
-                                          "n_kv_heads", "ffn_hidden", "vocab", "seq_len", "rope_theta",
-                                          "norm_eps", "input_dim", "classes", "hidden", "input_shape",
-                                          "stage_widths", "stage_blocks", "stem"};
-  return k;
-}
-
-template <typename T>
-void read(const nlohmann::json& j, const char* key, T& out) {
-  auto it = j.find(key);
-  if (it == j.end()) return;
-  try {
-    if constexpr (std::is_same_v<T, int64_t>) {
-      if (!it->is_number_integer()) throw std::runtime_error("an integer");
-    } else if constexpr (std::is_same_v<T, double>) {
-      if (!it->is_number()) throw std::runtime_error("a number");
-    } else if constexpr (std::is_same_v<T, std::string>) {
-      if (!it->is_string()) throw std::runtime_error("a string");
-    } else {
-      if (!it->is_array()) throw std::runtime_error("an array of integers");
-      for (const auto& e : *it)
-        if (!e.is_number_integer()) throw std::runtime_error("an array of integers");
-    }
-    out = it->get<T>();
-  } catch (const std::runtime_error& e) {
-    bad(std::string(key) + " must be " + e.what() + ", got " + it->dump());
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------- ModelConfig
-
-nlohmann::json ModelConfig::to_json() const {
-  return nlohmann::json{{"arch", arch},
-                        {"preset", preset},
-                        {"dim", dim},
-                        {"n_layers", n_layers},
-                        {"n_heads", n_heads},
-                        {"n_kv_heads", n_kv_heads},
-                        {"ffn_hidden", ffn_hidden},
-                        {"vocab", vocab},
-                        {"seq_len", seq_len},
-                        {"rope_theta", rope_theta},
-                        {"norm_eps", norm_eps},
-                        {"input_dim", input_dim},
-                        {"classes", classes},
-                        {"hidden", hidden},
-                        {"input_shape", input_shape},
-                        {"stage_widths", stage_widths},
-                        {"stage_blocks", stage_blocks},
-                        {"stem", stem}};
-}
-
-ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) bad("expected a JSON object, got " + j.dump());
-  for (const auto& [key, value] : j.items())
-    if (!known_keys().count(key)) bad("unknown field \"" + key + "\"");
-  ModelConfig c;
-  read(j, "arch", c.arch);
-  read(j, "preset", c.preset);
-  read(j, "dim", c.dim);
-  read(j, "n_layers", c.n_layers);
-  read(j, "n_heads", c.n_heads);
-  read(j, "n_kv_heads", c.n_kv_heads);
-  read(j, "ffn_hidden", c.ffn_hidden);
-  read(j, "vocab", c.vocab);
-  read(j, "seq_len", c.seq_len);
-  read(j, "rope_theta", c.rope_theta);
-  read(j, "norm_eps", c.norm_eps);
-  read(j, "input_dim", c.input_dim);
-  read(j, "classes", c.classes);
-  read(j, "hidden", c.hidden);
-  read(j, "input_shape", c.input_shape);
-  read(j, "stage_widths", c.stage_widths);
-  read(j, "stage_blocks", c.stage_blocks);
-  read(j, "stem", c.stem);
-  c.validate();
-  return c;
-}
 
 void ModelConfig::validate() const {
   if (arch == "llama") {
@@ -296,23 +217,6 @@ ModelConfig preset(const std::string& name) {
     fail_usage("unknown model preset \"" + name + "\"; the presets are: " + list);
   }
   return it->second;
-}
-
-// ---------------------------------------------------------------------------- Checkpointing
-
-std::string_view checkpointing_name(Checkpointing c) {
-  switch (c) {
-    case Checkpointing::none: return "none";
-    case Checkpointing::full: return "full";
-    case Checkpointing::selective: return "selective";
-  }
-  return "?";
-}
-
-Checkpointing parse_checkpointing(std::string_view s) {
-  for (Checkpointing c : {Checkpointing::none, Checkpointing::full, Checkpointing::selective})
-    if (checkpointing_name(c) == s) return c;
-  fail_usage("unknown activation checkpointing '" + std::string(s) + "' (expected none, full or selective)");
 }
 
 // ---------------------------------------------------------------------------- Model

@@ -44,6 +44,8 @@
 #include <tuple>
 #include <vector>
 
+#include "dtk/core/enums.h"
+#include "dtk/core/json_config.h"
 #include "dtk/core/tensor.h"
 
 namespace dtk::nn {
@@ -97,9 +99,7 @@ struct ModelConfig {
   std::vector<int64_t> input_shape, stage_widths, stage_blocks;
   std::string stem;
 
-  nlohmann::json to_json() const;
-  static ModelConfig from_json(const nlohmann::json& j);  // validates (UsageError naming the field)
-  void validate() const;                                  // sizes positive and consistent
+  void validate() const;  // sizes positive and consistent (UsageError naming the field)
   int64_t num_params() const;
   // Training FLOPs per token (llama) or per sample (mlp): 6 * matmul parameters + attention.
   double train_flops_per_item() const;
@@ -110,6 +110,9 @@ struct ModelConfig {
 
   bool operator==(const ModelConfig&) const = default;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ModelConfig, arch, preset, dim, n_layers, n_heads, n_kv_heads, ffn_hidden,
+                                                vocab, seq_len, rope_theta, norm_eps, input_dim, classes, hidden,
+                                                input_shape, stage_widths, stage_blocks, stem)
 
 // A llama configuration of these sizes (no preset name).
 ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,
@@ -146,8 +149,8 @@ enum class Pass { train, evaluate, recompute };
 //              torchtitan's selective activation checkpointing: less memory than none, more than
 //              full, for a fraction of full's recomputation.
 enum class Checkpointing { none, full, selective };
-Checkpointing parse_checkpointing(std::string_view s);  // "none", "full", "selective"; else UsageError
-std::string_view checkpointing_name(Checkpointing c);
+DTK_ENUM_NAMES(Checkpointing, {Checkpointing::none, "none"}, {Checkpointing::full, "full"},
+               {Checkpointing::selective, "selective"})
 
 // The seam between a model and parallelism (DESIGN.md, "One step"): a strategy's calls at block
 // boundaries. Blocks run forward in increasing index order (the embedding, the layers, the head),

@@ -13,23 +13,17 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
-#include "dtk/optim/json_fields.h"
 #include "dtk/optim/optimizer.h"
 
 namespace dtk::optim {
 
 // ------------------------------------------------------------------------------ OptimConfig
 
-namespace {
-
-using detail::check_keys;
-using detail::field;
-
-void validate(const OptimConfig& c) {
-  if (c.name != "sgd" && c.name != "adamw")
-    fail_usage("optimizer '" + c.name + "': expected sgd or adamw (shampoo is built by optim::make_shampoo)");
+void OptimConfig::validate() const {
+  const OptimConfig& c = *this;
+  if (c.name == Kind::shampoo) fail_usage("optimizer shampoo: built by optim::make_shampoo, not make_optimizer");
   if (!(c.momentum >= 0 && c.momentum < 1)) fail_usage("optimizer: momentum must be in [0, 1), got " + std::to_string(c.momentum));
-  if (c.name == "sgd" && c.nesterov && c.momentum == 0) fail_usage("optimizer: nesterov needs a momentum above 0");
+  if (c.name == Kind::sgd && c.nesterov && c.momentum == 0) fail_usage("optimizer: nesterov needs a momentum above 0");
   if (!(c.beta1 >= 0 && c.beta1 < 1)) fail_usage("optimizer: beta1 must be in [0, 1), got " + std::to_string(c.beta1));
   if (!(c.beta2 >= 0 && c.beta2 < 1)) fail_usage("optimizer: beta2 must be in [0, 1), got " + std::to_string(c.beta2));
   if (!(c.eps > 0) || !std::isfinite(c.eps)) fail_usage("optimizer: eps must be finite and > 0, got " + std::to_string(c.eps));
@@ -37,27 +31,7 @@ void validate(const OptimConfig& c) {
     fail_usage("optimizer: weight_decay must be finite and >= 0, got " + std::to_string(c.weight_decay));
 }
 
-}  // namespace
 
-nlohmann::json OptimConfig::to_json() const {
-  return {{"name", name}, {"momentum", momentum}, {"nesterov", nesterov}, {"beta1", beta1},
-          {"beta2", beta2}, {"eps", eps},         {"weight_decay", weight_decay}};
-}
-
-OptimConfig OptimConfig::from_json(const nlohmann::json& j) {
-  const char* what = "optimizer config";
-  check_keys(j, {"name", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay"}, what);
-  OptimConfig c;
-  c.name = field(j, "name", c.name, what);
-  c.momentum = field(j, "momentum", c.momentum, what);
-  c.nesterov = field(j, "nesterov", c.nesterov, what);
-  c.beta1 = field(j, "beta1", c.beta1, what);
-  c.beta2 = field(j, "beta2", c.beta2, what);
-  c.eps = field(j, "eps", c.eps, what);
-  c.weight_decay = field(j, "weight_decay", c.weight_decay, what);
-  validate(c);
-  return c;
-}
 
 // ------------------------------------------------------------------------------ SGD, AdamW
 
@@ -77,7 +51,7 @@ void check_params(const char* who, const std::vector<Shape>& shapes, const std::
 class BaseOptimizer : public Optimizer {
  public:
   BaseOptimizer(OptimConfig cfg, const std::vector<nn::Param>& params) : cfg_(std::move(cfg)) {
-    validate(cfg_);
+    cfg_.validate();
     for (const auto& p : params) {
       if (!p.value.defined()) fail_usage("optimizer: parameter " + p.name + " has no value");
       if (p.value.dtype() != DType::f32 && p.value.dtype() != DType::f64)
@@ -87,7 +61,7 @@ class BaseOptimizer : public Optimizer {
     }
     step_ = Tensor::zeros({1}, DType::i64);
   }
-  nlohmann::json config() const override { return cfg_.to_json(); }
+  nlohmann::json config() const override { return cfg_; }
 
  protected:
   // Advances the counter; returns the new step (counting from 1).
@@ -158,8 +132,8 @@ class AdamW final : public BaseOptimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params) {
-  validate(cfg);
-  if (cfg.name == "sgd") return std::make_unique<Sgd>(cfg, params);
+  cfg.validate();
+  if (cfg.name == Kind::sgd) return std::make_unique<Sgd>(cfg, params);
   return std::make_unique<AdamW>(cfg, params);
 }
 
@@ -173,15 +147,13 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vec
 // Step decay: lr decay_factor^k from step `warmup` on, k the number of decay steps <= step (a
 // decay step within the warm-up takes effect at its end).
 double Schedule::at(int64_t step) const {
-  if (kind != "constant" && kind != "linear" && kind != "cosine" && kind != "step")
-    fail_usage("schedule: unknown kind '" + kind + "' (expected constant, linear, cosine or step)");
   if (!(lr >= 0) || !std::isfinite(lr)) fail_usage("schedule: lr must be finite and >= 0, got " + std::to_string(lr));
   if (warmup < 0) fail_usage("schedule: warmup must be >= 0, got " + std::to_string(warmup));
   if (!(min_ratio >= 0 && min_ratio <= 1)) fail_usage("schedule: min_ratio must be in [0, 1], got " + std::to_string(min_ratio));
   if (step < 0) fail_usage("schedule: step must be >= 0, got " + std::to_string(step));
   if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (kind == "constant") return lr;
-  if (kind == "step") {
+  if (kind == ScheduleKind::constant) return lr;
+  if (kind == ScheduleKind::step) {
     double r = lr;
     for (size_t i = 0; i < decay_steps.size(); ++i) {
       if (decay_steps[i] < 1 || (i > 0 && decay_steps[i] <= decay_steps[i - 1]))
@@ -192,7 +164,7 @@ double Schedule::at(int64_t step) const {
   }
   const int64_t span = total - warmup;
   const double q = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(span));
-  if (kind == "linear") return lr * (1.0 - (1.0 - min_ratio) * q);
+  if (kind == ScheduleKind::linear) return lr * (1.0 - (1.0 - min_ratio) * q);
   return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(std::numbers::pi * q)));
 }
 

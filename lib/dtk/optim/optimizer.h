@@ -9,19 +9,26 @@
 #include <utility>
 #include <vector>
 
+#include "dtk/core/enums.h"
+#include "dtk/core/json_config.h"
 #include "dtk/nn/model.h"
 
 namespace dtk::optim {
 
+// The optimizers: make_optimizer builds sgd and adamw, make_shampoo (optim/shampoo.h) shampoo.
+enum class Kind { adamw, sgd, shampoo };
+DTK_ENUM_NAMES(Kind, {Kind::adamw, "adamw"}, {Kind::sgd, "sgd"}, {Kind::shampoo, "shampoo"})
+
 struct OptimConfig {
-  std::string name = "adamw";  // "sgd" | "adamw" (shampoo: optim/shampoo.h)
+  Kind name = Kind::adamw;     // sgd | adamw
   double momentum = 0.9;       // sgd
   bool nesterov = false;       // sgd
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // adamw
   double weight_decay = 0.0;   // sgd: L2 added to the gradient (PyTorch's); adamw: decoupled
-  nlohmann::json to_json() const;
-  static OptimConfig from_json(const nlohmann::json& j);
+  void validate() const;       // UsageError naming the field
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimConfig, name, momentum, nesterov, beta1, beta2, eps, weight_decay)
+
 
 class Optimizer {
  public:
@@ -52,8 +59,12 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vec
 // then constant, linear decay, or cosine decay to lr * min_ratio at `total` steps, or step decay
 // (the papers' ResNet schedules, PyTorch's MultiStepLR): lr times decay_factor^k, k the number
 // of decay_steps at or before the step (strictly increasing, each at least 1).
+enum class ScheduleKind { constant, linear, cosine, step };
+DTK_ENUM_NAMES(ScheduleKind, {ScheduleKind::constant, "constant"}, {ScheduleKind::linear, "linear"},
+               {ScheduleKind::cosine, "cosine"}, {ScheduleKind::step, "step"})
+
 struct Schedule {
-  std::string kind = "cosine";  // "constant" | "linear" | "cosine" | "step"
+  ScheduleKind kind = ScheduleKind::cosine;
   double lr = 1e-3;
   int64_t warmup = 0;
   int64_t total = 1;
@@ -62,6 +73,7 @@ struct Schedule {
   double decay_factor = 0.1;           // step
   double at(int64_t step) const;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Schedule, kind, lr, warmup, total, min_ratio, decay_steps, decay_factor)
 
 // The L2 norm of all gradients together; when max_norm > 0 and the norm exceeds it, every
 // gradient is scaled by max_norm / norm. Returns the norm before clipping.

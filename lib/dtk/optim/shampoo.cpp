@@ -34,89 +34,20 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
-#include "dtk/optim/json_fields.h"
 
 namespace dtk::optim {
 
 // ------------------------------------------------------------------------------ config
-
-nlohmann::json ShampooConfig::to_json() const {
-  return {{"name", "shampoo"},
-          {"max_preconditioner_dim", max_preconditioner_dim},
-          {"beta2", beta2},
-          {"factor_dtype", factor_dtype},
-          {"epsilon", epsilon},
-          {"use_bias_correction", use_bias_correction},
-          {"precondition_frequency", precondition_frequency},
-          {"start_preconditioning_step", start_preconditioning_step},
-          {"exponent_override", exponent_override},
-          {"root_method", root_method},
-          {"newton_max_iters", newton_max_iters},
-          {"newton_tolerance", newton_tolerance},
-          {"qr_max_iterations", qr_max_iterations},
-          {"qr_tolerance", qr_tolerance},
-          {"root_spread", root_spread},
-          {"grafting", grafting},
-          {"grafting_beta2", grafting_beta2},
-          {"grafting_epsilon", grafting_epsilon},
-          {"beta1", beta1},
-          {"momentum", momentum},
-          {"nesterov", nesterov},
-          {"weight_decay", weight_decay},
-          {"weight_decay_type", weight_decay_type},
-          {"trainers_per_group", trainers_per_group},
-          {"communication_dtype", communication_dtype}};
-}
-
-ShampooConfig ShampooConfig::from_json(const nlohmann::json& j) {
-  using detail::field;
-  const char* what = "shampoo config";
-  detail::check_keys(j,
-                     {"name", "max_preconditioner_dim", "beta2", "factor_dtype", "epsilon", "use_bias_correction",
-                      "precondition_frequency", "start_preconditioning_step", "exponent_override", "root_method",
-                      "newton_max_iters", "newton_tolerance", "qr_max_iterations", "qr_tolerance", "root_spread", "grafting", "grafting_beta2", "grafting_epsilon", "beta1",
-                      "momentum", "nesterov", "weight_decay", "weight_decay_type", "trainers_per_group",
-                      "communication_dtype"},
-                     what);
-  if (field<std::string>(j, "name", "shampoo", what) != "shampoo")
-    fail_usage(std::string(what) + ": 'name' must be \"shampoo\", got " + j.at("name").dump());
-  ShampooConfig c;
-  c.max_preconditioner_dim = field(j, "max_preconditioner_dim", c.max_preconditioner_dim, what);
-  c.beta2 = field(j, "beta2", c.beta2, what);
-  c.factor_dtype = field(j, "factor_dtype", c.factor_dtype, what);
-  c.epsilon = field(j, "epsilon", c.epsilon, what);
-  c.use_bias_correction = field(j, "use_bias_correction", c.use_bias_correction, what);
-  c.precondition_frequency = field(j, "precondition_frequency", c.precondition_frequency, what);
-  c.start_preconditioning_step = field(j, "start_preconditioning_step", c.start_preconditioning_step, what);
-  c.exponent_override = field(j, "exponent_override", c.exponent_override, what);
-  c.root_method = field(j, "root_method", c.root_method, what);
-  c.newton_max_iters = field(j, "newton_max_iters", c.newton_max_iters, what);
-  c.newton_tolerance = field(j, "newton_tolerance", c.newton_tolerance, what);
-  c.qr_max_iterations = field(j, "qr_max_iterations", c.qr_max_iterations, what);
-  c.qr_tolerance = field(j, "qr_tolerance", c.qr_tolerance, what);
-  c.root_spread = field(j, "root_spread", c.root_spread, what);
-  c.grafting = field(j, "grafting", c.grafting, what);
-  c.grafting_beta2 = field(j, "grafting_beta2", c.grafting_beta2, what);
-  c.grafting_epsilon = field(j, "grafting_epsilon", c.grafting_epsilon, what);
-  c.beta1 = field(j, "beta1", c.beta1, what);
-  c.momentum = field(j, "momentum", c.momentum, what);
-  c.nesterov = field(j, "nesterov", c.nesterov, what);
-  c.weight_decay = field(j, "weight_decay", c.weight_decay, what);
-  c.weight_decay_type = field(j, "weight_decay_type", c.weight_decay_type, what);
-  c.trainers_per_group = field(j, "trainers_per_group", c.trainers_per_group, what);
-  c.communication_dtype = field(j, "communication_dtype", c.communication_dtype, what);
-  c.validate();
-  return c;
-}
 
 void ShampooConfig::validate() const {
   auto bad = [](const std::string& opt, const std::string& need, const std::string& got) {
     fail_usage("shampoo: " + opt + " must be " + need + ", got " + got);
   };
   auto num = [](double v) { return nlohmann::json(v).dump(); };
+  if (name != Kind::shampoo) bad("name", "shampoo", std::string(name_of(name)));
   if (max_preconditioner_dim < 1) bad("max_preconditioner_dim", ">= 1", std::to_string(max_preconditioner_dim));
   if (!(beta2 >= 0 && beta2 <= 1)) bad("beta2", "in [0, 1]", num(beta2));
-  if (factor_dtype != "f32" && factor_dtype != "f64") bad("factor_dtype", "f32 or f64", "'" + factor_dtype + "'");
+  if (factor_dtype != DType::f32 && factor_dtype != DType::f64) bad("factor_dtype", "f32 or f64", std::string(dtype_name(factor_dtype)));
   if (!(epsilon >= 0) || !std::isfinite(epsilon)) bad("epsilon", "finite and >= 0", num(epsilon));
   if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", std::to_string(precondition_frequency));
   if (start_preconditioning_step < 1 && start_preconditioning_step != -1)
@@ -126,32 +57,26 @@ void ShampooConfig::validate() const {
         std::to_string(start_preconditioning_step));
   if (!(exponent_override >= 0) || !std::isfinite(exponent_override))
     bad("exponent_override", "finite and >= 0 (0: 2 * order)", num(exponent_override));
-  if (root_method != "eigh" && root_method != "newton" && root_method != "qr")
-    bad("root_method", "eigh, newton or qr", "'" + root_method + "'");
   if (qr_max_iterations < 0) bad("qr_max_iterations", ">= 0", std::to_string(qr_max_iterations));
   if (!(qr_tolerance >= 0 && qr_tolerance <= 1)) bad("qr_tolerance", "in [0, 1]", num(qr_tolerance));
   if (root_spread < 1 || root_spread > precondition_frequency)
     bad("root_spread", "in [1, precondition_frequency (" + std::to_string(precondition_frequency) + ")]",
         std::to_string(root_spread));
-  if (root_method == "newton") {
+  if (root_method == RootMethod::newton) {
     if (exponent_override != 0 && (exponent_override != std::floor(exponent_override) || exponent_override > 64))
       bad("exponent_override", "an integer in [1, 64] with root_method newton", num(exponent_override));
     if (newton_max_iters < 1) bad("newton_max_iters", ">= 1", std::to_string(newton_max_iters));
     if (!(newton_tolerance > 0)) bad("newton_tolerance", "> 0", num(newton_tolerance));
   }
-  if (grafting != "none" && grafting != "sgd" && grafting != "adagrad" && grafting != "rmsprop" && grafting != "adam")
-    bad("grafting", "none, sgd, adagrad, rmsprop or adam", "'" + grafting + "'");
   if (!(grafting_beta2 >= 0 && grafting_beta2 < 1)) bad("grafting_beta2", "in [0, 1)", num(grafting_beta2));
   if (!(grafting_epsilon > 0) || !std::isfinite(grafting_epsilon)) bad("grafting_epsilon", "finite and > 0", num(grafting_epsilon));
   if (!(beta1 >= 0 && beta1 < 1)) bad("beta1", "in [0, 1)", num(beta1));
   if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
   if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");
   if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) bad("weight_decay", "finite and >= 0", num(weight_decay));
-  if (weight_decay_type != "decoupled" && weight_decay_type != "l2")
-    bad("weight_decay_type", "decoupled or l2", "'" + weight_decay_type + "'");
   if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", std::to_string(trainers_per_group));
-  if (communication_dtype != "f32" && communication_dtype != "bf16")
-    bad("communication_dtype", "f32 or bf16", "'" + communication_dtype + "'");
+  if (communication_dtype != DType::f32 && communication_dtype != DType::bf16)
+    bad("communication_dtype", "f32 or bf16", std::string(dtype_name(communication_dtype)));
 }
 
 // ------------------------------------------------------------------------------ blocking
@@ -314,8 +239,8 @@ class Shampoo final : public Optimizer {
       : cfg_(cfg) {
     cfg_.validate();
     start_ = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
-    fdtype_ = cfg_.factor_dtype == "f64" ? DType::f64 : DType::f32;
-    bf16_ = cfg_.communication_dtype == "bf16";
+    fdtype_ = cfg_.factor_dtype;
+    bf16_ = cfg_.communication_dtype == DType::bf16;
     check_and_record(params);
     // Groups of g consecutive ranks.
     const int world = comm.size(), rank = comm.rank();
@@ -340,7 +265,7 @@ class Shampoo final : public Optimizer {
     build_updates(params);
   }
 
-  nlohmann::json config() const override { return cfg_.to_json(); }
+  nlohmann::json config() const override { return cfg_; }
 
   std::vector<std::pair<std::string, Tensor>> state() override {
     std::vector<std::pair<std::string, Tensor>> s;
@@ -528,7 +453,7 @@ class Shampoo final : public Optimizer {
   }
 
   void allocate_groups() {
-    const bool graft_state = cfg_.grafting == "adagrad" || cfg_.grafting == "rmsprop" || cfg_.grafting == "adam";
+    const bool graft_state = cfg_.grafting == Grafting::adagrad || cfg_.grafting == Grafting::rmsprop || cfg_.grafting == Grafting::adam;
     int64_t scratch = 1, max_chunk = 1, max_n = 1;
     bool rotate64 = false;
     for (auto& gr : groups_) {
@@ -542,7 +467,7 @@ class Shampoo final : public Optimizer {
         gr.factor.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
         gr.root.push_back(Tensor::empty({B, b, b}, DType::f32, device_));
         fill_identity(gr.root.back());
-        if (cfg_.root_method == "qr") gr.basis.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
+        if (cfg_.root_method == RootMethod::qr) gr.basis.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
       }
       if (graft_state) gr.graft = Tensor::zeros({B, gr.n}, DType::f32, device_);
       if (cfg_.beta1 > 0) gr.filtered = Tensor::zeros({B, gr.n}, DType::f32, device_);
@@ -662,7 +587,7 @@ class Shampoo final : public Optimizer {
     const int64_t Bc = c1 - c0, n = gr.n;
     Tensor G = rows(sc_grad_, Bc, n);
     extract(gr, c0, c1, params, G, false);
-    if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == "l2") {  // G += wd W, before everything
+    if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == WeightDecayType::l2) {  // G += wd W, before everything
       Tensor W = rows(sc_b_, Bc, n);
       extract(gr, c0, c1, params, W, true);
       ops::axpy(cfg_.weight_decay, W, G);
@@ -693,11 +618,11 @@ class Shampoo final : public Optimizer {
       Tensor A = gr.graft.slice(c0, c1);
       Tensor S = rows(sc_b_, Bc, n);
       ops::mul(G, G, S);
-      if (cfg_.grafting == "adagrad")
+      if (cfg_.grafting == Grafting::adagrad)
         ops::add(A, S, A);
       else
         ops::lerp(A, S, 1.0 - cfg_.grafting_beta2, A);
-      if (cfg_.grafting == "adam") {
+      if (cfg_.grafting == Grafting::adam) {
         ops::scale(A, 1.0 / (1.0 - std::pow(cfg_.grafting_beta2, static_cast<double>(t))), S);
         ops::sqrt(S, S);
       } else {
@@ -713,7 +638,7 @@ class Shampoo final : public Optimizer {
       copy_into(T, Dg);
     } else {
       Tensor P = precondition(gr, c0, c1, Mh);
-      if (cfg_.grafting == "none") {
+      if (cfg_.grafting == Grafting::none) {
         copy_into(T, P);
       } else {
         // Per block: D = P * ||Dg|| / ||P||, the scale broadcast over the block by an outer
@@ -728,7 +653,7 @@ class Shampoo final : public Optimizer {
         ops::mul(P, S, T);
       }
     }
-    if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == "decoupled") {  // D += wd W, before momentum
+    if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == WeightDecayType::decoupled) {  // D += wd W, before momentum
       Tensor W = rows(sc_b_, Bc, n);
       extract(gr, c0, c1, params, W, true);
       ops::axpy(cfg_.weight_decay, W, T);
@@ -842,9 +767,9 @@ class Shampoo final : public Optimizer {
         }
         std::vector<char> ok(static_cast<size_t>(nb), 1);
         Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
-        if (cfg_.root_method == "eigh") {
+        if (cfg_.root_method == RootMethod::eigh) {
           root_eigh(Fc, p, out, ok);
-        } else if (cfg_.root_method == "qr") {
+        } else if (cfg_.root_method == RootMethod::qr) {
           Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
           root_qr(Fc, Q, p, out, ok);
           for (int64_t i = 0; i < nb; ++i)  // a failed block restarts from a full eigh

@@ -95,26 +95,38 @@
 
 namespace dtk::optim {
 
+// Inverse roots by eigendecomposition, coupled Newton iteration, or warm-started QR iterations.
+enum class RootMethod { eigh, newton, qr };
+DTK_ENUM_NAMES(RootMethod, {RootMethod::eigh, "eigh"}, {RootMethod::newton, "newton"}, {RootMethod::qr, "qr"})
+enum class Grafting { none, sgd, adagrad, rmsprop, adam };
+DTK_ENUM_NAMES(Grafting, {Grafting::none, "none"}, {Grafting::sgd, "sgd"}, {Grafting::adagrad, "adagrad"},
+               {Grafting::rmsprop, "rmsprop"}, {Grafting::adam, "adam"})
+// "decoupled" (the reference's default): wd W added to the search direction, before momentum;
+// "l2": wd W added to the gradient, before the factors, grafting and filtering see it.
+enum class WeightDecayType { decoupled, l2 };
+DTK_ENUM_NAMES(WeightDecayType, {WeightDecayType::decoupled, "decoupled"}, {WeightDecayType::l2, "l2"})
+
 struct ShampooConfig {
+  Kind name = Kind::shampoo;  // always shampoo: an optimizer's config() names the optimizer
   // blocking
   int64_t max_preconditioner_dim = 1024;
   // Kronecker factors
   double beta2 = 0.95;              // factor EMA; 1: the AdaGrad sum
-  std::string factor_dtype = "f32";  // "f32" | "f64"
+  DType factor_dtype = DType::f32;  // f32 | f64
   double epsilon = 1e-12;           // added to the factors' eigenvalues (eps I)
   bool use_bias_correction = true;  // Mh = M / (1 - beta1^t); factors / (1 - beta2^t) when beta2 < 1
   // inverse roots
   int64_t precondition_frequency = 100;
   int64_t start_preconditioning_step = -1;  // -1: precondition_frequency
   double exponent_override = 0;             // 0: R_k = F_k^(-1/(2 order)); else F_k^(-1/exponent_override)
-  std::string root_method = "eigh";         // "eigh" | "newton" | "qr"
+  RootMethod root_method = RootMethod::eigh;
   int newton_max_iters = 100;
   double newton_tolerance = 1e-6;
   int qr_max_iterations = 1;    // qr: at most this many QR iterations per root step
   double qr_tolerance = 0.01;   // qr: none once ||B - diag B||_F <= tol ||B||_F
   int64_t root_spread = 1;      // root computations spread over this many phases of each period
   // grafting
-  std::string grafting = "adam";  // "none" | "sgd" | "adagrad" | "rmsprop" | "adam"
+  Grafting grafting = Grafting::adam;
   double grafting_beta2 = 0.95;   // rmsprop, adam
   double grafting_epsilon = 1e-8;
   // first moment, momentum, weight decay
@@ -122,17 +134,21 @@ struct ShampooConfig {
   double momentum = 0.0;
   bool nesterov = false;
   double weight_decay = 0.0;
-  // "decoupled" (the reference's default): wd W added to the search direction, before momentum;
-  // "l2": wd W added to the gradient, before the factors, grafting and filtering see it.
-  std::string weight_decay_type = "decoupled";
+  WeightDecayType weight_decay_type = WeightDecayType::decoupled;
   // distribution
   int trainers_per_group = 0;                // 0: the whole world in one group
-  std::string communication_dtype = "f32";  // search directions all-gathered as "f32" | "bf16"
+  DType communication_dtype = DType::f32;  // search directions all-gathered as f32 | bf16
 
-  nlohmann::json to_json() const;                       // with "name": "shampoo"
-  static ShampooConfig from_json(const nlohmann::json& j);  // UsageError naming the key
-  void validate() const;                                 // UsageError naming the option
+  void validate() const;  // UsageError naming the option
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShampooConfig, name, max_preconditioner_dim, beta2, factor_dtype, epsilon,
+                                                use_bias_correction, precondition_frequency,
+                                                start_preconditioning_step, exponent_override, root_method,
+                                                newton_max_iters, newton_tolerance, qr_max_iterations, qr_tolerance,
+                                                root_spread, grafting, grafting_beta2, grafting_epsilon, beta1,
+                                                momentum, nesterov, weight_decay, weight_decay_type,
+                                                trainers_per_group, communication_dtype)
+
 
 // The blocking of a parameter of this shape (world-size independent).
 struct ShampooBlocking {

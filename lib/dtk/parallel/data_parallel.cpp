@@ -21,7 +21,7 @@ uint64_t checksum(const Tensor& t) {
 // The plain bucketed all-reduce: the `none` compressor.
 std::unique_ptr<compress::Compressor> plain(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) {
   compress::Config c;
-  c.kind = "none";
+  c.kind = compress::Kind::none;
   return compress::make_compressor(c, comm, model.params(), bucket_bytes);
 }
 

@@ -250,13 +250,6 @@ void validate(const FsdpConfig& cfg, int world_size) {
   if (cfg.bucket_memory > 0 && b != "auto") fail_usage("--bucket-memory applies to --buckets auto");
 }
 
-Reshard parse_reshard(const std::string& s) {
-  if (s == "default") return Reshard::default_;
-  if (s == "always") return Reshard::always;
-  if (s == "never") return Reshard::never;
-  fail_usage("--reshard-after-forward: expected default, always or never, got '" + s + "'");
-}
-
 // ------------------------------------------------------------------------------ prediction
 
 namespace {

@@ -44,6 +44,7 @@
 
 #include "dtk/comm/comm.h"
 #include "dtk/comm/cost.h"
+#include "dtk/core/enums.h"
 #include "dtk/nn/model.h"
 #include "dtk/parallel/parallelism.h"
 
@@ -71,7 +72,9 @@ struct Costs {
   std::vector<double> forward_s, backward_s;
 };
 
+// Reshard after forward: every bucket but the last (default), every bucket, none.
 enum class Reshard { default_, always, never };
+DTK_ENUM_NAMES(Reshard, {Reshard::default_, "default"}, {Reshard::always, "always"}, {Reshard::never, "never"})
 
 struct FsdpConfig {
   DType param_dtype = DType::bf16;   // all-gather dtype (compute upcasts to f32 after it)
@@ -88,7 +91,6 @@ struct FsdpConfig {
   // gradients are reduce-scattered and added to the shard gradient.
   bool keep_unsharded_grad = false;
 };
-Reshard parse_reshard(const std::string& s);
 // UsageError naming the option: --replicate that does not divide the ranks, --prefetch < 0,
 // --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
 // without auto.

@@ -6,8 +6,50 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 namespace dtk::train {
+
+// Who writes a metric: the loop (every *-train program), the replicated placement with a
+// compressor chosen by the program (psgd-train), the sharded placement (fsdp-train).
+enum class MetricSource { loop, compression, sharded };
+
+// The schema of the metrics lines, in the order a line has them: every key once. The --help
+// footers (cli::metrics_help) are made from it; tests/tools/metrics_keys.sh checks that runs
+// write exactly these keys and that the man pages list them.
+struct MetricKey {
+  std::string_view name;
+  MetricSource source;
+  std::string_view when;  // empty: every step
+};
+inline constexpr MetricKey kMetricKeys[] = {
+    {"step", MetricSource::loop, ""},
+    {"loss", MetricSource::loop, ""},
+    {"accuracy", MetricSource::loop, "classifiers: top-1 on the step's batch"},
+    {"lr", MetricSource::loop, ""},
+    {"grad_norm", MetricSource::loop, ""},
+    {"tokens_per_s", MetricSource::loop, "llama"},
+    {"samples_per_s", MetricSource::loop, "classifiers"},
+    {"model_flops_per_s", MetricSource::loop, ""},
+    {"step_time_ms", MetricSource::loop, ""},
+    {"compute_ms", MetricSource::loop, ""},
+    {"sync_ms", MetricSource::loop, ""},
+    {"optim_ms", MetricSource::loop, ""},
+    {"peak_mem_bytes", MetricSource::loop, ""},
+    {"persistent_mem_bytes", MetricSource::loop, ""},
+    {"optim_state_bytes", MetricSource::loop, ""},
+    {"comm_bytes", MetricSource::loop, ""},
+    {"comm_bytes_uncompressed", MetricSource::compression, ""},
+    {"compression_ratio", MetricSource::compression, ""},
+    {"all_gather_bytes", MetricSource::sharded, ""},
+    {"reduce_scatter_bytes", MetricSource::sharded, ""},
+    {"all_reduce_bytes", MetricSource::sharded, "HSDP"},
+    {"exposed_comm_ms", MetricSource::sharded, ""},
+    {"shard_bytes", MetricSource::sharded, ""},
+    {"arena_bytes", MetricSource::sharded, ""},
+    {"val_loss", MetricSource::loop, "evaluation steps"},
+    {"val_accuracy", MetricSource::loop, "evaluation steps of classifiers"},
+};
 
 class Metrics {
  public:

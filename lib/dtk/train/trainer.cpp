@@ -26,174 +26,6 @@ namespace fs = std::filesystem;
 
 namespace dtk::train {
 
-// ------------------------------------------------------------------------------------ options
-
-void add_options(CLI::App& app, Options& o) {
-  const char* g = "Model";
-  app.add_option("--model", o.model, "model preset: " + [] {
-    std::string s;
-    for (const auto& n : nn::preset_names()) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }() + " (default llama-tiny, or the checkpoint's model with --resume/--init-from)")->group(g);
-  app.add_option("--dim", o.dim, "model width (llama)")->group(g)->check(cli::at_least(1));
-  app.add_option("--layers", o.layers, "number of layers (llama: blocks; mlp: hidden layers, each --dim wide)")
-      ->group(g)->check(cli::at_least(1));
-  app.add_option("--heads", o.heads, "attention heads")->group(g)->check(cli::at_least(1));
-  app.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(cli::at_least(1));
-  app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(cli::at_least(1));
-  app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(cli::at_least(1));
-  app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(cli::at_least(1));
-  app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
-  app.add_option("--input-shape", o.input_shape,
-                 "C,H,W of the input images (resnet; default: the --data file's images, else 3,32,32)")
-      ->group(g)->delimiter(',')->expected(3)->check(cli::at_least(1))->type_name("C,H,W")->default_str("");
-  app.add_option("--classes", o.classes, "number of classes (mlp, resnet)")->group(g)->check(cli::at_least(1));
-  app.add_flag("--sync-batchnorm", o.sync_batchnorm,
-               "batch norm statistics over every rank's share of the batch (SyncBatchNorm); default: each rank's "
-               "own, as DDP (resnet)")->group(g);
-  app.add_option_function<std::string>(
-         "--activation-checkpointing",
-         [&o](const std::string& v) { o.activation_checkpointing = v.empty() ? nn::Checkpointing::full : nn::parse_checkpointing(v); },
-         "[none|full|selective] recompute in backward instead of keeping activations: full, each layer's (resnet: "
-         "residual block's) forward (the bare flag); selective, only what is cheap (matmul and attention outputs "
-         "kept; resnet: convolution outputs kept); default none")
-      ->expected(0, 1)->group(g);
-
-  g = "Data";
-  app.add_option("--data", o.data, "training data: synthetic (embedded, no files) or an HDF5 file from data-pack")->group(g);
-  app.add_option("--val-data", o.val_data, "validation data file (synthetic data has its own validation stream)")->group(g);
-  app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
-  app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
-      ->group(g)->check(cli::at_least(0));
-  app.add_option_function<std::string>(
-         "--augment", [&o](const std::string& v) { o.augment = data::parse_augment(v); },
-         "training-time augmentation of image data: none (default) or crop-flip (a random crop of the image padded "
-         "by 4 pixels and a horizontal flip with probability 1/2, each sample's draw a function of the seed, the "
-         "step and the sample)")
-      ->group(g)->check(CLI::IsMember({"none", "crop-flip"}));
-
-  g = "Optimization";
-  CLI::Option* steps = app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
-  app.add_option("--epochs", o.epochs,
-                 "training length in passes over --data instead of --steps: epochs x samples / --global-batch "
-                 "steps, rounded up")
-      ->group(g)->check(cli::positive())->excludes(steps);
-  app.add_option("--stop-at", o.stop_at,
-                 "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
-                 "spans --steps); --resume continues")->group(g)->check(cli::at_least(0));
-  app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(cli::positive());
-  app.add_option("--schedule", o.schedule,
-                 "learning-rate schedule after warm-up: constant, linear, cosine or step (--decay-steps)")
-      ->group(g)->check(CLI::IsMember({"constant", "linear", "cosine", "step"}));
-  app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
-  app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
-      ->group(g)->check(cli::between(0, 1));
-  CLI::Option* decay = app.add_option("--decay-steps", o.decay_steps,
-                 "--schedule step: the steps (comma-separated, increasing) from which the learning rate is "
-                 "multiplied by --decay-factor once more")
-      ->group(g)->delimiter(',')->check(cli::at_least(1));
-  app.add_option("--decay-epochs", o.decay_epochs,
-                 "--schedule step: the decay points in epochs instead of steps (each rounded to the nearest step)")
-      ->group(g)->delimiter(',')->check(cli::positive())->excludes(decay);
-  app.add_option("--decay-factor", o.decay_factor, "--schedule step: the factor of each decay (default 0.1)")
-      ->group(g)->check(cli::positive());
-  app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
-  app.add_option("--optimizer", o.optimizer, "adamw, sgd or shampoo (shampoo with its defaults unless the program has Shampoo options)")->group(g);
-  app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
-      ->group(g)->check(cli::between(0, 1));
-  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
-  app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(cli::at_least(0));
-  app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(cli::between(0, 1));
-  app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(cli::between(0, 1));
-  app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(cli::positive());
-  app.add_option("--seed", o.seed, "seed of initialisation, data order and synthetic data")->group(g);
-
-  g = "Run";
-  app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
-  app.add_option("--threads", o.threads,
-                 "CPU threads per rank (default: OMP_NUM_THREADS if set, else the cores the launcher bound the "
-                 "rank to, else the node's cores shared among its ranks)")->group(g)->check(cli::at_least(1));
-  app.add_option_function<double>(
-         "--bucket-mb", [&o](double mb) { o.bucket_bytes = static_cast<size_t>(mb * (1 << 20)); },
-         "gradient all-reduce bucket size in MiB (default 25)")->group(g)->check(cli::positive());
-  app.add_option("--eval-every", o.eval_every, "validation loss every K steps (0: only at the end)")
-      ->group(g)->check(cli::at_least(0));
-  app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(cli::at_least(1));
-  app.add_option("--log-every", o.log_every, "a log line every K steps when stderr is not a terminal")
-      ->group(g)->check(cli::at_least(1));
-  app.add_option("--metrics", o.metrics, "JSON-lines metrics file (- for stdout)")->group(g);
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
-  app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
-      ->group(g)->check(cli::at_least(0));
-  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
-  app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
-  auto* r = app.add_option("--resume", o.resume,
-                           "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
-  auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
-  r->excludes(i);
-  app.add_flag("--auto-resume", o.auto_resume,
-               "continue from --checkpoint-dir's latest checkpoint when it has one (over --init-from), else start "
-               "as asked: a job can be resubmitted or requeued unchanged")->group(g)->excludes(r);
-}
-
-std::string metrics_help(const std::string& added) {
-  // Every *-train program's metrics (Trainer::run writes them; comm_bytes comes from either placement).
-  std::string s =
-      "Metrics (JSON lines on stdout or --metrics): step, loss, accuracy (classifiers: top-1 on the step's "
-      "batch), val_loss, val_accuracy, lr, grad_norm, tokens_per_s (llama; samples_per_s otherwise), "
-      "model_flops_per_s, step_time_ms, compute_ms, sync_ms, optim_ms, peak_mem_bytes, persistent_mem_bytes, "
-      "optim_state_bytes, comm_bytes";
-  return s + (added.empty() ? "" : ", " + added) + ".\n";
-}
-
-void add_shampoo_options(CLI::App& app, Options& o, bool distribution) {
-  optim::ShampooConfig& c = o.shampoo;
-  const char* g = "Shampoo";
-  app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
-                 "merge dims while their product stays below this, and split dims into blocks of at most it")
-      ->group(g)->check(cli::at_least(1));
-  app.add_option("--precondition-frequency", c.precondition_frequency, "recompute the inverse roots every K steps")
-      ->group(g)->check(cli::at_least(1));
-  app.add_option("--start-preconditioning-step", c.start_preconditioning_step,
-                 "grafting alone before this step (-1: --precondition-frequency)")->group(g);
-  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(cli::positive());
-  app.add_option("--factor-dtype", c.factor_dtype, "Kronecker factors in f32 or f64")
-      ->group(g)->check(CLI::IsMember({"f32", "f64"}));
-  app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
-      ->group(g)->check(cli::at_least(0));
-  app.add_option("--root-method", c.root_method,
-                 "inverse roots by eigh, (coupled) newton iteration, or qr: eigh warm-started from the previous "
-                 "eigenbasis by QR iterations")
-      ->group(g)->check(CLI::IsMember({"eigh", "newton", "qr"}));
-  app.add_option("--qr-max-iterations", c.qr_max_iterations, "qr: at most this many QR iterations per root step")
-      ->group(g)->check(cli::at_least(0));
-  app.add_option("--qr-tolerance", c.qr_tolerance,
-                 "qr: no more iterations once the off-diagonal part of Q^T F Q is at most this fraction of it (Frobenius)")
-      ->group(g)->check(cli::between(0, 1));
-  app.add_option("--root-spread", c.root_spread,
-                 "recompute the roots in this many phases spread over each period, each root step doing about 1/S of "
-                 "the blocks (1: all at once, the reference's schedule)")
-      ->group(g)->check(cli::at_least(1));
-  app.add_option("--grafting", c.grafting, "step-size grafting: adam, rmsprop, adagrad, sgd or none")
-      ->group(g)->check(CLI::IsMember({"none", "sgd", "adagrad", "rmsprop", "adam"}));
-  app.add_option("--grafting-beta2", c.grafting_beta2, "second-moment decay of rmsprop/adam grafting")
-      ->group(g)->check(cli::between(0, 1));
-  app.add_option("--grafting-epsilon", c.grafting_epsilon, "epsilon of the grafting method")
-      ->group(g)->check(cli::positive());
-  app.add_option("--weight-decay-type", c.weight_decay_type,
-                 "how --weight-decay enters: decoupled (wd W added to the search direction, before momentum) or l2 "
-                 "(added to the gradient, before preconditioning)")
-      ->group(g)->check(CLI::IsMember({"decoupled", "l2"}));
-  app.add_flag_callback("--no-bias-correction", [&c] { c.use_bias_correction = false; },
-                        "no bias correction of the filtered gradient and factors")->group(g);
-  if (!distribution) return;
-  app.add_option("--trainers-per-group", c.trainers_per_group,
-                 "split the world into groups of g ranks that each compute every block (0: one group)")
-      ->group(g)->check(cli::at_least(0));
-  app.add_option("--direction-dtype", c.communication_dtype, "search directions all-gathered in f32 or bf16")
-      ->group(g)->check(CLI::IsMember({"f32", "bf16"}));
-}
-
 namespace {
 
 // A checkpoint argument: a file, or a checkpoint directory (its latest entry).
@@ -235,7 +67,7 @@ nn::ModelConfig resolve_model(const Options& o) {
   const std::string& from = !resume.empty() ? resume : o.init_from;
   if (!from.empty()) {
     ckpt::Reader r(checkpoint_path(from));
-    c = nn::ModelConfig::from_json(r.metadata().model_config);
+    c = read_config<nn::ModelConfig>(r.metadata().model_config, "model config");
     // Options may restate the checkpoint's model, never contradict it.
     auto same = [&](const char* opt, const std::optional<int64_t>& v, int64_t have) {
       if (v && *v != have)
@@ -295,7 +127,7 @@ nn::ModelConfig resolve_model(const Options& o) {
   return c;
 }
 
-void validate(Options& o, int world_size) {
+Options validate(Options o, int world_size) {
   const nn::ModelConfig c = resolve_model(o);
   if (o.global_batch < world_size)
     fail_usage("--global-batch " + std::to_string(o.global_batch) + " gives some of the " + std::to_string(world_size) +
@@ -318,9 +150,7 @@ void validate(Options& o, int world_size) {
       for (double e : o.decay_epochs) o.decay_steps.push_back(std::max<int64_t>(1, std::llround(e * per_epoch)));
     }
   }
-  if (o.optimizer != "sgd" && o.optimizer != "adamw" && o.optimizer != "shampoo")
-    fail_usage("unknown --optimizer '" + o.optimizer + "' (expected adamw, sgd or shampoo)");
-  if (o.optimizer == "shampoo") {
+  if (o.optimizer == optim::Kind::shampoo) {
     shampoo_config(o).validate();
     const int g = o.shampoo.trainers_per_group;
     if (g > 0 && world_size % g != 0)
@@ -331,9 +161,10 @@ void validate(Options& o, int world_size) {
     fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
   const std::string flag = o.decay_epochs.empty() ? "--decay-steps" : "--decay-epochs";
   const std::string decay = flag + (o.decay_epochs.empty() ? "" : " (in steps)");
-  if (o.schedule == "step" && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps or --decay-epochs");
-  if (o.schedule != "step" && !o.decay_steps.empty())
-    fail_usage(flag + " needs --schedule step (the schedule is " + o.schedule + ")");
+  const bool step_decay = o.schedule == optim::ScheduleKind::step;
+  if (step_decay && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps or --decay-epochs");
+  if (!step_decay && !o.decay_steps.empty())
+    fail_usage(flag + " needs --schedule step (the schedule is " + std::string(name_of(o.schedule)) + ")");
   for (size_t i = 0; i < o.decay_steps.size(); ++i) {
     if (i > 0 && o.decay_steps[i] <= o.decay_steps[i - 1])
       fail_usage(decay + " must increase: " + std::to_string(o.decay_steps[i]) + " follows " +
@@ -354,9 +185,9 @@ void validate(Options& o, int world_size) {
   // Outputs, checked here on every rank so that a run that cannot write them ends before it starts
   // (exit 2 everywhere), creating nothing: the run creates --checkpoint-dir, and rank 0 opens
   // --metrics, only after validation.
-  if (!o.checkpoint_dir.empty()) cli::check_output_dir("--checkpoint-dir", o.checkpoint_dir);
-  if (!o.save.empty()) cli::check_output_file("--save", o.save);
-  if (o.metrics != "-") cli::check_output_file("--metrics", o.metrics);
+  if (!o.checkpoint_dir.empty()) check_output_dir("--checkpoint-dir", o.checkpoint_dir);
+  if (!o.save.empty()) check_output_file("--save", o.save);
+  if (o.metrics != "-") check_output_file("--metrics", o.metrics);
   if (o.auto_resume && o.checkpoint_dir.empty()) fail_usage("--auto-resume needs --checkpoint-dir");
   if (const std::string resume = resume_from(o); !resume.empty()) {
     ckpt::Reader r(checkpoint_path(resume));
@@ -365,6 +196,7 @@ void validate(Options& o, int world_size) {
       fail_usage("--resume " + resume + " is at step " + std::to_string(r.metadata().step) + ", beyond " +
                  (o.stop_at > 0 ? "--stop-at " : "--steps ") + std::to_string(stop) + "; raise it to train further");
   }
+  return o;
 }
 
 int64_t last_step(const Options& o) { return o.stop_at > 0 ? o.stop_at : o.steps; }
@@ -428,7 +260,7 @@ class Trainer {
     if (o.augment != data::Augment::none) {
       const nlohmann::json d = train_->describe();
       if (!d.contains("image_shape"))
-        fail_usage("--augment " + std::string(data::augment_name(o.augment)) + " needs image data (a file from data-pack "
+        fail_usage("--augment " + std::string(name_of(o.augment)) + " needs image data (a file from data-pack "
                    "mnist or cifar10); " + o.data + " holds none");
       image_shape_ = d["image_shape"].get<std::vector<int64_t>>();  // C, H, W
     }
@@ -593,7 +425,7 @@ class Trainer {
   // The optimizer over what this rank holds; Shampoo splits its blocks over the ranks that hold
   // the same parameters (collective over them).
   std::unique_ptr<optim::Optimizer> make_optimizer() {
-    if (o_.optimizer == "shampoo") return optim::make_shampoo(shampoo_config(o_), par_->params(), par_->optimizer_comm());
+    if (o_.optimizer == optim::Kind::shampoo) return optim::make_shampoo(shampoo_config(o_), par_->params(), par_->optimizer_comm());
     optim::OptimConfig oc;
     oc.name = o_.optimizer;
     if (o_.momentum) oc.momentum = *o_.momentum;
@@ -671,14 +503,9 @@ class Trainer {
     m.program_version = DTK_VERSION;
     m.step = step;
     m.world_size = world_;
-    m.model_config = cfg_.to_json();
+    m.model_config = cfg_;
     m.optim_config = optim_->config();
-    m.optim_config["schedule"] = {{"kind", schedule_.kind}, {"lr", schedule_.lr}, {"warmup", schedule_.warmup},
-                                  {"total", schedule_.total}, {"min_ratio", schedule_.min_ratio}};
-    if (schedule_.kind == "step") {
-      m.optim_config["schedule"]["decay_steps"] = schedule_.decay_steps;
-      m.optim_config["schedule"]["decay_factor"] = schedule_.decay_factor;
-    }
+    m.optim_config["schedule"] = schedule_;
     m.optim_config["clip"] = o_.clip;
     m.data_position = {{"step", step}, {"global_batch", o_.global_batch}, {"seed", o_.seed},
                        {"samples_seen", step * o_.global_batch}, {"data", o_.data}};

@@ -11,7 +11,6 @@
 // gradients are aggregated; the optimizer (sgd, adamw, shampoo) steps what the rank holds. The loop sees parameters only through
 // parallel::Parallelism: it never assumes that a rank holds the whole model.
 #pragma once
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,14 +47,14 @@ struct Options {
   double epochs = 0;  // > 0: steps from passes over --data (validate resolves it)
   int64_t stop_at = 0;  // stop after this step (a checkpoint is written), as if interrupted; 0: --steps
   double lr = 3e-3;
-  std::string schedule = "cosine";
+  optim::ScheduleKind schedule = optim::ScheduleKind::cosine;
   int64_t warmup = 0;
   double min_lr_ratio = 0.1;
   std::vector<int64_t> decay_steps;  // --schedule step
   std::vector<double> decay_epochs;  // ... given in epochs (validate resolves them into decay_steps)
   double decay_factor = 0.1;
   double clip = 1.0;  // 0: no clipping
-  std::string optimizer = "adamw";
+  optim::Kind optimizer = optim::Kind::adamw;
   std::optional<double> momentum;  // unset: SGD 0.9, Shampoo none (0.9 with --nesterov)
   double weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   bool nesterov = false;
@@ -74,20 +73,12 @@ struct Options {
   bool auto_resume = false;  // resume from checkpoint_dir's latest when it has one
 };
 
-// The --help footer's line of metrics: the loop's own (listed once, in trainer.cpp beside the
-// code that writes them), then `added`, what the program's placement or compressor adds.
-std::string metrics_help(const std::string& added);
-
-// Registers the common options in groups "Model", "Data", "Optimization", "Run".
-void add_options(CLI::App& app, Options& o);
-// Registers Shampoo's options (group "Shampoo") into o.shampoo; `distribution` adds the ones that
-// split its work over replicated ranks (--trainers-per-group, --direction-dtype).
-void add_shampoo_options(CLI::App& app, Options& o, bool distribution);
 // Checks the options (UsageError naming the option) and returns the resolved model config.
 nn::ModelConfig resolve_model(const Options& o);
-// Checks the options (UsageError naming the option); resolves --epochs into steps and
-// --decay-epochs into decay_steps (an epoch: the training data's samples / --global-batch steps).
-void validate(Options& o, int world_size);
+// Checks the options (UsageError naming the option) and returns them resolved: --epochs into
+// steps and --decay-epochs into decay_steps (an epoch: the training data's samples /
+// --global-batch steps).
+Options validate(Options o, int world_size);
 // Shampoo's configuration: `base` (a program's Shampoo options) with the common options applied:
 // --beta1 filters the gradient, --beta2 decays the factors, --weight-decay is decoupled,
 // --momentum and --nesterov act on the search direction.

@@ -1,0 +1,171 @@
+#include "dtk/cli/train_options.h"
+
+#include "dtk/cli/checks.h"
+#include "dtk/nn/model.h"
+#include "dtk/train/metrics.h"
+
+namespace dtk::cli {
+
+void add_options(CLI::App& app, train::Options& o) {
+  const char* g = "Model";
+  app.add_option("--model", o.model, "model preset: " + [] {
+    std::string s;
+    for (const auto& n : nn::preset_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }() + " (default llama-tiny, or the checkpoint's model with --resume/--init-from)")->group(g);
+  app.add_option("--dim", o.dim, "model width (llama)")->group(g)->check(cli::at_least(1));
+  app.add_option("--layers", o.layers, "number of layers (llama: blocks; mlp: hidden layers, each --dim wide)")
+      ->group(g)->check(cli::at_least(1));
+  app.add_option("--heads", o.heads, "attention heads")->group(g)->check(cli::at_least(1));
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(cli::at_least(1));
+  app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(cli::at_least(1));
+  app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(cli::at_least(1));
+  app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(cli::at_least(1));
+  app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
+  app.add_option("--input-shape", o.input_shape,
+                 "C,H,W of the input images (resnet; default: the --data file's images, else 3,32,32)")
+      ->group(g)->delimiter(',')->expected(3)->check(cli::at_least(1))->type_name("C,H,W")->default_str("");
+  app.add_option("--classes", o.classes, "number of classes (mlp, resnet)")->group(g)->check(cli::at_least(1));
+  app.add_flag("--sync-batchnorm", o.sync_batchnorm,
+               "batch norm statistics over every rank's share of the batch (SyncBatchNorm); default: each rank's "
+               "own, as DDP (resnet)")->group(g);
+  app.add_option_function<std::string>(
+         "--activation-checkpointing",
+         [&o](const std::string& v) {
+           o.activation_checkpointing =
+               v.empty() ? nn::Checkpointing::full : parse_enum<nn::Checkpointing>(v, "--activation-checkpointing");
+         },
+         "recompute in backward instead of keeping activations: full, each layer's (resnet: residual block's) "
+         "forward (the bare flag); selective, only what is cheap (matmul and attention outputs kept; resnet: "
+         "convolution outputs kept)")
+      ->expected(0, 1)->type_name("[TEXT:" + one_of<nn::Checkpointing>().get_description() + "]")
+      ->default_str("none")->group(g);
+
+  g = "Data";
+  app.add_option("--data", o.data, "training data: synthetic (embedded, no files) or an HDF5 file from data-pack")->group(g);
+  app.add_option("--val-data", o.val_data, "validation data file (synthetic data has its own validation stream)")->group(g);
+  app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
+  app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
+      ->group(g)->check(cli::at_least(0));
+  add_enum(app, "--augment", o.augment,
+           "training-time augmentation of image data: crop-flip is a random crop of the image padded by 4 pixels "
+           "and a horizontal flip with probability 1/2, each sample's draw a function of the seed, the step and the "
+           "sample")->group(g);
+
+  g = "Optimization";
+  CLI::Option* steps = app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
+  app.add_option("--epochs", o.epochs,
+                 "training length in passes over --data instead of --steps: epochs x samples / --global-batch "
+                 "steps, rounded up")
+      ->group(g)->check(cli::positive())->excludes(steps);
+  app.add_option("--stop-at", o.stop_at,
+                 "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
+                 "spans --steps); --resume continues")->group(g)->check(cli::at_least(0));
+  app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(cli::positive());
+  add_enum(app, "--schedule", o.schedule, "learning-rate schedule after warm-up (step: --decay-steps)")->group(g);
+  app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
+  app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
+      ->group(g)->check(cli::between(0, 1));
+  CLI::Option* decay = app.add_option("--decay-steps", o.decay_steps,
+                 "--schedule step: the steps (comma-separated, increasing) from which the learning rate is "
+                 "multiplied by --decay-factor once more")
+      ->group(g)->delimiter(',')->check(cli::at_least(1));
+  app.add_option("--decay-epochs", o.decay_epochs,
+                 "--schedule step: the decay points in epochs instead of steps (each rounded to the nearest step)")
+      ->group(g)->delimiter(',')->check(cli::positive())->excludes(decay);
+  app.add_option("--decay-factor", o.decay_factor, "--schedule step: the factor of each decay (default 0.1)")
+      ->group(g)->check(cli::positive());
+  app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
+  add_enum(app, "--optimizer", o.optimizer, "the optimizer (shampoo with its defaults where the program has no Shampoo options)")
+      ->group(g);
+  app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
+      ->group(g)->check(cli::between(0, 1));
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(cli::at_least(0));
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(cli::between(0, 1));
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(cli::between(0, 1));
+  app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(cli::positive());
+  app.add_option("--seed", o.seed, "seed of initialisation, data order and synthetic data")->group(g);
+
+  g = "Run";
+  app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
+  app.add_option("--threads", o.threads,
+                 "CPU threads per rank (default: OMP_NUM_THREADS if set, else the cores the launcher bound the "
+                 "rank to, else the node's cores shared among its ranks)")->group(g)->check(cli::at_least(1));
+  add_size(app, "--bucket-size", o.bucket_bytes, "gradient all-reduce bucket size")->group(g);
+  app.add_option("--eval-every", o.eval_every, "validation loss every K steps (0: only at the end)")
+      ->group(g)->check(cli::at_least(0));
+  app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(cli::at_least(1));
+  app.add_option("--log-every", o.log_every, "a log line every K steps when stderr is not a terminal")
+      ->group(g)->check(cli::at_least(1));
+  app.add_option("--metrics", o.metrics, "JSON-lines metrics file (- for stdout)")->group(g);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
+  app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
+      ->group(g)->check(cli::at_least(0));
+  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
+  app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
+  auto* r = app.add_option("--resume", o.resume,
+                           "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
+  auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
+  r->excludes(i);
+  app.add_flag("--auto-resume", o.auto_resume,
+               "continue from --checkpoint-dir's latest checkpoint when it has one (over --init-from), else start "
+               "as asked: a job can be resubmitted or requeued unchanged")->group(g)->excludes(r);
+}
+
+std::string metrics_help(train::MetricSource added) {
+  std::string s = "Metrics (JSON lines on stdout or --metrics):";
+  const char* sep = " ";
+  for (const auto& k : train::kMetricKeys) {
+    if (k.source != train::MetricSource::loop && k.source != added) continue;
+    s += sep + std::string(k.name) + (k.when.empty() ? "" : " (" + std::string(k.when) + ")");
+    sep = ", ";
+  }
+  return s + ".\n";
+}
+
+void add_shampoo_options(CLI::App& app, train::Options& o, bool distribution) {
+  optim::ShampooConfig& c = o.shampoo;
+  const char* g = "Shampoo";
+  app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
+                 "merge dims while their product stays below this, and split dims into blocks of at most it")
+      ->group(g)->check(cli::at_least(1));
+  app.add_option("--precondition-frequency", c.precondition_frequency, "recompute the inverse roots every K steps")
+      ->group(g)->check(cli::at_least(1));
+  app.add_option("--start-preconditioning-step", c.start_preconditioning_step,
+                 "grafting alone before this step (-1: --precondition-frequency)")->group(g);
+  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(cli::positive());
+  add_enum(app, "--factor-dtype", c.factor_dtype, "the Kronecker factors' precision", {DType::f32, DType::f64})->group(g);
+  app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
+      ->group(g)->check(cli::at_least(0));
+  add_enum(app, "--root-method", c.root_method,
+           "inverse roots by eigh, (coupled) newton iteration, or qr: eigh warm-started from the previous "
+           "eigenbasis by QR iterations")->group(g);
+  app.add_option("--qr-max-iterations", c.qr_max_iterations, "qr: at most this many QR iterations per root step")
+      ->group(g)->check(cli::at_least(0));
+  app.add_option("--qr-tolerance", c.qr_tolerance,
+                 "qr: no more iterations once the off-diagonal part of Q^T F Q is at most this fraction of it (Frobenius)")
+      ->group(g)->check(cli::between(0, 1));
+  app.add_option("--root-spread", c.root_spread,
+                 "recompute the roots in this many phases spread over each period, each root step doing about 1/S of "
+                 "the blocks (1: all at once, the reference's schedule)")
+      ->group(g)->check(cli::at_least(1));
+  add_enum(app, "--grafting", c.grafting, "step-size grafting")->group(g);
+  app.add_option("--grafting-beta2", c.grafting_beta2, "second-moment decay of rmsprop/adam grafting")
+      ->group(g)->check(cli::between(0, 1));
+  app.add_option("--grafting-epsilon", c.grafting_epsilon, "epsilon of the grafting method")
+      ->group(g)->check(cli::positive());
+  add_enum(app, "--weight-decay-type", c.weight_decay_type,
+           "how --weight-decay enters: decoupled (wd W added to the search direction, before momentum) or l2 "
+           "(added to the gradient, before preconditioning)")->group(g);
+  app.add_flag_callback("--no-bias-correction", [&c] { c.use_bias_correction = false; },
+                        "no bias correction of the filtered gradient and factors")->group(g);
+  if (!distribution) return;
+  app.add_option("--trainers-per-group", c.trainers_per_group,
+                 "split the world into groups of g ranks that each compute every block (0: one group)")
+      ->group(g)->check(cli::at_least(0));
+  add_enum(app, "--direction-dtype", c.communication_dtype, "search directions all-gathered in this precision",
+           {DType::f32, DType::bf16})->group(g);
+}
+
+}  // namespace dtk::cli

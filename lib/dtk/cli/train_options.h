@@ -1,0 +1,22 @@
+// The command line of the *-train programs: the options every one of them shares, Shampoo's, and
+// the --help footer's list of metrics. They fill dtk::train::Options; the loop knows nothing of CLI11.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "dtk/train/metrics.h"
+#include "dtk/train/trainer.h"
+
+namespace dtk::cli {
+
+// The --help footer's line of metrics (train/metrics.h's schema): the loop's own and those of
+// `added`, the program's placement or compressor.
+std::string metrics_help(train::MetricSource added);
+
+// Registers the common options in groups "Model", "Data", "Optimization", "Run".
+void add_options(CLI::App& app, train::Options& o);
+// Registers Shampoo's options (group "Shampoo") into o.shampoo; `distribution` adds the ones that
+// split its work over replicated ranks (--trainers-per-group, --direction-dtype).
+void add_shampoo_options(CLI::App& app, train::Options& o, bool distribution);
+
+}  // namespace dtk::cli
