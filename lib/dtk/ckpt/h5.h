@@ -14,6 +14,11 @@
 namespace dtk::ckpt::h5 {
 
 using dtk::h5::check;
+using dtk::h5::get_attr_int;
+using dtk::h5::get_attr_ints;
+using dtk::h5::get_attr_string;
+using dtk::h5::has_attr;
+using dtk::h5::set_attr;
 using dtk::h5::check_status;
 using dtk::h5::Id;
 using dtk::h5::last_error;
@@ -23,15 +28,6 @@ hid_t file_type(DType t);    // the on-disk type (little-endian); do not close p
 hid_t memory_type(DType t);  // the in-memory type of our buffers
 // The dtype of an on-disk type; UsageError naming `what` for types dtk does not use.
 DType dtype_of(hid_t type, const std::string& what);
-
-// Attributes on an object (a file, group or dataset).
-void set_attr(hid_t obj, const char* name, const std::string& value);
-void set_attr(hid_t obj, const char* name, int64_t value);
-void set_attr(hid_t obj, const char* name, const std::vector<int64_t>& value);
-bool has_attr(hid_t obj, const char* name);
-std::string get_attr_string(hid_t obj, const char* name);
-int64_t get_attr_int(hid_t obj, const char* name);
-std::vector<int64_t> get_attr_ints(hid_t obj, const char* name);
 
 // Creates every missing group on the path to `name` ("a/b/c" creates "a" and "a/b").
 void make_parents(hid_t file, const std::string& name);

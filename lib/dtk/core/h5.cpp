@@ -96,4 +96,111 @@ void check_status(herr_t status, const std::string& what) {
   }
 }
 
+// ------------------------------------------------------------------------------ attributes
+
+bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+
+void set_attr(hid_t obj, const char* name, const std::string& value) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  Id type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type, value.size() ? value.size() : 1);
+  H5Tset_cset(type, H5T_CSET_UTF8);
+  Id space(H5Screate(H5S_SCALAR));
+  Id attr(check(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), std::string("attribute ") + name));
+  const std::string v = value.empty() ? std::string(1, '\0') : value;
+  check_status(H5Awrite(attr, type, v.data()), std::string("attribute ") + name);
+}
+
+void set_attr(hid_t obj, const char* name, int64_t value) { set_attr(obj, name, std::vector<int64_t>{value}); }
+
+void set_attr(hid_t obj, const char* name, const std::vector<int64_t>& value) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  const hsize_t n = value.size();
+  Id space(n == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr));
+  Id attr(check(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), std::string("attribute ") + name));
+  if (n) check_status(H5Awrite(attr, H5T_NATIVE_INT64, value.data()), std::string("attribute ") + name);
+}
+
+std::string get_attr_string(hid_t obj, const char* name) {
+  Id attr(check(H5Aopen(obj, name, H5P_DEFAULT), std::string("attribute ") + name + " is missing"));
+  Id type(H5Aget_type(attr));
+  if (H5Tget_class(type) != H5T_STRING) fail(std::string("attribute ") + name + " is not a string");
+  if (H5Tis_variable_str(type) > 0) {
+    char* s = nullptr;
+    Id mt(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mt, H5T_VARIABLE);
+    H5Tset_cset(mt, H5Tget_cset(type));  // h5py writes UTF-8; the conversion needs the same set
+    check_status(H5Aread(attr, mt, &s), std::string("attribute ") + name);
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t n = H5Tget_size(type);
+  std::string out(n, '\0');
+  check_status(H5Aread(attr, type, out.data()), std::string("attribute ") + name);
+  while (!out.empty() && out.back() == '\0') out.pop_back();
+  return out;
+}
+
+std::vector<int64_t> get_attr_ints(hid_t obj, const char* name) {
+  Id attr(check(H5Aopen(obj, name, H5P_DEFAULT), std::string("attribute ") + name + " is missing"));
+  Id space(H5Aget_space(attr));
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  if (n) check_status(H5Aread(attr, H5T_NATIVE_INT64, out.data()), std::string("attribute ") + name);
+  return out;
+}
+
+int64_t get_attr_int(hid_t obj, const char* name) {
+  const auto v = get_attr_ints(obj, name);
+  if (v.size() != 1) fail(std::string("attribute ") + name + " is not a single integer");
+  return v[0];
+}
+
+namespace {
+// The attribute's element count, opened; UsageError unless it holds exactly one value.
+Id open_single(hid_t obj, const char* name, const std::string& where) {
+  Id attr(check(H5Aopen(obj, name, H5P_DEFAULT), where + ": cannot open attribute " + name));
+  Id space(H5Aget_space(attr));
+  if (H5Sget_simple_extent_npoints(space) != 1)
+    fail_usage(where + ": attribute " + name + " must hold one value");
+  return attr;
+}
+}  // namespace
+
+bool read_int_attr(hid_t obj, const char* name, int64_t* out, const std::string& where) {
+  if (!has_attr(obj, name)) return false;
+  Id attr = open_single(obj, name, where);
+  Id type(H5Aget_type(attr));
+  if (H5Tget_class(type) != H5T_INTEGER) fail_usage(where + ": attribute " + name + " is not an integer");
+  check_status(H5Aread(attr, H5T_NATIVE_INT64, out), where + ": attribute " + name);
+  return true;
+}
+
+bool read_double_attr(hid_t obj, const char* name, double* out) {
+  if (!has_attr(obj, name)) return false;
+  Id attr(H5Aopen(obj, name, H5P_DEFAULT));
+  if (!attr.valid()) return false;
+  Id space(H5Aget_space(attr));
+  Id type(H5Aget_type(attr));
+  const H5T_class_t c = H5Tget_class(type);
+  if (H5Sget_simple_extent_npoints(space) != 1 || (c != H5T_FLOAT && c != H5T_INTEGER)) return false;
+  return H5Aread(attr, H5T_NATIVE_DOUBLE, out) >= 0;
+}
+
+void write_attr(hid_t obj, const std::string& name, const nlohmann::json& v) {
+  const char* n = name.c_str();
+  if (v.is_boolean()) return set_attr(obj, n, int64_t{v.get<bool>() ? 1 : 0});
+  if (v.is_number_unsigned()) return set_attr(obj, n, static_cast<int64_t>(v.get<uint64_t>()));
+  if (v.is_number_integer()) return set_attr(obj, n, v.get<int64_t>());
+  if (v.is_number()) {
+    if (H5Aexists(obj, n) > 0) H5Adelete(obj, n);
+    const double x = v.get<double>();
+    Id space(H5Screate(H5S_SCALAR));
+    Id a(check(H5Acreate2(obj, n, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), "attribute " + name));
+    return check_status(H5Awrite(a, H5T_NATIVE_DOUBLE, &x), "attribute " + name);
+  }
+  set_attr(obj, n, v.is_string() ? v.get<std::string>() : v.dump());
+}
+
 }  // namespace dtk::h5

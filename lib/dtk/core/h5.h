@@ -4,8 +4,11 @@
 #pragma once
 #include <hdf5.h>
 
+#include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace dtk::h5 {
 
@@ -47,5 +50,24 @@ std::string last_error();
 // Throws Error("<what>: <HDF5 message>") when id < 0 / status < 0.
 hid_t check(hid_t id, const std::string& what);
 void check_status(herr_t status, const std::string& what);
+
+// Attributes on an object (a file, group or dataset). Strings are written as fixed-length
+// UTF-8, integers as i64 (a scalar for one value); a written attribute replaces one of the name.
+bool has_attr(hid_t obj, const char* name);
+void set_attr(hid_t obj, const char* name, const std::string& value);
+void set_attr(hid_t obj, const char* name, int64_t value);
+void set_attr(hid_t obj, const char* name, const std::vector<int64_t>& value);
+// A JSON value: integers and booleans as i64, other numbers as f64, strings as strings,
+// anything else as its JSON text.
+void write_attr(hid_t obj, const std::string& name, const nlohmann::json& v);
+// Readers: Error when missing or of another kind (fixed and variable-length strings both read).
+std::string get_attr_string(hid_t obj, const char* name);
+int64_t get_attr_int(hid_t obj, const char* name);
+std::vector<int64_t> get_attr_ints(hid_t obj, const char* name);
+// An integer attribute (any integer type, one value): false when absent; UsageError(`where`)
+// when it is not one integer.
+bool read_int_attr(hid_t obj, const char* name, int64_t* out, const std::string& where);
+// A number attribute (one float or integer): false when absent or not one number.
+bool read_double_attr(hid_t obj, const char* name, double* out);
 
 }  // namespace dtk::h5

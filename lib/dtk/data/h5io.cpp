@@ -19,65 +19,6 @@ Id file_access() {
   return fapl;
 }
 
-bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
-
-namespace {
-// The attribute's element count, opened; UsageError unless it holds exactly one value.
-Id open_single(hid_t obj, const char* name, const std::string& where) {
-  Id attr(check(H5Aopen(obj, name, H5P_DEFAULT), where + ": cannot open attribute " + name));
-  Id space(H5Aget_space(attr));
-  if (H5Sget_simple_extent_npoints(space) != 1)
-    fail_usage(where + ": attribute " + name + " must hold one value");
-  return attr;
-}
-}  // namespace
-
-bool read_int_attr(hid_t obj, const char* name, int64_t* out, const std::string& where) {
-  if (!has_attr(obj, name)) return false;
-  Id attr = open_single(obj, name, where);
-  Id type(H5Aget_type(attr));
-  if (H5Tget_class(type) != H5T_INTEGER) fail_usage(where + ": attribute " + name + " is not an integer");
-  check_status(H5Aread(attr, H5T_NATIVE_INT64, out), where + ": attribute " + name);
-  return true;
-}
-
-bool read_double_attr(hid_t obj, const char* name, double* out) {
-  if (!has_attr(obj, name)) return false;
-  Id attr(H5Aopen(obj, name, H5P_DEFAULT));
-  if (!attr.valid()) return false;
-  Id space(H5Aget_space(attr));
-  Id type(H5Aget_type(attr));
-  const H5T_class_t c = H5Tget_class(type);
-  if (H5Sget_simple_extent_npoints(space) != 1 || (c != H5T_FLOAT && c != H5T_INTEGER)) return false;
-  return H5Aread(attr, H5T_NATIVE_DOUBLE, out) >= 0;
-}
-
-void write_attr(hid_t obj, const std::string& name, const nlohmann::json& v) {
-  const char* n = name.c_str();
-  if (H5Aexists(obj, n) > 0) H5Adelete(obj, n);
-  Id space(H5Screate(H5S_SCALAR));
-  const std::string what = "attribute " + name;
-  if (v.is_number_integer() || v.is_boolean()) {
-    const int64_t x = v.is_boolean() ? (v.get<bool>() ? 1 : 0)
-                                     : (v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>())
-                                                               : v.get<int64_t>());
-    Id a(check(H5Acreate2(obj, n, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), what));
-    check_status(H5Awrite(a, H5T_NATIVE_INT64, &x), what);
-  } else if (v.is_number()) {
-    const double x = v.get<double>();
-    Id a(check(H5Acreate2(obj, n, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), what));
-    check_status(H5Awrite(a, H5T_NATIVE_DOUBLE, &x), what);
-  } else {
-    const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-    Id type(H5Tcopy(H5T_C_S1));
-    H5Tset_size(type, s.empty() ? 1 : s.size());
-    H5Tset_cset(type, H5T_CSET_UTF8);
-    Id a(check(H5Acreate2(obj, n, type, space, H5P_DEFAULT, H5P_DEFAULT), what));
-    const std::string buf = s.empty() ? std::string(1, '\0') : s;
-    check_status(H5Awrite(a, type, buf.data()), what);
-  }
-}
-
 void read_ranges(hid_t dset, int rank, const std::vector<hsize_t>& dims,
                  const std::vector<std::pair<int64_t, int64_t>>& ranges, hid_t mem_type, size_t elem_bytes,
                  std::vector<unsigned char>& out, std::vector<int64_t>& offsets, const std::string& what) {

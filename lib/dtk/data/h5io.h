@@ -16,6 +16,10 @@
 namespace dtk::data::h5io {
 
 using dtk::h5::check;
+using dtk::h5::has_attr;
+using dtk::h5::read_double_attr;
+using dtk::h5::read_int_attr;
+using dtk::h5::write_attr;
 using dtk::h5::check_status;
 using dtk::h5::Id;
 using dtk::h5::last_error;
@@ -26,16 +30,6 @@ std::unique_lock<std::recursive_mutex> lock();
 // File access properties for data files: the default driver, with file locking where the file
 // system supports it and none where it does not (Lustre, some NFS mounts), instead of an error.
 Id file_access();
-
-// Attributes.
-bool has_attr(hid_t obj, const char* name);
-// An integer attribute (any integer type, a scalar or one element); nullopt-like: false when
-// absent; UsageError(`where`) when it is not one integer.
-bool read_int_attr(hid_t obj, const char* name, int64_t* out, const std::string& where);
-bool read_double_attr(hid_t obj, const char* name, double* out);
-// Writes a JSON value as an attribute: integers as i64, other numbers as f64, strings as UTF-8
-// strings, booleans as i64 0/1, anything else as its JSON text.
-void write_attr(hid_t obj, const std::string& name, const nlohmann::json& v);
 
 // Rows of dim 0 of a dataset, many ranges at once. Each range is (first row, rows); the union of
 // the ranges is read in one H5Dread (file order), and `offsets[k]` says where range k starts in

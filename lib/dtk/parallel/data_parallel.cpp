@@ -1,5 +1,7 @@
 #include "dtk/parallel/data_parallel.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 
 #include "dtk/core/error.h"
@@ -9,13 +11,10 @@ namespace dtk::parallel {
 
 namespace {
 
-// FNV-1a over the tensor's bytes (on the host), folded to 53 bits so it travels exactly as a double.
+// XXH3 over the tensor's bytes (on the host), folded to 53 bits so it travels exactly as a double.
 uint64_t checksum(const Tensor& t) {
   const Tensor h = t.is_cuda() ? t.to(Device::cpu()) : t;
-  const auto* p = static_cast<const unsigned char*>(h.data());
-  uint64_t x = 1469598103934665603ull;
-  for (size_t i = 0; i < h.bytes(); ++i) x = (x ^ p[i]) * 1099511628211ull;
-  return x & ((1ull << 53) - 1);
+  return XXH3_64bits(h.data(), h.bytes()) & ((1ull << 53) - 1);
 }
 
 // The plain bucketed all-reduce: the `none` compressor.
