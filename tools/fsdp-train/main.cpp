@@ -1,7 +1,7 @@
 // fsdp-train: fully sharded data-parallel training after SimpleFSDP (see man fsdp-train).
+#include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
 #include "dtk/cli/train_options.h"
-#include "dtk/cli/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/fsdp.h"
 #include "dtk/train/trainer.h"

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,7 +54,7 @@ std::string choices_of(const std::vector<E>& values = enum_values<E>()) {
   return s;
 }
 
-// The value named `s`, else nullptr-like: false.
+// Whether `s` names a value; if so, `out` is it.
 template <NamedEnum E>
 bool try_parse_enum(std::string_view s, E& out) {
   for (const auto& [v, n] : enum_table<E>())

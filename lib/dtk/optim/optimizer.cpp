@@ -20,15 +20,14 @@ namespace dtk::optim {
 // ------------------------------------------------------------------------------ OptimConfig
 
 void OptimConfig::validate() const {
-  const OptimConfig& c = *this;
-  if (c.name == Kind::shampoo) fail_usage("optimizer shampoo: built by optim::make_shampoo, not make_optimizer");
-  if (!(c.momentum >= 0 && c.momentum < 1)) fail_usage("optimizer: momentum must be in [0, 1), got " + std::to_string(c.momentum));
-  if (c.name == Kind::sgd && c.nesterov && c.momentum == 0) fail_usage("optimizer: nesterov needs a momentum above 0");
-  if (!(c.beta1 >= 0 && c.beta1 < 1)) fail_usage("optimizer: beta1 must be in [0, 1), got " + std::to_string(c.beta1));
-  if (!(c.beta2 >= 0 && c.beta2 < 1)) fail_usage("optimizer: beta2 must be in [0, 1), got " + std::to_string(c.beta2));
-  if (!(c.eps > 0) || !std::isfinite(c.eps)) fail_usage("optimizer: eps must be finite and > 0, got " + std::to_string(c.eps));
-  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay))
-    fail_usage("optimizer: weight_decay must be finite and >= 0, got " + std::to_string(c.weight_decay));
+  if (name == Kind::shampoo) fail_usage("optimizer shampoo: built by optim::make_shampoo, not make_optimizer");
+  if (!(momentum >= 0 && momentum < 1)) fail_usage("optimizer: momentum must be in [0, 1), got " + std::to_string(momentum));
+  if (name == Kind::sgd && nesterov && momentum == 0) fail_usage("optimizer: nesterov needs a momentum above 0");
+  if (!(beta1 >= 0 && beta1 < 1)) fail_usage("optimizer: beta1 must be in [0, 1), got " + std::to_string(beta1));
+  if (!(beta2 >= 0 && beta2 < 1)) fail_usage("optimizer: beta2 must be in [0, 1), got " + std::to_string(beta2));
+  if (!(eps > 0) || !std::isfinite(eps)) fail_usage("optimizer: eps must be finite and > 0, got " + std::to_string(eps));
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
+    fail_usage("optimizer: weight_decay must be finite and >= 0, got " + std::to_string(weight_decay));
 }
 
 
