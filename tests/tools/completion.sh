@@ -58,6 +58,7 @@ expect "--reshard-after-forward" "default always never" fsdp-train --reshard-aft
 expect "comm-bench -d (short option)" "bf16" comm-bench -d b
 expect "comm-bench --op" "allreduce allgather alltoall all" comm-bench --op a
 expect "a number: nothing" "" psgd-train --steps ""
+expect "an option after an optional value" "--steps" psgd-train --activation-checkpointing --ste
 expect "--checkpoint-dir: directories" "ckdir" psgd-train --checkpoint-dir ""
 expect "--config: files" "run.toml" psgd-train --config r
 expect_has "--data: synthetic and files" psgd-train --data "" :: synthetic ck.h5 run.toml
