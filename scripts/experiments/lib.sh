@@ -1,5 +1,5 @@
 # scripts/experiments/lib.sh: what the experiments share (sourced): the programs, the real data
-# a Debian machine has, one training run, the summary of a run's metrics and the plot.
+# a Debian machine has, one training run, the summary of a run's metrics and the plot (dtk-plot).
 # Needs jq and gnuplot (scripts/install-deps installs them).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -48,16 +48,6 @@ run() {
 # again with the same OUT skips it).
 done_already() { [ -f "$1/$2.jsonl" ] && [ "$(tail -1 "$1/$2.jsonl" | jq -r .step)" = "$steps" ]; }
 
-# series OUT NAME: OUT/NAME.train (step, seconds since the start, loss, accuracy) and OUT/NAME.val
-# (step, seconds, val_loss, val_accuracy) for gnuplot; the time is the sum of the steps' times.
-series() {
-  jq -s -r 'foreach .[] as $m (0; . + $m.step_time_ms / 1000; [$m.step, ., $m.loss, ($m.accuracy // 0)]) | @tsv' \
-    "$1/$2.jsonl" >"$1/$2.train"
-  jq -s -r 'foreach .[] as $m (0; . + $m.step_time_ms / 1000;
-            if $m.val_loss then [$m.step, ., $m.val_loss, ($m.val_accuracy // 0)] else empty end) | @tsv' \
-    "$1/$2.jsonl" >"$1/$2.val"
-}
-
 # summary OUT NAME KEY: a value of the run: last_val_loss, last_val_accuracy, best_val_accuracy,
 # seconds (the sum of step times), steps, bytes (comm_bytes summed over steps), bytes_uncompressed.
 summary() {
@@ -77,37 +67,14 @@ first_step_at() {
     if length > 0 then .[0] else "-" end' "$1/$2.jsonl"
 }
 
-# plot OUT TITLE YKEY NAME...: OUT/plot.png, four panels: the validation metric (YKEY: val_loss
-# or val_accuracy) and the training loss, each against step and against seconds; a line per run.
+# plot OUT TITLE YKEY NAME...: OUT/plot.png by dtk-plot, four panels: the training loss and the
+# validation metric (YKEY: val_loss or val_accuracy), each against step and against seconds (the
+# sum of the steps' times); a line per run.
 plot() {
-  local out=$1 title=$2 ykey=$3
+  local out=$1 title=$2 ykey=$3 name files=()
   shift 3
-  local col=3 ylabel="validation loss"
-  [ "$ykey" = val_accuracy ] && col=4 ylabel="validation accuracy"
-  local panels=() x xcol xlabel name
-  for x in step time; do
-    xcol=1 xlabel=step
-    [ $x = time ] && xcol=2 xlabel="seconds"
-    local vp="" tp=""
-    for name in "$@"; do
-      series "$out" "$name"
-      vp+="${vp:+, }'$out/$name.val' using $xcol:$col with linespoints title '$name'"
-      tp+="${tp:+, }'$out/$name.train' using $xcol:3 with lines title '$name'"
-    done
-    panels+=("set xlabel '$xlabel'; set ylabel '$ylabel'; plot $vp" "set xlabel '$xlabel'; set ylabel 'training loss'; plot $tp")
-  done
-  gnuplot <<GP
-set terminal png size 1400,1000
-set output '$out/plot.png'
-set multiplot layout 2,2 title '$title'
-set key outside right
-set grid
-${panels[0]}
-${panels[2]}
-${panels[1]}
-${panels[3]}
-unset multiplot
-GP
+  for name in "$@"; do files+=("$out/$name.jsonl"); done
+  "$build/tools/dtk-plot/dtk-plot" "${files[@]}" --val "$ykey" --title "$title" -o "$out/plot.png"
 }
 
 # compare_optimizers OUT TITLE KEY BETTER RANKS "METHOD:LR,LR,... ..." COMMON_ARGS...: Shampoo

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped SLURM scripts (scripts/slurm/*.sbatch) on a real SLURM cluster started here
+# The shipped SLURM scripts (share/dtk/slurm/*.sbatch) on a real SLURM cluster started here
 # (tests/slurm/cluster.sh: slurmctld and two slurmd, nodes n1 and n2 of one CPU each), with only
 # sizes, times and the CPU device set on the command line:
 #   - comm-bench over srun --mpi=pmix, one task per node; srun without it: exit 2, one line;
@@ -90,7 +90,7 @@ set -e
 
 echo "== a rank killed: --kill-on-bad-exit=1 ends the job within seconds (not the 600 s watchdog)"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=killed-%j.out \
-      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ckk)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ckk)
 wait_state "$j" RUNNING 60 > /dev/null
 for _ in $(seq 600); do grep -q 'step 50/' "killed-$j.out" 2>/dev/null && break; sleep 0.2; done
 t0=$(date +%s)
@@ -108,7 +108,7 @@ echo "== psgd-train: a job reaches its time limit, is resubmitted and resumes"
 # 1 minute, and no early warning (SIGURG, which the script ignores, in place of SIGUSR1): the
 # time limit's SIGTERM stops it (SLURM delivers it to each task twice: one request).
 j=$(sbatch --parsable "${sizes[@]}" --time=1 --signal=B:URG@1 --output=limit-%j.out \
-      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck --checkpoint-every 100)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck --checkpoint-every 100)
 s=$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 200)
 [ "$s" = TIMEOUT ] || fail "job $j ended $s, not at its time limit"
 grep -q "SIGTERM received" "limit-$j.out" || fail "job $j: no SIGTERM at the time limit"
@@ -116,7 +116,7 @@ stop=$(stops_checkpointed "limit-$j.out" ck)
 grep -q "CPU threads per rank: $(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 )) ($(nproc) cores shared by 2 rank" \
   "limit-$j.out" || fail "ranks under srun do not share the host's cores"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=resubmit-%j.out \
-      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck --checkpoint-every 100 --save final.h5)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck --checkpoint-every 100 --save final.h5)
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "resubmitted job $j"
 grep -q "resuming from .* at step $stop" "resubmit-$j.out" || fail "job $j did not resume from step $stop"
 same_weights final.h5 ref.h5
@@ -124,7 +124,7 @@ echo "stopped at step $stop by the time limit; resubmitted, the weights equal th
 
 echo "== psgd-train: warned before its time limit (SIGUSR1 to the batch script), requeued, resumed"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=warned-%j.out \
-      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --steps 300 --checkpoint-dir ckw --save warned.h5)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --steps 300 --checkpoint-dir ckw --save warned.h5)
 wait_state "$j" RUNNING 60 > /dev/null
 for _ in $(seq 600); do grep -q 'step 100/' "warned-$j.out" 2>/dev/null && break; sleep 0.2; done
 scancel --batch --signal=USR1 "$j"  # what --signal=B:USR1@120 sends
@@ -151,13 +151,13 @@ echo "stopped at step $stop by SIGUSR1; requeued, the weights equal the uninterr
 
 echo "== psgd-train: a resubmission after the run finished exits 0 at once"
 j=$(sbatch --parsable "${sizes[@]}" --time=2 --output=again-%j.out \
-      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck)
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 120)" = COMPLETED ] || fail "resubmitted job $j"
 grep -q "the run is complete, nothing to do" "again-$j.out" || fail "job $j did not say the run was complete"
 
 echo "== psgd-train: scancel during training"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=cancel-%j.out \
-      "$src/scripts/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck2 --checkpoint-every 0)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck2 --checkpoint-every 0)
 wait_state "$j" RUNNING 60 > /dev/null
 for _ in $(seq 600); do grep -q 'step 50/' "cancel-$j.out" 2>/dev/null && break; sleep 0.2; done
 scancel "$j"
