@@ -53,7 +53,7 @@ expect "--model's values, from prose" "llama-1b llama-small llama-tiny" psgd-tra
 expect "--opt=value in one word" "--model=resnet-18 --model=resnet-20 --model=resnet-8" psgd-train --model=res
 expect "--opt=value split at =" "resnet-18 resnet-20 resnet-8" psgd-train --model = res
 expect "--activation-checkpointing's [a|b|c]" "none full selective" fsdp-train --activation-checkpointing ""
-expect "--optimizer (shampoo-train)" "shampoo adamw sgd" shampoo-train --optimizer ""
+expect "--optimizer (shampoo-train)" "adamw sgd shampoo" shampoo-train --optimizer ""
 expect "--reshard-after-forward" "default always never" fsdp-train --reshard-after-forward ""
 expect "comm-bench -d (short option)" "bf16" comm-bench -d b
 expect "comm-bench --op" "allreduce allgather alltoall all" comm-bench --op a

@@ -67,7 +67,8 @@ for p in "${programs[@]}"; do
   while read -r lib; do
     [ -z "${checked[$lib]:-}" ] || continue
     checked[$lib]=1
-    path=$(ldd "$bin/$p" | awk -v l="$lib" '$1 == l { print $3; exit }')
+    # ldd names most libraries "name => path", the dynamic loader itself by its path alone.
+    path=$(ldd "$bin/$p" | awk -v l="$lib" '$1 == l { print $3; exit } $1 ~ ("/" l "$") { print $1; exit }')
     if [ -z "$path" ] || [ "$path" = "not" ]; then
       bad "$p: $lib not found by the dynamic loader" "$(ldd "$bin/$p")"; libs_ok=0; continue
     fi
