@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints under faults and bad input (issue 14): a full file system during a checkpoint write
 # (exit 1 on every rank, one line naming the file and "No space left on device", the earlier
-# checkpoint intact, no temporary left); a damaged dataset object header (exit 2, one line
-# naming the file, from every reader); rank files of different sharded states mixed (exit 2
+# checkpoint intact, no temporary left) and during shard-inspect export; a damaged dataset
+# object header (exit 2, one line naming the file, from every reader); rank files of different sharded states mixed (exit 2
 # naming the odd rank file); temporaries of dead writers removed by the next write while a live
 # writer's and another host's stay.
 #   ckpt_faults.sh MPIEXEC PSGD_TRAIN FSDP_TRAIN SHARD_INSPECT CKPT_MAKE
@@ -52,6 +52,19 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
   full_disk "psgd-train, 2 ranks" step-00000002.h5 $full_bytes $mpiexec -n 2 $psgd $common --steps 4 --checkpoint-every 2
   full_disk "fsdp-train (sharded), 2 ranks" step-00000002 $sharded_bytes \
     $mpiexec -n 2 $fsdp $common --steps 4 --checkpoint-every 2
+  # shard-inspect export into a file system too small for the file (npz through libzip's
+  # callbacks, safetensors directly): exit 1, one line, no file and no temporary left.
+  for format in npz safetensors; do
+    unshare -m sh -c '
+      mount -t tmpfs -o size=64k tmpfs "$1/mnt" || exit 99
+      "$2" export "$3" --format "$4" -o "$1/mnt/out" >"$1/o" 2>"$1/e"; echo $? >"$1/rc"
+      ls -A "$1/mnt" >"$1/left"
+    ' sh "$tmp" "$si" "$PWD/size1/step-00000002.h5" $format
+    rc=$(cat "$tmp/rc" 2>/dev/null || echo none) left=$(cat "$tmp/left")
+    if [ "$rc" = 1 ] && one_line "No space left on device" "out" && [ -z "$left" ]; then
+      ok "full disk, export --format $format: exit 1, one line, nothing left"
+    else bad "full disk, export --format $format (exit $rc, left: $left)" "$(cat "$tmp/e")"; fi
+  done
 else
   echo "skip full-disk cases: they need root and unshare -m"
 fi

@@ -4,10 +4,14 @@
 //   ckpt-make sharded OUT_DIR    the same tensors as a sharded state of 4 ranks (uneven shards,
 //                                whole tensors in ranks 1 and 2)
 //   ckpt-make version OUT.h5 V   a tiny checkpoint claiming schema version V
+//   ckpt-make large OUT_DIR ROWS one bf16 tensor model/large of ROWS x 1024 whose row r holds
+//                                r % 256 as a 1-rank sharded state, written a row block at a
+//                                time (the export's zip64 and memory checks)
 //   ckpt-make chunk FILE NAME    prints the file offset of the first chunk of dataset NAME
 //   ckpt-make header FILE NAME   prints the file offset of dataset NAME's object header
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -116,6 +120,27 @@ void version(const char* out, int64_t v) {
   w.commit();
 }
 
+void large(const char* out, int64_t rows) {
+  constexpr int64_t cols = 1024, block = 4096;
+  ckpt::SerialShardedWriter w(out, 1);
+  ckpt::TensorInfo ti{"model/large", {rows, cols}, DType::bf16, {0}, {rows}, -1};
+  w.create(ti);
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t n = std::min(block, rows - r0);
+    Tensor x = Tensor::empty({n, cols}, DType::bf16);
+    auto* p = x.ptr<uint16_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      const float v = static_cast<float>((r0 + r) % 256);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      std::fill(p + r * cols, p + (r + 1) * cols, static_cast<uint16_t>(bits >> 16));  // exact
+    }
+    w.write_rows(ti.name, r0, x);
+  }
+  w.set_metadata(meta());
+  w.commit();
+}
+
 int chunk(const char* file, const char* name) {
   hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
   hid_t d = f < 0 ? -1 : H5Dopen2(f, name, H5P_DEFAULT);
@@ -155,6 +180,7 @@ int main(int argc, char** argv) {
     if ((cmd == "full" || cmd == "changed") && argc == 3) full(argv[2], cmd == "changed");
     else if (cmd == "sharded" && argc == 3) sharded(argv[2]);
     else if (cmd == "version" && argc == 4) version(argv[2], std::stoll(argv[3]));
+    else if (cmd == "large" && argc == 4) large(argv[2], std::stoll(argv[3]));
     else if (cmd == "chunk" && argc == 4) return chunk(argv[2], argv[3]);
     else if (cmd == "header" && argc == 4) return header(argv[2], argv[3]);
     else {

@@ -68,24 +68,29 @@ inline constexpr size_t kChunkBytes = size_t{64} << 20;
 // Rows of dim 0 per chunk of t when each element takes elem_bytes of the budget.
 int64_t rows_per_chunk(const ckpt::TensorInfo& t, size_t elem_bytes, size_t budget);
 
-// Calls f(row0, rows) over the whole tensor, rows of dim 0 at a time (a 0-d tensor: one call
-// with the 0-d tensor; an empty tensor: one call with its empty rows).
+// The chunks of a tensor in order, rows of dim 0 at a time, read when asked for (a 0-d tensor:
+// one chunk, the 0-d tensor; an empty tensor: one chunk, its empty rows).
+class Chunks {
+ public:
+  Chunks(const ckpt::Reader& in, const ckpt::TensorInfo& t, int64_t chunk_rows)
+      : in_(in), t_(t), chunk_rows_(chunk_rows), rows_(t.shape.empty() ? 1 : t.shape[0]) {}
+  // Reads the next chunk into x; false after the last.
+  bool next(Tensor& x);
+  int64_t row0() const { return row0_; }  // the first row of the chunk last read
+
+ private:
+  const ckpt::Reader& in_;
+  const ckpt::TensorInfo& t_;
+  const int64_t chunk_rows_, rows_;
+  int64_t row0_ = 0, next_ = 0;
+  bool done_ = false;
+};
+
+// Calls f(row0, rows) over the whole tensor, chunk by chunk (Chunks).
 template <typename F>
 void for_each_chunk(const ckpt::Reader& in, const ckpt::TensorInfo& t, int64_t chunk_rows, F&& f) {
-  if (t.shape.empty()) {
-    Tensor x = Tensor::empty({}, t.dtype);
-    in.read_rows(t.name, 0, x);
-    f(int64_t{0}, x);
-    return;
-  }
-  const int64_t rows = t.shape[0];
-  Shape s = t.shape;
-  for (int64_t r = 0; r == 0 || r < rows; r += chunk_rows) {
-    s[0] = std::min(chunk_rows, rows - r);
-    Tensor x = Tensor::empty(s, t.dtype);
-    in.read_rows(t.name, r, x);
-    f(r, x);
-  }
+  Chunks chunks(in, t, chunk_rows);
+  for (Tensor x; chunks.next(x);) f(chunks.row0(), x);
 }
 
 // The values of a host tensor as f64 (exact for every float dtype).

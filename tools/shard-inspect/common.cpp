@@ -23,6 +23,18 @@ int64_t rows_per_chunk(const ckpt::TensorInfo& t, size_t elem_bytes, size_t budg
   return std::max<int64_t>(1, static_cast<int64_t>(budget / row_bytes));
 }
 
+bool Chunks::next(Tensor& x) {
+  if (done_) return false;
+  Shape s = t_.shape;
+  if (!s.empty()) s[0] = std::min(chunk_rows_, rows_ - next_);
+  x = Tensor::empty(s, t_.dtype);
+  in_.read_rows(t_.name, next_, x);
+  row0_ = next_;
+  next_ += s.empty() ? 1 : s[0];
+  done_ = next_ >= rows_;
+  return true;
+}
+
 Tensor to_f64(const Tensor& t) {
   if (t.dtype() == DType::f64) return t;
   Tensor out = Tensor::empty(t.shape(), DType::f64);

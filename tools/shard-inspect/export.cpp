@@ -1,11 +1,14 @@
 // export: a checkpoint as safetensors (https://github.com/huggingface/safetensors, "Format") or
-// as NumPy's npz (a zip of NAME.npy files, stored, zip64 where needed).
-#include <algorithm>
-#include <zlib.h>
+// as NumPy's npz (a zip of NAME.npy files, stored, zip64 where needed; written by libzip).
+#include <zip.h>
 
+#include <algorithm>
 #include <bit>
+#include <cstring>
 #include <ctime>
+#include <exception>
 #include <limits>
+#include <optional>
 
 #include "command.h"
 #include "dtk/core/error.h"
@@ -124,167 +127,209 @@ std::string npy_header(const ckpt::TensorInfo& t) {
   fail_usage(t.name + ": its .npy header is too long");
 }
 
-// A zip archive written entry by entry: stored (no compression), CRC-32 patched into the local
-// header once the entry's data is written, zip64 extra fields and end records where sizes,
-// offsets or the number of entries exceed the classic format's limits.
-class ZipWriter {
+// The npz archive, written by libzip: each NAME.npy entry is a pull source (NpyEntry) that reads
+// its tensor from the checkpoint a chunk at a time when libzip asks for bytes, and the archive
+// itself goes through a write source (ArchiveSink) into the AtomicFile, so that memory stays at
+// one chunk whatever the checkpoint's size and a failed export leaves nothing behind. libzip
+// computes the CRC-32s, and writes zip64 records where sizes, offsets or counts need them.
+//
+// libzip calls the sources from C: an exception thrown inside one (a read error, a full disk)
+// is kept, libzip is told the call failed, and the exception is rethrown once zip_close returns.
+class ZipCallbacks {
  public:
-  explicit ZipWriter(AtomicFile& out) : out_(out) {
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    localtime_r(&now, &tm);
-    dos_time_ = static_cast<uint16_t>(tm.tm_hour << 11 | tm.tm_min << 5 | tm.tm_sec / 2);
-    dos_date_ = static_cast<uint16_t>(std::max(tm.tm_year - 80, 0) << 9 | (tm.tm_mon + 1) << 5 | tm.tm_mday);
-  }
-
-  // Starts an entry of `size` bytes; write() its data, then end_entry().
-  void begin_entry(const std::string& name, uint64_t size) {
-    Entry e{name, size, out_.tell(), 0};
-    const bool z64 = size >= kMax32;
-    std::string h;
-    put<uint32_t>(h, 0x04034b50);
-    put<uint16_t>(h, z64 ? 45 : 20);  // version needed
-    put<uint16_t>(h, 0);              // flags
-    put<uint16_t>(h, 0);              // stored
-    put<uint16_t>(h, dos_time_);
-    put<uint16_t>(h, dos_date_);
-    crc_at_ = out_.tell() + h.size();
-    put<uint32_t>(h, 0);  // crc-32, patched by end_entry
-    put<uint32_t>(h, z64 ? kMax32 : static_cast<uint32_t>(size));
-    put<uint32_t>(h, z64 ? kMax32 : static_cast<uint32_t>(size));
-    put<uint16_t>(h, static_cast<uint16_t>(name.size()));
-    put<uint16_t>(h, z64 ? 20 : 0);
-    h += name;
-    if (z64) {
-      put<uint16_t>(h, 0x0001);
-      put<uint16_t>(h, 16);
-      put<uint64_t>(h, size);
-      put<uint64_t>(h, size);
+  // Runs f, returning its value, or -1 after keeping the exception and setting `err`.
+  template <typename F>
+  zip_int64_t guard(zip_error_t* err, int code, F&& f) {
+    try {
+      return f();
+    } catch (...) {
+      if (!failure_) failure_ = std::current_exception();
+      zip_error_set(err, code, 0);
+      return -1;
     }
-    out_.write(h);
-    entries_.push_back(e);
-    crc_ = crc32(0L, Z_NULL, 0);
-    written_ = 0;
   }
-  void write(const void* data, size_t bytes) {
-    const auto* p = static_cast<const Bytef*>(data);
-    for (size_t done = 0; done < bytes;) {  // zlib's crc32 takes 32-bit lengths
-      const uInt n = static_cast<uInt>(std::min<size_t>(bytes - done, 1u << 30));
-      crc_ = crc32(crc_, p + done, n);
-      done += n;
-    }
-    out_.write(data, bytes);
-    written_ += bytes;
-  }
-  void end_entry() {
-    Entry& e = entries_.back();
-    if (written_ != e.size) fail("zip entry " + e.name + ": wrote " + std::to_string(written_) + " of " + std::to_string(e.size) + " bytes");
-    e.crc = static_cast<uint32_t>(crc_);
-    std::string c;
-    put<uint32_t>(c, e.crc);
-    out_.write_at(crc_at_, c.data(), c.size());
-  }
-  // The central directory and the end records.
-  void finish() {
-    const uint64_t cd_start = out_.tell();
-    for (const Entry& e : entries_) {
-      const bool zsize = e.size >= kMax32, zoff = e.offset >= kMax32;
-      std::string extra;
-      if (zsize || zoff) {
-        put<uint16_t>(extra, 0x0001);
-        put<uint16_t>(extra, static_cast<uint16_t>((zsize ? 16 : 0) + (zoff ? 8 : 0)));
-        if (zsize) {
-          put<uint64_t>(extra, e.size);
-          put<uint64_t>(extra, e.size);
-        }
-        if (zoff) put<uint64_t>(extra, e.offset);
-      }
-      std::string h;
-      put<uint32_t>(h, 0x02014b50);
-      put<uint16_t>(h, 45);  // version made by
-      put<uint16_t>(h, zsize || zoff ? 45 : 20);
-      put<uint16_t>(h, 0);
-      put<uint16_t>(h, 0);
-      put<uint16_t>(h, dos_time_);
-      put<uint16_t>(h, dos_date_);
-      put<uint32_t>(h, e.crc);
-      put<uint32_t>(h, zsize ? kMax32 : static_cast<uint32_t>(e.size));
-      put<uint32_t>(h, zsize ? kMax32 : static_cast<uint32_t>(e.size));
-      put<uint16_t>(h, static_cast<uint16_t>(e.name.size()));
-      put<uint16_t>(h, static_cast<uint16_t>(extra.size()));
-      put<uint16_t>(h, 0);  // comment
-      put<uint16_t>(h, 0);  // disk
-      put<uint16_t>(h, 0);  // internal attributes
-      put<uint32_t>(h, 0);  // external attributes
-      put<uint32_t>(h, zoff ? kMax32 : static_cast<uint32_t>(e.offset));
-      h += e.name;
-      h += extra;
-      out_.write(h);
-    }
-    const uint64_t cd_size = out_.tell() - cd_start, n = entries_.size();
-    const bool z64 = n >= 0xffff || cd_size >= kMax32 || cd_start >= kMax32;
-    std::string t;
-    if (z64) {
-      const uint64_t eocd64 = out_.tell();
-      put<uint32_t>(t, 0x06064b50);
-      put<uint64_t>(t, 44);
-      put<uint16_t>(t, 45);
-      put<uint16_t>(t, 45);
-      put<uint32_t>(t, 0);
-      put<uint32_t>(t, 0);
-      put<uint64_t>(t, n);
-      put<uint64_t>(t, n);
-      put<uint64_t>(t, cd_size);
-      put<uint64_t>(t, cd_start);
-      put<uint32_t>(t, 0x07064b50);
-      put<uint32_t>(t, 0);
-      put<uint64_t>(t, eocd64);
-      put<uint32_t>(t, 1);
-    }
-    put<uint32_t>(t, 0x06054b50);
-    put<uint16_t>(t, 0);
-    put<uint16_t>(t, 0);
-    put<uint16_t>(t, z64 ? 0xffff : static_cast<uint16_t>(n));
-    put<uint16_t>(t, z64 ? 0xffff : static_cast<uint16_t>(n));
-    put<uint32_t>(t, z64 ? kMax32 : static_cast<uint32_t>(cd_size));
-    put<uint32_t>(t, z64 ? kMax32 : static_cast<uint32_t>(cd_start));
-    put<uint16_t>(t, 0);
-    out_.write(t);
+  void rethrow() const {
+    if (failure_) std::rethrow_exception(failure_);
   }
 
  private:
-  static constexpr uint32_t kMax32 = 0xffffffffu;
-  struct Entry {
-    std::string name;
-    uint64_t size, offset;
-    uint32_t crc;
-  };
+  std::exception_ptr failure_;
+};
+
+zip_int64_t answer_error(zip_error_t* err, void* data, zip_uint64_t len) { return zip_error_to_data(err, data, len); }
+
+class NpyEntry {
+ public:
+  NpyEntry(const ckpt::Reader& in, const ckpt::TensorInfo& t, ZipCallbacks& cb)
+      : in_(in), t_(t), cb_(cb), header_(npy_header(t)), to_(npy_dtype(t.dtype)) {
+    zip_error_init(&err_);
+  }
+  ~NpyEntry() { zip_error_fini(&err_); }
+  uint64_t size() const { return header_.size() + static_cast<uint64_t>(shape_numel(t_.shape)) * dtype_size(to_); }
+
+  static zip_int64_t callback(void* self, void* data, zip_uint64_t len, zip_source_cmd_t cmd) {
+    auto& e = *static_cast<NpyEntry*>(self);
+    switch (cmd) {
+      case ZIP_SOURCE_OPEN:  // from the start (f32 chunks: bf16 widens)
+        e.chunks_.emplace(e.in_, e.t_, rows_per_chunk(e.t_, 4, kChunkBytes / 2));
+        e.pos_ = 0, e.chunk_ = Tensor(), e.chunk_pos_ = 0;
+        return 0;
+      case ZIP_SOURCE_READ: return e.cb_.guard(&e.err_, ZIP_ER_READ, [&] { return e.read(static_cast<char*>(data), len); });
+      case ZIP_SOURCE_CLOSE: e.chunks_.reset(), e.chunk_ = Tensor(); return 0;
+      case ZIP_SOURCE_STAT: {
+        auto* st = static_cast<zip_stat_t*>(data);
+        zip_stat_init(st);
+        st->valid = ZIP_STAT_SIZE | ZIP_STAT_MTIME;
+        st->size = e.size();
+        st->mtime = std::time(nullptr);
+        return sizeof(zip_stat_t);
+      }
+      case ZIP_SOURCE_ERROR: return answer_error(&e.err_, data, len);
+      case ZIP_SOURCE_FREE: return 0;  // the entries are owned by write_npz
+      case ZIP_SOURCE_SUPPORTS: return ZIP_SOURCE_SUPPORTS_READABLE;
+      default: zip_error_set(&e.err_, ZIP_ER_OPNOTSUPP, 0); return -1;
+    }
+  }
+
+ private:
+  // The header, then the rows as the .npy dtype, chunk by chunk.
+  zip_int64_t read(char* out, zip_uint64_t len) {
+    zip_uint64_t n = 0;
+    while (n < len) {
+      if (pos_ < header_.size()) {
+        const size_t k = std::min<size_t>(len - n, header_.size() - pos_);
+        std::memcpy(out + n, header_.data() + pos_, k);
+        pos_ += k, n += k;
+        continue;
+      }
+      if (chunk_pos_ == chunk_.bytes() && !next_chunk()) break;
+      const size_t k = std::min<size_t>(len - n, chunk_.bytes() - chunk_pos_);
+      std::memcpy(out + n, static_cast<const char*>(chunk_.data()) + chunk_pos_, k);
+      chunk_pos_ += k, pos_ += k, n += k;
+    }
+    return static_cast<zip_int64_t>(n);
+  }
+  bool next_chunk() {
+    Tensor x;
+    if (!chunks_->next(x)) return false;
+    if (x.dtype() != to_) {
+      Tensor wide = Tensor::empty(x.shape(), to_);
+      ops::cast(x, wide);
+      x = std::move(wide);
+    }
+    chunk_ = std::move(x);
+    chunk_pos_ = 0;
+    return true;
+  }
+
+  const ckpt::Reader& in_;
+  const ckpt::TensorInfo& t_;
+  ZipCallbacks& cb_;
+  const std::string header_;
+  const DType to_;
+  zip_error_t err_;
+  std::optional<Chunks> chunks_;  // while open
+  uint64_t pos_ = 0;              // bytes of the entry read
+  Tensor chunk_;                  // the rows being read, as the .npy dtype
+  size_t chunk_pos_ = 0;
+};
+
+// The archive's bytes, into the AtomicFile: libzip writes its records and entries in order, and
+// seeks back to rewrite a local header once the entry's CRC-32 is known.
+class ArchiveSink {
+ public:
+  ArchiveSink(AtomicFile& out, ZipCallbacks& cb) : out_(out), cb_(cb) { zip_error_init(&err_); }
+  ~ArchiveSink() { zip_error_fini(&err_); }
+
+  static zip_int64_t callback(void* self, void* data, zip_uint64_t len, zip_source_cmd_t cmd) {
+    auto& s = *static_cast<ArchiveSink*>(self);
+    switch (cmd) {
+      // Reading: the archive starts empty.
+      case ZIP_SOURCE_OPEN:
+      case ZIP_SOURCE_CLOSE:
+      case ZIP_SOURCE_FREE:  // owned by write_npz
+      case ZIP_SOURCE_READ: return 0;
+      case ZIP_SOURCE_STAT: {
+        auto* st = static_cast<zip_stat_t*>(data);
+        zip_stat_init(st);
+        st->valid = ZIP_STAT_SIZE;
+        st->size = 0;
+        return sizeof(zip_stat_t);
+      }
+      case ZIP_SOURCE_SEEK:
+      case ZIP_SOURCE_TELL: return 0;
+      // Writing.
+      case ZIP_SOURCE_BEGIN_WRITE: s.pos_ = 0; return 0;
+      case ZIP_SOURCE_WRITE: return s.cb_.guard(&s.err_, ZIP_ER_WRITE, [&] { return s.write(data, len); });
+      case ZIP_SOURCE_SEEK_WRITE: {
+        const zip_int64_t to = zip_source_seek_compute_offset(s.pos_, s.out_.tell(), data, len, &s.err_);
+        if (to < 0) return -1;
+        s.pos_ = static_cast<uint64_t>(to);
+        return 0;
+      }
+      case ZIP_SOURCE_TELL_WRITE: return static_cast<zip_int64_t>(s.pos_);
+      case ZIP_SOURCE_COMMIT_WRITE:    // the caller commits the AtomicFile after zip_close
+      case ZIP_SOURCE_ROLLBACK_WRITE:  // the AtomicFile removes its temporary file
+      case ZIP_SOURCE_REMOVE: return 0;
+      case ZIP_SOURCE_ERROR: return answer_error(&s.err_, data, len);
+      case ZIP_SOURCE_SUPPORTS: return ZIP_SOURCE_SUPPORTS_WRITABLE;
+      default: zip_error_set(&s.err_, ZIP_ER_OPNOTSUPP, 0); return -1;
+    }
+  }
+
+ private:
+  // At the end of what is written, or over written bytes (a local header rewritten).
+  zip_int64_t write(const void* data, zip_uint64_t len) {
+    const auto* p = static_cast<const char*>(data);
+    const uint64_t over = pos_ < out_.tell() ? std::min<uint64_t>(len, out_.tell() - pos_) : 0;
+    if (pos_ > out_.tell()) fail("zip: a write past the end of the archive");
+    if (over) out_.write_at(pos_, p, over);
+    if (over < len) out_.write(p + over, len - over);
+    pos_ += len;
+    return static_cast<zip_int64_t>(len);
+  }
+
   AtomicFile& out_;
-  std::vector<Entry> entries_;
-  uint16_t dos_time_ = 0, dos_date_ = 0;
-  uint64_t crc_at_ = 0, written_ = 0;
-  uLong crc_ = 0;
+  ZipCallbacks& cb_;
+  zip_error_t err_;
+  uint64_t pos_ = 0;
 };
 
 void write_npz(const ckpt::Reader& in, AtomicFile& out) {
-  ZipWriter zip(out);
-  for (const auto& t : in.tensors()) {
-    const std::string header = npy_header(t);
-    const DType to = npy_dtype(t.dtype);
-    zip.begin_entry(t.name + ".npy", header.size() + static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(to));
-    zip.write(header.data(), header.size());
-    for_each_chunk(in, t, rows_per_chunk(t, 4, kChunkBytes / 2), [&](int64_t, const Tensor& rows) {
-      if (rows.dtype() == to) {
-        zip.write(rows.data(), rows.bytes());
-        return;
-      }
-      Tensor wide = Tensor::empty(rows.shape(), to);
-      ops::cast(rows, wide);
-      zip.write(wide.data(), wide.bytes());
-    });
-    zip.end_entry();
+  // libzip writes no file for an archive without entries.
+  if (in.tensors().empty()) fail_usage("npz: the checkpoint holds no tensors");
+  ZipCallbacks cb;
+  ArchiveSink sink(out, cb);
+  std::vector<std::unique_ptr<NpyEntry>> entries;  // alive until zip_close has read them
+  zip_error_t err;
+  zip_error_init(&err);
+  zip_source_t* src = zip_source_function_create(&ArchiveSink::callback, &sink, &err);
+  zip_t* za = src ? zip_open_from_source(src, ZIP_CREATE | ZIP_TRUNCATE, &err) : nullptr;
+  if (!za) {
+    const std::string why = zip_error_strerror(&err);
+    if (src) zip_source_free(src);
+    zip_error_fini(&err);
+    fail("zip: cannot start the archive: " + why);
   }
-  zip.finish();
+  zip_error_fini(&err);
+  const auto give_up = [&](const std::string& what) {
+    const std::string why = zip_strerror(za);
+    zip_discard(za);
+    cb.rethrow();
+    fail("zip: " + what + ": " + why);
+  };
+  for (const auto& t : in.tensors()) {
+    entries.push_back(std::make_unique<NpyEntry>(in, t, cb));
+    zip_source_t* e = zip_source_function(za, &NpyEntry::callback, entries.back().get());
+    if (!e) give_up(t.name);
+    const zip_int64_t i = zip_file_add(za, (t.name + ".npy").c_str(), e, ZIP_FL_ENC_UTF_8);
+    if (i < 0) {
+      zip_source_free(e);
+      give_up(t.name);
+    }
+    if (zip_set_file_compression(za, static_cast<zip_uint64_t>(i), ZIP_CM_STORE, 0) < 0) give_up(t.name);
+  }
+  if (zip_close(za) < 0) give_up("cannot write the archive");
 }
 
 class Export : public WriteCommand {
