@@ -8,6 +8,7 @@
 #include <ctime>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <optional>
 
 #include "command.h"
@@ -156,8 +157,6 @@ class ZipCallbacks {
   std::exception_ptr failure_;
 };
 
-zip_int64_t answer_error(zip_error_t* err, void* data, zip_uint64_t len) { return zip_error_to_data(err, data, len); }
-
 class NpyEntry {
  public:
   NpyEntry(const ckpt::Reader& in, const ckpt::TensorInfo& t, ZipCallbacks& cb)
@@ -184,7 +183,7 @@ class NpyEntry {
         st->mtime = std::time(nullptr);
         return sizeof(zip_stat_t);
       }
-      case ZIP_SOURCE_ERROR: return answer_error(&e.err_, data, len);
+      case ZIP_SOURCE_ERROR: return zip_error_to_data(&e.err_, data, len);
       case ZIP_SOURCE_FREE: return 0;  // the entries are owned by write_npz
       case ZIP_SOURCE_SUPPORTS: return ZIP_SOURCE_SUPPORTS_READABLE;
       default: zip_error_set(&e.err_, ZIP_ER_OPNOTSUPP, 0); return -1;
@@ -271,7 +270,7 @@ class ArchiveSink {
       case ZIP_SOURCE_COMMIT_WRITE:    // the caller commits the AtomicFile after zip_close
       case ZIP_SOURCE_ROLLBACK_WRITE:  // the AtomicFile removes its temporary file
       case ZIP_SOURCE_REMOVE: return 0;
-      case ZIP_SOURCE_ERROR: return answer_error(&s.err_, data, len);
+      case ZIP_SOURCE_ERROR: return zip_error_to_data(&s.err_, data, len);
       case ZIP_SOURCE_SUPPORTS: return ZIP_SOURCE_SUPPORTS_WRITABLE;
       default: zip_error_set(&s.err_, ZIP_ER_OPNOTSUPP, 0); return -1;
     }
@@ -281,8 +280,8 @@ class ArchiveSink {
   // At the end of what is written, or over written bytes (a local header rewritten).
   zip_int64_t write(const void* data, zip_uint64_t len) {
     const auto* p = static_cast<const char*>(data);
-    const uint64_t over = pos_ < out_.tell() ? std::min<uint64_t>(len, out_.tell() - pos_) : 0;
     if (pos_ > out_.tell()) fail("zip: a write past the end of the archive");
+    const uint64_t over = std::min<uint64_t>(len, out_.tell() - pos_);
     if (over) out_.write_at(pos_, p, over);
     if (over < len) out_.write(p + over, len - over);
     pos_ += len;
@@ -304,7 +303,8 @@ void write_npz(const ckpt::Reader& in, AtomicFile& out) {
   zip_error_t err;
   zip_error_init(&err);
   zip_source_t* src = zip_source_function_create(&ArchiveSink::callback, &sink, &err);
-  zip_t* za = src ? zip_open_from_source(src, ZIP_CREATE | ZIP_TRUNCATE, &err) : nullptr;
+  std::unique_ptr<zip_t, decltype(&zip_discard)> za(src ? zip_open_from_source(src, ZIP_CREATE | ZIP_TRUNCATE, &err) : nullptr,
+                                                    &zip_discard);
   if (!za) {
     const std::string why = zip_error_strerror(&err);
     if (src) zip_source_free(src);
@@ -313,23 +313,24 @@ void write_npz(const ckpt::Reader& in, AtomicFile& out) {
   }
   zip_error_fini(&err);
   const auto give_up = [&](const std::string& what) {
-    const std::string why = zip_strerror(za);
-    zip_discard(za);
+    const std::string why = zip_strerror(za.get());
+    za.reset();
     cb.rethrow();
     fail("zip: " + what + ": " + why);
   };
   for (const auto& t : in.tensors()) {
     entries.push_back(std::make_unique<NpyEntry>(in, t, cb));
-    zip_source_t* e = zip_source_function(za, &NpyEntry::callback, entries.back().get());
+    zip_source_t* e = zip_source_function(za.get(), &NpyEntry::callback, entries.back().get());
     if (!e) give_up(t.name);
-    const zip_int64_t i = zip_file_add(za, (t.name + ".npy").c_str(), e, ZIP_FL_ENC_UTF_8);
+    const zip_int64_t i = zip_file_add(za.get(), (t.name + ".npy").c_str(), e, ZIP_FL_ENC_UTF_8);
     if (i < 0) {
       zip_source_free(e);
       give_up(t.name);
     }
-    if (zip_set_file_compression(za, static_cast<zip_uint64_t>(i), ZIP_CM_STORE, 0) < 0) give_up(t.name);
+    if (zip_set_file_compression(za.get(), static_cast<zip_uint64_t>(i), ZIP_CM_STORE, 0) < 0) give_up(t.name);
   }
-  if (zip_close(za) < 0) give_up("cannot write the archive");
+  if (zip_close(za.get()) < 0) give_up("cannot write the archive");
+  za.release();  // zip_close freed it
 }
 
 class Export : public WriteCommand {
