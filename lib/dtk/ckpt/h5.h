@@ -13,16 +13,8 @@
 
 namespace dtk::ckpt::h5 {
 
-using dtk::h5::check;
-using dtk::h5::get_attr_int;
-using dtk::h5::get_attr_ints;
-using dtk::h5::get_attr_string;
-using dtk::h5::has_attr;
-using dtk::h5::set_attr;
-using dtk::h5::check_status;
-using dtk::h5::Id;
-using dtk::h5::last_error;
-using dtk::h5::quiet;
+// core/h5.h: the RAII ids, error handling and attribute helpers.
+using namespace dtk::h5;
 
 hid_t file_type(DType t);    // the on-disk type (little-endian); do not close predefined ones: use Id(H5Tcopy(...))
 hid_t memory_type(DType t);  // the in-memory type of our buffers

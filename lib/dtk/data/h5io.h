@@ -15,15 +15,8 @@
 
 namespace dtk::data::h5io {
 
-using dtk::h5::check;
-using dtk::h5::has_attr;
-using dtk::h5::read_double_attr;
-using dtk::h5::read_int_attr;
-using dtk::h5::write_attr;
-using dtk::h5::check_status;
-using dtk::h5::Id;
-using dtk::h5::last_error;
-using dtk::h5::quiet;
+// core/h5.h: the RAII ids, error handling and attribute helpers.
+using namespace dtk::h5;
 
 std::unique_lock<std::recursive_mutex> lock();
 
