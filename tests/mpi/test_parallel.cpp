@@ -209,7 +209,7 @@ TEST(Fsdp, EveryPlanGathersTheFullTensorsAndScattersTheSums) {
       parallel::FsdpConfig cfg;
       cfg.param_dtype = cfg.reduce_dtype = DType::f32;
       cfg.buckets = c.buckets;
-      cfg.reshard = c.reshard;
+      cfg.reshard_after_forward = c.reshard;
       cfg.prefetch = c.prefetch;
       cfg.overlap = c.overlap;
       cfg.replicate = c.replicate;

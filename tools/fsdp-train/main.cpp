@@ -39,7 +39,7 @@ cli::Program program(Args& a) {
                   {DType::bf16, DType::f32})->group(g);
     cli::add_enum(app, "--reduce-dtype", c.reduce_dtype, "gradients reduce-scattered in this precision",
                   {DType::f32, DType::bf16})->group(g);
-    cli::add_enum(app, "--reshard-after-forward", c.reshard,
+    cli::add_enum(app, "--reshard-after-forward", c.reshard_after_forward,
                   "free gathered parameters after forward and gather again in backward: default (every bucket but "
                   "the last), always or never")->group(g);
     app.add_option("--prefetch", c.prefetch, "buckets gathered ahead of the one computing (forward and backward)")
@@ -72,9 +72,7 @@ cli::Program program(Args& a) {
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
     train::Strategy s;
     s.program = "fsdp-train";
-    s.config = {{"param_dtype", c.param_dtype}, {"reduce_dtype", c.reduce_dtype}, {"reshard_after_forward", c.reshard},
-                {"prefetch", c.prefetch}, {"buckets", c.buckets}, {"replicate", c.replicate}, {"overlap", c.overlap},
-                {"keep_unsharded_grad", c.keep_unsharded_grad}};
+    s.config = c;
     if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = train::shampoo_config(o);
     s.sharded = [c](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
       return std::make_unique<parallel::Fsdp>(model, world, host, c);

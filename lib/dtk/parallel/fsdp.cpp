@@ -33,7 +33,7 @@ struct Schedule {
 };
 
 bool reshards(const FsdpConfig& cfg, size_t k, size_t K) {
-  switch (cfg.reshard) {
+  switch (cfg.reshard_after_forward) {
     case Reshard::always: return true;
     case Reshard::never: return false;
     case Reshard::default_: return k + 1 < K;

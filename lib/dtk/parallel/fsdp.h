@@ -79,7 +79,7 @@ DTK_ENUM_NAMES(Reshard, {Reshard::default_, "default"}, {Reshard::always, "alway
 struct FsdpConfig {
   DType param_dtype = DType::bf16;   // all-gather dtype (compute upcasts to f32 after it)
   DType reduce_dtype = DType::f32;   // reduce-scatter dtype
-  Reshard reshard = Reshard::default_;
+  Reshard reshard_after_forward = Reshard::default_;
   int prefetch = 1;                  // buckets gathered ahead of the one computing
   bool overlap = true;               // false: every collective waited as soon as it is issued
   int replicate = 1;                 // HSDP groups
@@ -91,6 +91,9 @@ struct FsdpConfig {
   // gradients are reduce-scattered and added to the shard gradient.
   bool keep_unsharded_grad = false;
 };
+// As saved in checkpoints (the run's options; bucket_memory and print_plan are not kept).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FsdpConfig, param_dtype, reduce_dtype, reshard_after_forward, prefetch, buckets,
+                                   replicate, overlap, keep_unsharded_grad)
 // UsageError naming the option: --replicate that does not divide the ranks, --prefetch < 0,
 // --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
 // without auto.
