@@ -1,6 +1,8 @@
 // export: a checkpoint as safetensors (https://github.com/huggingface/safetensors, "Format") or
 // as NumPy's npz (a zip of NAME.npy files, stored, zip64 where needed).
 #include <algorithm>
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <zlib.h>
 
 #include <bit>
@@ -101,11 +103,9 @@ const char* npy_descr(DType t) {
 // dictionary does not fit 65535 bytes, the dictionary padded with spaces and a newline so that
 // the data starts at a multiple of 64.
 std::string npy_header(const ckpt::TensorInfo& t) {
-  std::string shape = "(";
-  for (size_t i = 0; i < t.shape.size(); ++i) shape += std::to_string(t.shape[i]) + (i + 1 < t.shape.size() ? ", " : "");
-  if (t.shape.size() == 1) shape += ",";
-  shape += ")";
-  std::string dict = "{'descr': '" + std::string(npy_descr(t.dtype)) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  // A shape is a Python tuple: (), (3,), (3, 4).
+  const std::string shape = fmt::format("({}{})", fmt::join(t.shape, ", "), t.shape.size() == 1 ? "," : "");
+  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", npy_descr(t.dtype), shape);
   for (int version = 1; version <= 2; ++version) {
     const size_t prefix = version == 1 ? 10 : 12;
     const size_t total = (prefix + dict.size() + 1 + 63) / 64 * 64;
@@ -178,7 +178,7 @@ class ZipWriter {
   }
   void end_entry() {
     Entry& e = entries_.back();
-    if (written_ != e.size) fail("zip entry " + e.name + ": wrote " + std::to_string(written_) + " of " + std::to_string(e.size) + " bytes");
+    if (written_ != e.size) fail("zip entry {}: wrote {} of {} bytes", e.name, written_, e.size);
     e.crc = static_cast<uint32_t>(crc_);
     std::string c;
     put<uint32_t>(c, e.crc);
