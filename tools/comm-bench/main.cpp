@@ -81,7 +81,7 @@ cli::Program program(Args& a) {
     o.dtype = parse_dtype(a.dtype);
     o.redop = comm::parse_reduce_op(a.redop);
     if (a.root < 0 || a.root >= rt.size())
-      fail_usage("--root " + std::to_string(a.root) + " is not a rank of this job of " + std::to_string(rt.size()));
+      fail_usage("--root {} is not a rank of this job of {}", a.root, rt.size());
     o.root = a.root;
     o.backend = comm::parse_backend(a.backend);
     o.device = parse_device(a.device);
@@ -106,7 +106,7 @@ cli::Program program(Args& a) {
 #endif
     }
     if (o.backend == comm::Backend::local && rt.size() > 1)
-      fail_usage("--backend local is a world of one, but this job has " + std::to_string(rt.size()) + " ranks");
+      fail_usage("--backend local is a world of one, but this job has {} ranks", rt.size());
     const bool nccl = rt.resolve(o.backend, o.device) == comm::Backend::nccl;
     if (nccl && o.dtype == DType::u16)
       for (const auto* c : o.ops)

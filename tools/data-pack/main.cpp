@@ -112,10 +112,10 @@ int run_text() {
   const auto n = static_cast<int64_t>(tokens.size());
   const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * a.val_fraction));
   const int64_t n_train = n - n_val;
-  if (n_train < 2) fail_usage("too little text: " + std::to_string(n_train) + " training tokens (at least 2 make one window)");
+  if (n_train < 2) fail_usage("too little text: {} training tokens (at least 2 make one window)", n_train);
   if (a.val_fraction > 0 && n_val < 2)
-    fail_usage("too little text for --val-fraction " + std::to_string(a.val_fraction) + ": " + std::to_string(n_val) +
-               " validation tokens (at least 2 make one window)");
+    fail_usage("too little text for --val-fraction {}: {} validation tokens (at least 2 make one window)", a.val_fraction,
+               n_val);
   auto attrs = base_attrs("text");
   attrs["tokenizer"] = "bytes";
   attrs["inputs"] = nlohmann::json(a.inputs).dump();
@@ -139,29 +139,28 @@ int run_text() {
 
 int run_mnist() {
   const auto img = read_all(a.images), lab = read_all(a.labels);
-  if (img.size() < 16) fail_usage(a.images + ": truncated idx header (" + std::to_string(img.size()) + " bytes)");
+  if (img.size() < 16) fail_usage("{}: truncated idx header ({} bytes)", a.images, img.size());
   if (be32(img, 0) != 0x00000803)
     fail_usage(a.images + ": bad magic number " + hex(be32(img, 0)) + " (an idx3 image file starts with 0x00000803)");
-  if (lab.size() < 8) fail_usage(a.labels + ": truncated idx header (" + std::to_string(lab.size()) + " bytes)");
+  if (lab.size() < 8) fail_usage("{}: truncated idx header ({} bytes)", a.labels, lab.size());
   if (be32(lab, 0) != 0x00000801)
     fail_usage(a.labels + ": bad magic number " + hex(be32(lab, 0)) + " (an idx1 label file starts with 0x00000801)");
   const int64_t n = be32(img, 4), rows = be32(img, 8), cols = be32(img, 12), nl = be32(lab, 4);
   const int64_t want = 16 + n * rows * cols;
   if (static_cast<int64_t>(img.size()) != want)
-    fail_usage(a.images + ": " + std::to_string(n) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
-               " need " + std::to_string(want) + " bytes, the file has " + std::to_string(img.size()) +
-               (static_cast<int64_t>(img.size()) < want ? " (truncated)" : " (trailing bytes)"));
+    fail_usage("{}: {} images of {}x{} need {} bytes, the file has {} ({})", a.images, n, rows, cols, want, img.size(),
+               static_cast<int64_t>(img.size()) < want ? "truncated" : "trailing bytes");
   if (static_cast<int64_t>(lab.size()) != 8 + nl)
-    fail_usage(a.labels + ": " + std::to_string(nl) + " labels need " + std::to_string(8 + nl) + " bytes, the file has " +
-               std::to_string(lab.size()) + (static_cast<int64_t>(lab.size()) < 8 + nl ? " (truncated)" : " (trailing bytes)"));
-  if (nl != n) fail_usage(a.labels + ": " + std::to_string(nl) + " labels for " + std::to_string(n) + " images in " + a.images);
+    fail_usage("{}: {} labels need {} bytes, the file has {} ({})", a.labels, nl, 8 + nl, lab.size(),
+               static_cast<int64_t>(lab.size()) < 8 + nl ? "truncated" : "trailing bytes");
+  if (nl != n) fail_usage("{}: {} labels for {} images in {}", a.labels, nl, n, a.images);
   if (n == 0) fail_usage(a.images + ": holds no images");
   std::vector<int32_t> labels(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     labels[static_cast<size_t>(i)] = lab[static_cast<size_t>(8 + i)];
     if (labels[static_cast<size_t>(i)] >= a.classes)
-      fail_usage(a.labels + ": label " + std::to_string(labels[static_cast<size_t>(i)]) + " of image " + std::to_string(i) +
-                 " is not below --classes " + std::to_string(a.classes));
+      fail_usage("{}: label {} of image {} is not below --classes {}", a.labels, labels[static_cast<size_t>(i)], i,
+                 a.classes);
   }
   auto attrs = base_attrs("mnist");
   attrs["inputs"] = nlohmann::json(std::vector<std::string>{a.images, a.labels}).dump();
@@ -178,15 +177,15 @@ int run_cifar10() {
   for (const auto& f : a.inputs) {
     const auto b = read_all(f);
     if (b.empty() || b.size() % kRecord != 0)
-      fail_usage(f + ": " + std::to_string(b.size()) + " bytes is not a whole number of " + std::to_string(kRecord) +
-                 "-byte CIFAR-10 records (truncated record " + std::to_string(b.size() / kRecord) + ")");
+      fail_usage("{}: {} bytes is not a whole number of {}-byte CIFAR-10 records (truncated record {})", f, b.size(),
+                 kRecord, b.size() / kRecord);
     const size_t n = b.size() / kRecord, first = labels.size();
     images.resize(images.size() + n * 3072);
     for (size_t r = 0; r < n; ++r) {
       const uint8_t* rec = b.data() + r * kRecord;
       if (rec[0] >= a.classes)
-        fail_usage(f + ": label " + std::to_string(rec[0]) + " of record " + std::to_string(r) +
-                   " is not below --classes " + std::to_string(a.classes) + " (is this a CIFAR-10 binary batch?)");
+        fail_usage("{}: label {} of record {} is not below --classes {} (is this a CIFAR-10 binary batch?)", f, rec[0], r,
+                   a.classes);
       labels.push_back(rec[0]);
       uint8_t* out = images.data() + (first + r) * 3072;
       for (int c = 0; c < 3; ++c)  // CHW -> HWC
@@ -305,7 +304,7 @@ cli::Program program() {
   };
   p.validate = [](comm::Runtime& rt) -> cli::Work {
     if (rt.size() > 1)
-      fail_usage("data-pack runs as one process, but this job has " + std::to_string(rt.size()) + " ranks");
+      fail_usage("data-pack runs as one process, but this job has {} ranks", rt.size());
     std::vector<std::string> inputs = a.inputs;
     if (mnist_cmd->parsed()) inputs = {a.images, a.labels};
     for (const auto& f : inputs) check_input(f);

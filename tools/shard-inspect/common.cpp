@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -176,8 +177,8 @@ std::string num(double v) {
 nlohmann::json json_num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 std::string sharding(const ckpt::TensorInfo& t) {
-  if (t.sharded()) return std::to_string(t.shard_offsets.size()) + " shards, dim 0";
-  if (t.owner >= 0) return "rank " + std::to_string(t.owner);
+  if (t.sharded()) return fmt::format("{} shards, dim 0", t.shard_offsets.size());
+  if (t.owner >= 0) return fmt::format("rank {}", t.owner);
   return "-";
 }
 

@@ -1,5 +1,7 @@
 // export: a checkpoint as safetensors (https://github.com/huggingface/safetensors, "Format") or
 // as NumPy's npz (a zip of NAME.npy files, stored, zip64 where needed; written by libzip).
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <zip.h>
 
 #include <algorithm>
@@ -105,11 +107,9 @@ const char* npy_descr(DType t) {
 // dictionary does not fit 65535 bytes, the dictionary padded with spaces and a newline so that
 // the data starts at a multiple of 64.
 std::string npy_header(const ckpt::TensorInfo& t) {
-  std::string shape = "(";
-  for (size_t i = 0; i < t.shape.size(); ++i) shape += std::to_string(t.shape[i]) + (i + 1 < t.shape.size() ? ", " : "");
-  if (t.shape.size() == 1) shape += ",";
-  shape += ")";
-  std::string dict = "{'descr': '" + std::string(npy_descr(t.dtype)) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  // A shape is a Python tuple: (), (3,), (3, 4).
+  const std::string shape = fmt::format("({}{})", fmt::join(t.shape, ", "), t.shape.size() == 1 ? "," : "");
+  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", npy_descr(t.dtype), shape);
   for (int version = 1; version <= 2; ++version) {
     const size_t prefix = version == 1 ? 10 : 12;
     const size_t total = (prefix + dict.size() + 1 + 63) / 64 * 64;
@@ -125,7 +125,7 @@ std::string npy_header(const ckpt::TensorInfo& t) {
     h.push_back('\n');
     return h;
   }
-  fail_usage(t.name + ": its .npy header is too long");
+  fail_usage("{}: its .npy header is too long", t.name);
 }
 
 // The npz archive, written by libzip: each NAME.npy entry is a pull source (NpyEntry) that reads
@@ -309,14 +309,14 @@ void write_npz(const ckpt::Reader& in, AtomicFile& out) {
     const std::string why = zip_error_strerror(&err);
     if (src) zip_source_free(src);
     zip_error_fini(&err);
-    fail("zip: cannot start the archive: " + why);
+    fail("zip: cannot start the archive: {}", why);
   }
   zip_error_fini(&err);
   const auto give_up = [&](const std::string& what) {
     const std::string why = zip_strerror(za.get());
     za.reset();
     cb.rethrow();
-    fail("zip: " + what + ": " + why);
+    fail("zip: {}: {}", what, why);
   };
   for (const auto& t : in.tensors()) {
     entries.push_back(std::make_unique<NpyEntry>(in, t, cb));

@@ -250,9 +250,9 @@ class Verify : public ReadCommand {
       ranks.push_back(std::make_unique<ckpt::Reader>(f));
       const ckpt::Metadata& rm = ranks.back()->metadata();
       if (rm.program != m.program || rm.step != m.step || rm.world_size != m.world_size || rm.created != m.created)
-        fail_usage(f.string() + ": metadata (program " + rm.program + ", step " + std::to_string(rm.step) +
-                   ", created " + rm.created + ") does not match the index's (program " + m.program + ", step " +
-                   std::to_string(m.step) + ", created " + m.created + ")");
+        fail_usage("{}: metadata (program {}, step {}, created {}) does not match the index's (program {}, step {}, "
+                   "created {})",
+                   f.string(), rm.program, rm.step, rm.created, m.program, m.step, m.created);
     }
     auto expect = [&](int64_t r, const ckpt::TensorInfo& t, const Shape& shape) {
       const ckpt::Reader& rf = *ranks[static_cast<size_t>(r)];
@@ -267,21 +267,19 @@ class Verify : public ReadCommand {
       const std::string where = in_->path().string() + ": " + t.name;
       if (t.sharded()) {
         if (static_cast<int64_t>(t.shard_offsets.size()) != n || static_cast<int64_t>(t.shard_lengths.size()) != n)
-          fail_usage(where + ": " + std::to_string(t.shard_offsets.size()) + " shard offsets for " + std::to_string(n) +
-                     " rank files");
+          fail_usage("{}: {} shard offsets for {} rank files", where, t.shard_offsets.size(), n);
         if (t.shape.empty()) fail_usage(where + ": a 0-d tensor cannot be sharded");
         int64_t next = 0;
         for (int64_t r = 0; r < n; ++r) {
           if (t.shard_offsets[r] != next || t.shard_lengths[r] < 0)
-            fail_usage(where + ": rank " + std::to_string(r) + "'s rows start at " + std::to_string(t.shard_offsets[r]) +
-                       ", expected " + std::to_string(next));
+            fail_usage("{}: rank {}'s rows start at {}, expected {}", where, r, t.shard_offsets[r], next);
           next += t.shard_lengths[r];
           Shape local = t.shape;
           local[0] = t.shard_lengths[r];
           expect(r, t, local);
         }
         if (next != t.shape[0])
-          fail_usage(where + ": the shards hold " + std::to_string(next) + " rows of " + std::to_string(t.shape[0]));
+          fail_usage("{}: the shards hold {} rows of {}", where, next, t.shape[0]);
       } else {
         if (t.owner < 0 || t.owner >= n) fail_usage(where + ": not mapped to one of the rank files");
         expect(t.owner, t, t.shape);

@@ -57,7 +57,7 @@ cli::Program program(Commands& subs) {
   };
   p.validate = [&subs](comm::Runtime& rt) -> cli::Work {
     if (rt.size() > 1)
-      fail_usage("shard-inspect runs as one process, but this job has " + std::to_string(rt.size()) + " ranks");
+      fail_usage("shard-inspect runs as one process, but this job has {} ranks", rt.size());
     inspect::Command* chosen = nullptr;
     for (auto& [sub, cmd] : subs)
       if (sub->parsed()) chosen = cmd.get();

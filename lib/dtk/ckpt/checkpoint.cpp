@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -86,8 +87,7 @@ Metadata read_metadata(hid_t file, const std::string& where) {
   if (!h5::has_attr(file, "schema_version")) fail_usage(where + ": no schema_version attribute");
   const int64_t v = h5::get_attr_int(file, "schema_version");
   if (v != kSchemaVersion)
-    fail_usage(where + ": schema version " + std::to_string(v) + " is not supported (this dtk reads version " +
-               std::to_string(kSchemaVersion) + ")");
+    fail_usage("{}: schema version {} is not supported (this dtk reads version {})", where, v, kSchemaVersion);
   Metadata m;
   auto str = [&](const char* n) { return h5::has_attr(file, n) ? h5::get_attr_string(file, n) : std::string(); };
   auto num = [&](const char* n) { return h5::has_attr(file, n) ? h5::get_attr_int(file, n) : int64_t{0}; };
@@ -235,8 +235,7 @@ fs::path temp_name(const fs::path& dest) {
   static std::atomic<int> counter{0};
   const fs::path dir = dest.parent_path();
   remove_stale_temporaries(dir);
-  return dir / ("." + dest.filename().string() + kTempTag + host_name() + "-" + std::to_string(::getpid()) + "-" +
-                std::to_string(counter++));
+  return dir / fmt::format(".{}{}{}-{}-{}", dest.filename().string(), kTempTag, host_name(), ::getpid(), counter++);
 }
 
 void write_file_atomic(const fs::path& path, const std::string& text) {
@@ -291,7 +290,7 @@ FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)
   h5::quiet();
   const fs::path dir = path_.parent_path().empty() ? fs::path(".") : path_.parent_path();
   if (!fs::is_directory(dir)) fail_usage("cannot write " + path_.string() + ": directory " + dir.string() + " does not exist");
-  if (opts_.gzip < 0 || opts_.gzip > 9) fail_usage("gzip level must be 0..9, got " + std::to_string(opts_.gzip));
+  if (opts_.gzip < 0 || opts_.gzip > 9) fail_usage("gzip level must be 0..9, got {}", opts_.gzip);
   tmp_ = temp_name(path_);
   as_output(path_, [&] {
     impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
@@ -366,8 +365,8 @@ void FileWriter::write_rows(const std::string& name, int64_t row0, const Tensor&
       const Shape hs = host.ndim() == 0 ? Shape{1} : host.shape();
       if (hs.size() != full.size() || !std::equal(hs.begin() + 1, hs.end(), full.begin() + 1) ||
           row0 + r + hs[0] > full[0])
-        fail_usage("write " + name + ": rows " + shape_str(hs) + " at row " + std::to_string(row0 + r) +
-                   " do not fit the dataset's shape " + shape_str(full));
+        fail_usage("write {}: rows {} at row {} do not fit the dataset's shape {}", name, shape_str(hs), row0 + r,
+                   shape_str(full));
       if (hs[0] == 0) return;
       std::vector<hsize_t> start(full.size(), 0), count(hs.begin(), hs.end());
       start[0] = static_cast<hsize_t>(row0 + r);
@@ -548,8 +547,8 @@ void Reader::read_rows(const std::string& name, int64_t row0, Tensor& out) const
   const Shape os = out.ndim() == 0 ? Shape{1} : out.shape();
   if (out.dtype() != ti.dtype || out.is_cuda() || os.size() != full.size() ||
       !std::equal(os.begin() + 1, os.end(), full.begin() + 1) || row0 < 0 || row0 + os[0] > full[0])
-    fail_usage("read " + name + ": " + out.str() + " at row " + std::to_string(row0) + " does not fit the stored " +
-               std::string(dtype_name(ti.dtype)) + shape_str(ti.shape));
+    fail_usage("read {}: {} at row {} does not fit the stored {}{}", name, out.str(), row0, dtype_name(ti.dtype),
+               shape_str(ti.shape));
   if (os[0] == 0 || out.numel() == 0) return;
   as_input(path_, [&] { read_stored(name, full, os, row0, out); });
 }
@@ -771,7 +770,7 @@ void ShardedWriter::commit() {
 // ------------------------------------------------------------------------------ SerialShardedWriter
 
 void even_split(int64_t rows, int world_size, std::vector<int64_t>& offsets, std::vector<int64_t>& lengths) {
-  if (world_size < 1) fail_usage("a sharded state needs at least one rank, got " + std::to_string(world_size));
+  if (world_size < 1) fail_usage("a sharded state needs at least one rank, got {}", world_size);
   offsets.assign(static_cast<size_t>(world_size), 0);
   lengths.assign(static_cast<size_t>(world_size), 0);
   const int64_t base = rows / world_size, extra = rows % world_size;
@@ -784,7 +783,7 @@ void even_split(int64_t rows, int world_size, std::vector<int64_t>& offsets, std
 }
 
 SerialShardedWriter::SerialShardedWriter(fs::path dir, int world_size, WriteOptions opts) : dir_(std::move(dir)) {
-  if (world_size < 1) fail_usage("a sharded state needs at least one rank, got " + std::to_string(world_size));
+  if (world_size < 1) fail_usage("a sharded state needs at least one rank, got {}", world_size);
   const fs::path parent = dir_.parent_path().empty() ? fs::path(".") : dir_.parent_path();
   if (!fs::is_directory(parent))
     fail_usage("cannot write " + dir_.string() + ": directory " + parent.string() + " does not exist");
@@ -817,10 +816,10 @@ void SerialShardedWriter::create(const TensorInfo& t) {
   if (ti.sharded()) {
     if (ti.shape.empty()) fail_usage("create " + ti.name + ": a 0-d tensor cannot be sharded");
     if (static_cast<int>(ti.shard_offsets.size()) != n || static_cast<int>(ti.shard_lengths.size()) != n)
-      fail_usage("create " + ti.name + ": shard offsets and lengths need one entry per rank (" + std::to_string(n) + ")");
+      fail_usage("create {}: shard offsets and lengths need one entry per rank ({})", ti.name, n);
     for (int r = 0; r < n; ++r)
       if (ti.shard_offsets[r] < 0 || ti.shard_lengths[r] < 0 || ti.shard_offsets[r] + ti.shard_lengths[r] > ti.shape[0])
-        fail_usage("create " + ti.name + ": rank " + std::to_string(r) + "'s rows do not fit " + shape_str(ti.shape));
+        fail_usage("create {}: rank {}'s rows do not fit {}", ti.name, r, shape_str(ti.shape));
     ti.owner = -1;
     for (int r = 0; r < n; ++r) {
       Shape local = ti.shape;
@@ -830,7 +829,7 @@ void SerialShardedWriter::create(const TensorInfo& t) {
   } else {
     if (ti.owner < 0) ti.owner = 0;
     if (ti.owner >= n)
-      fail_usage("create " + ti.name + ": owner rank " + std::to_string(ti.owner) + " is not below " + std::to_string(n));
+      fail_usage("create {}: owner rank {} is not below {}", ti.name, ti.owner, n);
     files_[ti.owner]->create(ti.name, ti.shape, ti.dtype);
   }
   index_.push_back(std::move(ti));

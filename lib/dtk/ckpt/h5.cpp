@@ -74,8 +74,7 @@ DType dtype_of(hid_t type, const std::string& what) {
     if (!sign && size == 1) return DType::u8;
     if (!sign && size == 2) return DType::u16;
   }
-  fail_usage(what + ": a data type dtk does not use (class " + std::to_string(cls) + ", " + std::to_string(size) +
-             " bytes)");
+  fail_usage("{}: a data type dtk does not use (class {}, {} bytes)", what, static_cast<int>(cls), size);
 }
 
 void make_parents(hid_t file, const std::string& name) {

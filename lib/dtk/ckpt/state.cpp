@@ -1,5 +1,7 @@
 #include "dtk/ckpt/state.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -10,7 +12,7 @@ namespace dtk::ckpt {
 namespace {
 
 std::string stored_name(const StateEntry& e, int rank) {
-  return e.owner == kPerRank ? "ranks/" + std::to_string(rank) + "/" + e.name : e.name;
+  return e.owner == kPerRank ? fmt::format("ranks/{}/{}", rank, e.name) : e.name;
 }
 
 // Does this rank send (rank != 0) or write (rank 0) the entry?

@@ -1,5 +1,6 @@
 #include "dtk/cli/cli.h"
 
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -26,7 +27,7 @@ struct Common {
 void setup_logging(const std::string& name, const Common& c, int rank) {
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>(name, sink);
-  logger->set_pattern("[%H:%M:%S.%e] [" + name + " " + std::to_string(rank) + "] %^%l%$: %v");
+  logger->set_pattern(fmt::format("[%H:%M:%S.%e] [{} {}] %^%l%$: %v", name, rank));
   auto level = spdlog::level::from_str(c.log_level);
   // Other ranks stay quiet unless asked, but their warnings and errors always show.
   if (rank != 0 && !c.log_all_ranks) level = std::max(level, spdlog::level::warn);

@@ -65,9 +65,8 @@ void Communicator::check_counts(const char* op, const Buffer& send, const Buffer
                                 size_t recv_count) const {
   if (send.dtype != recv.dtype) fail_usage(std::string(op) + ": send and receive buffers differ in dtype");
   if (send.count != send_count || recv.count != recv_count)
-    fail_usage(std::string(op) + ": expected " + std::to_string(send_count) + " elements to send and " +
-               std::to_string(recv_count) + " to receive on " + std::to_string(size_) + " ranks, got " +
-               std::to_string(send.count) + " and " + std::to_string(recv.count));
+    fail_usage("{}: expected {} elements to send and {} to receive on {} ranks, got {} and {}", op, send_count,
+               recv_count, size_, send.count, recv.count);
   if (!accepts(send.device) || !accepts(recv.device))
     fail_usage(std::string(op) + ": the " + std::string(backend_name(backend())) +
                " backend cannot use buffers on " + send.device.str());
@@ -75,8 +74,7 @@ void Communicator::check_counts(const char* op, const Buffer& send, const Buffer
 
 void Communicator::check_root(const char* op, int root) const {
   if (root < 0 || root >= size_)
-    fail_usage(std::string(op) + ": root " + std::to_string(root) + " is not a rank of a world of " +
-               std::to_string(size_));
+    fail_usage("{}: root {} is not a rank of a world of {}", op, root, size_);
 }
 
 std::string_view launcher_name(Launcher l) {

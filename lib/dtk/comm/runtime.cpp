@@ -65,7 +65,7 @@ Runtime& Runtime::get() {
 }
 
 void Runtime::set_timeout(double timeout_s) {
-  if (!(timeout_s > 0)) fail_usage("the communication timeout must be positive, got " + std::to_string(timeout_s));
+  if (!(timeout_s > 0)) fail_usage("the communication timeout must be positive, got {}", timeout_s);
   opts_.timeout_s = timeout_s;
   watchdog::set_timeout(timeout_s);
 }
@@ -98,14 +98,14 @@ void Runtime::check_launch() const {
   if (launcher_ == Launcher::srun) {
     const int tasks = srun_tasks();
     if (srun_without_pmix())
-      fail_usage("srun started " + std::to_string(tasks) +
-                 " tasks without PMIx, which Open MPI needs to join them into one job: run `srun --mpi=pmix ...` "
-                 "(SLURM's pmix plugin needs libpmix-dev on the nodes; --mpi=pmi2 does not work with Open MPI), "
-                 "or start the job with mpiexec.");
+      fail_usage("srun started {} tasks without PMIx, which Open MPI needs to join them into one job: run "
+                 "`srun --mpi=pmix ...` (SLURM's pmix plugin needs libpmix-dev on the nodes; --mpi=pmi2 does not work "
+                 "with Open MPI), or start the job with mpiexec.",
+                 tasks);
     if (tasks > 1 && size_ == 1)
-      fail_usage("srun started " + std::to_string(tasks) +
-                 " tasks but MPI sees a world of 1 in each: this MPI did not reach SLURM's process manager. "
-                 "Run `srun --mpi=pmix ...` (see `srun --mpi=list`), or start the job with mpiexec.");
+      fail_usage("srun started {} tasks but MPI sees a world of 1 in each: this MPI did not reach SLURM's process "
+                 "manager. Run `srun --mpi=pmix ...` (see `srun --mpi=list`), or start the job with mpiexec.",
+                 tasks);
   }
 }
 
@@ -123,7 +123,7 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
   switch (resolve(b, d)) {
     case Backend::local:
       if (size_ > 1)
-        fail_usage("the local backend is a world of one, but this job has " + std::to_string(size_) + " ranks");
+        fail_usage("the local backend is a world of one, but this job has {} ranks", size_);
       if (!local_world_) local_world_ = make_local_communicator();
       return local_world_;
     case Backend::mpi:

@@ -11,13 +11,13 @@
 namespace dtk::compress {
 
 void Config::validate() const {
-  if (rank < 1) fail_usage("compressor: rank must be >= 1, got " + std::to_string(rank));
-  if (start_iter < 0) fail_usage("compressor: start_iter must be >= 0, got " + std::to_string(start_iter));
+  if (rank < 1) fail_usage("compressor: rank must be >= 1, got {}", rank);
+  if (start_iter < 0) fail_usage("compressor: start_iter must be >= 0, got {}", start_iter);
   if (!(min_compression_rate >= 0) || !std::isfinite(min_compression_rate))
-    fail_usage("compressor: min_compression_rate must be finite and >= 0, got " + std::to_string(min_compression_rate));
+    fail_usage("compressor: min_compression_rate must be finite and >= 0, got {}", min_compression_rate);
   if (comm_dtype != DType::f32 && comm_dtype != DType::bf16)
     fail_usage("compressor: comm_dtype must be f32 or bf16, got " + std::string(dtype_name(comm_dtype)));
-  if (!(ratio > 0 && ratio <= 1)) fail_usage("compressor: ratio must be in (0, 1], got " + std::to_string(ratio));
+  if (!(ratio > 0 && ratio <= 1)) fail_usage("compressor: ratio must be in (0, 1], got {}", ratio);
 }
 
 std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
@@ -103,16 +103,15 @@ Tensor& Base::flat_error() {
 
 void Base::check_params(const std::vector<nn::Param>& params) const {
   if (params.size() != layout_.size())
-    fail_usage("compressor: built for " + std::to_string(layout_.size()) + " parameters, called with " +
-               std::to_string(params.size()));
+    fail_usage("compressor: built for {} parameters, called with {}", layout_.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     const auto& l = layout_[i];
     if (p.name != l.name || !p.grad.defined() || p.grad.shape() != l.shape || p.grad.dtype() != DType::f32 ||
         p.grad.device() != device_)
-      fail_usage("compressor: parameter " + std::to_string(i) + " is '" + p.name + "' " +
-                 (p.grad.defined() ? p.grad.str() : std::string("without a gradient")) + ", expected '" + l.name +
-                 "' f32" + shape_str(l.shape) + " on " + device_.str());
+      fail_usage("compressor: parameter {} is '{}' {}, expected '{}' f32{} on {}", i, p.name,
+                 p.grad.defined() ? p.grad.str() : std::string("without a gradient"), l.name, shape_str(l.shape),
+                 device_.str());
   }
 }
 
@@ -148,7 +147,7 @@ void Base::check_agreement() {
 void Base::begin(std::vector<nn::Param>& params, int64_t step) {
   if (params_) fail("compressor: begin() called again before finish()");
   check_params(params);
-  if (step < 0) fail_usage("compressor: step must be >= 0, got " + std::to_string(step));
+  if (step < 0) fail_usage("compressor: step must be >= 0, got {}", step);
   if (!checked_) {
     check_agreement();
     checked_ = true;
@@ -175,8 +174,7 @@ void Base::begin(std::vector<nn::Param>& params, int64_t step) {
 void Base::bucket_ready(size_t k) {
   if (!params_) fail("compressor: bucket_ready() outside begin() and finish()");
   if (k != next_ || k >= buckets_.size())
-    fail("compressor: bucket " + std::to_string(k) + " ready out of order (expected " + std::to_string(next_) + " of " +
-         std::to_string(buckets_.size()) + ")");
+    fail("compressor: bucket {} ready out of order (expected {} of {})", k, next_, buckets_.size());
   ++next_;
   if (plain_)
     start_plain(k);

@@ -1,5 +1,7 @@
 #include "dtk/core/device.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 
 #include "dtk/core/error.h"
@@ -7,7 +9,7 @@
 namespace dtk {
 
 std::string Device::str() const {
-  return is_cuda() ? "cuda:" + std::to_string(index) : std::string("cpu");
+  return is_cuda() ? fmt::format("cuda:{}", index) : std::string("cpu");
 }
 
 Device parse_device(std::string_view s) {

@@ -9,6 +9,7 @@
 // cli/checks.h). DTK_ENUM_NAMES goes in the enum's own namespace.
 #pragma once
 #include <array>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -42,7 +43,7 @@ template <NamedEnum E>
 std::string_view name_of(E e) {
   for (const auto& [v, n] : enum_table<E>())
     if (v == e) return n;
-  throw Error("enum value " + std::to_string(static_cast<long long>(e)) + " has no name");
+  throw Error(fmt::format("enum value {} has no name", static_cast<long long>(e)));
 }
 
 // "a, b or c"

@@ -1,8 +1,11 @@
 // Errors shared by every module. Two kinds, because programs map them to different exit codes:
 // UsageError is bad usage or bad input (exit 2), Error is a failure while running (exit 1).
 #pragma once
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dtk {
 
@@ -30,6 +33,21 @@ class AgreedError : public Error {
 
 [[noreturn]] void fail(const std::string& what);        // throws Error
 [[noreturn]] void fail_usage(const std::string& what);  // throws UsageError
+
+// The same with the message formatted by fmt, its format string checked at compile time:
+// fail_usage("schedule: warmup must be >= 0, got {}", warmup). A single argument goes to the
+// overloads above and is never read as a format string, so a message that is already built (and
+// may hold braces) passes through as it is.
+template <class... A>
+  requires(sizeof...(A) > 0)
+[[noreturn]] void fail(fmt::format_string<A...> format, A&&... args) {
+  fail(fmt::format(format, std::forward<A>(args)...));
+}
+template <class... A>
+  requires(sizeof...(A) > 0)
+[[noreturn]] void fail_usage(fmt::format_string<A...> format, A&&... args) {
+  fail_usage(fmt::format(format, std::forward<A>(args)...));
+}
 
 #define DTK_CHECK(cond, msg)                      \
   do {                                            \

@@ -1,5 +1,6 @@
 #include "dtk/core/h5.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <mutex>
@@ -38,8 +39,8 @@ void quiet() {
 namespace {
 // One entry of HDF5's error stack as a line of the debug log.
 std::string describe(const H5E_error2_t& e) {
-  return std::string(e.func_name ? e.func_name : "?") + "(): " + (e.desc ? e.desc : "") + " (" +
-         (e.file_name ? e.file_name : "?") + ":" + std::to_string(e.line) + ")";
+  return fmt::format("{}(): {} ({}:{})", e.func_name ? e.func_name : "?", e.desc ? e.desc : "",
+                     e.file_name ? e.file_name : "?", e.line);
 }
 
 // The meaningful part of the innermost entry: a failed system call's own message (the sec2

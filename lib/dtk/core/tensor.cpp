@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <fmt/ranges.h>  // fmt::join
+
 #include "dtk/core/error.h"
 
 namespace dtk {
@@ -40,9 +42,7 @@ int64_t shape_numel(const Shape& s) {
 }
 
 std::string shape_str(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
+  return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
 MemoryStats memory_stats(Device d) {
@@ -72,7 +72,7 @@ Storage::Storage(size_t bytes, Device d) : bytes_(bytes), device_(d) {
   } else {
     reserved_ = (bytes + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, reserved_ ? reserved_ : 64);
-    if (!data_) fail("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    if (!data_) fail("out of host memory allocating {} bytes", bytes);
     g_host.allocations.fetch_add(1);
     host_account(static_cast<ptrdiff_t>(reserved_));
   }
@@ -111,7 +111,7 @@ Tensor Tensor::zeros(const Shape& shape, DType t, Device d) {
 int64_t Tensor::dim(int i) const {
   const int n = ndim();
   const int j = i < 0 ? i + n : i;
-  if (j < 0 || j >= n) fail_usage("dimension " + std::to_string(i) + " out of range for " + str());
+  if (j < 0 || j >= n) fail_usage("dimension {} out of range for {}", i, str());
   return shape_[j];
 }
 
@@ -140,7 +140,7 @@ Tensor Tensor::reshape(const Shape& shape) const {
 Tensor Tensor::slice(int64_t begin, int64_t end) const {
   if (ndim() == 0) fail_usage("slice of a 0-d tensor");
   if (begin < 0 || end < begin || end > shape_[0])
-    fail_usage("slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") out of range for " + str());
+    fail_usage("slice [{}, {}) out of range for {}", begin, end, str());
   const int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
   Tensor v = *this;
   v.shape_[0] = end - begin;
@@ -176,7 +176,7 @@ Tensor Tensor::from_host(const void* data, const Shape& shape, DType t, Device d
 
 Tensor Tensor::from_doubles(const std::vector<double>& v, const Shape& shape, DType t, Device d) {
   if (static_cast<int64_t>(v.size()) != shape_numel(shape))
-    fail_usage("from_doubles: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+    fail_usage("from_doubles: {} values for shape {}", v.size(), shape_str(shape));
   std::vector<unsigned char> host(v.size() * dtype_size(t));
   for (size_t i = 0; i < v.size(); ++i) store_from_double(t, host.data(), i, v[i]);
   return from_host(host.data(), shape, t, d);

@@ -26,8 +26,8 @@ void augment(nn::Batch& batch, Augment kind, int64_t channels, int64_t height, i
   const int64_t B = batch.inputs.dim(0), HW = height * width, D = channels * HW;
   if (batch.inputs.dtype() != DType::f32 || batch.inputs.numel() != B * D || static_cast<int64_t>(indices.size()) != B ||
       pad < 0)
-    fail("augment: inputs " + batch.inputs.str() + " are not " + std::to_string(indices.size()) + " images of " +
-         std::to_string(channels) + "x" + std::to_string(height) + "x" + std::to_string(width));
+    fail("augment: inputs {} are not {} images of {}x{}x{}", batch.inputs.str(), indices.size(), channels, height,
+         width);
   float* x = batch.inputs.ptr<float>();
   std::vector<float> src(static_cast<size_t>(HW));
   for (int64_t b = 0; b < B; ++b) {

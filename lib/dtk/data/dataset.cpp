@@ -2,6 +2,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -29,7 +31,7 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
   if (p.filename().empty()) fail_usage(path + ": not a file name");
   if (fs::is_directory(p, ec)) fail_usage(path + ": is a directory");
   const fs::path tmp =
-      dir / ("." + p.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+      dir / fmt::format(".{}.tmp-{}-{}", p.filename().string(), ::getpid(), counter++);
   auto g = h5io::lock();
   h5io::quiet();
   try {
@@ -84,13 +86,12 @@ void write_attrs(hid_t file, const nlohmann::json& attrs) {
 }
 
 void check_labels(const std::string& path, std::span<const int32_t> labels, int64_t n, int64_t classes) {
-  if (classes < 1) fail_usage(path + ": classes must be positive (" + std::to_string(classes) + ")");
+  if (classes < 1) fail_usage("{}: classes must be positive ({})", path, classes);
   if (static_cast<int64_t>(labels.size()) != n)
-    fail_usage(path + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(n) + " samples");
+    fail_usage("{}: {} labels for {} samples", path, labels.size(), n);
   for (size_t i = 0; i < labels.size(); ++i)
     if (labels[i] < 0 || labels[i] >= classes)
-      fail_usage(path + ": label " + std::to_string(labels[i]) + " of sample " + std::to_string(i) +
-                 " is out of range [0, " + std::to_string(classes) + ")");
+      fail_usage("{}: label {} of sample {} is out of range [0, {})", path, labels[i], i, classes);
 }
 
 void write_classification(const std::string& path, const char* name, hid_t file_type, hid_t mem_type,
@@ -126,11 +127,10 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelCo
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
                       const nlohmann::json& attrs) {
   if (vocab_size < 1 || vocab_size > (int64_t{1} << 32))
-    fail_usage(path + ": vocab_size " + std::to_string(vocab_size) + " is out of range [1, 2^32]");
+    fail_usage("{}: vocab_size {} is out of range [1, 2^32]", path, vocab_size);
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] >= static_cast<uint64_t>(vocab_size))
-      fail_usage(path + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                 " is not below vocab_size " + std::to_string(vocab_size));
+      fail_usage("{}: token {} at position {} is not below vocab_size {}", path, tokens[i], i, vocab_size);
   const hid_t ft = vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
   write_atomically(path, [&](hid_t f) {
     write_array(f, "tokens", ft, H5T_NATIVE_UINT32, {static_cast<hsize_t>(tokens.size())}, tokens.data());
@@ -146,7 +146,7 @@ void write_image_file(const std::string& path, std::span<const uint8_t> images, 
   for (int64_t d : shape)
     if (d < 0) fail_usage(path + ": bad image shape " + shape_str(shape));
   if (static_cast<int64_t>(images.size()) != shape_numel(shape))
-    fail_usage(path + ": " + std::to_string(images.size()) + " bytes of images for the shape " + shape_str(shape));
+    fail_usage("{}: {} bytes of images for the shape {}", path, images.size(), shape_str(shape));
   write_classification(path, "images", H5T_STD_U8LE, H5T_NATIVE_UINT8, images.data(), shape, labels, classes,
                        "dtk-images", attrs);
 }
@@ -157,11 +157,11 @@ void write_feature_file(const std::string& path, std::span<const float> features
   for (int64_t d : shape)
     if (d < 0) fail_usage(path + ": bad feature shape " + shape_str(shape));
   if (static_cast<int64_t>(features.size()) != shape_numel(shape))
-    fail_usage(path + ": " + std::to_string(features.size()) + " features for the shape " + shape_str(shape));
+    fail_usage("{}: {} features for the shape {}", path, features.size(), shape_str(shape));
   if (const size_t at = detail::first_non_finite(features.data(), features.size()); at < features.size())
-    fail_usage(path + ": sample " + std::to_string(static_cast<int64_t>(at) / shape[1]) + " holds " +
-               (std::isnan(features[at]) ? "NaN" : features[at] > 0 ? "+inf" : "-inf") + " (column " +
-               std::to_string(static_cast<int64_t>(at) % shape[1]) + "); features must be finite");
+    fail_usage("{}: sample {} holds {} (column {}); features must be finite", path, static_cast<int64_t>(at) / shape[1],
+               std::isnan(features[at]) ? "NaN" : features[at] > 0 ? "+inf" : "-inf",
+               static_cast<int64_t>(at) % shape[1]);
   write_classification(path, "features", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, features.data(), shape, labels, classes,
                        "dtk-features", attrs);
 }

@@ -2,6 +2,9 @@
 // starting at multiples of seq_len) and classification files (`images` u8 [N,H,W,C] or
 // `features` float [N,D], with `labels` [N]). Batches read only their rows, through hyperslab
 // selections; only the labels are held in memory.
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,11 +26,11 @@ using h5io::Id;
 std::string type_name(hid_t type) {
   const H5T_class_t c = H5Tget_class(type);
   const size_t bits = H5Tget_size(type) * 8;
-  if (c == H5T_INTEGER) return (H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "i") + std::to_string(bits);
-  if (c == H5T_FLOAT) return "f" + std::to_string(bits);
+  if (c == H5T_INTEGER) return fmt::format("{}{}", H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "i", bits);
+  if (c == H5T_FLOAT) return fmt::format("f{}", bits);
   if (c == H5T_STRING) return "string";
   if (c == H5T_COMPOUND) return "compound";
-  return "class " + std::to_string(static_cast<int>(c)) + ", " + std::to_string(bits / 8) + " bytes";
+  return fmt::format("class {}, {} bytes", static_cast<int>(c), bits / 8);
 }
 
 // An opened dataset of a data file: its id, type and dims.
@@ -91,9 +94,7 @@ bool int_attr(hid_t file, hid_t dset, const char* name, int64_t* out, const std:
 }
 
 std::string dims_str(const std::vector<hsize_t>& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
+  return fmt::format("[{}]", fmt::join(d, ", "));
 }
 
 // Both file kinds hold the file open for their lifetime and close it under the HDF5 lock.
@@ -127,15 +128,14 @@ class TokenFile final : public FileDataset {
     n_ = static_cast<int64_t>(arr_.dims[0]);
     if (!int_attr(file_, arr_.dset, "vocab_size", &vocab_, p))
       fail_usage(p + ": the attribute vocab_size is missing (write token files with data-pack)");
-    if (vocab_ < 1) fail_usage(p + ": vocab_size " + std::to_string(vocab_) + " is not positive");
+    if (vocab_ < 1) fail_usage("{}: vocab_size {} is not positive", p, vocab_);
     if (vocab_ > m.vocab)
-      fail_usage(p + ": vocab_size " + std::to_string(vocab_) + " is larger than the model's vocab " +
-                 std::to_string(m.vocab) + " (use a model with --vocab " + std::to_string(vocab_) + " or more)");
+      fail_usage("{}: vocab_size {} is larger than the model's vocab {} (use a model with --vocab {} or more)", p, vocab_,
+                 m.vocab, vocab_);
     seq_ = m.seq_len;
     if (seq_ < 1) fail_usage(p + ": the model's seq_len must be positive");
     if (n_ < seq_ + 1)
-      fail_usage(p + ": " + std::to_string(n_) + " tokens are too short for one window of seq_len + 1 = " +
-                 std::to_string(seq_ + 1) + " tokens");
+      fail_usage("{}: {} tokens are too short for one window of seq_len + 1 = {} tokens", p, n_, seq_ + 1);
     samples_ = (n_ - 1) / seq_;
     double v;
     if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
@@ -164,9 +164,8 @@ class TokenFile final : public FileDataset {
       const uint32_t* w = tok + off[static_cast<size_t>(b)];
       for (int64_t t = 0; t <= T; ++t)
         if (w[t] >= static_cast<uint64_t>(vocab_))
-          fail_usage(path_ + ": token " + std::to_string(w[t]) + " at position " +
-                     std::to_string(indices[static_cast<size_t>(b)] * T + t) + " is not below vocab_size " +
-                     std::to_string(vocab_));
+          fail_usage("{}: token {} at position {} is not below vocab_size {}", path_, w[t],
+                     indices[static_cast<size_t>(b)] * T + t, vocab_);
       for (int64_t t = 0; t < T; ++t) {
         pin[b * T + t] = static_cast<int32_t>(w[t]);
         ptg[b * T + t] = static_cast<int32_t>(w[t + 1]);
@@ -215,23 +214,20 @@ class ClassFile final : public FileDataset {
       fail_usage(p + ": the images are " + shape_str(chw_) + " (C, H, W), but the model's input_shape is " +
                  shape_str(m.input_shape));
     if (d_ != m.sample_numel())
-      fail_usage(p + ": a sample of `" + name + "` " + dims_str(arr_.dims) + " has " + std::to_string(d_) +
-                 " values, but the model takes " + std::to_string(m.sample_numel()) +
-                 (m.arch == "mlp" ? " (its input_dim)" : " (its input_shape)"));
+      fail_usage("{}: a sample of `{}` {} has {} values, but the model takes {} ({})", p, name, dims_str(arr_.dims), d_,
+                 m.sample_numel(), m.arch == "mlp" ? "its input_dim" : "its input_shape");
 
     if (!exists(file_, "labels")) fail_usage(p + ": the dataset `labels` is missing");
     Array lab = open_array(file_, "labels", p);
     if (H5Tget_class(lab.type) != H5T_INTEGER) fail_usage(p + ": `labels` must be integers (it is " + type_name(lab.type) + ")");
     if (lab.dims.size() != 1 || static_cast<int64_t>(lab.dims[0]) != n_)
-      fail_usage(p + ": `labels` must be [" + std::to_string(n_) + "] like `" + name + "` (it is " +
-                 dims_str(lab.dims) + ")");
+      fail_usage("{}: `labels` must be [{}] like `{}` (it is {})", p, n_, name, dims_str(lab.dims));
     int64_t attr_classes = 0;
     classes_ = m.classes;
     if (int_attr(file_, lab.dset, "classes", &attr_classes, p)) {
-      if (attr_classes < 1) fail_usage(p + ": the attribute classes (" + std::to_string(attr_classes) + ") is not positive");
+      if (attr_classes < 1) fail_usage("{}: the attribute classes ({}) is not positive", p, attr_classes);
       if (attr_classes > m.classes)
-        fail_usage(p + ": the file has " + std::to_string(attr_classes) + " classes, but the model has " +
-                   std::to_string(m.classes));
+        fail_usage("{}: the file has {} classes, but the model has {}", p, attr_classes, m.classes);
       classes_ = attr_classes;
     }
     // The labels, read in bounded chunks and checked.
@@ -240,9 +236,8 @@ class ClassFile final : public FileDataset {
                             [&](int64_t r, int64_t rows, const int64_t* v) {
       for (int64_t i = 0; i < rows; ++i) {
         if (v[i] < 0 || v[i] >= classes_)
-          fail_usage(p + ": label " + std::to_string(v[i]) + " of sample " + std::to_string(r + i) +
-                     " is out of range [0, " + std::to_string(classes_) + ")" +
-                     (attr_classes ? " (the file's classes attribute)" : " (the model's classes)"));
+          fail_usage("{}: label {} of sample {} is out of range [0, {}) ({})", p, v[i], r + i, classes_,
+                     attr_classes ? "the file's classes attribute" : "the model's classes");
         labels_[static_cast<size_t>(r + i)] = static_cast<int32_t>(v[i]);
       }
     });
@@ -312,9 +307,9 @@ class ClassFile final : public FileDataset {
       const size_t n = static_cast<size_t>(rows * d_), at = detail::first_non_finite(x, n);
       if (at == n) return;
       const float bad = x[at];
-      fail_usage(path_ + ": sample " + std::to_string(r + static_cast<int64_t>(at) / d_) + " of `features` holds " +
-                 (std::isnan(bad) ? "NaN" : bad > 0 ? "+inf" : "-inf") + " (column " +
-                 std::to_string(static_cast<int64_t>(at) % d_) + "); features must be finite");
+      fail_usage("{}: sample {} of `features` holds {} (column {}); features must be finite", path_,
+                 r + static_cast<int64_t>(at) / d_, std::isnan(bad) ? "NaN" : bad > 0 ? "+inf" : "-inf",
+                 static_cast<int64_t>(at) % d_);
     });
   }
 

@@ -53,12 +53,12 @@ struct Permutation {
 Sampler::Sampler(int64_t dataset_size, int64_t global_batch, uint64_t seed)
     : size_(dataset_size), global_batch_(global_batch), seed_(seed) {
   if (dataset_size < 1) fail_usage("the dataset has no samples");
-  if (global_batch < 1) fail_usage("the global batch size must be positive (" + std::to_string(global_batch) + ")");
+  if (global_batch < 1) fail_usage("the global batch size must be positive ({})", global_batch);
 }
 
 std::vector<int64_t> Sampler::global_indices(int64_t step) const {
-  if (step < 0) fail_usage("step " + std::to_string(step) + " is negative");
-  if (step > std::numeric_limits<int64_t>::max() / global_batch_ - 1) fail_usage("step " + std::to_string(step) + " is too large");
+  if (step < 0) fail_usage("step {} is negative", step);
+  if (step > std::numeric_limits<int64_t>::max() / global_batch_ - 1) fail_usage("step {} is too large", step);
   const uint64_t key = detail::derive_key(seed_, detail::kTagSampler);
   std::vector<int64_t> out(static_cast<size_t>(global_batch_));
   const int64_t first = step * global_batch_;
@@ -76,7 +76,7 @@ std::vector<int64_t> Sampler::global_indices(int64_t step) const {
 
 std::pair<int64_t, int64_t> Sampler::shard(int64_t global_batch, int rank, int world_size) {
   if (world_size < 1 || rank < 0 || rank >= world_size)
-    fail_usage("rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world_size));
+    fail_usage("rank {} is not in a world of {}", rank, world_size);
   if (global_batch < 0) fail_usage("negative global batch");
   const int64_t base = global_batch / world_size, extra = global_batch % world_size;
   const int64_t begin = rank * base + std::min<int64_t>(rank, extra);

@@ -60,8 +60,8 @@ void normals(uint64_t key, uint32_t tag, uint64_t index, int64_t n, double* out)
 
 // ------------------------------------------------------------------------------ Markov chain
 MarkovChain::MarkovChain(int64_t vocab, uint64_t seed, int successors) : vocab_(vocab), seed_(seed) {
-  if (vocab < 2) fail_usage("synthetic language: the vocabulary needs at least 2 tokens (vocab " + std::to_string(vocab) + ")");
-  if (vocab > (int64_t{1} << 31) - 1) fail_usage("synthetic language: vocab " + std::to_string(vocab) + " is too large");
+  if (vocab < 2) fail_usage("synthetic language: the vocabulary needs at least 2 tokens (vocab {})", vocab);
+  if (vocab > (int64_t{1} << 31) - 1) fail_usage("synthetic language: vocab {} is too large", vocab);
   if (successors < 1) fail_usage("synthetic language: successors must be at least 1");
   k_ = static_cast<int>(std::min<int64_t>(successors, vocab));
   const size_t V = static_cast<size_t>(vocab), K = static_cast<size_t>(k_);

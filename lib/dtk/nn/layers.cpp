@@ -15,7 +15,7 @@ namespace {
 // t viewed as a matrix [rows, n].
 Tensor as_rows(const Tensor& t, int64_t n, const char* op, const char* name) {
   if (n <= 0 || t.numel() % n != 0)
-    fail_usage(std::string(op) + ": " + name + " " + t.str() + " does not have rows of " + std::to_string(n));
+    fail_usage("{}: {} {} does not have rows of {}", op, name, t.str(), n);
   return t.reshape({t.numel() / n, n});
 }
 
@@ -59,8 +59,7 @@ const int32_t* host_ids(const Tensor& t, Buffer& staging, int64_t lo, int64_t hi
   }
   for (int64_t i = 0; i < t.numel(); ++i)
     if (p[i] < lo || p[i] >= hi)
-      fail_usage(std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(p[i]) +
-                 ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + ")");
+      fail_usage("{}: element {} is {}, outside [{}, {})", what, i, p[i], lo, hi);
   return p;
 }
 
@@ -80,7 +79,7 @@ void Linear::forward(const Tensor& x, Tensor& y) {
   x_ = as_rows(x, W.dim(1), "Linear.forward", "x");
   Tensor y2 = as_rows(y, W.dim(0), "Linear.forward", "y");
   if (y2.dim(0) != x_.dim(0))
-    fail_usage("Linear.forward: y " + y.str() + " must have " + std::to_string(x_.dim(0)) + " rows like x " + x.str());
+    fail_usage("Linear.forward: y {} must have {} rows like x {}", y.str(), x_.dim(0), x.str());
   ops::gemm(false, true, 1.0, x_, W, 0.0, y2);  // y = x W^T
   if (b_) {
     Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());
@@ -95,7 +94,7 @@ void Linear::backward(const Tensor& dy, Tensor* dx, bool accumulate_dx) {
   const Tensor& W = w_->value;
   Tensor dy2 = as_rows(dy, W.dim(0), "Linear.backward", "dy");
   if (dy2.dim(0) != x_.dim(0))
-    fail_usage("Linear.backward: dy " + dy.str() + " must have the " + std::to_string(x_.dim(0)) + " rows of x");
+    fail_usage("Linear.backward: dy {} must have the {} rows of x", dy.str(), x_.dim(0));
   ops::gemm(true, false, 1.0, dy2, x_, 1.0, w_->grad);  // dW += dy^T x
   if (b_) {
     Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());  // filled by forward
@@ -272,8 +271,8 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
   if (logits.ndim() != 2) fail_usage("CrossEntropy.forward: logits must be [N, V], got " + logits.str());
   const int64_t N = logits.dim(0), V = logits.dim(1);
   if (!targets.defined() || targets.numel() != N)
-    fail_usage("CrossEntropy.forward: targets must have " + std::to_string(N) + " elements, got " +
-               (targets.defined() ? targets.str() : "an undefined tensor"));
+    fail_usage("CrossEntropy.forward: targets must have {} elements, got {}", N,
+               targets.defined() ? targets.str() : "an undefined tensor");
   const int32_t* t = host_ids(targets, host_targets_, -1, V, "targets");
   count_ = 0;
   for (int64_t i = 0; i < N; ++i) count_ += t[i] >= 0;
@@ -337,8 +336,7 @@ void CrossEntropy::release() {
 
 void Conv2d::bind(Param* weight, const ops::Window& win) {
   if (weight->shape.size() != 4 || weight->shape[2] != win.kh || weight->shape[3] != win.kw)
-    fail_usage("Conv2d: " + weight->name + " " + shape_str(weight->shape) + " must be [K, C, " + std::to_string(win.kh) +
-               ", " + std::to_string(win.kw) + "]");
+    fail_usage("Conv2d: {} {} must be [K, C, {}, {}]", weight->name, shape_str(weight->shape), win.kh, win.kw);
   w_ = weight;
   win_ = win;
 }
@@ -390,7 +388,7 @@ void BatchNorm2d::bind(Param* weight, Param* bias, Tensor running_mean, Tensor r
 void BatchNorm2d::forward(const Tensor& x, Tensor& y, Pass pass) {
   if (!w_) fail("BatchNorm2d: used before bind()");
   if (x.ndim() < 2 || x.dim(1) != w_->shape[0])
-    fail_usage("BatchNorm2d: x must be [N, " + std::to_string(w_->shape[0]) + ", ...], got " + x.str());
+    fail_usage("BatchNorm2d: x must be [N, {}, ...], got {}", w_->shape[0], x.str());
   const int64_t C = x.dim(1);
   const DType t = x.dtype();
   const Device d = x.device();

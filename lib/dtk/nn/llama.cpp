@@ -18,6 +18,8 @@
 //    for every gemm), and keeping it would cost [B, T, D] per layer, as much as keeping h_mid.
 // Recomputation runs the same ops on the same inputs, so the gradients are bit-identical in every
 // mode. The head (norm + output + loss) keeps its activations in every mode.
+#include <fmt/format.h>
+
 #include <string>
 #include <vector>
 
@@ -155,7 +157,7 @@ class Llama final : public Model {
     std::vector<std::tuple<std::string, Shape, int>> specs;
     specs.emplace_back("tok_embeddings.weight", Shape{c.vocab, D}, 0);
     for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "layers." + std::to_string(l) + ".";
+      const std::string p = fmt::format("layers.{}.", l);
       const int b = static_cast<int>(l + 1);
       specs.emplace_back(p + "attention_norm.weight", Shape{D}, b);
       specs.emplace_back(p + "attention.wq.weight", Shape{c.n_heads * hd, D}, b);
@@ -274,8 +276,7 @@ class Llama final : public Model {
     const int64_t B = x.dim(0), T = x.dim(1);
     if (B < 1 || T < 1) fail_usage("llama: empty batch " + x.str());
     if (T > config_.seq_len)
-      fail_usage("llama: batch sequence length " + std::to_string(T) + " exceeds the model's seq_len " +
-                 std::to_string(config_.seq_len));
+      fail_usage("llama: batch sequence length {} exceeds the model's seq_len {}", T, config_.seq_len);
     if (!y.defined() || y.dtype() != DType::i32 || y.shape() != x.shape())
       fail_usage("llama: batch targets must be i32 " + shape_str(x.shape()) + " like the inputs, got " +
                  (y.defined() ? y.str() : "none"));

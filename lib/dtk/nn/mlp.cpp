@@ -1,6 +1,8 @@
 // The mlp classifier: input_dim -> hidden[0] -> ... -> classes, ReLU between the layers, mean
 // cross-entropy over the batch. Parameters layers.i.weight [out, in] and layers.i.bias [out];
 // layer i is block i. It keeps every activation (small); activation checkpointing is ignored.
+#include <fmt/format.h>
+
 #include <string>
 #include <vector>
 
@@ -21,7 +23,7 @@ class Mlp final : public Model {
     sizes.push_back(cfg.classes);
     std::vector<std::tuple<std::string, Shape, int>> specs;
     for (size_t i = 0; i + 1 < sizes.size(); ++i) {
-      const std::string p = "layers." + std::to_string(i) + ".";
+      const std::string p = fmt::format("layers.{}.", i);
       specs.emplace_back(p + "weight", Shape{sizes[i + 1], sizes[i]}, static_cast<int>(i));
       specs.emplace_back(p + "bias", Shape{sizes[i + 1]}, static_cast<int>(i));
     }
@@ -69,12 +71,11 @@ class Mlp final : public Model {
     const Tensor& y = batch.targets;
     if (!x.defined() || !dtype_is_float(x.dtype()) || x.ndim() < 1 || x.dim(0) < 1 ||
         x.numel() != x.dim(0) * config_.input_dim)
-      fail_usage("mlp: batch inputs must be float [B, " + std::to_string(config_.input_dim) + "] with B >= 1, got " +
-                 (x.defined() ? x.str() : "none"));
+      fail_usage("mlp: batch inputs must be float [B, {}] with B >= 1, got {}", config_.input_dim,
+                 x.defined() ? x.str() : "none");
     const int64_t B = x.dim(0);
     if (!y.defined() || y.dtype() != DType::i32 || y.numel() != B)
-      fail_usage("mlp: batch targets must be i32 [" + std::to_string(B) + "] class ids, got " +
-                 (y.defined() ? y.str() : "none"));
+      fail_usage("mlp: batch targets must be i32 [{}] class ids, got {}", B, y.defined() ? y.str() : "none");
     if (x.device() != device_ || y.device() != device_)
       fail_usage("mlp: the batch is on " + x.device().str() + ", the model on " + device_.str());
     Tensor x2 = x.reshape({B, config_.input_dim});

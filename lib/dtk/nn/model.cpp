@@ -2,11 +2,14 @@
 // model, and make_model.
 #include "dtk/nn/model.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
@@ -25,12 +28,15 @@ double resnet_train_flops(const ModelConfig& cfg);                              
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { fail_usage("model config: " + what); }
-
-void need_positive(const char* field, int64_t v, const std::string& arch) {
-  if (v <= 0) bad(std::string(field) + " must be positive for arch " + arch + ", got " + std::to_string(v));
+template <class... A>
+  requires(sizeof...(A) > 0)
+[[noreturn]] void bad(fmt::format_string<A...> format, A&&... args) {
+  bad(fmt::format(format, std::forward<A>(args)...));
 }
 
-std::string num(int64_t v) { return std::to_string(v); }
+void need_positive(const char* field, int64_t v, const std::string& arch) {
+  if (v <= 0) bad("{} must be positive for arch {}, got {}", field, arch, v);
+}
 
 }  // namespace
 
@@ -45,23 +51,22 @@ void ModelConfig::validate() const {
     need_positive("ffn_hidden", ffn_hidden, arch);
     need_positive("vocab", vocab, arch);
     need_positive("seq_len", seq_len, arch);
-    if (dim % n_heads != 0) bad("dim (" + num(dim) + ") must be a multiple of n_heads (" + num(n_heads) + ")");
+    if (dim % n_heads != 0) bad("dim ({}) must be a multiple of n_heads ({})", dim, n_heads);
     if (n_heads % n_kv_heads != 0)
-      bad("n_heads (" + num(n_heads) + ") must be a multiple of n_kv_heads (" + num(n_kv_heads) + ")");
+      bad("n_heads ({}) must be a multiple of n_kv_heads ({})", n_heads, n_kv_heads);
     if (head_dim() % 2 != 0)
-      bad("the head dim dim / n_heads (" + num(dim) + " / " + num(n_heads) + " = " + num(head_dim()) +
-          ") must be even: RoPE rotates pairs");
-    if (vocab > std::numeric_limits<int32_t>::max()) bad("vocab (" + num(vocab) + ") must fit token ids in i32");
+      bad("the head dim dim / n_heads ({} / {} = {}) must be even: RoPE rotates pairs", dim, n_heads, head_dim());
+    if (vocab > std::numeric_limits<int32_t>::max()) bad("vocab ({}) must fit token ids in i32", vocab);
     if (!(rope_theta > 0) || !std::isfinite(rope_theta))
-      bad("rope_theta must be positive and finite, got " + std::to_string(rope_theta));
+      bad("rope_theta must be positive and finite, got {}", rope_theta);
     if (!(norm_eps >= 0) || !std::isfinite(norm_eps))
-      bad("norm_eps must be non-negative and finite, got " + std::to_string(norm_eps));
+      bad("norm_eps must be non-negative and finite, got {}", norm_eps);
   } else if (arch == "mlp") {
     need_positive("input_dim", input_dim, arch);
     need_positive("classes", classes, arch);
     for (size_t i = 0; i < hidden.size(); ++i)
-      if (hidden[i] <= 0) bad("hidden[" + std::to_string(i) + "] must be positive, got " + num(hidden[i]));
-    if (classes > std::numeric_limits<int32_t>::max()) bad("classes (" + num(classes) + ") must fit in i32");
+      if (hidden[i] <= 0) bad("hidden[{}] must be positive, got {}", i, hidden[i]);
+    if (classes > std::numeric_limits<int32_t>::max()) bad("classes ({}) must fit in i32", classes);
   } else if (arch == "resnet") {
     detail::resnet_validate(*this);
   } else {
@@ -83,7 +88,7 @@ void ModelConfig::validate() const {
     }
     total += (in + 1) * static_cast<double>(classes);
   }  // resnet: resnet_validate bounds its sizes
-  if (total > 1e13) bad("the sizes give " + std::to_string(total) + " parameters, more than 1e13");
+  if (total > 1e13) bad("the sizes give {} parameters, more than 1e13", total);
 }
 
 int64_t ModelConfig::num_params() const {

@@ -24,10 +24,13 @@
 //    norm and ReLU of c1, lives in one buffer that every block overwrites and is recomputed just
 //    before the block's backward.
 // Recomputation runs the same ops on the same inputs: the gradients are bit-identical in every mode.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtk/core/error.h"
@@ -40,7 +43,11 @@ namespace dtk::nn {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { fail_usage("model config: " + what); }
-std::string num(int64_t v) { return std::to_string(v); }
+template <class... A>
+  requires(sizeof...(A) > 0)
+[[noreturn]] void bad(fmt::format_string<A...> format, A&&... args) {
+  bad(fmt::format(format, std::forward<A>(args)...));
+}
 
 // One residual block as the model builds it.
 struct BlockPlan {
@@ -82,7 +89,7 @@ Plan make_plan(const ModelConfig& c) {
   for (size_t s = 0; s < c.stage_widths.size(); ++s)
     for (int64_t i = 0; i < c.stage_blocks[s]; ++i) {
       BlockPlan b;
-      b.prefix = "layer" + std::to_string(s + 1) + "." + std::to_string(i) + ".";
+      b.prefix = fmt::format("layer{}.{}.", s + 1, i);
       b.in = in;
       b.out = c.stage_widths[s];
       b.stride = (s > 0 && i == 0) ? 2 : 1;
@@ -440,13 +447,12 @@ class ResNet final : public Model {
     const Tensor& x = batch.inputs;
     const Tensor& y = batch.targets;
     const int64_t per = config_.sample_numel();
-    const std::string want = num(plan_.c) + ", " + num(plan_.h) + ", " + num(plan_.w);
     if (!x.defined() || !dtype_is_float(x.dtype()) || x.ndim() < 1 || x.dim(0) < 1 || x.numel() != x.dim(0) * per)
-      fail_usage("resnet: batch inputs must be float images [B, " + want + "] with B >= 1, got " +
-                 (x.defined() ? x.str() : "none"));
+      fail_usage("resnet: batch inputs must be float images [B, {}, {}, {}] with B >= 1, got {}", plan_.c, plan_.h,
+                 plan_.w, x.defined() ? x.str() : "none");
     const int64_t B = x.dim(0);
     if (!y.defined() || y.dtype() != DType::i32 || y.numel() != B)
-      fail_usage("resnet: batch targets must be i32 [" + num(B) + "] class ids, got " + (y.defined() ? y.str() : "none"));
+      fail_usage("resnet: batch targets must be i32 [{}] class ids, got {}", B, y.defined() ? y.str() : "none");
     if (x.device() != device_ || y.device() != device_)
       fail_usage("resnet: the batch is on " + x.device().str() + ", the model on " + device_.str());
     Tensor x4 = x.reshape({B, plan_.c, plan_.h, plan_.w});
@@ -509,26 +515,26 @@ namespace detail {
 
 void resnet_validate(const ModelConfig& c) {
   if (c.input_shape.size() != 3)
-    bad("input_shape must be [C, H, W] for arch resnet, got " + std::to_string(c.input_shape.size()) + " values");
+    bad("input_shape must be [C, H, W] for arch resnet, got {} values", c.input_shape.size());
   for (size_t i = 0; i < 3; ++i)
     if (c.input_shape[i] <= 0 || c.input_shape[i] > (int64_t{1} << 20))
-      bad("input_shape[" + std::to_string(i) + "] must be in [1, 2^20], got " + num(c.input_shape[i]));
-  if (c.classes <= 0) bad("classes must be positive for arch resnet, got " + num(c.classes));
-  if (c.classes > std::numeric_limits<int32_t>::max()) bad("classes (" + num(c.classes) + ") must fit in i32");
+      bad("input_shape[{}] must be in [1, 2^20], got {}", i, c.input_shape[i]);
+  if (c.classes <= 0) bad("classes must be positive for arch resnet, got {}", c.classes);
+  if (c.classes > std::numeric_limits<int32_t>::max()) bad("classes ({}) must fit in i32", c.classes);
   if (c.stage_widths.empty() || c.stage_widths.size() != c.stage_blocks.size())
-    bad("stage_widths and stage_blocks must be non-empty and of one length, got " +
-        std::to_string(c.stage_widths.size()) + " and " + std::to_string(c.stage_blocks.size()));
+    bad("stage_widths and stage_blocks must be non-empty and of one length, got {} and {}", c.stage_widths.size(),
+        c.stage_blocks.size());
   for (size_t i = 0; i < c.stage_widths.size(); ++i) {
     if (c.stage_widths[i] <= 0 || c.stage_widths[i] > (int64_t{1} << 20))
-      bad("stage_widths[" + std::to_string(i) + "] must be in [1, 2^20], got " + num(c.stage_widths[i]));
+      bad("stage_widths[{}] must be in [1, 2^20], got {}", i, c.stage_widths[i]);
     if (c.stage_blocks[i] <= 0 || c.stage_blocks[i] > 1000)
-      bad("stage_blocks[" + std::to_string(i) + "] must be in [1, 1000], got " + num(c.stage_blocks[i]));
+      bad("stage_blocks[{}] must be in [1, 1000], got {}", i, c.stage_blocks[i]);
   }
   if (c.stem != "cifar" && c.stem != "imagenet") bad("stem must be \"cifar\" or \"imagenet\", got \"" + c.stem + "\"");
   if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps))
-    bad("norm_eps (batch norm's epsilon) must be positive and finite, got " + std::to_string(c.norm_eps));
+    bad("norm_eps (batch norm's epsilon) must be positive and finite, got {}", c.norm_eps);
   const double params = parameter_count(c);
-  if (params > 1e13) bad("the sizes give about " + std::to_string(params) + " parameters, more than 1e13");
+  if (params > 1e13) bad("the sizes give about {} parameters, more than 1e13", params);
 }
 
 // Exact below 2^53, and resnet_validate bounds it by 1e13.

@@ -10,24 +10,21 @@ namespace dtk::ops {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 void check_window(const char* op, const Window& g) {
   if (g.kh < 1 || g.kw < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 || g.pad_w < 0)
-    fail_usage(std::string(op) + ": kernel and stride must be at least 1 and padding at least 0, got kernel " + str(g.kh) +
-               "x" + str(g.kw) + ", stride " + str(g.stride_h) + "x" + str(g.stride_w) + ", padding " + str(g.pad_h) +
-               "x" + str(g.pad_w));
+    fail_usage("{}: kernel and stride must be at least 1 and padding at least 0, got kernel {}x{}, stride {}x{}, "
+               "padding {}x{}",
+               op, g.kh, g.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w);
   if (g.pad_h >= g.kh || g.pad_w >= g.kw)
-    fail_usage(std::string(op) + ": padding " + str(g.pad_h) + "x" + str(g.pad_w) + " must be less than the kernel " +
-               str(g.kh) + "x" + str(g.kw));
+    fail_usage("{}: padding {}x{} must be less than the kernel {}x{}", op, g.pad_h, g.pad_w, g.kh, g.kw);
 }
 
 // An image tensor [.., H, W] whose window fits: P, Q >= 1.
 void check_fits(const char* op, const Tensor& x, const Window& g, const char* name) {
   const int64_t H = x.dim(-2), W = x.dim(-1);
   if (H + 2 * g.pad_h < g.kh || W + 2 * g.pad_w < g.kw)
-    fail_usage(std::string(op) + ": the " + str(g.kh) + "x" + str(g.kw) + " window with padding " + str(g.pad_h) + "x" +
-               str(g.pad_w) + " does not fit " + name + " " + x.str());
+    fail_usage("{}: the {}x{} window with padding {}x{} does not fit {} {}", op, g.kh, g.kw, g.pad_h, g.pad_w, name,
+               x.str());
 }
 
 void check_images(const char* op, const Tensor& x, int64_t ndim, const char* name) {
@@ -86,8 +83,7 @@ void check_conv(const char* op, const Tensor& x, const Tensor& w, const Window& 
   check_fits(op, x, g, "x");
   detail::check_kind(op, x, w, "w");
   if (w.ndim() != 4 || w.dim(1) != x.dim(1) || w.dim(2) != g.kh || w.dim(3) != g.kw)
-    fail_usage(std::string(op) + ": w must be [K, " + str(x.dim(1)) + ", " + str(g.kh) + ", " + str(g.kw) + "], got " +
-               w.str());
+    fail_usage("{}: w must be [K, {}, {}, {}], got {}", op, x.dim(1), g.kh, g.kw, w.str());
   detail::check_kind(op, x, y, yname);
   detail::check_shape(op, y, {x.dim(0), w.dim(0), g.out_h(x.dim(2)), g.out_w(x.dim(3))}, yname);
   detail::check_kind(op, x, cols, "cols");
@@ -199,7 +195,7 @@ void batchnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, c
   check_stats(op, x, gamma, "gamma");
   check_sums(op, x, sums);
   detail::check_like(op, x, dx, "dx");
-  if (!(count >= 1)) fail_usage("batchnorm_backward: count must be at least 1, got " + std::to_string(count));
+  if (!(count >= 1)) fail_usage("batchnorm_backward: count must be at least 1, got {}", count);
   DTK_DISPATCH(x, batchnorm_backward(dy, x, mean, invstd, gamma, sums, count, dx));
 }
 

@@ -89,7 +89,7 @@ void abs(const Tensor& a, Tensor& out) {
 
 void clamp(const Tensor& a, double lo, double hi, Tensor& out) {
   check_unary("clamp", a, out);
-  if (!(lo <= hi)) fail_usage("clamp: lo (" + std::to_string(lo) + ") must not exceed hi (" + std::to_string(hi) + ")");
+  if (!(lo <= hi)) fail_usage("clamp: lo ({}) must not exceed hi ({})", lo, hi);
   DTK_DISPATCH(a, clamp(a, lo, hi, out));
 }
 

@@ -67,13 +67,11 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   const int64_t n = trans_b ? b.dim(-2) : b.dim(-1);
   const auto opname = [](bool t, const char* x) { return std::string(x) + (t ? "^T" : ""); };
   if (k != kb)
-    fail_usage("gemm: inner dimensions differ: " + opname(trans_a, "a") + " of " + a.str() + " has " +
-               std::to_string(k) + " columns, " + opname(trans_b, "b") + " of " + b.str() + " has " +
-               std::to_string(kb) + " rows");
+    fail_usage("gemm: inner dimensions differ: {} of {} has {} columns, {} of {} has {} rows", opname(trans_a, "a"),
+               a.str(), k, opname(trans_b, "b"), b.str(), kb);
   if (c.dim(-2) != m || c.dim(-1) != n)
-    fail_usage("gemm: c must be [" + std::to_string(m) + ", " + std::to_string(n) + "] (per batch) for " +
-               opname(trans_a, "a") + " of " + a.str() + " and " + opname(trans_b, "b") + " of " + b.str() +
-               ", got " + c.str());
+    fail_usage("gemm: c must be [{}, {}] (per batch) for {} of {} and {} of {}, got {}", m, n, opname(trans_a, "a"),
+               a.str(), opname(trans_b, "b"), b.str(), c.str());
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     fail_usage("gemm: dimensions beyond 2^31 - 1 are not supported by BLAS, got a " + a.str() + ", b " + b.str());
   if (overlaps(a, c) || overlaps(b, c)) fail_usage("gemm: c must not overlap a or b in memory");
@@ -100,8 +98,9 @@ void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
   if (a.ndim() != c.ndim()) fail_usage("syrk: a and c must both be matrices or both be batches, got a " + a.str() + ", c " + c.str());
   if (c.ndim() == 3 && a.dim(0) != c.dim(0)) fail_usage("syrk: batch sizes differ: a " + a.str() + ", c " + c.str());
   const int64_t n = trans ? a.dim(-1) : a.dim(-2), k = trans ? a.dim(-2) : a.dim(-1);
-  if (c.dim(-2) != n) fail_usage("syrk: c must be [" + std::to_string(n) + ", " + std::to_string(n) + "] (per batch) for " +
-                                 std::string(trans ? "a^T a" : "a a^T") + " of a " + a.str() + ", got " + c.str());
+  if (c.dim(-2) != n)
+    fail_usage("syrk: c must be [{}, {}] (per batch) for {} of a {}, got {}", n, n, trans ? "a^T a" : "a a^T", a.str(),
+               c.str());
   if (n > INT32_MAX || k > INT32_MAX) fail_usage("syrk: dimensions beyond 2^31 - 1 are not supported by BLAS, got a " + a.str());
   if (overlaps(a, c)) fail_usage("syrk: c must not overlap a in memory");
   if (!std::isfinite(alpha) || !std::isfinite(beta)) fail_usage("syrk: alpha and beta must be finite");
@@ -154,13 +153,13 @@ bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
   check_on(op, a, out, "out");
   check_type(op, out, a.dtype(), "out");
   check_shape(op, out, a.shape(), "out");
-  if (!(p > 0) || !std::isfinite(p)) fail_usage("inverse_root: p must be finite and > 0, got " + std::to_string(p));
+  if (!(p > 0) || !std::isfinite(p)) fail_usage("inverse_root: p must be finite and > 0, got {}", p);
   if (!(opts.eps >= 0) || !std::isfinite(opts.eps))
-    fail_usage("inverse_root: eps must be finite and >= 0, got " + std::to_string(opts.eps));
+    fail_usage("inverse_root: eps must be finite and >= 0, got {}", opts.eps);
   if (opts.method == RootMethod::newton) {
     // The coupled iteration raises M to the p-th power by repeated products.
     if (p != std::floor(p) || p > 64)
-      fail_usage("inverse_root: the newton method needs an integer p in [1, 64], got " + std::to_string(p));
+      fail_usage("inverse_root: the newton method needs an integer p in [1, 64], got {}", p);
     if (opts.max_iters < 1) fail_usage("inverse_root: max_iters must be >= 1");
     if (!(opts.tolerance > 0)) fail_usage("inverse_root: tolerance must be > 0");
   } else if (opts.method != RootMethod::eigh) {

@@ -22,7 +22,7 @@ void check_rows(const char* op, const Tensor& x, const char* name) {
 
 void check_numel(const char* op, const Tensor& t, int64_t want, const char* name) {
   if (t.numel() != want)
-    fail_usage(std::string(op) + ": " + name + " must have " + std::to_string(want) + " elements, got " + t.str());
+    fail_usage("{}: {} must have {} elements, got {}", op, name, want, t.str());
 }
 
 void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets) {
@@ -43,8 +43,7 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   if (k.dtype() != q.dtype() || k.device() != q.device())
     fail_usage(std::string(op) + ": k must have the dtype and device of q " + q.str() + ", got " + k.str());
   if (q.dim(2) % k.dim(2) != 0)
-    fail_usage(std::string(op) + ": the query heads (" + std::to_string(q.dim(2)) +
-               ") must be a multiple of the key/value heads (" + std::to_string(k.dim(2)) + ")");
+    fail_usage("{}: the query heads ({}) must be a multiple of the key/value heads ({})", op, q.dim(2), k.dim(2));
   check_same(op, k, v, "v");
   detail::check_defined(op, lse, "lse");
   if (lse.dtype() != DType::f32 && lse.dtype() != q.dtype())
@@ -206,7 +205,7 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
   if (x.dim(3) % 2 != 0) fail_usage("rope: the head dim must be even, got " + x.str());
   check_same("rope", x, y, "y");
   if (!(theta > 0)) fail_usage("rope: theta must be positive");
-  if (pos0 < 0) fail_usage("rope: pos0 must be non-negative, got " + std::to_string(pos0));
+  if (pos0 < 0) fail_usage("rope: pos0 must be non-negative, got {}", pos0);
   DTK_DISPATCH(x, rope(x, theta, pos0, inverse, y));
 }
 

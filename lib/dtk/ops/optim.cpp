@@ -24,7 +24,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double 
   detail::check_like("adamw_step", param, grad, "grad");
   detail::check_like("adamw_step", param, m, "m");
   detail::check_like("adamw_step", param, v, "v");
-  if (step < 1) fail_usage("adamw_step: step counts from 1, got " + std::to_string(step));
+  if (step < 1) fail_usage("adamw_step: step counts from 1, got {}", step);
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
     fail_usage("adamw_step: beta1 and beta2 must be in [0, 1)");
   DTK_DISPATCH(param, adamw_step(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step));

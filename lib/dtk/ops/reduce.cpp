@@ -34,7 +34,7 @@ void reduce(Reduce kind, Axis axis, const Tensor& a, Tensor& out) {
     count = axis == Axis::rows ? a.dim(1) : a.dim(0);
   }
   if (out.numel() != want)
-    fail_usage("reduce: out must have " + std::to_string(want) + " element(s), got " + out.str());
+    fail_usage("reduce: out must have {} element(s), got {}", want, out.str());
   const bool needs_elements = kind == Reduce::max || kind == Reduce::min || kind == Reduce::absmax;
   if (needs_elements && count == 0 && want > 0)
     fail_usage(std::string("reduce: ") + kind_name(kind) + " of an empty tensor is undefined (" + a.str() + ")");

@@ -13,16 +13,15 @@ namespace dtk::ops {
 void topk_abs(const Tensor& x, int64_t k, Tensor& values, Tensor& indices) {
   detail::check_float("topk_abs", x, "x");
   if (k < 0 || k > x.numel())
-    fail_usage("topk_abs: k = " + std::to_string(k) + " must be in [0, " + std::to_string(x.numel()) + "] for " +
-               x.str());
+    fail_usage("topk_abs: k = {} must be in [0, {}] for {}", k, x.numel(), x.str());
   detail::check_defined("topk_abs", values, "values");
   if (values.dtype() != x.dtype() || values.device() != x.device() || values.numel() != k)
-    fail_usage("topk_abs: values must be " + std::string(dtype_name(x.dtype())) + " with " + std::to_string(k) +
-               " elements on " + x.device().str() + ", got " + values.str());
+    fail_usage("topk_abs: values must be {} with {} elements on {}, got {}", dtype_name(x.dtype()), k,
+               x.device().str(), values.str());
   detail::check_type("topk_abs", indices, DType::i64, "indices");
   detail::check_on("topk_abs", x, indices, "indices");
   if (indices.numel() != k)
-    fail_usage("topk_abs: indices must have " + std::to_string(k) + " elements, got " + indices.str());
+    fail_usage("topk_abs: indices must have {} elements, got {}", k, indices.str());
   DTK_DISPATCH(x, topk_abs(x, k, values, indices));
 }
 
@@ -33,7 +32,7 @@ void topk_abs(const Tensor& x, int64_t k, Tensor& values, Tensor& indices) {
 // index, so a sparse map of the swapped ones is enough when k is small against n.
 Tensor randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t offset, Device d) {
   if (n < 0 || k < 0 || k > n)
-    fail_usage("randomk_indices: need 0 <= k <= n, got k = " + std::to_string(k) + ", n = " + std::to_string(n));
+    fail_usage("randomk_indices: need 0 <= k <= n, got k = {}, n = {}", k, n);
   std::vector<int64_t> picked(static_cast<size_t>(k));
   auto draw = [&](int64_t i) {
     const int64_t m = n - i;
@@ -71,8 +70,8 @@ void gather(const Tensor& x, const Tensor& indices, Tensor& out) {
   detail::check_on("gather", x, indices, "indices");
   detail::check_defined("gather", out, "out");
   if (out.dtype() != x.dtype() || out.device() != x.device() || out.numel() != indices.numel())
-    fail_usage("gather: out must have the dtype and device of x " + x.str() + " and " +
-               std::to_string(indices.numel()) + " elements, got " + out.str());
+    fail_usage("gather: out must have the dtype and device of x {} and {} elements, got {}", x.str(), indices.numel(),
+               out.str());
   DTK_DISPATCH(x, gather(x, indices, out));
 }
 
@@ -82,8 +81,8 @@ void scatter_add(const Tensor& indices, const Tensor& values, Tensor& out) {
   detail::check_on("scatter_add", out, indices, "indices");
   detail::check_defined("scatter_add", values, "values");
   if (values.dtype() != out.dtype() || values.device() != out.device() || values.numel() != indices.numel())
-    fail_usage("scatter_add: values must have the dtype and device of out " + out.str() + " and " +
-               std::to_string(indices.numel()) + " elements, got " + values.str());
+    fail_usage("scatter_add: values must have the dtype and device of out {} and {} elements, got {}", out.str(),
+               indices.numel(), values.str());
   DTK_DISPATCH(out, scatter_add(indices, values, out));
 }
 

@@ -21,13 +21,13 @@ namespace dtk::optim {
 
 void OptimConfig::validate() const {
   if (name == Kind::shampoo) fail_usage("optimizer shampoo: built by optim::make_shampoo, not make_optimizer");
-  if (!(momentum >= 0 && momentum < 1)) fail_usage("optimizer: momentum must be in [0, 1), got " + std::to_string(momentum));
+  if (!(momentum >= 0 && momentum < 1)) fail_usage("optimizer: momentum must be in [0, 1), got {}", momentum);
   if (name == Kind::sgd && nesterov && momentum == 0) fail_usage("optimizer: nesterov needs a momentum above 0");
-  if (!(beta1 >= 0 && beta1 < 1)) fail_usage("optimizer: beta1 must be in [0, 1), got " + std::to_string(beta1));
-  if (!(beta2 >= 0 && beta2 < 1)) fail_usage("optimizer: beta2 must be in [0, 1), got " + std::to_string(beta2));
-  if (!(eps > 0) || !std::isfinite(eps)) fail_usage("optimizer: eps must be finite and > 0, got " + std::to_string(eps));
+  if (!(beta1 >= 0 && beta1 < 1)) fail_usage("optimizer: beta1 must be in [0, 1), got {}", beta1);
+  if (!(beta2 >= 0 && beta2 < 1)) fail_usage("optimizer: beta2 must be in [0, 1), got {}", beta2);
+  if (!(eps > 0) || !std::isfinite(eps)) fail_usage("optimizer: eps must be finite and > 0, got {}", eps);
   if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
-    fail_usage("optimizer: weight_decay must be finite and >= 0, got " + std::to_string(weight_decay));
+    fail_usage("optimizer: weight_decay must be finite and >= 0, got {}", weight_decay);
 }
 
 
@@ -39,8 +39,7 @@ namespace {
 // The parameters a step is given must be the ones the optimizer was built for.
 void check_params(const char* who, const std::vector<Shape>& shapes, const std::vector<nn::Param>& params) {
   if (params.size() != shapes.size())
-    fail_usage(std::string(who) + ": step got " + std::to_string(params.size()) + " parameters, the optimizer was built for " +
-               std::to_string(shapes.size()));
+    fail_usage("{}: step got {} parameters, the optimizer was built for {}", who, params.size(), shapes.size());
   for (size_t i = 0; i < params.size(); ++i)
     if (params[i].value.shape() != shapes[i] || params[i].grad.shape() != shapes[i])
       fail_usage(std::string(who) + ": parameter " + params[i].name + " is " + params[i].value.str() + ", the optimizer was built for " +
@@ -146,10 +145,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vec
 // Step decay: lr decay_factor^k from step `warmup` on, k the number of decay steps <= step (a
 // decay step within the warm-up takes effect at its end).
 double Schedule::at(int64_t step) const {
-  if (!(lr >= 0) || !std::isfinite(lr)) fail_usage("schedule: lr must be finite and >= 0, got " + std::to_string(lr));
-  if (warmup < 0) fail_usage("schedule: warmup must be >= 0, got " + std::to_string(warmup));
-  if (!(min_ratio >= 0 && min_ratio <= 1)) fail_usage("schedule: min_ratio must be in [0, 1], got " + std::to_string(min_ratio));
-  if (step < 0) fail_usage("schedule: step must be >= 0, got " + std::to_string(step));
+  if (!(lr >= 0) || !std::isfinite(lr)) fail_usage("schedule: lr must be finite and >= 0, got {}", lr);
+  if (warmup < 0) fail_usage("schedule: warmup must be >= 0, got {}", warmup);
+  if (!(min_ratio >= 0 && min_ratio <= 1)) fail_usage("schedule: min_ratio must be in [0, 1], got {}", min_ratio);
+  if (step < 0) fail_usage("schedule: step must be >= 0, got {}", step);
   if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (kind == ScheduleKind::constant) return lr;
   if (kind == ScheduleKind::step) {
@@ -174,7 +173,7 @@ double Schedule::at(int64_t step) const {
 // vector, read back once. A norm that is NaN or Inf is returned and nothing is scaled (the
 // caller decides whether to skip the step).
 double clip_grad_norm(std::vector<nn::Param>& params, double max_norm) {
-  if (!(max_norm >= 0) || std::isnan(max_norm)) fail_usage("clip_grad_norm: max_norm must be >= 0, got " + std::to_string(max_norm));
+  if (!(max_norm >= 0) || std::isnan(max_norm)) fail_usage("clip_grad_norm: max_norm must be >= 0, got {}", max_norm);
   if (params.empty()) return 0.0;
   for (const auto& p : params)
     if (!p.grad.defined()) fail_usage("clip_grad_norm: parameter " + p.name + " has no gradient");

@@ -19,6 +19,7 @@
 // parameters whose blocks are not contiguous ranges of them).
 #include "dtk/optim/shampoo.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -40,32 +42,31 @@ namespace dtk::optim {
 // ------------------------------------------------------------------------------ config
 
 void ShampooConfig::validate() const {
-  auto bad = [](const std::string& opt, const std::string& need, const std::string& got) {
-    fail_usage("shampoo: " + opt + " must be " + need + ", got " + got);
+  auto bad = [](std::string_view opt, std::string_view need, const auto& got) {
+    fail_usage("shampoo: {} must be {}, got {}", opt, need, got);
   };
   auto num = [](double v) { return nlohmann::json(v).dump(); };
   if (name != Kind::shampoo) bad("name", "shampoo", std::string(name_of(name)));
-  if (max_preconditioner_dim < 1) bad("max_preconditioner_dim", ">= 1", std::to_string(max_preconditioner_dim));
+  if (max_preconditioner_dim < 1) bad("max_preconditioner_dim", ">= 1", max_preconditioner_dim);
   if (!(beta2 >= 0 && beta2 <= 1)) bad("beta2", "in [0, 1]", num(beta2));
   if (factor_dtype != DType::f32 && factor_dtype != DType::f64) bad("factor_dtype", "f32 or f64", std::string(dtype_name(factor_dtype)));
   if (!(epsilon >= 0) || !std::isfinite(epsilon)) bad("epsilon", "finite and >= 0", num(epsilon));
-  if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", std::to_string(precondition_frequency));
+  if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", precondition_frequency);
   if (start_preconditioning_step < 1 && start_preconditioning_step != -1)
-    bad("start_preconditioning_step", ">= 1 (or -1: precondition_frequency)", std::to_string(start_preconditioning_step));
+    bad("start_preconditioning_step", ">= 1 (or -1: precondition_frequency)", start_preconditioning_step);
   if (start_preconditioning_step != -1 && start_preconditioning_step < precondition_frequency)  // as the reference
-    bad("start_preconditioning_step", ">= precondition_frequency (" + std::to_string(precondition_frequency) + ")",
-        std::to_string(start_preconditioning_step));
+    bad("start_preconditioning_step", fmt::format(">= precondition_frequency ({})", precondition_frequency),
+        start_preconditioning_step);
   if (!(exponent_override >= 0) || !std::isfinite(exponent_override))
     bad("exponent_override", "finite and >= 0 (0: 2 * order)", num(exponent_override));
-  if (qr_max_iterations < 0) bad("qr_max_iterations", ">= 0", std::to_string(qr_max_iterations));
+  if (qr_max_iterations < 0) bad("qr_max_iterations", ">= 0", qr_max_iterations);
   if (!(qr_tolerance >= 0 && qr_tolerance <= 1)) bad("qr_tolerance", "in [0, 1]", num(qr_tolerance));
   if (root_spread < 1 || root_spread > precondition_frequency)
-    bad("root_spread", "in [1, precondition_frequency (" + std::to_string(precondition_frequency) + ")]",
-        std::to_string(root_spread));
+    bad("root_spread", fmt::format("in [1, precondition_frequency ({})]", precondition_frequency), root_spread);
   if (root_method == RootMethod::newton) {
     if (exponent_override != 0 && (exponent_override != std::floor(exponent_override) || exponent_override > 64))
       bad("exponent_override", "an integer in [1, 64] with root_method newton", num(exponent_override));
-    if (newton_max_iters < 1) bad("newton_max_iters", ">= 1", std::to_string(newton_max_iters));
+    if (newton_max_iters < 1) bad("newton_max_iters", ">= 1", newton_max_iters);
     if (!(newton_tolerance > 0)) bad("newton_tolerance", "> 0", num(newton_tolerance));
   }
   if (!(grafting_beta2 >= 0 && grafting_beta2 < 1)) bad("grafting_beta2", "in [0, 1)", num(grafting_beta2));
@@ -74,7 +75,7 @@ void ShampooConfig::validate() const {
   if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
   if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");
   if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) bad("weight_decay", "finite and >= 0", num(weight_decay));
-  if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", std::to_string(trainers_per_group));
+  if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", trainers_per_group);
   if (communication_dtype != DType::f32 && communication_dtype != DType::bf16)
     bad("communication_dtype", "f32 or bf16", std::string(dtype_name(communication_dtype)));
 }
@@ -82,7 +83,7 @@ void ShampooConfig::validate() const {
 // ------------------------------------------------------------------------------ blocking
 
 ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_dim) {
-  if (max_dim < 1) fail_usage("shampoo: max_preconditioner_dim must be >= 1, got " + std::to_string(max_dim));
+  if (max_dim < 1) fail_usage("shampoo: max_preconditioner_dim must be >= 1, got {}", max_dim);
   ShampooBlocking b;
   Shape sq;
   for (int64_t d : shape) {
@@ -246,7 +247,7 @@ class Shampoo final : public Optimizer {
     const int world = comm.size(), rank = comm.rank();
     const int g = cfg_.trainers_per_group == 0 ? world : cfg_.trainers_per_group;
     if (g > world || world % g != 0)
-      fail_usage("shampoo: trainers_per_group " + std::to_string(g) + " must divide the world size " + std::to_string(world));
+      fail_usage("shampoo: trainers_per_group {} must divide the world size {}", g, world);
     if (g == world) {
       group_ = &comm;
     } else {
@@ -275,9 +276,10 @@ class Shampoo final : public Optimizer {
       Group& gr = groups_[static_cast<size_t>(gi)];
       const BlockDesc& b = blocks_[bi];
       const Shape elem = b.dims.empty() ? Shape{1} : b.dims;
-      for (int k = 0; k < gr.order; ++k) s.emplace_back(b.prefix + "factor" + std::to_string(k), gr.factor[k].select(i));
-      for (int k = 0; k < gr.order; ++k) s.emplace_back(b.prefix + "root" + std::to_string(k), gr.root[k].select(i));
-      for (size_t k = 0; k < gr.basis.size(); ++k) s.emplace_back(b.prefix + "eigvecs" + std::to_string(k), gr.basis[k].select(i));
+      for (int k = 0; k < gr.order; ++k) s.emplace_back(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i));
+      for (int k = 0; k < gr.order; ++k) s.emplace_back(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i));
+      for (size_t k = 0; k < gr.basis.size(); ++k)
+        s.emplace_back(fmt::format("{}eigvecs{}", b.prefix, k), gr.basis[k].select(i));
       if (gr.graft.defined()) s.emplace_back(b.prefix + "graft", gr.graft.select(i).reshape(elem));
       if (gr.filtered.defined()) s.emplace_back(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem));
       if (gr.momentum.defined()) s.emplace_back(b.prefix + "momentum", gr.momentum.select(i).reshape(elem));
@@ -314,8 +316,7 @@ class Shampoo final : public Optimizer {
 
   void step(std::vector<nn::Param>& params, double lr) override {
     if (params.size() != shapes_.size())
-      fail_usage("shampoo: step got " + std::to_string(params.size()) + " parameters, the optimizer was built for " +
-                 std::to_string(shapes_.size()));
+      fail_usage("shampoo: step got {} parameters, the optimizer was built for {}", params.size(), shapes_.size());
     for (size_t i = 0; i < params.size(); ++i)
       if (params[i].value.shape() != shapes_[i] || params[i].grad.shape() != shapes_[i] ||
           params[i].value.device() != device_ || params[i].grad.device() != device_)
@@ -376,7 +377,7 @@ class Shampoo final : public Optimizer {
         b.dims = bl.block_shapes[i];
         b.offset = bl.offsets[i];
         b.numel = shape_numel(b.dims);
-        b.prefix = "shampoo/" + params[pi].name + "/block" + std::to_string(i) + "/";
+        b.prefix = fmt::format("shampoo/{}/block{}/", params[pi].name, i);
         // Contiguous: every dim after some j is whole, every dim before j has extent 1.
         const size_t k = b.dims.size();
         if (k == 0) {
@@ -996,8 +997,8 @@ class Shampoo final : public Optimizer {
 
   std::string block_label(int bi) const {
     const BlockDesc& b = blocks_[static_cast<size_t>(bi)];
-    return "block " + std::to_string(b.index) + " " + shape_str(b.dims) + " of parameter '" +
-           names_[static_cast<size_t>(b.param)] + "' " + shape_str(shapes_[static_cast<size_t>(b.param)]);
+    const auto p = static_cast<size_t>(b.param);
+    return fmt::format("block {} {} of parameter '{}' {}", b.index, shape_str(b.dims), names_[p], shape_str(shapes_[p]));
   }
 
   // Every rank of the group learns the first fatal condition, so that all raise the same error.
@@ -1015,16 +1016,14 @@ class Shampoo final : public Optimizer {
     if (codes[0] != none) {
       const int bi = static_cast<int>(codes[0] / 1024), k = static_cast<int>(codes[0] % 1024);
       const BlockDesc& b = blocks_[static_cast<size_t>(bi)];
-      fail("shampoo: the Kronecker factor " + std::to_string(k) + " of " + block_label(bi) +
-           " holds NaN or Inf at step " + std::to_string(t) + ": the gradients of parameter '" +
-           names_[static_cast<size_t>(b.param)] +
-           "' were not finite. Check the loss and the data, lower the learning rate, or clip the gradients");
+      fail("shampoo: the Kronecker factor {} of {} holds NaN or Inf at step {}: the gradients of parameter '{}' were "
+           "not finite. Check the loss and the data, lower the learning rate, or clip the gradients",
+           k, block_label(bi), t, names_[static_cast<size_t>(b.param)]);
     }
     if (codes[1] != none)
-      fail("shampoo: the inverse root of " + block_label(static_cast<int>(codes[1] / 1024)) + " failed " +
-           std::to_string(kMaxFailures) + " times in a row (step " + std::to_string(t) +
-           "): its factors are too ill-conditioned; raise epsilon (now " + nlohmann::json(cfg_.epsilon).dump() +
-           ") or use factor_dtype f64");
+      fail("shampoo: the inverse root of {} failed {} times in a row (step {}): its factors are too ill-conditioned; "
+           "raise epsilon (now {}) or use factor_dtype f64",
+           block_label(static_cast<int>(codes[1] / 1024)), kMaxFailures, t, nlohmann::json(cfg_.epsilon).dump());
   }
 
   void communicate() {

@@ -31,8 +31,8 @@ void check_replicated(const Tensor& t, comm::Communicator& comm, const std::stri
   const double mine = static_cast<double>(checksum(t));
   const comm::Range r = comm::min_max_over_ranks(comm, {mine}, t.device())[0];
   if (r.min != r.max)
-    fail(what + " differ between ranks (checksums from " + std::to_string(static_cast<uint64_t>(r.min)) + " to " +
-         std::to_string(static_cast<uint64_t>(r.max)) + ", this rank " + std::to_string(static_cast<uint64_t>(mine)) + ")");
+    fail("{} differ between ranks (checksums from {} to {}, this rank {})", what, static_cast<uint64_t>(r.min),
+         static_cast<uint64_t>(r.max), static_cast<uint64_t>(mine));
 }
 
 void broadcast_params(nn::Model& model, comm::Communicator& comm) {

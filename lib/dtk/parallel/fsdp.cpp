@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fmt/format.h>
 #include <fstream>
 #include <spdlog/spdlog.h>
 
@@ -161,7 +162,7 @@ BucketPlan plan_per_param(const nn::Model& m) {
 }
 
 BucketPlan plan_blocks(const nn::Model& m, int n) {
-  if (n < 1) fail_usage("--buckets: blocks per bucket must be positive, got " + std::to_string(n));
+  if (n < 1) fail_usage("--buckets: blocks per bucket must be positive, got {}", n);
   BucketPlan p;
   for (int b = 0; b < m.num_blocks(); b += n) {
     const int last = std::min(m.num_blocks() - 1, b + n - 1);
@@ -177,11 +178,10 @@ void check_plan(const BucketPlan& plan, const nn::Model& m) {
   size_t next = 0;
   for (size_t k = 0; k < plan.size(); ++k) {
     const Bucket& b = plan[k];
-    const std::string where = "bucket plan: bucket " + std::to_string(k);
+    const std::string where = fmt::format("bucket plan: bucket {}", k);
     if (b.first != next || b.end <= b.first || b.end > ps.size())
-      fail_usage(where + " holds parameters [" + std::to_string(b.first) + ", " + std::to_string(b.end) +
-                 "); the buckets must cover the " + std::to_string(ps.size()) + " parameters in order, from " +
-                 std::to_string(next));
+      fail_usage("{} holds parameters [{}, {}); the buckets must cover the {} parameters in order, from {}", where,
+                 b.first, b.end, ps.size(), next);
     const int fb = ps[b.first].block, lb = ps[b.end - 1].block;
     const bool whole = static_cast<size_t>(m.block_params(fb).front()) == b.first &&
                        static_cast<size_t>(m.block_params(lb).back()) + 1 == b.end;
@@ -189,13 +189,12 @@ void check_plan(const BucketPlan& plan, const nn::Model& m) {
       fail_usage(where + " splits a block: a bucket is part of one block or whole blocks");
     next = b.end;
   }
-  if (next != ps.size()) fail_usage("bucket plan: the buckets cover " + std::to_string(next) + " of the " +
-                                    std::to_string(ps.size()) + " parameters");
+  if (next != ps.size()) fail_usage("bucket plan: the buckets cover {} of the {} parameters", next, ps.size());
 }
 
 Bucket bucket_of_params(const nn::Model& m, size_t first, size_t end) {
   if (end <= first || end > m.params().size())
-    fail_usage("bucket plan: bad parameter range [" + std::to_string(first) + ", " + std::to_string(end) + ")");
+    fail_usage("bucket plan: bad parameter range [{}, {})", first, end);
   return {first, end, m.params()[first].block, m.params()[end - 1].block};
 }
 }  // namespace
@@ -219,8 +218,7 @@ BucketPlan plan_from_json(const nlohmann::json& j, const nn::Model& m) {
     } else if (e.contains("blocks")) {
       const auto [a, z] = pair("blocks");
       if (a < 0 || z < a || z >= m.num_blocks())
-        fail_usage("bucket plan: blocks " + e["blocks"].dump() + " are not a range of the model's " +
-                   std::to_string(m.num_blocks()) + " blocks");
+        fail_usage("bucket plan: blocks {} are not a range of the model's {} blocks", e["blocks"].dump(), m.num_blocks());
       p.push_back(bucket_of_params(m, static_cast<size_t>(m.block_params(static_cast<int>(a)).front()),
                                    static_cast<size_t>(m.block_params(static_cast<int>(z)).back()) + 1));
     } else {
@@ -240,9 +238,8 @@ bool is_count(const std::string& spec) {
 
 void validate(const FsdpConfig& cfg, int world_size) {
   if (cfg.replicate < 1 || world_size % cfg.replicate != 0)
-    fail_usage("--replicate " + std::to_string(cfg.replicate) + " does not divide the " + std::to_string(world_size) +
-               " ranks");
-  if (cfg.prefetch < 0) fail_usage("--prefetch must be >= 0, got " + std::to_string(cfg.prefetch));
+    fail_usage("--replicate {} does not divide the {} ranks", cfg.replicate, world_size);
+  if (cfg.prefetch < 0) fail_usage("--prefetch must be >= 0, got {}", cfg.prefetch);
   const std::string& b = cfg.buckets;
   if (is_count(b) && std::stoll(b) < 1) fail_usage("--buckets " + b + ": blocks per bucket must be positive");
   if (b != "param" && b != "block" && b != "auto" && !is_count(b) && !std::ifstream(b))

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <fmt/format.h>
 #include <map>
 #include <spdlog/spdlog.h>
 #include <tuple>
@@ -53,10 +54,9 @@ std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtim
   CPU_ZERO(&set);
   const int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : node;
   if (bound > 0 && bound < node)
-    return {bound, std::to_string(bound) + " CPUs bound to this rank by the launcher"};
+    return {bound, fmt::format("{} CPUs bound to this rank by the launcher", bound)};
   const int ranks = std::max(1, rt.local_size());
-  return {std::max(1, node / ranks), std::to_string(node) + " cores shared by " + std::to_string(ranks) +
-                                         " rank(s) on this node"};
+  return {std::max(1, node / ranks), fmt::format("{} cores shared by {} rank(s) on this node", node, ranks)};
 }
 
 }  // namespace
@@ -71,8 +71,8 @@ nn::ModelConfig resolve_model(const Options& o) {
     // Options may restate the checkpoint's model, never contradict it.
     auto same = [&](const char* opt, const std::optional<int64_t>& v, int64_t have) {
       if (v && *v != have)
-        fail_usage(std::string(opt) + " " + std::to_string(*v) + " contradicts the checkpoint's model (" +
-                   std::to_string(have) + "); leave the size options out to use the checkpoint's");
+        fail_usage("{} {} contradicts the checkpoint's model ({}); leave the size options out to use the checkpoint's",
+                   opt, *v, have);
     };
     if (!o.model.empty() && o.model != c.preset)
       fail_usage("--model " + o.model + " contradicts the checkpoint's model (" + c.preset + ")");
@@ -130,8 +130,8 @@ nn::ModelConfig resolve_model(const Options& o) {
 Options validate(Options o, int world_size) {
   const nn::ModelConfig c = resolve_model(o);
   if (o.global_batch < world_size)
-    fail_usage("--global-batch " + std::to_string(o.global_batch) + " gives some of the " + std::to_string(world_size) +
-               " ranks no sample; use at least one sample per rank");
+    fail_usage("--global-batch {} gives some of the {} ranks no sample; use at least one sample per rank",
+               o.global_batch, world_size);
   if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
   if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
   // Opening the datasets checks them against the model (vocabulary, shapes).
@@ -141,7 +141,7 @@ Options validate(Options o, int world_size) {
     const double per_epoch = static_cast<double>(samples) / static_cast<double>(o.global_batch);
     if (o.epochs > 0) {
       const double s = std::ceil(o.epochs * per_epoch);
-      if (s > 1e15) fail_usage("--epochs " + std::to_string(o.epochs) + " of " + o.data + " is beyond any number of steps");
+      if (s > 1e15) fail_usage("--epochs {} of {} is beyond any number of steps", o.epochs, o.data);
       o.steps = std::max<int64_t>(1, static_cast<int64_t>(s));
       spdlog::info("--epochs {}: {} steps ({} samples, global batch {})", o.epochs, o.steps, samples, o.global_batch);
     }
@@ -154,11 +154,10 @@ Options validate(Options o, int world_size) {
     shampoo_config(o).validate();
     const int g = o.shampoo.trainers_per_group;
     if (g > 0 && world_size % g != 0)
-      fail_usage("--trainers-per-group " + std::to_string(g) + " does not divide the " + std::to_string(world_size) +
-                 " ranks");
+      fail_usage("--trainers-per-group {} does not divide the {} ranks", g, world_size);
   }
   if (o.warmup > o.steps)
-    fail_usage("--warmup " + std::to_string(o.warmup) + " is longer than --steps " + std::to_string(o.steps));
+    fail_usage("--warmup {} is longer than --steps {}", o.warmup, o.steps);
   const std::string flag = o.decay_epochs.empty() ? "--decay-steps" : "--decay-epochs";
   const std::string decay = flag + (o.decay_epochs.empty() ? "" : " (in steps)");
   const bool step_decay = o.schedule == optim::ScheduleKind::step;
@@ -167,17 +166,15 @@ Options validate(Options o, int world_size) {
     fail_usage(flag + " needs --schedule step (the schedule is " + std::string(name_of(o.schedule)) + ")");
   for (size_t i = 0; i < o.decay_steps.size(); ++i) {
     if (i > 0 && o.decay_steps[i] <= o.decay_steps[i - 1])
-      fail_usage(decay + " must increase: " + std::to_string(o.decay_steps[i]) + " follows " +
-                 std::to_string(o.decay_steps[i - 1]));
+      fail_usage("{} must increase: {} follows {}", decay, o.decay_steps[i], o.decay_steps[i - 1]);
     if (o.decay_steps[i] >= o.steps)
-      fail_usage(decay + " " + std::to_string(o.decay_steps[i]) + " is not before --steps " +
-                 std::to_string(o.steps) + ": that decay would never apply");
+      fail_usage("{} {} is not before --steps {}: that decay would never apply", decay, o.decay_steps[i], o.steps);
   }
   const Device d = parse_device(o.device);
   if (d.is_cuda() && cuda::device_count() == 0)
     fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
   if (o.stop_at > o.steps)
-    fail_usage("--stop-at " + std::to_string(o.stop_at) + " is beyond --steps " + std::to_string(o.steps));
+    fail_usage("--stop-at {} is beyond --steps {}", o.stop_at, o.steps);
   if (o.stop_at > 0 && o.checkpoint_dir.empty() && o.save.empty())
     fail_usage("--stop-at needs --checkpoint-dir or --save, or the run is lost");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
@@ -193,8 +190,8 @@ Options validate(Options o, int world_size) {
     ckpt::Reader r(checkpoint_path(resume));
     const int64_t stop = last_step(o);
     if (r.metadata().step > stop)
-      fail_usage("--resume " + resume + " is at step " + std::to_string(r.metadata().step) + ", beyond " +
-                 (o.stop_at > 0 ? "--stop-at " : "--steps ") + std::to_string(stop) + "; raise it to train further");
+      fail_usage("--resume {} is at step {}, beyond {} {}; raise it to train further", resume, r.metadata().step,
+                 o.stop_at > 0 ? "--stop-at" : "--steps", stop);
   }
   return o;
 }
@@ -309,8 +306,8 @@ class Trainer {
       if (device_.is_cuda()) cuda::synchronize();
       const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
       if (!std::isfinite(loss))
-        fail(std::string("the loss is ") + (std::isnan(loss) ? "NaN" : "infinite") + " at step " + std::to_string(step + 1) +
-             "; lower --lr, raise --warmup or clip (--clip)");
+        fail("the loss is {} at step {}; lower --lr, raise --warmup or clip (--clip)",
+             std::isnan(loss) ? "NaN" : "infinite", step + 1);
 
       nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}};
       if (cfg_.classifier()) m["accuracy"] = accuracy_;

@@ -91,14 +91,13 @@ class LocalCommunicator final : public Communicator {
 
  private:
   void check_one(const char* op, const std::vector<size_t>& counts) const {
-    if (counts.size() != 1) fail_usage(std::string(op) + ": " + std::to_string(counts.size()) + " counts for 1 rank");
+    if (counts.size() != 1) fail_usage("{}: {} counts for 1 rank", op, counts.size());
   }
   bool take(const Buffer& buf, int tag) {
     for (auto it = pending_.begin(); it != pending_.end(); ++it) {
       if (it->tag != tag) continue;
       if (it->data.size() != buf.bytes())
-        fail_usage("recv: expected " + std::to_string(buf.bytes()) + " bytes, the matching send had " +
-                   std::to_string(it->data.size()));
+        fail_usage("recv: expected {} bytes, the matching send had {}", buf.bytes(), it->data.size());
       copy(buf, {it->data.data(), buf.count, buf.dtype, Device::cpu()});
       pending_.erase(it);
       return true;

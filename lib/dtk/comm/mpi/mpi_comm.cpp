@@ -101,7 +101,7 @@ void check_mpi(int rc, const char* what) {
 
 int as_int(size_t n, const char* what) {
   if (n > static_cast<size_t>(INT_MAX))
-    fail_usage(std::string(what) + ": " + std::to_string(n) + " elements exceed MPI's count limit of 2^31-1");
+    fail_usage("{}: {} elements exceed MPI's count limit of 2^31-1", what, n);
   return static_cast<int>(n);
 }
 
@@ -530,8 +530,7 @@ class MpiCommunicator final : public Communicator {
   Work all_to_all(Buffer send, Buffer recv, Mode mode) override {
     check_counts("all_to_all", send, recv, recv.count, send.count);
     if (send.count % size_)
-      fail_usage("all_to_all: " + std::to_string(send.count) + " elements do not split into " +
-                 std::to_string(size_) + " equal blocks");
+      fail_usage("all_to_all: {} elements do not split into {} equal blocks", send.count, size_);
     const int n = as_int(send.count / size_, "all_to_all");
     Buffer in = send;
     std::shared_ptr<void> tmp;
@@ -688,8 +687,7 @@ class MpiCommunicator final : public Communicator {
 
   size_t check_v(const char* op, const std::vector<size_t>& counts) const {
     if (counts.size() != static_cast<size_t>(size_))
-      fail_usage(std::string(op) + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(size_) +
-                 " ranks");
+      fail_usage("{}: {} counts for {} ranks", op, counts.size(), size_);
     size_t total = 0;
     for (size_t c : counts) total += c;
     return total;

@@ -204,8 +204,7 @@ class NcclCommunicator final : public Communicator {
   Work all_to_all(Buffer send, Buffer recv, Mode mode) override {
     check_counts("all_to_all", send, recv, recv.count, send.count);
     if (send.count % size_)
-      fail_usage("all_to_all: " + std::to_string(send.count) + " elements do not split into " +
-                 std::to_string(size_) + " equal blocks");
+      fail_usage("all_to_all: {} elements do not split into {} equal blocks", send.count, size_);
     auto t = nccl_type(send.dtype, "all_to_all", false);
     const size_t block = send.count / size_, bb = block * dtype_size(send.dtype);
     std::shared_ptr<void> scratch;
@@ -284,8 +283,7 @@ class NcclCommunicator final : public Communicator {
   }
   std::vector<size_t> offsets(const char* op, const std::vector<size_t>& counts) const {
     if (counts.size() != static_cast<size_t>(size_))
-      fail_usage(std::string(op) + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(size_) +
-                 " ranks");
+      fail_usage("{}: {} counts for {} ranks", op, counts.size(), size_);
     std::vector<size_t> offs(size_ + 1, 0);
     for (int i = 0; i < size_; ++i) offs[i + 1] = offs[i] + counts[i];
     return offs;

@@ -128,9 +128,8 @@ void* cached_malloc(size_t bytes, size_t* block) {
     }
     if (e != cudaSuccess) {
       cudaGetLastError();
-      fail("CUDA out of memory allocating " + std::to_string(bytes) + " bytes (" +
-           std::to_string(g_cache.stats.current) + " in use, " + std::to_string(g_cache.stats.reserved) +
-           " reserved): " + cudaGetErrorString(e));
+      fail("CUDA out of memory allocating {} bytes ({} in use, {} reserved): {}", bytes, g_cache.stats.current,
+           g_cache.stats.reserved, cudaGetErrorString(e));
     }
     g_cache.stats.reserved += size;
   }

@@ -2,6 +2,7 @@
 // eigendecomposition (LAPACKE, row-major) and matrix inverse roots. A batch [B, ...] is a loop
 // over its matrices.
 #include <cblas.h>
+#include <fmt/format.h>
 #include <lapacke.h>
 
 #include <algorithm>
@@ -94,7 +95,8 @@ void qr_typed(Tensor& a) {
     const auto mm = static_cast<lapack_int>(m), rr = static_cast<lapack_int>(r);
     lapack_int info = geqrf(mm, rr, p, rr, tau.data());
     if (info == 0) info = orgqr(mm, rr, rr, p, rr, tau.data());
-    if (info != 0) errors[static_cast<size_t>(bi)] = "orthonormalize_qr: LAPACKE ?geqrf / ?orgqr failed (info " + std::to_string(info) + ")";
+    if (info != 0)
+      errors[static_cast<size_t>(bi)] = fmt::format("orthonormalize_qr: LAPACKE ?geqrf / ?orgqr failed (info {})", info);
   }
   for (const std::string& e : errors)
     if (!e.empty()) fail(e);
@@ -132,16 +134,15 @@ void eigh_typed(const Tensor& a, Tensor& w, Tensor& v) {
           break;
         }
     if (!finite) {
-      err = "eigh: the lower triangle of matrix " + std::to_string(bi) + " of " + a.str() + " holds NaN or Inf";
+      err = fmt::format("eigh: the lower triangle of matrix {} of {} holds NaN or Inf", bi, a.str());
       continue;
     }
     if (vp != ap) std::copy(ap, ap + n * n, vp);
     const lapack_int info = syevd(static_cast<lapack_int>(n), vp, wp);
     if (info > 0)
-      err = std::string("eigh: ") + syevd_name(vp) + " did not converge (info " + std::to_string(info) +
-            ") on matrix " + std::to_string(bi) + " of " + a.str();
+      err = fmt::format("eigh: {} did not converge (info {}) on matrix {} of {}", syevd_name(vp), info, bi, a.str());
     else if (info < 0)
-      err = std::string("eigh: ") + syevd_name(vp) + " failed (info " + std::to_string(info) + ")";
+      err = fmt::format("eigh: {} failed (info {})", syevd_name(vp), info);
   }
   for (const std::string& e : errors)
     if (!e.empty()) fail(e);

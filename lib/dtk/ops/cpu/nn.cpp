@@ -187,15 +187,13 @@ constexpr double kGeluC = 0.044715;
 void check_targets(const char* op, const int32_t* t, int64_t n, int64_t V) {
   for (int64_t i = 0; i < n; ++i)
     if (t[i] != -1 && (t[i] < 0 || t[i] >= V))
-      fail_usage(std::string(op) + ": target " + std::to_string(t[i]) + " at row " + std::to_string(i) +
-                 " is outside [0, " + std::to_string(V) + ") and is not -1 (ignored)");
+      fail_usage("{}: target {} at row {} is outside [0, {}) and is not -1 (ignored)", op, t[i], i, V);
 }
 
 void check_ids(const char* op, const int32_t* ids, int64_t n, int64_t V) {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= V)
-      fail_usage(std::string(op) + ": id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                 " is outside [0, " + std::to_string(V) + ")");
+      fail_usage("{}: id {} at position {} is outside [0, {})", op, ids[i], i, V);
 }
 
 }  // namespace

@@ -18,8 +18,7 @@ namespace {
 void check_indices(const char* op, const int64_t* idx, int64_t n, int64_t limit) {
   for (int64_t j = 0; j < n; ++j)
     if (idx[j] < 0 || idx[j] >= limit)
-      fail_usage(std::string(op) + ": index " + std::to_string(idx[j]) + " at position " + std::to_string(j) +
-                 " is outside [0, " + std::to_string(limit) + ")");
+      fail_usage("{}: index {} at position {} is outside [0, {})", op, idx[j], j, limit);
 }
 
 }  // namespace

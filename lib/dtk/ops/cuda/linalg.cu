@@ -39,7 +39,7 @@ void check_cuda(cudaError_t e, const char* what) {
 void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
 void check_cusolver(cusolverStatus_t s, const char* routine) {
-  if (s != CUSOLVER_STATUS_SUCCESS) fail(std::string(routine) + " failed: cusolverStatus " + std::to_string(int(s)));
+  if (s != CUSOLVER_STATUS_SUCCESS) fail("{} failed: cusolverStatus {}", routine, int(s));
 }
 
 // As cublas_handle(): one per (thread, device), bound to the current stream, never destroyed.
@@ -70,9 +70,8 @@ void check_infos(const Tensor& info, const char* op, const char* routine) {
   const std::vector<int> h = read_ints(info);
   for (size_t i = 0; i < h.size(); ++i) {
     if (h[i] > 0)
-      fail(std::string(op) + ": " + routine + " did not converge (devInfo " + std::to_string(h[i]) + ") on matrix " +
-           std::to_string(i));
-    if (h[i] < 0) fail(std::string(op) + ": " + routine + " rejected argument " + std::to_string(-h[i]));
+      fail("{}: {} did not converge (devInfo {}) on matrix {}", op, routine, h[i], i);
+    if (h[i] < 0) fail("{}: {} rejected argument {}", op, routine, -h[i]);
   }
 }
 
