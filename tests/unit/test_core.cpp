@@ -1,9 +1,11 @@
 // Tensor storage and views, allocator statistics, Philox known answers and distributions, fill
-// and cast.
+// and cast; the formatting error throwers.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
@@ -16,6 +18,32 @@
 
 namespace dtk {
 namespace {
+
+// The message of the Error that f throws, and whether it is a UsageError.
+template <class F>
+std::pair<std::string, bool> thrown(F f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return {e.what(), true};
+  } catch (const Error& e) {
+    return {e.what(), false};
+  }
+  return {"(nothing thrown)", false};
+}
+
+// fail / fail_usage format their arguments into the message; a single string is the message as
+// it is, braces and all.
+TEST(Errors, FormatOrPassThrough) {
+  EXPECT_EQ(thrown([] { fail_usage("schedule: warmup must be >= 0, got {}", -1); }),
+            std::make_pair(std::string("schedule: warmup must be >= 0, got -1"), true));
+  EXPECT_EQ(thrown([] { fail("lr {} at step {} of {}", 0.0001, int64_t{3}, std::string("run")); }),
+            std::make_pair(std::string("lr 0.0001 at step 3 of run"), false));
+  const std::string built = "config {\"a\": 1} has {} in it";
+  EXPECT_EQ(thrown([&] { fail_usage(built); }).first, built);
+  EXPECT_EQ(thrown([&] { fail(built); }).first, built);
+  EXPECT_EQ(thrown([] { fail("a literal {} alone"); }).first, "a literal {} alone");
+}
 
 TEST(Tensor, ShapeViewsAndCopies) {
   Tensor t = Tensor::from_doubles({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4}, DType::f32);
