@@ -15,6 +15,7 @@
 #include "dtk/cli/cli.h"
 #include "dtk/cli/checks.h"
 #include "dtk/core/checks.h"
+#include "dtk/core/enums.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 
@@ -22,7 +23,13 @@ namespace {
 using namespace dtk;
 namespace fs = std::filesystem;
 
+enum class Command { text, mnist, cifar10, synthetic };
+enum class SynthKind { tokens, classes };
+DTK_ENUM_NAMES(SynthKind, {SynthKind::tokens, "tokens"}, {SynthKind::classes, "classes"})
+
+// The command line, as parsed.
 struct Args {
+  Command command = Command::text;  // the subcommand given
   std::string output, val_output;
   bool force = false;
   double val_fraction = 0;
@@ -30,12 +37,11 @@ struct Args {
   std::string images, labels;
   int64_t classes = 10;
   // synthetic
-  std::string kind;
+  SynthKind kind = SynthKind::tokens;
   int64_t samples = 10000, vocab = 256, seq_len = 64, input_dim = 64, synth_classes = 10;
   uint64_t seed = 0;
   bool validation = false;
 };
-Args a;
 
 // ---------------------------------------------------------------------------- input files
 void check_input(const std::string& p) {
@@ -84,7 +90,7 @@ std::string hex(uint32_t v) {
 }
 
 // ---------------------------------------------------------------------------- outputs
-void check_output(const char* option, const std::string& out, const std::vector<std::string>& inputs) {
+void check_output(const Args& a, const char* option, const std::string& out, const std::vector<std::string>& inputs) {
   if (out.empty()) fail_usage("no output given (-o OUT.h5)");
   const fs::path o(out);
   check_output_parent(option, out);
@@ -103,7 +109,7 @@ nlohmann::json base_attrs(const std::string& source) {
 void print_path(const std::string& p) { std::cout << p << '\n'; }
 
 // ---------------------------------------------------------------------------- subcommands
-int run_text() {
+int run_text(const Args& a) {
   std::vector<uint32_t> tokens;
   for (const auto& f : a.inputs) {
     const auto bytes = read_all(f);
@@ -137,7 +143,7 @@ int run_text() {
   return cli::kExitOk;
 }
 
-int run_mnist() {
+int run_mnist(const Args& a) {
   const auto img = read_all(a.images), lab = read_all(a.labels);
   if (img.size() < 16) fail_usage("{}: truncated idx header ({} bytes)", a.images, img.size());
   if (be32(img, 0) != 0x00000803)
@@ -170,7 +176,7 @@ int run_mnist() {
   return cli::kExitOk;
 }
 
-int run_cifar10() {
+int run_cifar10(const Args& a) {
   constexpr int64_t kRecord = 1 + 3 * 32 * 32;
   std::vector<uint8_t> images;
   std::vector<int32_t> labels;
@@ -201,11 +207,11 @@ int run_cifar10() {
   return cli::kExitOk;
 }
 
-int run_synthetic() {
-  auto attrs = base_attrs(a.kind == "tokens" ? "synthetic-markov" : "synthetic-gaussian-mixture");
+int run_synthetic(const Args& a) {
+  auto attrs = base_attrs(a.kind == SynthKind::tokens ? "synthetic-markov" : "synthetic-gaussian-mixture");
   attrs["seed"] = a.seed;
   attrs["split"] = a.validation ? "validation" : "train";
-  if (a.kind == "tokens") {
+  if (a.kind == SynthKind::tokens) {
     // One long sequence of the chain: its windows of any seq_len are stretches of a stationary
     // chain, so the optimum of a model's loss on them is the entropy rate.
     const data::MarkovChain chain(a.vocab, a.seed);
@@ -247,17 +253,16 @@ int run_synthetic() {
 }
 
 // ---------------------------------------------------------------------------- the program
-CLI::App* text_cmd = nullptr;
-CLI::App* mnist_cmd = nullptr;
-CLI::App* cifar_cmd = nullptr;
-CLI::App* synth_cmd = nullptr;
-
-void add_output(CLI::App* sub) {
+// A subcommand that records itself in a.command, with the output options.
+CLI::App* add_command(CLI::App& app, Args& a, Command c, const std::string& name, const std::string& help) {
+  CLI::App* sub = app.add_subcommand(name, help);
+  sub->parse_complete_callback([&a, c] { a.command = c; });
   sub->add_option("-o,--output", a.output, "the HDF5 file to write")->required();
   sub->add_flag("-f,--force", a.force, "overwrite an existing output");
+  return sub;
 }
 
-cli::Program program() {
+cli::Program program(Args& a) {
   cli::Program p;
   p.name = "data-pack";
   p.description =
@@ -267,32 +272,26 @@ cli::Program program() {
       "Writes the path of each output on stdout. Inputs may be gzip-compressed.\n"
       "Exit status: 0 success, 1 a failure while running, 2 bad usage or bad input (no output is left).\n"
       "Example: data-pack text corpus/*.txt -o train.h5 --val-fraction 0.01 --val-output val.h5";
-  p.add_options = [](CLI::App& app) {
+  p.add_options = [&a](CLI::App& app) {
     app.require_subcommand(1, 1);
     app.fallthrough();
-    text_cmd = app.add_subcommand("text", "byte-level token file (vocab 256) from text files, concatenated");
+    CLI::App* text_cmd = add_command(app, a, Command::text, "text", "byte-level token file (vocab 256) from text files, concatenated");
     text_cmd->add_option("FILE", a.inputs, "text files")->required();
-    add_output(text_cmd);
     text_cmd->add_option("--val-fraction", a.val_fraction, "put this fraction of the tokens (the end) in --val-output")
         ->check(cli::between(0, 0.999));
     text_cmd->add_option("--val-output", a.val_output, "the validation token file");
 
-    mnist_cmd = app.add_subcommand("mnist", "image file from an MNIST idx3 image file and idx1 label file");
+    CLI::App* mnist_cmd = add_command(app, a, Command::mnist, "mnist", "image file from an MNIST idx3 image file and idx1 label file");
     mnist_cmd->add_option("IMAGES", a.images, "idx3-ubyte images (e.g. train-images-idx3-ubyte[.gz])")->required();
     mnist_cmd->add_option("LABELS", a.labels, "idx1-ubyte labels (e.g. train-labels-idx1-ubyte[.gz])")->required();
-    add_output(mnist_cmd);
     mnist_cmd->add_option("--classes", a.classes, "number of classes")->check(cli::between(1, 256));
 
-    cifar_cmd = app.add_subcommand("cifar10", "image file from CIFAR-10 binary batches (stored NHWC)");
+    CLI::App* cifar_cmd = add_command(app, a, Command::cifar10, "cifar10", "image file from CIFAR-10 binary batches (stored NHWC)");
     cifar_cmd->add_option("BATCH", a.inputs, "data_batch_*.bin / test_batch.bin")->required();
-    add_output(cifar_cmd);
     cifar_cmd->add_option("--classes", a.classes, "number of classes")->check(cli::between(1, 256));
 
-    synth_cmd = app.add_subcommand("synthetic", "materialise the synthetic data (the Markov language or the mixture)");
-    synth_cmd->add_option("--kind", a.kind, "tokens (the Markov language) or classes (the Gaussian mixture)")
-        ->required()
-        ->check(CLI::IsMember({"tokens", "classes"}));
-    add_output(synth_cmd);
+    CLI::App* synth_cmd = add_command(app, a, Command::synthetic, "synthetic", "materialise the synthetic data (the Markov language or the mixture)");
+    cli::add_enum(*synth_cmd, "--kind", a.kind, "tokens (the Markov language) or classes (the Gaussian mixture)")->required();
     synth_cmd->add_option("--samples", a.samples, "samples (tokens: windows of --seq-len)")->check(cli::at_least(1));
     synth_cmd->add_option("--seed", a.seed, "the data seed (the --seed of the training programs gives the same data)");
     synth_cmd->add_flag("--validation", a.validation, "draw from the validation stream");
@@ -302,34 +301,37 @@ cli::Program program() {
     synth_cmd->add_option("--input-dim", a.input_dim, "classes: feature dimension")->check(cli::at_least(1));
     synth_cmd->add_option("--classes", a.synth_classes, "classes: number of classes")->check(cli::between(2, 1 << 20));
   };
-  p.validate = [](comm::Runtime& rt) -> cli::Work {
+  p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     if (rt.size() > 1)
       fail_usage("data-pack runs as one process, but this job has {} ranks", rt.size());
     std::vector<std::string> inputs = a.inputs;
-    if (mnist_cmd->parsed()) inputs = {a.images, a.labels};
+    if (a.command == Command::mnist) inputs = {a.images, a.labels};
     for (const auto& f : inputs) check_input(f);
-    check_output("-o", a.output, inputs);
-    if (text_cmd->parsed()) {
+    check_output(a, "-o", a.output, inputs);
+    if (a.command == Command::text) {
       if (a.val_fraction > 0 && a.val_output.empty()) fail_usage("--val-fraction needs --val-output VAL.h5");
       if (!a.val_output.empty() && a.val_fraction <= 0) fail_usage("--val-output needs --val-fraction F > 0");
       if (!a.val_output.empty()) {
-        check_output("--val-output", a.val_output, inputs);
+        check_output(a, "--val-output", a.val_output, inputs);
         std::error_code ec;
         if (fs::weakly_canonical(a.val_output, ec) == fs::weakly_canonical(a.output, ec))
           fail_usage("--val-output and -o are the same file");
       }
     }
-    if (synth_cmd->parsed()) {
+    if (a.command == Command::synthetic) {
       const double tokens = static_cast<double>(a.samples) * static_cast<double>(a.seq_len);
-      if (a.kind == "tokens" && tokens > 4e9) fail_usage("--samples x --seq-len is too large (at most 4e9 tokens)");
-      if (a.kind == "classes" && static_cast<double>(a.samples) * static_cast<double>(a.input_dim) > 4e9)
+      if (a.kind == SynthKind::tokens && tokens > 4e9) fail_usage("--samples x --seq-len is too large (at most 4e9 tokens)");
+      if (a.kind == SynthKind::classes && static_cast<double>(a.samples) * static_cast<double>(a.input_dim) > 4e9)
         fail_usage("--samples x --input-dim is too large (at most 4e9 values)");
     }
-    return [](comm::Runtime&) {
-      if (text_cmd->parsed()) return run_text();
-      if (mnist_cmd->parsed()) return run_mnist();
-      if (cifar_cmd->parsed()) return run_cifar10();
-      return run_synthetic();
+    return [&a](comm::Runtime&) {
+      switch (a.command) {
+        case Command::text: return run_text(a);
+        case Command::mnist: return run_mnist(a);
+        case Command::cifar10: return run_cifar10(a);
+        case Command::synthetic: return run_synthetic(a);
+      }
+      return cli::kExitUsage;
     };
   };
   return p;
@@ -337,4 +339,7 @@ cli::Program program() {
 
 }  // namespace
 
-int main(int argc, char** argv) { return dtk::cli::main(argc, argv, program()); }
+int main(int argc, char** argv) {
+  Args a;
+  return dtk::cli::main(argc, argv, program(a));
+}
