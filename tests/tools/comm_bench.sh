@@ -5,10 +5,7 @@
 set -u
 mpiexec=$1 bench=$2 n=$3
 run="$mpiexec -n $n $bench"
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -20; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 
 # Every op, dtype and reduction, sizes from 0 bytes, checked twice, in place for avg and min.
 for dtype in f32 f64 bf16 f16 i32 i64 u8 u16; do
@@ -90,5 +87,4 @@ usage "excludes" -f 2 -i 1K
 usage "comm-bench: error: --iters must be at least 1" --iters 0
 usage "needs --fit" --predict 1M
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -8,10 +8,7 @@
 #   completion.sh SOURCE_DIR BIN_DIR   (BIN_DIR/<program>/<program>, BIN_DIR/dtk-plot/dtk-plot)
 set -u
 src=$(realpath "$1") bin=$(realpath "$2")
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -20; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 programs=(psgd-train shampoo-train fsdp-train comm-bench shard-inspect data-pack dtk-plot)
 for p in "${programs[@]}"; do PATH=$bin/$p:$PATH; done
 . "$src/share/dtk/bash-completion/dtk"
@@ -97,5 +94,4 @@ for p in "${programs[@]}"; do
   done
 done
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -5,10 +5,7 @@
 #   data_pack.sh DATA_PACK
 set -u
 dp=$(realpath "$1")
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -20; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 cd "$tmp"
 
 # Runs data-pack; $rc, $out (stdout) and $err (stderr) hold what happened.
@@ -143,5 +140,4 @@ run --help
 run --version
 [ $rc = 0 ] && grep -q 'data-pack (dtk)' <<<"$out" && ok "--version" || bad "--version" "$out" "$err"
 
-echo "# data_pack: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

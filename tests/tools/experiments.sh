@@ -6,10 +6,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export DTK_BUILD_DIR=$1
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -25; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 # check NAME ROWS: the experiment's table has these rows, its plot is a PNG, every run its metrics.
 check() {
   local d=$tmp/$1 rows=$2
@@ -31,5 +28,4 @@ grep -q "powersgd-r2 .* -\?[0-9.]*% .*[0-9.]* *[0-9.]* *[0-9.]*$" "$tmp/p/table.
 ls "$tmp/t"/adamw-lr0.01.jsonl >/dev/null 2>&1 && ok "shampoo-text: every learning rate of the grid ran" || bad "grid runs" "$(ls "$tmp/t")"
 "$root/scripts/experiments/powersgd-resnet" -o "$tmp/x" --bogus >/dev/null 2>&1
 [ $? = 2 ] && ok "an unknown argument: exit 2" || bad "unknown argument"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

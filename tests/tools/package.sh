@@ -15,19 +15,16 @@
 #   package.sh BUILD_DIR
 set -u
 build=$(realpath "$1")
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -20; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 programs=(psgd-train shampoo-train fsdp-train comm-bench shard-inspect data-pack)
 
 cd "$build"
 if ! cpack -G DEB -B "$tmp/out" >"$tmp/cpack.log" 2>&1; then
   bad "cpack -G DEB" "$(cat "$tmp/cpack.log")"
-  echo "$pass passed, $fail failed"; exit 1
+  finish; exit 1
 fi
 debs=("$tmp"/out/*.deb)
-[ ${#debs[@]} = 1 ] && [ -f "${debs[0]}" ] || { bad "cpack made one .deb" "$(ls "$tmp/out")"; echo "$pass passed, $fail failed"; exit 1; }
+[ ${#debs[@]} = 1 ] && [ -f "${debs[0]}" ] || { bad "cpack made one .deb" "$(ls "$tmp/out")"; finish; exit 1; }
 deb=${debs[0]}
 version=$(dpkg-deb -f "$deb" Version)
 [[ $(basename "$deb") == dtk_${version}_$(dpkg --print-architecture).deb ]] && [ "$(dpkg-deb -f "$deb" Package)" = dtk ] \
@@ -127,5 +124,4 @@ out=$(PATH=$bin:$PATH bash -c '
 [ "$out" = $'--compress-ratio --compressor\nreshard' ] && ok "the packaged completion completes" \
   || bad "the packaged completion" "$out"
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -5,11 +5,8 @@
 #   shard_inspect.sh SHARD_INSPECT CKPT_MAKE
 set -u
 si=$1 mk=$2
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -20; fail=$((fail+1)); }
+. "$(dirname "$0")/check_lib.sh"
 check() { local name=$1; shift; if "$@" >"$tmp/chk.log" 2>&1; then ok "$name"; else bad "$name" "$(cat "$tmp/chk.log")"; fi; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 
 $mk full full.h5 && $mk changed changed.h5 && $mk sharded sh && $mk version v99.h5 99 || { echo "ckpt-make failed"; exit 1; }
@@ -298,5 +295,4 @@ expect_rc 0 "--version" --version
 left=$(ls -A | grep -E '\.tmp' || true)
 [ -z "$left" ] && ok "no temporary files left" || bad "temporary files left" "$left"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -1,10 +1,7 @@
-# Sourced by the end-to-end tests of the training programs: result counting, a scratch
-# directory (the working directory from here on), a small llama that trains in seconds on two
+# Sourced by the end-to-end tests of the training programs: check_lib.sh (result counting, the
+# scratch directory, here the working directory), a small llama that trains in seconds on two
 # cores, and run/expect2 helpers.
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass+1)); }
-bad() { echo "FAIL $1"; shift; printf '%s\n' "$@" | tail -25; fail=$((fail+1)); }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
 cd "$tmp"
 small="--model llama-tiny --dim 32 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 64 --seq-len 16"
 # Runs a command: $rc its exit status, $tmp/o its stdout, $tmp/e its stderr.
@@ -16,4 +13,3 @@ expect2() {
   if [ $rc = 2 ] && grep -q -- "$msg" "$tmp/e" && [ ! -s "$tmp/o" ]; then ok "bad input: $name"
   else bad "bad input: $name (exit $rc)" "$(cat $tmp/e)"; fi
 }
-finish() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; }

@@ -12,27 +12,14 @@
 #include <utility>
 
 #include "dtk/core/error.h"
+#include "dtk/nn/detail.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::nn {
 
-namespace detail {
-std::unique_ptr<Model> make_llama(const ModelConfig& cfg, Device d, DType t, Storage s);  // llama.cpp
-std::unique_ptr<Model> make_mlp(const ModelConfig& cfg, Device d, DType t, Storage s);    // mlp.cpp
-std::unique_ptr<Model> make_resnet(const ModelConfig& cfg, Device d, DType t, Storage s);  // resnet.cpp
-void resnet_validate(const ModelConfig& cfg);                                           // resnet.cpp
-int64_t resnet_num_params(const ModelConfig& cfg);                                      // resnet.cpp
-double resnet_train_flops(const ModelConfig& cfg);                                      // resnet.cpp
-}  // namespace detail
+using detail::bad;
 
 namespace {
-
-[[noreturn]] void bad(const std::string& what) { fail_usage("model config: " + what); }
-template <class... A>
-  requires(sizeof...(A) > 0)
-[[noreturn]] void bad(fmt::format_string<A...> format, A&&... args) {
-  bad(fmt::format(format, std::forward<A>(args)...));
-}
 
 void need_positive(const char* field, int64_t v, const std::string& arch) {
   if (v <= 0) bad("{} must be positive for arch {}, got {}", field, arch, v);

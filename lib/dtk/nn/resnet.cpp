@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "dtk/core/error.h"
+#include "dtk/nn/detail.h"
 #include "dtk/nn/layers.h"
 #include "dtk/nn/model.h"
 #include "dtk/ops/ops.h"
@@ -42,12 +43,7 @@ namespace dtk::nn {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& what) { fail_usage("model config: " + what); }
-template <class... A>
-  requires(sizeof...(A) > 0)
-[[noreturn]] void bad(fmt::format_string<A...> format, A&&... args) {
-  bad(fmt::format(format, std::forward<A>(args)...));
-}
+using detail::bad;
 
 // One residual block as the model builds it.
 struct BlockPlan {
