@@ -6,21 +6,43 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <time.h>
 
 namespace dtk::comm::watchdog {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-std::atomic<long long> g_start_ns{0};  // 0: no wait in progress
-std::atomic<const char*> g_what{nullptr};
-std::atomic<size_t> g_bytes{0};
+// One wait slot per thread that waits (the caller's thread, a communicator's thread copying a
+// staged result to the GPU): a slot's start is 0 when no wait is in progress. Scopes nest within
+// a thread; threads do not share a slot, so one thread's scope never ends another's.
+struct Slot {
+  std::atomic<long long> start_ns{0};
+  std::atomic<const char*> what{nullptr};
+  std::atomic<size_t> bytes{0};
+};
+constexpr int kSlots = 64;
+Slot g_slots[kSlots];
+std::atomic<int> g_used{0};  // slots handed out
+thread_local Slot* t_slot = nullptr;
+
+Slot& my_slot() {
+  if (!t_slot) {
+    const int i = g_used.fetch_add(1);
+    t_slot = &g_slots[i < kSlots ? i : kSlots - 1];  // beyond 64 waiting threads, the last is shared
+  }
+  return *t_slot;
+}
+
 std::atomic<long long> g_timeout_ns{600'000'000'000LL};
 std::atomic<long long> g_hurry_ns{0};  // when a stop was requested; 0: none
 std::atomic<int> g_patient{0};         // Patient scopes alive
+std::atomic<void (*)()> g_on_expire{nullptr};
 int g_rank = 0;
 
 std::mutex g_mu;
@@ -32,6 +54,30 @@ long long now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
+// Runs the expiry hook (NCCL's aborts) for at most kExpireHookS: the job ends either way.
+void run_expire_hook() {
+  void (*hook)() = g_on_expire.load();
+  if (!hook) return;
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread([hook, done] {
+    hook();
+    done->store(true);
+  }).detach();
+  const auto until = Clock::now() + std::chrono::duration<double>(kExpireHookS);
+  while (!done->load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+[[noreturn]] void expire(const Slot& s, const char* reason) {
+  const char* what = s.what.load();
+  const size_t bytes = s.bytes.load();
+  const std::string op = fmt::format("{}{}", what ? what : "a collective",
+                                     bytes ? fmt::format(" of {} bytes", bytes) : std::string());
+  std::fprintf(stderr, "dtk: error: rank %d: %s %s\n", g_rank, op.c_str(), reason);
+  std::fflush(stderr);
+  run_expire_hook();
+  std::_Exit(1);
+}
+
 void loop() {
   std::unique_lock lock(g_mu);
   while (!g_stop) {
@@ -39,25 +85,19 @@ void loop() {
     const auto period = std::chrono::nanoseconds(std::clamp(timeout / 8, 10'000'000LL, 1'000'000'000LL));
     g_cv.wait_for(lock, period, [] { return g_stop; });
     if (g_stop) break;
-    const long long start = g_start_ns.load(), hurry = g_hurry_ns.load();
-    if (start != 0 && hurry != 0 && g_patient.load() == 0 && now_ns() - std::max(start, hurry) > kHurryGraceS * 1e9) {
-      const char* what = g_what.load();
-      std::fprintf(stderr,
-                   "dtk: error: rank %d: %s of %zu bytes has waited %.0f s since the stop was requested; a peer "
-                   "rank has probably died. Ending the job.\n",
-                   g_rank, what ? what : "a collective", g_bytes.load(), kHurryGraceS);
-      std::fflush(stderr);
-      std::_Exit(1);
-    }
-    if (start != 0 && now_ns() - start > timeout) {
-      const char* what = g_what.load();
-      std::fprintf(stderr,
-                   "dtk: error: rank %d: %s of %zu bytes did not complete within %.1f s; a peer rank has "
-                   "probably died or is stuck. Ending the job (raise --comm-timeout if this step is "
-                   "legitimately that slow).\n",
-                   g_rank, what ? what : "a collective", g_bytes.load(), static_cast<double>(timeout) / 1e9);
-      std::fflush(stderr);
-      std::_Exit(1);
+    const long long now = now_ns(), hurry = g_hurry_ns.load();
+    const int used = std::min(g_used.load(), kSlots);
+    for (int i = 0; i < used; ++i) {
+      const Slot& s = g_slots[i];
+      const long long start = s.start_ns.load();
+      if (start == 0) continue;
+      if (hurry != 0 && g_patient.load() == 0 && now - std::max(start, hurry) > kHurryGraceS * 1e9)
+        expire(s, fmt::format("has waited {:.0f} s since the stop was requested; a peer rank has probably died. "
+                              "Ending the job.", kHurryGraceS).c_str());
+      if (now - start > timeout)
+        expire(s, fmt::format("did not complete within {:.1f} s; a peer rank has probably died or is stuck. Ending "
+                              "the job (raise --comm-timeout if this step is legitimately that slow).",
+                              static_cast<double>(timeout) / 1e9).c_str());
     }
   }
 }
@@ -93,19 +133,23 @@ void stop() {
   if (g_thread.joinable()) g_thread.join();
 }
 
-Scope::Scope(const char* what, size_t bytes)
-    : prev_start_(g_start_ns.load(std::memory_order_relaxed)),
-      prev_what_(g_what.load(std::memory_order_relaxed)),
-      prev_bytes_(g_bytes.load(std::memory_order_relaxed)) {
-  g_what.store(what, std::memory_order_relaxed);
-  g_bytes.store(bytes, std::memory_order_relaxed);
-  if (prev_start_ == 0) g_start_ns.store(now_ns(), std::memory_order_relaxed);
+void on_expire(void (*hook)()) { g_on_expire.store(hook); }
+
+Scope::Scope(const char* what, size_t bytes) : slot_(&my_slot()) {
+  Slot& s = *static_cast<Slot*>(slot_);
+  prev_start_ = s.start_ns.load(std::memory_order_relaxed);
+  prev_what_ = s.what.load(std::memory_order_relaxed);
+  prev_bytes_ = s.bytes.load(std::memory_order_relaxed);
+  s.what.store(what, std::memory_order_relaxed);
+  s.bytes.store(bytes, std::memory_order_relaxed);
+  if (prev_start_ == 0) s.start_ns.store(now_ns(), std::memory_order_relaxed);
 }
 
 Scope::~Scope() {
-  g_what.store(prev_what_, std::memory_order_relaxed);
-  g_bytes.store(prev_bytes_, std::memory_order_relaxed);
-  g_start_ns.store(prev_start_, std::memory_order_relaxed);
+  Slot& s = *static_cast<Slot*>(slot_);
+  s.what.store(prev_what_, std::memory_order_relaxed);
+  s.bytes.store(prev_bytes_, std::memory_order_relaxed);
+  s.start_ns.store(prev_start_, std::memory_order_relaxed);
 }
 
 }  // namespace dtk::comm::watchdog

@@ -1,13 +1,19 @@
 // The collective watchdog: one thread per process that ends the job when a wait on a collective
 // lasts longer than the timeout, instead of letting the job hang (a peer died inside MPI, or is
-// stuck). Waiting code marks itself with a Scope; the cost is one clock read and two stores, so
-// it wraps even the 8-byte all-reduce.
+// stuck). Waiting code marks itself with a Scope, per thread (a communicator's own thread may
+// wait beside the caller's); the cost is one clock read and a few stores, so it wraps even the
+// 8-byte all-reduce. The host's waits for the GPU are under it too (comm::Runtime installs
+// cuda::set_wait_hook). When it ends the job it runs the expiry hook first (on_expire: NCCL
+// aborts its communicators there, so that peers see the end instead of waiting in a kernel).
 #pragma once
 #include <cstddef>
 
 namespace dtk::comm::watchdog {
 
 void start(double timeout_s, int rank);
+// Called by the watchdog thread before it ends the job, for at most kExpireHookS seconds.
+inline constexpr double kExpireHookS = 3;
+void on_expire(void (*hook)());
 void set_timeout(double timeout_s);
 void stop();
 
@@ -34,6 +40,7 @@ class Scope {
   Scope& operator=(const Scope&) = delete;
 
  private:
+  void* slot_;  // this thread's
   long long prev_start_;
   const char* prev_what_;
   size_t prev_bytes_;
