@@ -89,6 +89,67 @@ TEST(LinalgGpu, GemmMatchesCpu) {
   }
 }
 
+// gemm with k = 0: the product is empty, so C = beta C whatever alpha (the BLAS rule), and
+// beta == 0 (or -0) writes zeros without reading C, so the NaN and Inf that C held are gone; the
+// CPU does this in a loop, the GPU by cudaMemsetAsync or cuBLAS ?scal. Every transpose
+// combination, 2-D and batched, C a view inside a larger buffer whose other rows must stay as
+// they were, bf16 inputs (CUDA only: the CPU's f32 result on the same empty product is the
+// reference).
+//   tol 0 (the same bits, NaN for NaN): beta 0, or a beta of few significant bits (1, -0.5, 3),
+//   whose product with a float needs no rounding in double, so the CPU's rounding of the double
+//   product to f32 and cuBLAS's f32 product give the one correctly rounded value; and every f64
+//   product (one double multiplication on both sides).
+//   beta 0.1 in f32: the GPU multiplies by 0.1 rounded to f32 and rounds once (a relative error
+//   below 2 u, u = 2^-24), the CPU rounds the exact double product once to f32 (below u + 2^-53):
+//   they differ by at most 3u = 1.8e-7 of the value, so tol 2e-7.
+TEST(LinalgGpu, GemmEmptyProductIsBetaC) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, m, n;
+  };
+  const Case cases[] = {{0, 7, 33}, {0, 1, 1}, {3, 5, 9}, {0, 0, 4}};
+  uint64_t seed = 700;
+  for (DType t : {DType::f32, DType::f64, DType::bf16}) {
+    const DType ct = t == DType::bf16 ? DType::f32 : t;  // c's dtype
+    const double round_tol = ct == DType::f32 ? 2e-7 : 0;
+    double exact = 0, rounded = 0;
+    std::string failed;  // the first case beyond its tolerance
+    for (const Case& c : cases)
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb)
+          for (double beta : {0.0, -0.0, 1.0, -0.5, 3.0, 0.1})
+            for (double alpha : {1.5, 0.0, -1e30}) {
+              Shape as = ta ? Shape{0, c.m} : Shape{c.m, 0};
+              Shape bs = tb ? Shape{c.n, 0} : Shape{0, c.n};
+              // c is rows 1 .. rows of a buffer of rows + 2 (batches, or matrix rows in 2-D)
+              const int64_t rows = c.batch ? c.batch : c.m;
+              const Shape full = c.batch ? Shape{rows + 2, c.m, c.n} : Shape{rows + 2, c.n};
+              if (c.batch) {
+                as.insert(as.begin(), c.batch);
+                bs.insert(bs.begin(), c.batch);
+              }
+              Vec cv = random_values(size_t(shape_numel(full)), seed++);
+              for (size_t i = 0; i < cv.size(); i += 5) cv[i] = i % 10 ? INFINITY : std::nan("");
+              Tensor cfull = Tensor::from_doubles(cv, full, ct), gfull = cfull.to(kGpu);
+              Tensor cc = cfull.slice(1, rows + 1), cg = gfull.slice(1, rows + 1);
+              ops::gemm(ta, tb, alpha, Tensor::empty(as, ct), Tensor::empty(bs, ct), beta, cc);
+              ops::gemm(ta, tb, alpha, Tensor::empty(as, t, kGpu), Tensor::empty(bs, t, kGpu), beta, cg);
+              std::string first;
+              const double err = exact_err(gfull, cfull, &first);
+              const bool round = beta == 0.1;
+              (round ? rounded : exact) = std::max(round ? rounded : exact, err);
+              if (err > (round ? round_tol : 0) && failed.empty())
+                failed = "batch " + std::to_string(c.batch) + " m " + std::to_string(c.m) + " n " +
+                         std::to_string(c.n) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " alpha " +
+                         std::to_string(alpha) + " beta " + std::to_string(beta) + ": " + first;
+            }
+    const std::string name(dtype_name(t));
+    report("gemm(k=0)", name, exact, 0);
+    report("gemm(k=0,beta=0.1)", name, rounded, round_tol);
+    EXPECT_EQ(failed, "") << "gemm k=0 " << name << ", the first case that failed";
+  }
+}
+
 // syrk on the GPU (a gemm whose lower triangle is mirrored) matches the CPU's and is exactly
 // symmetric, as Shampoo's packed checkpoints need; symmetrize is a copy: bit-equal to the CPU's.
 TEST(LinalgGpu, SyrkAndSymmetrizeMatchCpu) {
