@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtk/core/device.h"
+#include "dtk/core/error.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/ops.h"
 #include "../common/gpu_check.h"
@@ -86,6 +87,67 @@ TEST(LinalgGpu, GemmMatchesCpu) {
           worst = std::max(worst, max_rel_err(cg.to_doubles(), cc.to_doubles()));
         }
     report("gemm", std::string(dtype_name(t)), worst, tol_for(t));
+  }
+}
+
+// gemm with k = 0: the product is empty, so C = beta C whatever alpha (the BLAS rule), and
+// beta == 0 (or -0) writes zeros without reading C, so the NaN and Inf that C held are gone; the
+// CPU does this in a loop, the GPU by cudaMemsetAsync or cuBLAS ?scal. Every transpose
+// combination, 2-D and batched, C a view inside a larger buffer whose other rows must stay as
+// they were, bf16 inputs (CUDA only: the CPU's f32 result on the same empty product is the
+// reference).
+//   tol 0 (the same bits, NaN for NaN): beta 0, or a beta of few significant bits (1, -0.5, 3),
+//   whose product with a float needs no rounding in double, so the CPU's rounding of the double
+//   product to f32 and cuBLAS's f32 product give the one correctly rounded value; and every f64
+//   product (one double multiplication on both sides).
+//   beta 0.1 in f32: the GPU multiplies by 0.1 rounded to f32 and rounds once (a relative error
+//   below 2 u, u = 2^-24), the CPU rounds the exact double product once to f32 (below u + 2^-53):
+//   they differ by at most 3u = 1.8e-7 of the value, so tol 2e-7.
+TEST(LinalgGpu, GemmEmptyProductIsBetaC) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, m, n;
+  };
+  const Case cases[] = {{0, 7, 33}, {0, 1, 1}, {3, 5, 9}, {0, 0, 4}};
+  uint64_t seed = 700;
+  for (DType t : {DType::f32, DType::f64, DType::bf16}) {
+    const DType ct = t == DType::bf16 ? DType::f32 : t;  // c's dtype
+    const double round_tol = ct == DType::f32 ? 2e-7 : 0;
+    double exact = 0, rounded = 0;
+    std::string failed;  // the first case beyond its tolerance
+    for (const Case& c : cases)
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb)
+          for (double beta : {0.0, -0.0, 1.0, -0.5, 3.0, 0.1})
+            for (double alpha : {1.5, 0.0, -1e30}) {
+              Shape as = ta ? Shape{0, c.m} : Shape{c.m, 0};
+              Shape bs = tb ? Shape{c.n, 0} : Shape{0, c.n};
+              // c is rows 1 .. rows of a buffer of rows + 2 (batches, or matrix rows in 2-D)
+              const int64_t rows = c.batch ? c.batch : c.m;
+              const Shape full = c.batch ? Shape{rows + 2, c.m, c.n} : Shape{rows + 2, c.n};
+              if (c.batch) {
+                as.insert(as.begin(), c.batch);
+                bs.insert(bs.begin(), c.batch);
+              }
+              Vec cv = random_values(size_t(shape_numel(full)), seed++);
+              for (size_t i = 0; i < cv.size(); i += 5) cv[i] = i % 10 ? INFINITY : std::nan("");
+              Tensor cfull = Tensor::from_doubles(cv, full, ct), gfull = cfull.to(kGpu);
+              Tensor cc = cfull.slice(1, rows + 1), cg = gfull.slice(1, rows + 1);
+              ops::gemm(ta, tb, alpha, Tensor::empty(as, ct), Tensor::empty(bs, ct), beta, cc);
+              ops::gemm(ta, tb, alpha, Tensor::empty(as, t, kGpu), Tensor::empty(bs, t, kGpu), beta, cg);
+              std::string first;
+              const double err = exact_err(gfull, cfull, &first);
+              const bool round = beta == 0.1;
+              (round ? rounded : exact) = std::max(round ? rounded : exact, err);
+              if (err > (round ? round_tol : 0) && failed.empty())
+                failed = "batch " + std::to_string(c.batch) + " m " + std::to_string(c.m) + " n " +
+                         std::to_string(c.n) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb) + " alpha " +
+                         std::to_string(alpha) + " beta " + std::to_string(beta) + ": " + first;
+            }
+    const std::string name(dtype_name(t));
+    report("gemm(k=0)", name, exact, 0);
+    report("gemm(k=0,beta=0.1)", name, rounded, round_tol);
+    EXPECT_EQ(failed, "") << "gemm k=0 " << name << ", the first case that failed";
   }
 }
 
@@ -209,6 +271,111 @@ TEST(LinalgGpu, EighMatchesCpu) {
     }
     report("eigh_values", std::string(dtype_name(t)), worst_w, t == DType::f64 ? 1e-10 : 1e-4);
     report("eigh_vectors", std::string(dtype_name(t)), worst_v, t == DType::f64 ? 1e-7 : 1e-2);
+  }
+}
+
+// Eigenvalues w and vectors v of the symmetric matrix s, checked in f64 on the host:
+// max |v diag(w) v^T - s| / max |s| (the reconstruction) and max |v^T v - I| (orthonormality),
+// the worse of the two, over a batch [B, n, n].
+double eigh_residual(const Vec& s, const Vec& w, const Vec& v, int64_t batch, int64_t n) {
+  double worst = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const double* sb = s.data() + b * n * n;
+    const double* vb = v.data() + b * n * n;
+    const double* wb = w.data() + b * n;
+    double smax = 0, rec = 0, orth = 0;
+    for (int64_t i = 0; i < n * n; ++i) smax = std::max(smax, std::fabs(sb[i]));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double r = 0, o = 0;
+        for (int64_t k = 0; k < n; ++k) {
+          r += vb[i * n + k] * wb[k] * vb[j * n + k];
+          o += vb[k * n + i] * vb[k * n + j];
+        }
+        rec = std::max(rec, std::fabs(r - sb[i * n + j]));
+        orth = std::max(orth, std::fabs(o - (i == j ? 1.0 : 0.0)));
+      }
+    worst = std::max({worst, rec / std::max(smax, 1e-300), orth});
+  }
+  return worst;
+}
+
+// eigh with v = a (ops.h allows v to be a itself: the backends copy a before the solver
+// overwrites it) against the CPU doing the same, on both solvers of the GPU: syevjBatched (batch > 1,
+// n <= 32) and syevd. Each matrix twice: symmetric, then with other values in its strict upper
+// triangle, which must change nothing (ops.h: the lower triangle is read). One line per solver and
+// variant, so that a failure says which.
+// Tolerances: eigenvalues as in EighMatchesCpu (both solvers backward stable: each eigenvalue
+// within c n u ||S||_2 of the exact one, u the unit roundoff, and max |w| = ||S||_2); the
+// reconstruction and orthonormality errors of a backward-stable solver are c n u ||S||_2 and
+// c n u: with n <= 100 and ||S||_2 / max |S| about 2 sqrt(n) / 3.5 (Wigner's semicircle for
+// N(0, 1) entries) that is 3.4e-5 in f32 and 6e-14 in f64 for c = 1, so 1e-4 and 1e-11 (the CPU
+// gives below 2e-6 and 3e-15 on these matrices); the eigenvectors, after the sign of each column
+// is matched, as in EighMatchesCpu.
+TEST(LinalgGpu, EighInPlaceMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, n;
+  };
+  const Case cases[] = {{0, 1}, {0, 7}, {0, 100}, {8, 16}, {5, 32}, {2, 40}};
+  for (DType t : kFloatTypes) {
+    const std::string name(dtype_name(t));
+    const double res_tol = t == DType::f64 ? 1e-11 : 1e-4;
+    for (bool jacobi : {false, true})
+      for (bool junk_upper : {false, true}) {
+        double worst_w = 0, worst_v = 0, worst_res = 0, worst_cpu_res = 0;
+        uint64_t seed = 800;
+        for (const Case& c : cases) {
+          if ((c.batch > 1 && c.n <= 32) != jacobi) continue;
+          const int64_t b = std::max<int64_t>(c.batch, 1), n = c.n;
+          const Shape s = c.batch ? Shape{c.batch, n, n} : Shape{n, n};
+          const Shape ws = c.batch ? Shape{c.batch, n} : Shape{n};
+          // sym: the matrix the lower triangle defines, rounded to t as the solvers see it
+          const Vec sym = Tensor::from_doubles(random_symmetric(b, n, seed, false), s, t).to_doubles();
+          const Vec junk = random_values(size_t(b * n * n), seed + 100);
+          seed += 16;
+          Vec av = sym;
+          if (junk_upper)
+            for (int64_t m = 0; m < b; ++m)
+              for (int64_t i = 0; i < n; ++i)
+                for (int64_t j = i + 1; j < n; ++j) {
+                  const auto at = size_t((m * n + i) * n + j);
+                  av[at] = 10 * junk[at];
+                }
+          Tensor ac = Tensor::from_doubles(av, s, t), wc = Tensor::empty(ws, t);
+          Tensor ag = ac.to(kGpu), wg = Tensor::empty(ws, t, kGpu);
+          ops::eigh(ac, wc, ac);
+          ops::eigh(ag, wg, ag);
+          const Vec wr = wc.to_doubles(), vr = ac.to_doubles(), wgv = wg.to_doubles(), vgv = ag.to_doubles();
+          worst_w = std::max(worst_w, max_rel_err(wgv, wr));
+          worst_v = std::max(worst_v, max_rel_err(align_columns(vgv, vr, n, n), vr));
+          worst_res = std::max(worst_res, eigh_residual(sym, wgv, vgv, b, n));
+          worst_cpu_res = std::max(worst_cpu_res, eigh_residual(sym, wr, vr, b, n));
+        }
+        const std::string op = std::string(junk_upper ? "eigh_in_place_lower_only" : "eigh_in_place") + "(" +
+                               (jacobi ? "syevjBatched" : "syevd") + ")";
+        report(op + "_values", name, worst_w, t == DType::f64 ? 1e-10 : 1e-4);
+        report(op + "_vectors", name, worst_v, t == DType::f64 ? 1e-7 : 1e-2);
+        report(op + "_residual", name, worst_res, res_tol);
+        EXPECT_LE(worst_cpu_res, res_tol) << "the CPU reference itself, " << op << " " << name;
+      }
+  }
+}
+
+// The aliasing eigh refuses, on the GPU as on the CPU (checked before either backend runs): v
+// overlapping a without being a, and w overlapping a. a is left as it was.
+TEST(LinalgGpu, EighRejectsPartialOverlap) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 6;
+  for (Device d : {Device::cpu(), kGpu}) {
+    const Tensor buf = Tensor::from_doubles(random_symmetric(1, n + 1, 900, false), {n + 1, n + 1}, DType::f32, d);
+    Tensor flat = buf.flatten();
+    Tensor a = flat.slice(0, n * n).reshape({n, n}), v = flat.slice(n, n + n * n).reshape({n, n});
+    Tensor w = Tensor::empty({n}, DType::f32, d), w_in_a = flat.slice(0, n);
+    const Vec before = buf.to_doubles();
+    EXPECT_THROW(ops::eigh(a, w, v), UsageError) << d.str();
+    EXPECT_THROW(ops::eigh(a, w_in_a, a), UsageError) << d.str();
+    EXPECT_EQ(buf.to_doubles(), before) << d.str();
   }
 }
 
