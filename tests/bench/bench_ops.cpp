@@ -116,7 +116,7 @@ void bench_bandwidth(dtk::Device d, const Options& opt) {
   std::function<void()> sync = [] {};
   std::function<void()> copy;
   if (d.is_cuda()) {
-    sync = [] { dtk::cuda::synchronize(); };
+    sync = [] { dtk::cuda::stream_synchronize(dtk::cuda::current_stream()); };
     copy = [&] { dtk::cuda::memcpy_async(out.data(), a.data(), out.bytes(), dtk::cuda::current_stream()); };
   } else {
     copy = [&] { std::memcpy(out.data(), a.data(), out.bytes()); };
@@ -183,7 +183,7 @@ void bench_cuda_gemm(const Options& opt) {
                 "cublasGemmEx");
       };
       const int reps = reps_for(flops, t == dtk::DType::f32 ? 40e12 : 400e12, opt.quick ? 0.05 : 0.2);
-      const auto [td, tc] = time_pair(dtk_call, cublas_call, [] { dtk::cuda::synchronize(); }, reps, 3);
+      const auto [td, tc] = time_pair(dtk_call, cublas_call, [] { dtk::cuda::stream_synchronize(dtk::cuda::current_stream()); }, reps, 3);
       std::printf("  %-6s %6d %6d %6d %12.2f %12.2f %8.3f\n", std::string(dtk::dtype_name(t)).c_str(), s.m, s.n, s.k,
                   flops / td / 1e12, flops / tc / 1e12, tc / td);
       std::fflush(stdout);

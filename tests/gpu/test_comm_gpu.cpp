@@ -1,8 +1,11 @@
 // The collective checks on device buffers: the nccl backend, and the mpi backend staging through
-// pinned host memory. Every test skips itself when this rank sees no GPU.
+// pinned host memory. Every test skips itself when a rank sees no GPU, and the nccl case when
+// two ranks of a host would share a GPU (mpiexec -n 2 on a one-GPU machine: NCCL refuses that,
+// and Runtime says so first); both decided over all ranks, so every rank takes the same branch.
 #include <gtest/gtest.h>
 
 #include "../common/comm_checks.h"
+#include "dtk/core/tensor.h"
 
 namespace dtk::testing {
 namespace {
@@ -13,12 +16,13 @@ using comm::Runtime;
 class GpuComm : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    // Every rank must take the same branch: skip when any rank lacks a GPU.
-    const int missing = Runtime::get().max_over_ranks(cuda::device_count() == 0);
-    if (missing) GTEST_SKIP() << "no GPU";
-    dev_ = Device::cuda(Runtime::get().local_rank() % cuda::device_count());
-    cuda::set_device(dev_.index);
-    c_ = Runtime::get().world(GetParam(), dev_);
+    Runtime& rt = Runtime::get();
+    if (rt.max_over_ranks(cuda::device_count() == 0)) GTEST_SKIP() << "no GPU";
+    if (GetParam() == Backend::nccl) {
+      if (const std::string why = rt.gpu_sharing(); !why.empty()) GTEST_SKIP() << why;
+    }
+    dev_ = rt.bind_device(Device::cuda());
+    c_ = rt.world(GetParam(), dev_);
   }
   Device dev_;
   std::shared_ptr<Communicator> c_;
@@ -26,39 +30,102 @@ class GpuComm : public ::testing::TestWithParam<Backend> {
 
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 const DType kReducible[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
+const Mode kModes[] = {Mode::async, Mode::sync};
 
 TEST_P(GpuComm, AllReduce) {
-  for (DType t : kReducible)
-    for (ReduceOp op : kOps)
-      for (size_t n : {0, 1, 7, 100003})
-        for (bool inplace : {false, true}) check_all_reduce(*c_, dev_, t, op, n, Mode::async, inplace);
+  for (Mode mode : kModes)
+    for (DType t : kReducible)
+      for (ReduceOp op : kOps)
+        for (size_t n : {0, 1, 7, 100003})
+          for (bool inplace : {false, true}) check_all_reduce(*c_, dev_, t, op, n, mode, inplace);
 }
 
 TEST_P(GpuComm, ReduceScatterAndAllGather) {
-  for (DType t : kReducible)
-    for (size_t n : {0, 1, 7, 3333})
-      for (bool inplace : {false, true}) {
-        for (ReduceOp op : kOps) check_reduce_scatter(*c_, dev_, t, op, n, Mode::async, inplace);
-        check_all_gather(*c_, dev_, t, n, Mode::sync, inplace);
-      }
+  for (Mode mode : kModes)
+    for (DType t : kReducible)
+      for (size_t n : {0, 1, 7, 3333})
+        for (bool inplace : {false, true}) {
+          for (ReduceOp op : kOps) check_reduce_scatter(*c_, dev_, t, op, n, mode, inplace);
+          check_all_gather(*c_, dev_, t, n, mode, inplace);
+        }
 }
 
 TEST_P(GpuComm, Uneven) {
-  for (DType t : kReducible)
-    for (size_t extra : {0, 1, 5}) {
-      for (ReduceOp op : kOps) check_reduce_scatter_v(*c_, dev_, t, op, extra, Mode::async);
-      check_all_gather_v(*c_, dev_, t, extra, Mode::async);
-    }
+  for (Mode mode : kModes)
+    for (DType t : kReducible)
+      for (size_t extra : {0, 1, 5}) {
+        for (ReduceOp op : kOps) check_reduce_scatter_v(*c_, dev_, t, op, extra, mode);
+        check_all_gather_v(*c_, dev_, t, extra, mode);
+      }
 }
 
 TEST_P(GpuComm, BroadcastAllToAllSendRecv) {
-  for (DType t : kAllDTypes) {
-    for (int root = 0; root < c_->size(); ++root) check_broadcast(*c_, dev_, t, root, 1001, Mode::async);
-    for (bool inplace : {false, true}) check_all_to_all(*c_, dev_, t, 37, Mode::async, inplace);
-    check_send_recv(*c_, dev_, t, 4097, Mode::async, false);
-    if (GetParam() == Backend::mpi) check_send_recv(*c_, dev_, t, 4097, Mode::sync, true);
+  for (Mode mode : kModes)
+    for (DType t : kAllDTypes) {
+      for (int root = 0; root < c_->size(); ++root) check_broadcast(*c_, dev_, t, root, 1001, mode);
+      for (bool inplace : {false, true}) check_all_to_all(*c_, dev_, t, 37, mode, inplace);
+      check_send_recv(*c_, dev_, t, 4097, mode, false);
+      if (GetParam() == Backend::mpi) check_send_recv(*c_, dev_, t, 4097, mode, true);
+    }
+  c_->barrier(Mode::sync);
+  c_->barrier(Mode::async).wait();
+}
+
+// Work::synchronize: the host has waited for completion, so a copy on another stream (not
+// ordered after the operation, as the current stream is by wait()) reads the result.
+TEST_P(GpuComm, SynchronizeCompletesOnTheHost) {
+  const int64_t n = 1 << 22;  // big enough that a copy racing the collective would see old values
+  Tensor x = Tensor::from_doubles(std::vector<double>(n, 1.0), {n}, DType::f32, dev_);
+  comm::Work w = c_->all_reduce(comm::buffer_of(x), comm::buffer_of(x), ReduceOp::sum, Mode::async);
+  w.synchronize();
+  Tensor host = Tensor::empty({n}, DType::f32);
+  const Stream other = cuda::create_stream();
+  cuda::memcpy_async(host.data(), x.data(), x.bytes(), other);
+  cuda::stream_synchronize(other);
+  cuda::destroy_stream(other);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += host.ptr<float>()[i] != static_cast<float>(c_->size());
+  EXPECT_EQ(wrong, 0);
+}
+
+// HSDP's pattern: a shard group and a replica group split from the world, their collectives
+// interleaved as FSDP issues them (a reduce-scatter in one, then an all-reduce of its result in
+// the other, several in flight). On NCCL both groups share one stream, so this cannot deadlock
+// whatever the GPUs run concurrently; the results must be exact.
+TEST_P(GpuComm, SplitGroupsInterleaved) {
+  const int n = c_->size(), S = n % 2 == 0 ? n / 2 : n;  // 4 ranks: 2 groups of 2
+  auto shard = c_->split(c_->rank() / S, c_->rank());
+  auto replica = c_->split(c_->rank() % S, c_->rank());
+  ASSERT_EQ(shard->size(), S);
+  ASSERT_EQ(replica->size(), n / S);
+  const size_t per = 1001;
+  constexpr int kRounds = 4;
+  std::vector<std::unique_ptr<Mem>> send, recv;
+  std::vector<comm::Work> works;
+  for (int k = 0; k < kRounds; ++k) {
+    send.push_back(std::make_unique<Mem>(DType::f32, per * S, dev_));
+    recv.push_back(std::make_unique<Mem>(DType::f32, per, dev_));
+    for (size_t i = 0; i < per * S; ++i) send[k]->set(i, value(DType::f32, c_->rank(), i + k));
+    send[k]->upload();
+    works.push_back(shard->reduce_scatter(send[k]->buf(), recv[k]->buf(), ReduceOp::sum, Mode::async));
   }
-  c_->barrier();
+  for (int k = 0; k < kRounds; ++k) {
+    works[k].wait();
+    works[k] = replica->all_reduce(recv[k]->buf(), recv[k]->buf(), ReduceOp::sum, Mode::async);
+  }
+  for (auto& w : works) w.wait();
+  int wrong = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    recv[k]->download();
+    for (size_t i = 0; i < per; ++i) {
+      double want = 0;  // every rank's element at this shard rank's block
+      for (int q = 0; q < n; ++q) want += value(DType::f32, q, shard->rank() * per + i + k);
+      wrong += recv[k]->get(i) != want;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  shard->barrier(Mode::sync);
+  replica->barrier(Mode::sync);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GpuComm, ::testing::Values(Backend::nccl, Backend::mpi),

@@ -3,8 +3,26 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
 #include "dtk/cli/cli.h"
+#include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// Short watched waits on this thread for `seconds`, each a few microseconds long.
+void short_waits(const char* what, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    dtk::comm::watchdog::Scope scope(what, 8);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   static std::string mode;
@@ -14,6 +32,21 @@ int main(int argc, char** argv) {
     if (culprit && mode == "die") raise(SIGKILL);
     if (culprit && mode == "hang") sleep(120);
     if (culprit && mode == "fail-on-one") dtk::fail("a failure on the last rank only");
+    // A GPU that never finishes: the host's wait for it (the hook that cuda::wait_event takes)
+    // must end the job as a hung collective does, after running the expiry hook (NCCL's aborts).
+    if (!culprit && mode == "device-hang") sleep(1);  // the culprit's watchdog speaks first
+    if (culprit && mode == "device-hang") {
+      dtk::comm::watchdog::on_expire([] { std::fprintf(stderr, "comm-fault: the expiry hook ran\n"); });
+      dtk::comm::wait_for_device("a wait for the GPU", 0, [](void*) { return false; }, nullptr);
+    }
+    // Two threads waiting at once, each in short waits (the caller and a communicator's thread):
+    // neither may end the other's wait or leave a stale one behind, which the watchdog would
+    // then take for a hang.
+    if (mode == "overlapping-waits") {
+      std::thread other(short_waits, "a wait on another thread", 3.0);
+      short_waits("a wait on the main thread", 3.0);
+      other.join();
+    }
     double v = 1;
     world->all_reduce({&v, 1, dtk::DType::f64, {}}, {&v, 1, dtk::DType::f64, {}}, dtk::comm::ReduceOp::sum,
                       dtk::comm::Mode::sync);
@@ -23,7 +56,7 @@ int main(int argc, char** argv) {
   p.name = "comm-fault";
   p.description = "test program: one rank misbehaves";
   p.add_options = [](CLI::App& app) {
-    app.add_option("--mode", mode, "die, hang, usage-on-one, fail-on-one or ok")->required();
+    app.add_option("--mode", mode, "die, hang, device-hang, overlapping-waits, usage-on-one, fail-on-one or ok")->required();
   };
   p.validate = [&run](dtk::comm::Runtime& rt) -> dtk::cli::Work {
     if (mode == "usage-on-one" && rt.rank() == rt.size() - 1) dtk::fail_usage("bad input seen on the last rank only");

@@ -20,9 +20,13 @@ check() {  # name, expected exit code ('nonzero' for any), max seconds, grep pat
 check "all ranks fine" 0 30 "" $mpiexec -n 2 $prog --mode ok
 check "a rank is killed" nonzero 30 "" $mpiexec -n 2 $prog --mode die
 check "a rank hangs: watchdog" 1 30 "did not complete within" $mpiexec -n 2 $prog --mode hang --comm-timeout 2
+check "a wait for the GPU hangs: watchdog" 1 30 "a wait for the GPU did not complete within" \
+  $mpiexec -n 2 $prog --mode device-hang --comm-timeout 2
+check "the watchdog runs the expiry hook" 1 30 "the expiry hook ran" $mpiexec -n 2 $prog --mode device-hang --comm-timeout 2
+check "waits on two threads: no false hang" 0 30 "" $mpiexec -n 2 $prog --mode overlapping-waits --comm-timeout 0.5
 check "usage error on one rank" 2 30 "last rank only" $mpiexec -n 2 $prog --mode usage-on-one
 check "failure on one rank" 1 30 "a failure on the last rank only" $mpiexec -n 2 $prog --mode fail-on-one
 check "bad option" 2 30 "Run with --help" $mpiexec -n 2 $prog --mode ok --no-such-option
 check "singleton" 0 30 "" $prog --mode ok
 check "srun without PMI" 2 30 "mpi=pmix" env SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=4 SLURM_NTASKS=4 $prog --mode ok
-[ $fails = 0 ] && echo "8 passed, 0 failed" || { echo "$((8-fails)) passed, $fails failed"; exit 1; }
+[ $fails = 0 ] && echo "11 passed, 0 failed" || { echo "$((11-fails)) passed, $fails failed"; exit 1; }

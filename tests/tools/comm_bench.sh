@@ -79,8 +79,23 @@ usage "unknown --op" --op allreduc
 usage "unknown dtype" -d f8
 usage "unknown reduction" -o prod
 usage "not a rank" --op broadcast -r $n
-usage "no GPU\|without CUDA" --device cuda
 usage "add --device cuda" --backend nccl
+
+# --device cuda: a usage error where this comm-bench has no GPU to use (no CUDA backend, or none
+# visible: --version says which), else a checked run on GPU buffers (NCCL where every rank has a
+# GPU of its own, else MPI staging).
+$bench --version >"$tmp/v" 2>&1
+if grep -q 'GPUs visible: 0' "$tmp/v"; then
+  usage "no GPU\|without CUDA" --device cuda
+else
+  gpus=$(sed -n 's/.*GPUs visible: \([0-9]*\).*/\1/p' "$tmp/v")
+  backend=mpi; [ "$n" -le "$gpus" ] && backend=auto
+  $run --device cuda --backend $backend --op all -b 8 -e 64K -f 8 -n 2 -w 1 -c 2 -d bf16 >"$tmp/o" 2>&1 \
+    && grep -q '^# wrong elements: 0$' "$tmp/o" && ok "--device cuda ($gpus GPUs, --backend $backend)" \
+    || bad "--device cuda ($gpus GPUs, --backend $backend)" "$(cat "$tmp/o")"
+fi
+grep -q '^CUDA: .*; NCCL: ' "$tmp/v" && ok "--version names the CUDA backend, NCCL and the GPUs" \
+  || bad "--version" "$(cat "$tmp/v")"
 usage "bad size" -e 12Q
 usage "step-factor" -f 1
 usage "excludes" -f 2 -i 1K

@@ -79,11 +79,7 @@ struct Row {
 class Engine {
  public:
   Engine(comm::Runtime& rt, const Options& o) : rt_(rt), o_(o) {
-    device_ = o.device;
-    if (device_.is_cuda()) {
-      device_.index = rt.local_rank() % cuda::device_count();
-      cuda::set_device(device_.index);
-    }
+    device_ = rt.bind_device(o.device);
     comm_ = rt.world(o.backend, device_);
     host_ = rt.world(rt.mpi_initialized() ? comm::Backend::mpi : comm::Backend::local);
     params_.op = o.redop;
@@ -216,6 +212,9 @@ class Engine {
     comm_->barrier(Mode::sync);
     const auto t0 = std::chrono::steady_clock::now();
     for (int k = 0; k < o_.iters; ++k) c.run(*comm_, send, recv, params_, mode()).wait();
+    // NCCL's wait() only orders the GPU's stream: the clock stops once the device is done, not
+    // when the last operation was queued (--async would report the enqueue rate).
+    if (device_.is_cuda()) cuda::stream_synchronize(cuda::current_stream(), "the timed collectives");
     const auto t1 = std::chrono::steady_clock::now();
     double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o_.iters;
 

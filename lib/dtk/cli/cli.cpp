@@ -85,6 +85,8 @@ std::string version_string(const std::string& program) {
   return program + " (dtk) " DTK_VERSION;
 }
 
+std::string build_info() { return "CUDA: " + cuda::describe() + "; NCCL: " + comm::nccl_version(); }
+
 int main(int argc, char** argv, const Program& p) {
   std::string message;
   std::unique_ptr<comm::Runtime> rt;
@@ -98,7 +100,7 @@ int main(int argc, char** argv, const Program& p) {
 
   CLI::App app{p.description, p.name};
   app.footer(p.footer);
-  app.set_version_flag("--version", version_string(p.name));
+  app.set_version_flag("--version", std::function<std::string()>([&p] { return version_string(p.name) + "\n" + build_info(); }));
   app.set_config("--config", "", "read options from a TOML or INI file (CLI11 config format)");
   app.allow_config_extras(CLI::config_extras_mode::error);  // a key that no option takes is a mistake
   app.option_defaults()->always_capture_default();

@@ -39,6 +39,8 @@ struct Program {
 // The whole main() of a program: `int main(int c, char** v) { return dtk::cli::main(c, v, program()); }`
 int main(int argc, char** argv, const Program& program);
 
-std::string version_string(const std::string& program);
+std::string version_string(const std::string& program);  // "psgd-train (dtk) 0.1.0"
+// The CUDA backend, NCCL and the GPUs this process sees (--version's second line).
+std::string build_info();
 
 }  // namespace dtk::cli

@@ -89,6 +89,10 @@ void add_options(CLI::App& app, train::Options& o) {
 
   g = "Run";
   app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
+  add_enum(app, "--backend", o.backend,
+           "the collectives' backend (auto: nccl for --device cuda where NCCL exists, else mpi; mpi with --device "
+           "cuda stages GPU buffers through host memory, and lets ranks share a GPU)",
+           {comm::Backend::automatic, comm::Backend::mpi, comm::Backend::nccl})->group(g);
   app.add_option("--threads", o.threads,
                  "CPU threads per rank (default: OMP_NUM_THREADS if set, else the cores the launcher bound the "
                  "rank to, else the node's cores shared among its ranks)")->group(g)->check(cli::at_least(1));

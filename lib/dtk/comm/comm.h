@@ -3,11 +3,24 @@
 //
 // Every collective returns a Work handle. Mode::async starts the operation and returns at once
 // (MPI nonblocking collectives, or an enqueue on NCCL's stream); Mode::sync completes it before
-// returning (MPI's blocking collectives: the fastest path for small messages). Operations are
-// started in program order, which must be the same on every rank, as with MPI and NCCL.
+// returning, the host included (MPI's blocking collectives: the fastest path for small
+// messages; NCCL: the host waits for the stream). Operations are started in program order,
+// which must be the same on every rank, as with MPI and NCCL.
 //
-// A wait that exceeds the runtime's timeout ends the process with an error (see watchdog.h);
-// when a rank dies, the launcher (mpiexec, srun) ends the others.
+// Completion, the same contract on every backend:
+// - Work::wait(): the results are ready for what the caller does next: the host may read host
+//   buffers, and work queued next on the caller's current CUDA stream sees device buffers. MPI
+//   (and staged device buffers) block the host until completion. NCCL makes the current stream
+//   wait for the operation (an event) and returns at once, as PyTorch's Work.wait() does: the
+//   host runs ahead and keeps the GPU fed. Time it with a StreamTimer (core/tensor.h), not the
+//   host clock.
+// - Work::synchronize(): the host blocks until the operation has completed, on every backend
+//   (a host-side timing, a device result read from the host without a stream).
+// Every host wait, including the host's waits for the GPU (cuda::wait_event), runs under the
+// watchdog (watchdog.h): a wait longer than the runtime's timeout ends the job with one line
+// naming the rank and the operation; while the host waits for the GPU, NCCL's asynchronous
+// errors are polled, and a communicator that failed ends the job the same way. When a rank dies,
+// the launcher (mpiexec, srun) ends the others.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -18,18 +31,21 @@
 
 #include "dtk/core/device.h"
 #include "dtk/core/dtype.h"
+#include "dtk/core/enums.h"
 #include "dtk/core/tensor.h"
 
 namespace dtk::comm {
 
 enum class ReduceOp { sum, avg, max, min };
 enum class Backend { automatic, mpi, nccl, local };
+DTK_ENUM_NAMES(Backend, {Backend::automatic, "auto"}, {Backend::mpi, "mpi"}, {Backend::nccl, "nccl"},
+               {Backend::local, "local"})
 enum class Mode { async, sync };
 
 std::string_view reduce_op_name(ReduceOp op);
 ReduceOp parse_reduce_op(std::string_view s);
-std::string_view backend_name(Backend b);
-Backend parse_backend(std::string_view s);
+std::string_view backend_name(Backend b);   // name_of
+Backend parse_backend(std::string_view s);  // parse_enum: "unknown backend ..."
 
 // A typed view of memory. count is in elements of dtype.
 struct Buffer {
@@ -47,19 +63,26 @@ struct Buffer {
 // All of a (contiguous) tensor, where it lives.
 inline Buffer buffer_of(const Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()}; }
 
-// A handle on an operation in flight. Copyable; wait() is idempotent.
+// A handle on an operation in flight. Copyable; wait() and synchronize() are idempotent.
 class Work {
  public:
   struct State {
     virtual ~State() = default;
     virtual bool test() = 0;  // true when complete (and finished)
-    virtual void wait() = 0;  // blocks until complete, under the watchdog
+    virtual void wait() = 0;  // see the file comment
+    virtual void synchronize() { wait(); }  // the host blocks until complete (backends whose wait does not)
   };
   Work() = default;  // a completed operation
   explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
   void wait() {
     if (state_) {
       state_->wait();
+      state_.reset();
+    }
+  }
+  void synchronize() {
+    if (state_) {
+      state_->synchronize();
       state_.reset();
     }
   }
@@ -130,6 +153,27 @@ std::vector<Range> min_max_over_ranks(Communicator& comm, const std::vector<doub
 // copy. Made locally, without the other ranks (no collective split).
 std::shared_ptr<Communicator> make_local_communicator();
 
+// Where a rank computes: its host, its GPU's UUID (cuda::device_uuid), the index it uses and
+// how many GPUs it sees.
+struct GpuPlacement {
+  std::string host, uuid;
+  int index = 0, visible = 0;
+};
+// The one-line problem when two ranks of a host would drive the same physical GPU (NCCL
+// refuses that: "Duplicate GPU detected"), naming them and what to do; empty when every rank has
+// its own. Indices alone do not tell: ranks given their own CUDA_VISIBLE_DEVICES (srun
+// --gpus-per-task=1) all use index 0 of different GPUs. placements[r] is rank r's.
+std::string shared_gpu_problem(const std::vector<GpuPlacement>& placements);
+
+// The host's wait for the GPU, which Runtime installs as cuda::set_wait_hook (see the file
+// comment): polls done(event) under the watchdog and, while NCCL communicators live, their
+// asynchronous errors. Public for tests.
+void wait_for_device(const char* what, size_t bytes, bool (*done)(void*), void* event);
+
+// NCCL's version as "2.28.3" (the library loaded, not the header built against), or "none" in
+// a build without NCCL.
+std::string nccl_version();
+
 // How the process was started.
 enum class Launcher { singleton, openmpi, mpich, srun };
 std::string_view launcher_name(Launcher l);
@@ -162,9 +206,17 @@ class Runtime {
   void set_timeout(double timeout_s);
 
   // The world communicator of a backend (created on first use, then shared). automatic gives nccl
-  // for a cuda device when NCCL and a GPU exist, mpi when MPI runs, local otherwise.
+  // for a cuda device when NCCL and a GPU exist, mpi when MPI runs, local otherwise. nccl refuses
+  // (UsageError, the same line on every rank) a rank without a GPU and two ranks of a host on
+  // one GPU (gpu_sharing). Collective for nccl.
   std::shared_ptr<Communicator> world(Backend b = Backend::automatic, Device d = Device::cpu());
   Backend resolve(Backend b, Device d) const;
+  // The device this rank computes on for `d`: a cuda device becomes GPU local_rank % (GPUs this
+  // rank sees), made current; UsageError without one. The cpu as it is.
+  Device bind_device(Device d);
+  // Why NCCL cannot run over these ranks' GPUs (shared_gpu_problem over every rank's bound GPU;
+  // the same line on every rank), or empty. Collective.
+  std::string gpu_sharing();
 
   // Small host-side agreements over the whole job (exit codes, headers); no-ops in a world of one.
   int max_over_ranks(int v);

@@ -24,21 +24,9 @@ ReduceOp parse_reduce_op(std::string_view s) {
   fail_usage("unknown reduction '" + std::string(s) + "' (expected sum, avg, max or min)");
 }
 
-std::string_view backend_name(Backend b) {
-  switch (b) {
-    case Backend::automatic: return "auto";
-    case Backend::mpi: return "mpi";
-    case Backend::nccl: return "nccl";
-    case Backend::local: return "local";
-  }
-  return "?";
-}
+std::string_view backend_name(Backend b) { return name_of(b); }
 
-Backend parse_backend(std::string_view s) {
-  for (Backend b : {Backend::automatic, Backend::mpi, Backend::nccl, Backend::local})
-    if (backend_name(b) == s) return b;
-  fail_usage("unknown backend '" + std::string(s) + "' (expected auto, mpi, nccl or local)");
-}
+Backend parse_backend(std::string_view s) { return parse_enum<Backend>(s, "--backend"); }
 
 void wait_all(std::vector<Work>& works) {
   for (auto& w : works) w.wait();

@@ -3,15 +3,21 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <map>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "dtk/comm/comm.h"
 #include "dtk/comm/mpi/mpi_comm.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
+#include "dtk/core/tensor.h"
 #ifdef DTK_HAVE_NCCL
 #include "dtk/comm/nccl/nccl_comm.h"
 #endif
@@ -38,18 +44,35 @@ bool srun_without_pmix() {
 }
 }  // namespace
 
+void wait_for_device(const char* what, size_t bytes, bool (*done)(void*), void* event) {
+  watchdog::Scope scope(what, bytes);
+  for (int i = 0; !done(event); ++i) {
+#ifdef DTK_HAVE_NCCL
+    nccl_check_async_errors(what);
+#endif
+    // Spin a little (short kernels end within microseconds), then sleep longer and longer up to
+    // 200 us: the waiting host costs next to no CPU and answers within a fraction of a step.
+    if (i < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, 1 << std::min(i - 64, 8))));
+  }
+}
+
 Runtime::Runtime(int* argc, char*** argv, Options opts)
     : opts_(opts), launcher_(detect_launcher()), argc_(argc), argv_(argv) {
   if (g_runtime) fail("dtk::comm::Runtime: only one runtime per process");
   g_runtime = this;
   if (launcher_ != Launcher::singleton && !(launcher_ == Launcher::srun && srun_without_pmix())) init_mpi();
   watchdog::start(opts_.timeout_s, rank_);
+  cuda::set_wait_hook(&wait_for_device);
 }
 
 Runtime::~Runtime() {
   mpi_world_.reset();
   nccl_world_.reset();
   local_world_.reset();
+  cuda::set_wait_hook(nullptr);
   watchdog::stop();
   if (mpi_) {
     int finalized = 0;
@@ -137,9 +160,8 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
     case Backend::nccl:
 #ifdef DTK_HAVE_NCCL
       if (!nccl_world_) {
-        const int n = cuda::device_count();
-        if (n == 0) fail_usage("the nccl backend needs a GPU, and this rank sees none; use --backend mpi");
-        cuda::set_device(local_rank_ % n);
+        // Agreed: every rank raises the same usage error (exit 2) together.
+        if (const std::string problem = gpu_sharing(); !problem.empty()) throw AgreedError(problem, 2);
         nccl_world_ = make_nccl_communicator(MPI_COMM_WORLD, mpi_);
       }
       return nccl_world_;
@@ -149,6 +171,49 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
     case Backend::automatic: break;
   }
   fail("unreachable backend");
+}
+
+Device Runtime::bind_device(Device d) {
+  if (!d.is_cuda()) return d;
+  const int n = cuda::device_count();
+  if (n == 0)
+    fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU"
+                                : "--device cuda: this dtk was built without CUDA");
+  const Device g = Device::cuda(local_rank_ % n);
+  cuda::set_device(g.index);
+  return g;
+}
+
+std::string Runtime::gpu_sharing() {
+  const int n = cuda::device_count();
+  if (max_over_ranks(n == 0)) return "the nccl backend needs a GPU per rank, and a rank sees none; use --backend mpi";
+  const Device g = bind_device(Device::cuda());
+  std::ostringstream mine;
+  mine << hostname() << '\t' << cuda::device_uuid(g.index) << '\t' << g.index << '\t' << n;
+  std::vector<GpuPlacement> all;
+  for (const std::string& s : gather_strings(mine.str())) {
+    std::istringstream in(s);
+    GpuPlacement p;
+    std::getline(in, p.host, '\t');
+    std::getline(in, p.uuid, '\t');
+    in >> p.index >> p.visible;
+    all.push_back(p);
+  }
+  return shared_gpu_problem(all);
+}
+
+std::string shared_gpu_problem(const std::vector<GpuPlacement>& placements) {
+  std::map<std::pair<std::string, std::string>, size_t> first;  // (host, GPU) -> the first rank on it
+  for (size_t r = 0; r < placements.size(); ++r) {
+    const GpuPlacement& p = placements[r];
+    const auto [it, fresh] = first.emplace(std::pair{p.host, p.uuid}, r);
+    if (fresh) continue;
+    return fmt::format("NCCL needs a GPU per rank, but ranks {} and {} on host {} both use GPU {} ({} visible to "
+                       "each): start at most {} rank{} per host there, give each rank its own GPU "
+                       "(CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1), or use --backend mpi",
+                       it->second, r, p.host, p.index, p.visible, p.visible, p.visible == 1 ? "" : "s");
+  }
+  return "";
 }
 
 int Runtime::max_over_ranks(int v) {
@@ -180,6 +245,10 @@ std::vector<std::string> Runtime::gather_strings(const std::string& mine) {
   for (int r = 0; r < size_; ++r) out.emplace_back(recv.data() + r * kLen);
   return out;
 }
+
+#ifndef DTK_HAVE_NCCL
+std::string nccl_version() { return "none"; }
+#endif
 
 std::string Runtime::hostname() {
   char buf[256] = {0};

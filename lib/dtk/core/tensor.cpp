@@ -1,6 +1,7 @@
 #include "dtk/core/tensor.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -12,8 +13,8 @@
 namespace dtk {
 
 namespace cuda {  // the caching allocator of core/cuda/runtime.cpp
-void* cached_malloc(size_t bytes, size_t* block);
-void cached_free(void* p, size_t block);
+void* cached_malloc(size_t bytes, int device, size_t* block);
+void cached_free(void* p, int device, size_t block);
 MemoryStats cached_stats();
 void cached_reset_peak();
 void cached_empty();
@@ -68,7 +69,7 @@ void empty_cache(Device d) {
 
 Storage::Storage(size_t bytes, Device d) : bytes_(bytes), device_(d) {
   if (d.is_cuda()) {
-    data_ = cuda::cached_malloc(bytes, &reserved_);
+    data_ = cuda::cached_malloc(bytes, d.index, &reserved_);
   } else {
     reserved_ = (bytes + 63) / 64 * 64;
     data_ = std::aligned_alloc(64, reserved_ ? reserved_ : 64);
@@ -80,7 +81,7 @@ Storage::Storage(size_t bytes, Device d) : bytes_(bytes), device_(d) {
 
 Storage::~Storage() {
   if (device_.is_cuda()) {
-    cuda::cached_free(data_, reserved_);
+    cuda::cached_free(data_, device_.index, reserved_);
   } else {
     std::free(data_);
     host_account(-static_cast<ptrdiff_t>(reserved_));
@@ -239,6 +240,60 @@ void check_dtype(const char* op, const Tensor& a, std::initializer_list<DType> a
   std::string names;
   for (DType t : allowed) names += (names.empty() ? "" : ", ") + std::string(dtype_name(t));
   fail_usage(std::string(op) + ": " + a.str() + " has an unsupported dtype (expected " + names + ")");
+}
+
+// ---------------------------------------------------------------------------- StreamTimer
+
+namespace {
+double host_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+StreamTimer::StreamTimer(Device d) : device_(d) {}
+
+StreamTimer::~StreamTimer() {
+  for (const Pending& p : pending_) free_.insert(free_.end(), {p.start, p.stop});
+  if (open_) free_.push_back(open_);
+  for (void* e : free_) cuda::destroy_event(e);
+}
+
+void* StreamTimer::take() {
+  if (free_.empty()) return cuda::create_timing_event();
+  void* e = free_.back();
+  free_.pop_back();
+  return e;
+}
+
+void StreamTimer::start() {
+  if (!device_.is_cuda()) {
+    host_start_ = host_seconds();
+    return;
+  }
+  if (!open_) open_ = take();
+  cuda::record_event(open_, cuda::current_stream());
+}
+
+void StreamTimer::stop(double* sum) {
+  if (!device_.is_cuda()) {
+    *sum += host_seconds() - host_start_;
+    return;
+  }
+  if (!open_) fail("StreamTimer::stop without start");
+  void* e = take();
+  cuda::record_event(e, cuda::current_stream());
+  pending_.push_back({open_, e, sum});
+  open_ = nullptr;
+}
+
+void StreamTimer::collect() {
+  if (pending_.empty()) return;
+  cuda::wait_event(pending_.back().stop, "timed work on the GPU");
+  for (const Pending& p : pending_) {
+    *p.sum += cuda::elapsed_seconds(p.start, p.stop);
+    free_.insert(free_.end(), {p.start, p.stop});
+  }
+  pending_.clear();
 }
 
 }  // namespace dtk

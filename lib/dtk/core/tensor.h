@@ -112,9 +112,45 @@ Stream current_stream();             // the stream ops run on (per thread; defau
 void set_current_stream(Stream s);
 Stream create_stream();
 void destroy_stream(Stream s);
-void stream_synchronize(Stream s);
+// The host waits until the work queued on s so far has completed (wait_event: watched).
+void stream_synchronize(Stream s, const char* what = "work queued on the GPU");
 void memcpy_async(void* dst, const void* src, size_t bytes, Stream s);
 void memset_async(void* dst, int value, size_t bytes, Stream s);
+
+// CUDA events (cudaEvent_t as opaque handles) for timing on a stream; made on the current device.
+void* create_timing_event();
+void destroy_event(void* event);
+void record_event(void* event, Stream s);
+double elapsed_seconds(void* start, void* stop);  // both completed
 }  // namespace cuda
+
+// Time a stream spends between two points, in stream order, without making the host wait for
+// the device at each point: on a CUDA device a pair of events (the seconds the stream took from
+// start() to stop(), whatever the host did meanwhile: for a stream that waits on a collective,
+// the time it stalled); on the CPU the host clock. A CUDA interval is added to its sum when
+// collect() runs, which first waits (watched) for the stream to pass the last stop; a CPU
+// interval at stop(). The sums must outlive collect(). One interval open at a time.
+class StreamTimer {
+ public:
+  explicit StreamTimer(Device d);
+  ~StreamTimer();
+  StreamTimer(const StreamTimer&) = delete;
+  StreamTimer& operator=(const StreamTimer&) = delete;
+  void start();            // on the current stream
+  void stop(double* sum);  // adds the interval's seconds to *sum (CUDA: at collect())
+  void collect();
+
+ private:
+  struct Pending {
+    void *start, *stop;
+    double* sum;
+  };
+  void* take();
+  Device device_;
+  void* open_ = nullptr;         // CUDA: the start event of the open interval
+  double host_start_ = 0;        // CPU: when the open interval started (steady clock, seconds)
+  std::vector<Pending> pending_;
+  std::vector<void*> free_;      // CUDA events to reuse
+};
 
 }  // namespace dtk

@@ -49,10 +49,7 @@ const int32_t* host_ids(const Tensor& t, Buffer& staging, int64_t lo, int64_t hi
   if (!t.defined() || t.dtype() != DType::i32)
     fail_usage(std::string(what) + " must be i32, got " + (t.defined() ? t.str() : "an undefined tensor"));
   const int32_t* p = t.ptr<int32_t>();
-  if (t.is_cuda()) {
-    // The ids may come from work queued on the current stream (a non-blocking stream: the
-    // synchronous copy on the legacy stream would not wait for it).
-    cuda::stream_synchronize(cuda::current_stream());
+  if (t.is_cuda()) {  // (the copy waits for the work queued on the current stream)
     Tensor h = staging.get({t.numel()}, DType::i32, Device::cpu());
     h.copy_from(t);
     p = h.ptr<int32_t>();
@@ -286,7 +283,6 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
   ops::reduce(ops::Reduce::sum, ops::Axis::all, losses_, sum);
   if (sum.is_cuda()) {
     Tensor h = host_sum_.get({1}, sum.dtype(), Device::cpu());
-    cuda::stream_synchronize(cuda::current_stream());  // the reduction ran on the current stream
     h.copy_from(sum);
     sum = h;
   }
@@ -304,7 +300,6 @@ int64_t CrossEntropy::correct() {
   const int64_t N = logits_.dim(0), V = logits_.dim(1);
   Tensor logits = logits_, targets = targets_;
   if (logits.is_cuda()) {
-    cuda::stream_synchronize(cuda::current_stream());  // the logits come from the current stream
     logits = host_logits_.get(logits_.shape(), logits_.dtype(), Device::cpu());
     logits.copy_from(logits_);
     targets = host_targets_.get({N}, DType::i32, Device::cpu());

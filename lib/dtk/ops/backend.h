@@ -3,7 +3,20 @@
 // their arguments and then call the backend of the tensors' device, so a backend function may
 // assume: shapes, dtypes and devices as ops.h documents them, all tensors contiguous.
 #pragma once
+#include <cmath>
+#include <cstdint>
+
 #include "dtk/ops/ops.h"
+
+namespace dtk::ops {
+// RoPE's frequency of pair i of a head of hd: theta^(-2i/hd), on the host for both backends, so
+// that both rotate by the same angle, position * frequency. A device pow may differ from the
+// host's by 2 ulp, which a position of thousands turns into 1e-12 of an angle: more than the
+// rest of the op's error in f64.
+inline double rope_frequency(int64_t i, int64_t hd, double theta) {
+  return std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+}
+}  // namespace dtk::ops
 
 #define DTK_OPS_BACKEND_DECLARATIONS                                                                           \
   void add(const Tensor& a, const Tensor& b, Tensor& out);                                                      \

@@ -367,12 +367,15 @@ struct Fsdp::Impl {
   bool last_micro = false;
   // Metrics of the last step.
   double ag_bytes = 0, rs_bytes = 0, ar_bytes = 0, exposed_s = 0;
+  // Stream-ordered times (core/tensor.h): on the GPU what the device spent, not what launching
+  // took. exposed: the compute stream's stalls on collectives; blocks: per-block compute.
+  StreamTimer exposed{dev}, blocks{dev};
   // Auto plan and --print-plan: costs measured over the first steps.
   bool measuring = false;
   int64_t steps_seen = 0;
   Costs costs;
-  std::vector<double> fwd_s, bwd_s;
-  Clock::time_point block_t0;
+  std::vector<double> fwd_s, bwd_s;  // summed over the step's passes (micro-batches)
+  int64_t passes = 0;
 
   Impl(nn::Model& m, comm::Communicator& world, comm::Communicator& host, FsdpConfig c)
       : model(m), cfg(std::move(c)), host_world(host), dev(m.device()) {
@@ -510,9 +513,9 @@ struct Fsdp::Impl {
   }
 
   void wait_timed(comm::Work& w) {
-    const auto t = Clock::now();
+    exposed.start();
     w.wait();
-    exposed_s += since(t);
+    exposed.stop(&exposed_s);
   }
 
   void run(const std::vector<Op>& ops, const BucketPlan& plan) {
@@ -657,9 +660,15 @@ void Fsdp::init(uint64_t seed) {
 }
 
 void Fsdp::zero_grad() {
-  ops::fill(impl_->shard_grads, 0.0);
-  if (impl_->full_grads.defined()) ops::fill(impl_->full_grads, 0.0);
-  impl_->ag_bytes = impl_->rs_bytes = impl_->ar_bytes = impl_->exposed_s = 0;
+  Impl& m = *impl_;
+  ops::fill(m.shard_grads, 0.0);
+  if (m.full_grads.defined()) ops::fill(m.full_grads, 0.0);
+  m.ag_bytes = m.rs_bytes = m.ar_bytes = m.exposed_s = 0;
+  if (m.measuring) {
+    std::fill(m.fwd_s.begin(), m.fwd_s.end(), 0.0);
+    std::fill(m.bwd_s.begin(), m.bwd_s.end(), 0.0);
+    m.passes = 0;
+  }
 }
 
 void Fsdp::begin(int64_t) { impl_->last_micro = true; }
@@ -669,6 +678,8 @@ void Fsdp::finish() {
   for (comm::Work& w : m.replica_works) m.wait_timed(w);
   m.replica_works.clear();
   m.last_micro = false;
+  m.exposed.collect();  // the trainer waits for the GPU here anyway, to time the step
+  m.blocks.collect();
 }
 
 double Fsdp::clip_grad_norm(double max_norm) {
@@ -707,25 +718,28 @@ void Fsdp::before_forward(int block, nn::Pass pass) {
     for (int s : m.value_of)
       if (s >= 0) fail("fsdp: evaluate() while a training forward awaits its backward is not supported");
   m.run((pass == nn::Pass::train ? m.train : m.eval).at[kBeforeForward][static_cast<size_t>(block)], plan_);
-  if (m.measuring && pass == nn::Pass::train) m.block_t0 = Clock::now();
+  if (m.measuring && pass == nn::Pass::train) m.blocks.start();
 }
 
 void Fsdp::after_forward(int block, nn::Pass pass) {
   Impl& m = *impl_;
   if (pass == nn::Pass::recompute) return;
-  if (m.measuring && pass == nn::Pass::train) m.fwd_s[static_cast<size_t>(block)] = since(m.block_t0);
+  if (m.measuring && pass == nn::Pass::train) {
+    m.blocks.stop(&m.fwd_s[static_cast<size_t>(block)]);
+    m.passes += block == 0;
+  }
   m.run((pass == nn::Pass::train ? m.train : m.eval).at[kAfterForward][static_cast<size_t>(block)], plan_);
 }
 
 void Fsdp::before_backward(int block) {
   Impl& m = *impl_;
   m.run(m.train.at[kBeforeBackward][static_cast<size_t>(block)], plan_);
-  if (m.measuring) m.block_t0 = Clock::now();
+  if (m.measuring) m.blocks.start();
 }
 
 void Fsdp::after_backward(int block) {
   Impl& m = *impl_;
-  if (m.measuring) m.bwd_s[static_cast<size_t>(block)] = since(m.block_t0);
+  if (m.measuring) m.blocks.stop(&m.bwd_s[static_cast<size_t>(block)]);
   m.run(m.train.at[kAfterBackward][static_cast<size_t>(block)], plan_);
 }
 
@@ -744,6 +758,7 @@ Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpC
     const double es = static_cast<double>(dtype_size(t));
     const int64_t max_chunk = std::max<int64_t>(1, static_cast<int64_t>(hi_bytes / es / S));
     Tensor small = Tensor::zeros({max_chunk}, t, dev), big = Tensor::zeros({max_chunk * S}, t, dev);
+    if (dev.is_cuda()) cuda::stream_synchronize(cuda::current_stream(), "the calibration's buffers");
     std::vector<comm::Sample> samples;
     for (int i = 0; i < kSizes; ++i) {
       const double bytes = lo_bytes * std::pow(hi_bytes / lo_bytes, static_cast<double>(i) / (kSizes - 1));
@@ -755,8 +770,7 @@ Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpC
         comm::Work w = gather ? shard.all_gather(comm::buffer_of(small.slice(0, n)), comm::buffer_of(big.slice(0, n * S)), comm::Mode::async)
                               : shard.reduce_scatter(comm::buffer_of(big.slice(0, n * S)), comm::buffer_of(small.slice(0, n)),
                                                      comm::ReduceOp::sum, comm::Mode::async);
-        w.wait();
-        if (dev.is_cuda()) cuda::synchronize();
+        w.synchronize();  // the host waits for the device: the collective's time, not its launch's
         if (rep > 0) times.push_back(since(t0));  // the first is a warm-up
       }
       std::sort(times.begin(), times.end());
@@ -784,8 +798,11 @@ bool Fsdp::before_step(int64_t) {
     m.costs = calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
   }
   if (m.steps_seen++ < 2) return true;
+  // One pass's costs (the prediction runs one forward and one backward), from the last step's.
   m.costs.forward_s = m.fwd_s;
   m.costs.backward_s = m.bwd_s;
+  for (auto* v : {&m.costs.forward_s, &m.costs.backward_s})
+    for (double& x : *v) x /= static_cast<double>(std::max<int64_t>(1, m.passes));
   for (auto* v : {&m.costs.forward_s, &m.costs.backward_s})
     m.host_world.all_reduce({v->data(), v->size(), DType::f64, {}}, {v->data(), v->size(), DType::f64, {}},
                             comm::ReduceOp::max, comm::Mode::sync);

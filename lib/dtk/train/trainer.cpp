@@ -173,6 +173,8 @@ Options validate(Options o, int world_size) {
   const Device d = parse_device(o.device);
   if (d.is_cuda() && cuda::device_count() == 0)
     fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
+  if (o.backend == comm::Backend::nccl && !d.is_cuda())
+    fail_usage("--backend nccl moves GPU buffers: add --device cuda");
   if (o.stop_at > o.steps)
     fail_usage("--stop-at {} is beyond --steps {}", o.stop_at, o.steps);
   if (o.stop_at > 0 && o.checkpoint_dir.empty() && o.save.empty())
@@ -228,11 +230,8 @@ class Trainer {
     const auto [threads, why] = resolve_threads(o, rt);
     ops::set_cpu_threads(threads);
     spdlog::info("CPU threads per rank: {} ({})", threads, why);
-    if (device_.is_cuda()) {
-      device_ = Device::cuda(rt.local_rank() % cuda::device_count());
-      cuda::set_device(device_.index);
-    }
-    comm_ = rt.world(comm::Backend::automatic, device_);
+    device_ = rt.bind_device(device_);
+    comm_ = rt.world(o.backend, device_);
     host_ = rt.world(comm::Backend::automatic, Device::cpu());
     rank_ = comm_->rank();
     world_ = comm_->size();
@@ -303,7 +302,7 @@ class Trainer {
       const auto t_opt = Clock::now();
       const double grad_norm = par_->clip_grad_norm(o_.clip);
       optim_->step(par_->params(), lr);
-      if (device_.is_cuda()) cuda::synchronize();
+      wait_device("the step's work on the GPU");
       const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
       if (!std::isfinite(loss))
         fail("the loss is {} at step {}; lower --lr, raise --warmup or clip (--clip)",
@@ -357,6 +356,12 @@ class Trainer {
   }
 
  private:
+  // The host waits for the GPU (watched) where the loop reads its clock: the step's times are
+  // the device's, not the launches'.
+  void wait_device(const char* what) const {
+    if (device_.is_cuda()) cuda::stream_synchronize(cuda::current_stream(), what);
+  }
+
   // Forward and backward over this rank's share of the step's global batch; gradients
   // aggregated on return. Returns the global-batch mean loss (the same on every rank).
   double train_step(int64_t step) {
@@ -369,11 +374,11 @@ class Trainer {
       if (last) par_->begin(step);  // its buckets start during this backward
       model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch));
     });
-    if (device_.is_cuda()) cuda::synchronize();
+    wait_device("the forward and backward passes on the GPU");
     const auto t_sync = Clock::now();
     compute_s_ = std::chrono::duration<double>(t_sync - t0).count();
     par_->finish();
-    if (device_.is_cuda()) cuda::synchronize();
+    wait_device("the gradient synchronisation");
     sync_s_ = seconds_since(t_sync);
     // The loss (and a classifier's correct predictions) over ranks and, in the same all-reduce,
     // whether a stop signal reached any rank: every rank then finishes this step and stops after it.

@@ -61,6 +61,7 @@ struct Options {
   optim::ShampooConfig shampoo;  // --optimizer shampoo (add_shampoo_options; the common options apply on top)
   uint64_t seed = 0;
   std::string device = "cpu";
+  comm::Backend backend = comm::Backend::automatic;  // of the model's collectives (host values go by MPI)
   int threads = 0;  // CPU threads of each rank; 0: OMP_NUM_THREADS, else the rank's share of the node's cores
   size_t bucket_bytes = 25u << 20;
   // evaluation, output, checkpoints

@@ -1,17 +1,30 @@
-// The NCCL backend: device buffers, operations on the communicator's own CUDA stream, which
-// first waits (an event) for the work already queued on the compute stream (cuda::current_stream),
-// so the inputs are ready. Completion is an event recorded on the communicator's stream after the
-// operation. Work::wait makes the compute stream wait for that event: the host never blocks and
-// never spins, and the compute stream's later work sees the result. Work::test queries the event
-// and NCCL's asynchronous errors. A sync operation also blocks the host until completion (the
-// caller may read the result from the host), in a blocking-sync event wait under the watchdog.
-// Events come from a pool of the communicator's, not one cudaEventCreate per collective.
+// The NCCL backend: device buffers, operations on one CUDA stream per process (the lane), which
+// first waits (an event) for the work already queued on the caller's current stream, so the
+// inputs are ready. Completion is an event recorded on the lane after the operation.
+// Work::wait makes the current stream wait for that event: the host never blocks there, and
+// the stream's later work sees the result. Work::synchronize and sync operations block the
+// host until the event completes, through cuda::wait_event (watched, polling NCCL's errors).
+// Events come from a pool, not one cudaEventCreate per collective.
+//
+// One lane for the world and every communicator split from it (HSDP's shard and replica
+// groups): NCCL kernels of two communicators on two streams may run at once, and then deadlock
+// unless every rank interleaves them identically (NCCL's documentation, "Using multiple NCCL
+// communicators concurrently"). On one stream they run in the order the host issued them, which
+// is the same on every rank (program order), so no two can wait on each other.
+//
+// Every live communicator is in a registry: comm::wait_for_device polls their asynchronous
+// errors while the host waits for the GPU, and the watchdog's expiry aborts them
+// (ncclCommAbort: the peers' kernels see the end instead of waiting for ever).
 #include "dtk/comm/nccl/nccl_comm.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dtk/comm/watchdog.h"
@@ -56,6 +69,54 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 cudaStream_t compute_stream() { return static_cast<cudaStream_t>(cuda::current_stream().handle); }
 
+// A live NCCL communicator; aborted once, by whoever finds the job failed first.
+struct Handle {
+  ncclComm_t comm = nullptr;
+  std::atomic<bool> aborted{false};
+};
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<Handle>> live;
+  std::atomic<bool> aborting{false};  // set before any abort: pollers stop touching the communicators
+};
+Registry& registry() {
+  static auto* r = new Registry;  // never destroyed: the watchdog may use it during exit
+  return *r;
+}
+
+// Aborts every live communicator (idempotent). The pollers see `aborting` first and leave the
+// communicators alone; the short pause lets a poll in progress finish.
+void abort_all() {
+  Registry& reg = registry();
+  if (reg.aborting.exchange(true)) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::vector<std::shared_ptr<Handle>> live;
+  {
+    std::lock_guard lock(reg.mu);
+    live = reg.live;
+  }
+  for (const auto& h : live)
+    if (!h->aborted.exchange(true)) ncclCommAbort(h->comm);
+}
+
+std::shared_ptr<Handle> enrol(ncclComm_t c) {
+  static std::once_flag hooked;
+  std::call_once(hooked, [] { watchdog::on_expire(&abort_all); });
+  auto h = std::make_shared<Handle>();
+  h->comm = c;
+  Registry& reg = registry();
+  std::lock_guard lock(reg.mu);
+  reg.live.push_back(h);
+  return h;
+}
+
+void leave(const std::shared_ptr<Handle>& h) {
+  Registry& reg = registry();
+  std::lock_guard lock(reg.mu);
+  reg.live.erase(std::remove(reg.live.begin(), reg.live.end(), h), reg.live.end());
+}
+
 // Completion events, reused. Blocking-sync events: a host wait on one sleeps instead of spinning.
 class EventPool {
  public:
@@ -86,43 +147,65 @@ class EventPool {
 struct NcclWork final : Work::State {
   std::shared_ptr<EventPool> pool;
   cudaEvent_t event = nullptr;
-  ncclComm_t comm = nullptr;
   const char* what = "";
   size_t bytes = 0;
-  std::shared_ptr<void> keep;  // scratch memory of the operation
+  std::shared_ptr<void> keep;  // scratch memory of the operation, used on the lane
+  bool ordered = false;        // the current stream waits for the event (or the host did)
 
   ~NcclWork() override {
+    // Scratch goes back to the caching allocator, which hands it out in the current stream's
+    // order: that stream must not run ahead of the operation still reading it.
+    if (keep && !ordered) cudaStreamWaitEvent(compute_stream(), event, 0);
     if (event) pool->put(event);  // a later record is safe: stream waits already enqueued keep theirs
   }
   bool test() override {
     const cudaError_t e = cudaEventQuery(event);
     if (e == cudaErrorNotReady) {
-      check_async();
+      nccl_check_async_errors(what);
       return false;
     }
     check_cuda(e, what);
-    keep.reset();
+    ordered = true;
     return true;
   }
-  // The compute stream waits for completion; the host goes on.
-  void wait() override { check_cuda(cudaStreamWaitEvent(compute_stream(), event, 0), what); }
-  // The host waits for completion (sync operations), asleep, under the watchdog.
-  void wait_host() {
-    check_async();
-    watchdog::Scope scope(what, bytes);
-    check_cuda(cudaEventSynchronize(event), what);
-    check_async();
+  // The current stream waits for completion; the host goes on.
+  void wait() override {
+    check_cuda(cudaStreamWaitEvent(compute_stream(), event, 0), what);
+    ordered = true;
   }
-  void check_async() {
-    ncclResult_t r = ncclSuccess;
-    ncclCommGetAsyncError(comm, &r);
-    check_nccl(r, what);
+  // The host waits for completion: watched, NCCL's errors polled (comm::wait_for_device).
+  void synchronize() override {
+    cuda::wait_event(event, what, bytes);
+    ordered = true;
   }
+};
+
+// The stream and events that every communicator of the process shares (see the file comment).
+struct Lane {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;  // the current stream's work before an operation
+  std::shared_ptr<EventPool> events = std::make_shared<EventPool>();
+  Lane() {
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
+  }
+  ~Lane() {
+    try {
+      cuda::stream_synchronize(Stream{stream}, "the NCCL stream's last operations");
+    } catch (const std::exception&) {
+      abort_all();  // a failed communicator: nothing more will complete on this stream
+    }
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(stream);
+  }
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int local_rank, int local_size) : comm_(comm) {
+  NcclCommunicator(ncclComm_t comm, int local_rank, int local_size, std::shared_ptr<Lane> lane)
+      : comm_(comm), handle_(enrol(comm)), lane_(std::move(lane)), stream_(lane_->stream) {
     int n = 0, r = 0;
     check_nccl(ncclCommCount(comm_, &n), "comm count");
     check_nccl(ncclCommUserRank(comm_, &r), "comm rank");
@@ -130,14 +213,19 @@ class NcclCommunicator final : public Communicator {
     rank_ = r;
     local_rank_ = local_rank;
     local_size_ = local_size;
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
-    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event");
   }
+  // Its operations end with the lane's; an aborted communicator is already freed. (The barrier's
+  // scratch goes back to the cache after this body, once the lane has passed its operations.)
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
-    cudaEventDestroy(ready_);
-    cudaStreamDestroy(stream_);
+    if (!handle_->aborted.exchange(true)) {
+      try {
+        cuda::stream_synchronize(Stream{stream_}, "the NCCL stream's last operations");
+        ncclCommDestroy(comm_);
+      } catch (const std::exception&) {
+        ncclCommAbort(comm_);
+      }
+    }
+    leave(handle_);
   }
 
   Backend backend() const override { return Backend::nccl; }
@@ -209,10 +297,10 @@ class NcclCommunicator final : public Communicator {
     const size_t block = send.count / size_, bb = block * dtype_size(send.dtype);
     std::shared_ptr<void> scratch;
     const char* src = static_cast<const char*>(send.data);
-    if (send.data == recv.data && send.bytes()) {  // in place: send from a device copy
-      void* p = cuda::malloc_device(send.bytes());
-      scratch = std::shared_ptr<void>(p, [](void* q) { cuda::free_device(q); });  // cudaFree: synchronises
-      src = static_cast<const char*>(p);
+    if (send.data == recv.data && send.bytes()) {  // in place: send from a device copy (cached memory)
+      auto copy = std::make_shared<Tensor>(Tensor::empty({static_cast<int64_t>(send.bytes())}, DType::u8, send.device));
+      src = static_cast<const char*>(copy->data());
+      scratch = std::shared_ptr<void>(copy, copy->data());
     }
     return enqueue("all_to_all", send.bytes(), mode, [&] {
       if (scratch)  // after the stream's wait for the inputs
@@ -251,32 +339,36 @@ class NcclCommunicator final : public Communicator {
     });
   }
   Work barrier(Mode mode) override {
-    if (!scratch_) scratch_ = cuda::malloc_device(sizeof(float));
-    return enqueue("barrier", 0, mode,
-                   [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    if (!scratch_.defined()) scratch_ = Tensor::zeros({1}, DType::f32, Device::cuda(cuda::current_device()));
+    return enqueue("barrier", 0, mode, [&] {
+      return ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat32, ncclSum, comm_, stream_);
+    });
   }
+  // The new communicator shares this one's lane (see the file comment).
   std::shared_ptr<Communicator> split(int color, int key) override {
     ncclComm_t sub = nullptr;
-    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split");
-    return std::make_shared<NcclCommunicator>(sub, local_rank_, local_size_);
+    {
+      watchdog::Scope scope("NCCL communicator split", 0);
+      check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split");
+    }
+    return std::make_shared<NcclCommunicator>(sub, local_rank_, local_size_, lane_);
   }
 
  private:
   template <typename Call>
   Work enqueue(const char* what, size_t bytes, Mode mode, Call call, std::shared_ptr<void> keep = {}) {
-    check_cuda(cudaEventRecord(ready_, compute_stream()), "event record");  // the inputs' producers
-    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "stream wait");
+    check_cuda(cudaEventRecord(lane_->ready, compute_stream()), "event record");  // the inputs' producers
+    check_cuda(cudaStreamWaitEvent(stream_, lane_->ready, 0), "stream wait");
     check_nccl(call(), what);
     auto w = std::make_shared<NcclWork>();
-    w->pool = events_;
-    w->comm = comm_;
+    w->pool = lane_->events;
     w->what = what;
     w->bytes = bytes;
     w->keep = std::move(keep);
-    w->event = events_->get();
+    w->event = lane_->events->get();
     check_cuda(cudaEventRecord(w->event, stream_), "event record");
     if (mode == Mode::sync) {
-      w->wait_host();
+      w->synchronize();
       return Work();
     }
     return Work(std::move(w));
@@ -290,10 +382,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   ncclComm_t comm_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;
-  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
-  void* scratch_ = nullptr;
+  std::shared_ptr<Handle> handle_;
+  std::shared_ptr<Lane> lane_;
+  cudaStream_t stream_;
+  Tensor scratch_;  // the barrier's
 };
 
 }  // namespace
@@ -319,7 +411,32 @@ std::shared_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, bool mpi_ini
     watchdog::Scope scope("NCCL communicator set-up", 0);
     check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
   }
-  return std::make_shared<NcclCommunicator>(c, local_rank, local_size);
+  return std::make_shared<NcclCommunicator>(c, local_rank, local_size, std::make_shared<Lane>());
+}
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  if (v < 10000) return fmt::format("{}.{}.{}", v / 1000, v / 100 % 10, v % 100);  // before 2.9: XYZZ
+  return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);                // since: XYYZZ
+}
+
+void nccl_check_async_errors(const char* what) {
+  Registry& reg = registry();
+  if (reg.aborting.load()) return;  // the job is ending: the communicators are being aborted
+  std::vector<std::shared_ptr<Handle>> live;
+  {
+    std::lock_guard lock(reg.mu);
+    live = reg.live;
+  }
+  for (const auto& h : live) {
+    ncclResult_t r = ncclSuccess;
+    if (h->aborted.load() || ncclCommGetAsyncError(h->comm, &r) != ncclSuccess) continue;
+    if (r == ncclSuccess || r == ncclInProgress) continue;
+    abort_all();
+    fail("NCCL failed while waiting for {}: {} ({}); a peer rank has probably died or the network failed", what,
+         ncclGetErrorString(r), ncclGetLastError(h->comm));
+  }
 }
 
 }  // namespace dtk::comm

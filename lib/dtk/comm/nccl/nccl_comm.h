@@ -10,4 +10,7 @@ namespace dtk::comm {
 // Over the ranks of `comm` (the unique id travels by MPI_Bcast); mpi_initialized false gives a
 // world of one without MPI. The calling rank's GPU must be set already.
 std::shared_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, bool mpi_initialized);
+// Fails (dtk::Error, after aborting every communicator) when a live NCCL communicator reports
+// an asynchronous error; `what` is the wait in progress. Polled by comm::wait_for_device.
+void nccl_check_async_errors(const char* what);
 }

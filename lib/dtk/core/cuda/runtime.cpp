@@ -1,8 +1,11 @@
 // The CUDA runtime calls of core::cuda, for builds with the CUDA backend.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "dtk/core/device.h"
 #include "dtk/core/error.h"
@@ -16,6 +19,19 @@ void check(cudaError_t e, const char* what) {
 }  // namespace
 
 bool compiled() { return true; }
+
+std::string describe() {
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);  // 0 without a driver
+  const auto version = [](int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); };
+  std::string s = fmt::format("runtime {}, code for sm_{}, driver {}", version(runtime), DTK_CUDA_ARCHITECTURES,
+                              driver ? version(driver) : "none");
+  const int n = device_count();
+  s += fmt::format("; GPUs visible: {}", n);
+  for (int i = 0; i < n; ++i) s += (i ? ", " : " (") + device_name(i) + (i + 1 == n ? ")" : "");
+  return s;
+}
 
 int device_count() {
   int n = 0;
@@ -54,11 +70,71 @@ void* malloc_pinned(size_t bytes) {
 }
 void free_pinned(void* p) { cudaFreeHost(p); }
 
-void memcpy(void* dst, const void* src, size_t bytes) {
-  if (bytes) check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+std::string device_uuid(int index) {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, index), "cudaGetDeviceProperties");
+  const auto* b = reinterpret_cast<const unsigned char*>(p.uuid.bytes);
+  return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
-void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+namespace {
+bool on_device(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // not a pointer CUDA knows: host memory
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+}  // namespace
+
+void memcpy(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  // On the current stream, after the work queued there (cudaMemcpy would go on the legacy
+  // stream, which a non-blocking current stream does not wait for). With host memory on either
+  // side (pageable, perhaps gone after return) the host then waits for the copy, watched:
+  // cudaMemcpy's own wait would not be. Device to device stays in stream order.
+  const Stream s = current_stream();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s.handle)), "cudaMemcpyAsync");
+  if (!on_device(dst) || !on_device(src)) stream_synchronize(s, "a copy between host and GPU");
+}
+
+// ---- host waits --------------------------------------------------------------------------
+
+namespace {
+std::atomic<WaitHook> g_wait_hook{nullptr};
+
+bool event_done(void* event) {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaErrorNotReady) return false;
+  check(e, "cudaEventQuery");
+  return true;
+}
+
+// Events for stream_synchronize, per device (an event belongs to the device current when it
+// was made), reused: one cudaEventCreate per wait would cost more than the wait. Blocking-sync
+// events: a host without a hook sleeps in cudaEventSynchronize instead of spinning. Never
+// destroyed (waits may happen during static destruction).
+struct WaitEvents {
+  std::mutex mu;
+  std::map<int, std::vector<cudaEvent_t>> free;
+};
+WaitEvents& wait_events() {
+  static auto* w = new WaitEvents;
+  return *w;
+}
+}  // namespace
+
+void set_wait_hook(WaitHook hook) { g_wait_hook.store(hook); }
+
+void wait_event(void* event, const char* what, size_t bytes) {
+  if (WaitHook hook = g_wait_hook.load()) {
+    hook(what, bytes, &event_done, event);
+    return;
+  }
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), what);
+}
 
 }  // namespace dtk::cuda
 
@@ -68,15 +144,35 @@ namespace dtk::cuda {
 namespace {
 thread_local cudaStream_t t_stream = nullptr;
 
-// Blocks are rounded (512 B below 1 MiB, 2 MiB above) and kept on free lists by exact rounded
-// size when released; a request takes a cached block of its size first. Blocks are used in
-// stream order on the current stream, so a block freed and reused on the same stream is safe;
-// memory handed to another stream (NCCL's) must be kept alive by its user until that completes.
+// Blocks are rounded (512 B below 1 MiB, 2 MiB above) and kept on free lists by device and exact
+// rounded size when released; a request takes a cached block of its device and size first.
+// Blocks are used in stream order on the current stream, so a block freed and reused on the
+// same stream is safe; memory handed to another stream (NCCL's) must be kept alive by its user
+// until that completes. The statistics count every device together.
 struct Cache {
   std::mutex mu;
-  std::multimap<size_t, void*> free;  // block size -> pointer
+  std::multimap<std::pair<int, size_t>, void*> free;  // (device, block size) -> pointer
   MemoryStats stats;
 } g_cache;
+
+// Makes `device` current for a scope (cudaMalloc allocates on the current device).
+struct OnDevice {
+  int previous = 0;
+  explicit OnDevice(int device) {
+    check(cudaGetDevice(&previous), "cudaGetDevice");
+    if (previous != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~OnDevice() { cudaSetDevice(previous); }
+};
+
+// Gives every cached block back to the driver (the lock held).
+void release_cached() {
+  for (auto& [key, q] : g_cache.free) {
+    cudaFree(q);
+    g_cache.stats.reserved -= key.second;
+  }
+  g_cache.free.clear();
+}
 
 size_t round_block(size_t bytes) {
   if (bytes < (1u << 20)) return (bytes + 511) / 512 * 512 + (bytes == 0 ? 512 : 0);
@@ -95,8 +191,48 @@ Stream create_stream() {
 void destroy_stream(Stream s) {
   if (s.handle) cudaStreamDestroy(static_cast<cudaStream_t>(s.handle));
 }
-void stream_synchronize(Stream s) {
-  check(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)), "cudaStreamSynchronize");
+void stream_synchronize(Stream s, const char* what) {
+  const int device = current_device();
+  cudaEvent_t e = nullptr;
+  {
+    WaitEvents& w = wait_events();
+    std::lock_guard lock(w.mu);
+    auto& free = w.free[device];
+    if (!free.empty()) {
+      e = free.back();
+      free.pop_back();
+    }
+  }
+  if (!e) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
+  struct Return {  // the event goes back to the pool however the wait ends
+    int device;
+    cudaEvent_t e;
+    ~Return() {
+      WaitEvents& w = wait_events();
+      std::lock_guard lock(w.mu);
+      w.free[device].push_back(e);
+    }
+  } back{device, e};
+  check(cudaEventRecord(e, static_cast<cudaStream_t>(s.handle)), "cudaEventRecord");
+  wait_event(e, what);
+}
+
+void* create_timing_event() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventBlockingSync), "cudaEventCreate");
+  return e;
+}
+void destroy_event(void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+void record_event(void* event, Stream s) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(s.handle)), "cudaEventRecord");
+}
+double elapsed_seconds(void* start, void* stop) {
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)),
+        "cudaEventElapsedTime");
+  return ms * 1e-3;
 }
 void memcpy_async(void* dst, const void* src, size_t bytes, Stream s) {
   if (bytes)
@@ -107,29 +243,26 @@ void memset_async(void* dst, int value, size_t bytes, Stream s) {
   if (bytes) check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s.handle)), "cudaMemsetAsync");
 }
 
-void* cached_malloc(size_t bytes, size_t* block) {
+void* cached_malloc(size_t bytes, int device, size_t* block) {
   const size_t size = round_block(bytes);
   std::lock_guard lock(g_cache.mu);
   void* p = nullptr;
-  auto it = g_cache.free.find(size);
+  auto it = g_cache.free.find({device, size});
   if (it != g_cache.free.end()) {
     p = it->second;
     g_cache.free.erase(it);
   } else {
+    OnDevice on(device);
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation && !g_cache.free.empty()) {  // give the cache back, retry once
       cudaGetLastError();
-      for (auto& [sz, q] : g_cache.free) {
-        cudaFree(q);
-        g_cache.stats.reserved -= sz;
-      }
-      g_cache.free.clear();
+      release_cached();
       e = cudaMalloc(&p, size);
     }
     if (e != cudaSuccess) {
       cudaGetLastError();
-      fail("CUDA out of memory allocating {} bytes ({} in use, {} reserved): {}", bytes, g_cache.stats.current,
-           g_cache.stats.reserved, cudaGetErrorString(e));
+      fail("CUDA out of memory allocating {} bytes on GPU {} ({} in use, {} reserved): {}", bytes, device,
+           g_cache.stats.current, g_cache.stats.reserved, cudaGetErrorString(e));
     }
     g_cache.stats.reserved += size;
   }
@@ -140,10 +273,10 @@ void* cached_malloc(size_t bytes, size_t* block) {
   return p;
 }
 
-void cached_free(void* p, size_t block) {
+void cached_free(void* p, int device, size_t block) {
   std::lock_guard lock(g_cache.mu);
   g_cache.stats.current -= block;
-  g_cache.free.emplace(block, p);
+  g_cache.free.emplace(std::pair{device, block}, p);
 }
 
 MemoryStats cached_stats() {
@@ -156,11 +289,7 @@ void cached_reset_peak() {
 }
 void cached_empty() {
   std::lock_guard lock(g_cache.mu);
-  for (auto& [sz, q] : g_cache.free) {
-    cudaFree(q);
-    g_cache.stats.reserved -= sz;
-  }
-  g_cache.free.clear();
+  release_cached();
 }
 
 }  // namespace dtk::cuda

@@ -11,6 +11,7 @@ namespace {
 }  // namespace
 
 bool compiled() { return false; }
+std::string describe() { return "none (built without the CUDA backend); GPUs visible: 0"; }
 int device_count() { return 0; }
 void set_device(int) { no_cuda(); }
 int current_device() { no_cuda(); }
@@ -19,8 +20,10 @@ void* malloc_device(size_t) { no_cuda(); }
 void free_device(void*) {}
 void* malloc_pinned(size_t) { no_cuda(); }
 void free_pinned(void*) {}
+std::string device_uuid(int) { no_cuda(); }
 void memcpy(void*, const void*, size_t) { no_cuda(); }
-void synchronize() {}
+void set_wait_hook(WaitHook) {}
+void wait_event(void*, const char*, size_t) { no_cuda(); }
 
 }  // namespace dtk::cuda
 
@@ -31,11 +34,15 @@ Stream current_stream() { return {}; }
 void set_current_stream(Stream) {}
 Stream create_stream() { no_cuda(); }
 void destroy_stream(Stream) {}
-void stream_synchronize(Stream) {}
+void stream_synchronize(Stream, const char*) {}
+void* create_timing_event() { no_cuda(); }
+void destroy_event(void*) {}
+void record_event(void*, Stream) { no_cuda(); }
+double elapsed_seconds(void*, void*) { no_cuda(); }
 void memcpy_async(void*, const void*, size_t, Stream) { no_cuda(); }
 void memset_async(void*, int, size_t, Stream) { no_cuda(); }
-void* cached_malloc(size_t, size_t*) { no_cuda(); }
-void cached_free(void*, size_t) {}
+void* cached_malloc(size_t, int, size_t*) { no_cuda(); }
+void cached_free(void*, int, size_t) {}
 MemoryStats cached_stats() { return {}; }
 void cached_reset_peak() {}
 void cached_empty() {}

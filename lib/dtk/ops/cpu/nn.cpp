@@ -483,7 +483,7 @@ std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta,
   for (int64_t p = 0; p < T; ++p) {
     const double pos = static_cast<double>(pos0 + p);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      const double angle = pos * rope_frequency(i, hd, theta);
       t->cos.push_back(std::cos(angle));
       t->sin.push_back(std::sin(angle));
     }

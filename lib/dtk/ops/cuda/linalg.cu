@@ -57,12 +57,12 @@ cusolverDnHandle_t cusolver_handle() {
   return it->second;
 }
 
-// Copies device ints to the host after the work queued before them (synchronises the stream).
+// Copies device ints to the host after the work queued before them (the host waits, watched).
 std::vector<int> read_ints(const Tensor& d) {
   std::vector<int> h(static_cast<size_t>(d.numel()));
   if (h.empty()) return h;
   check_cuda(cudaMemcpyAsync(h.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "a cuSOLVER status read back");
   return h;
 }
 
@@ -390,7 +390,7 @@ struct RootWork {
 double read_double(const Tensor& d) {
   double h = 0;
   check_cuda(cudaMemcpyAsync(&h, d.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "a Newton iteration's error read back");
   return h;
 }
 
@@ -411,15 +411,17 @@ bool root_eigh(int n, double p, double eps, RootWork& w) {
   std::vector<double> mu(static_cast<size_t>(n));
   check_cuda(cudaMemcpyAsync(mu.data(), w.d.data(), n * sizeof(double), cudaMemcpyDeviceToHost, stream()),
              "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "the eigenvalues read back");
   const double shift = mu[0] < eps ? eps - mu[0] : 0.0;
   for (double& x : mu) {
     x = std::pow(x + shift, -1.0 / p);
     if (!std::isfinite(x)) return false;  // eps = 0 on a singular matrix
   }
-  // Pageable source: cudaMemcpyAsync returns once mu has been staged, so mu may then go.
+  // mu is pageable and dies with this function: the copy completes before it returns (a copy
+  // queued with cudaMemcpyAsync might still read it after, whatever staging the driver does).
   check_cuda(cudaMemcpyAsync(w.d.data(), mu.data(), n * sizeof(double), cudaMemcpyHostToDevice, stream()),
              "cudaMemcpyAsync");
+  dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "the eigenvalue roots copied to the GPU");
   // Column-major: V (eigenvectors as columns) in s; t = V diag(d); x = t V^T = V diag(d) V^T.
   check_cublas(DTK_CUBLAS(cublasDdgmm)(cb, CUBLAS_SIDE_RIGHT, n, n, w.s.ptr<double>(), n, w.d.ptr<double>(), 1,
                            w.t.ptr<double>(), n),
@@ -438,7 +440,9 @@ bool root_newton(int n, int p, const RootOptions& opts, RootWork& w) {
   cublasHandle_t cb = cublas_handle();
   const int64_t nn = int64_t(n) * n;
   double fro = 0;
-  check_cublas(DTK_CUBLAS(cublasDnrm2_64)(cb, nn, w.s.ptr<double>(), 1, &fro), "cublasDnrm2");  // host result: synchronous
+  // A host result: cuBLAS waits for the stream itself, unwatched; the watched wait goes first.
+  dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "the factor before its Newton iteration");
+  check_cublas(DTK_CUBLAS(cublasDnrm2_64)(cb, nn, w.s.ptr<double>(), 1, &fro), "cublasDnrm2");
   if (!(fro > 0) || !std::isfinite(fro)) return false;
   const double z = (p + 1.0) / (2.0 * fro);
   check_cublas(DTK_CUBLAS(cublasDscal_64)(cb, nn, &z, w.s.ptr<double>(), 1), "cublasDscal");

@@ -165,16 +165,23 @@ struct AddD {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
 
+// The frequencies of a head's pairs (rope_frequency, computed on the host), passed by value:
+// kernel parameters may take 32 KB on sm_70 and later with CUDA 12.1 or newer.
+constexpr int64_t kRopeMaxPairs = 1024;  // head dims up to 2048
+struct RopeFrequencies {
+  double f[kRopeMaxPairs];
+};
+
 // One thread per rotated pair. The angle and its sine/cosine are computed in double for both
 // dtypes: positions reach thousands of radians, where an f32 angle would lose ~1e-4 absolute.
+// The angle is the host's (the same product as the CPU's); only sincos differs (2 ulp).
 template <typename T>
-__global__ void rope_kernel(const T* x, T* y, int64_t npairs, int64_t T_, int64_t H, int64_t half, double theta,
-                            int64_t pos0, double sign) {
+__global__ void rope_kernel(const T* x, T* y, int64_t npairs, int64_t T_, int64_t H, int64_t half,
+                            const RopeFrequencies freq, int64_t pos0, double sign) {
   for (int64_t p = global_tid(); p < npairs; p += grid_stride()) {
     const int64_t i = p % half;
     const int64_t t = (p / half / H) % T_;
-    const double angle = sign * static_cast<double>(pos0 + t) * ::pow(theta, -2.0 * static_cast<double>(i) /
-                                                                                 static_cast<double>(2 * half));
+    const double angle = sign * (static_cast<double>(pos0 + t) * freq.f[i]);
     double s, c;
     ::sincos(angle, &s, &c);
     const T x0 = x[2 * p], x1 = x[2 * p + 1];
@@ -291,9 +298,13 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
   const int64_t T_ = x.dim(1), H = x.dim(2), hd = x.dim(3);
   const int64_t npairs = x.numel() / 2;
   if (npairs == 0) return;
+  if (hd / 2 > kRopeMaxPairs)
+    fail_usage("rope: a head dim of {} is above the {} the CUDA kernel takes", hd, 2 * kRopeMaxPairs);
+  RopeFrequencies freq;
+  for (int64_t i = 0; i < hd / 2; ++i) freq.f[i] = rope_frequency(i, hd, theta);
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<grid_for(npairs, 256), 256, 0, stream()>>>(x.ptr<T>(), y.ptr<T>(), npairs, T_, H, hd / 2, theta,
+    rope_kernel<T><<<grid_for(npairs, 256), 256, 0, stream()>>>(x.ptr<T>(), y.ptr<T>(), npairs, T_, H, hd / 2, freq,
                                                                  pos0, inverse ? -1.0 : 1.0);
   });
   check_launch("rope");

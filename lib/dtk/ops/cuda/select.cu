@@ -98,20 +98,6 @@ __global__ void gather_kernel(const U* x, const Idx* idx, U* out, int64_t n) {
   for (int64_t j = global_tid(); j < n; j += grid_stride()) out[j] = x[static_cast<int64_t>(idx[j])];
 }
 
-// Gather moves elements as raw bits: any dtype, by element size.
-template <typename Idx>
-void gather_typed(const Tensor& x, const Idx* idx, Tensor& out) {
-  const int64_t n = out.numel();
-  const unsigned blocks = grid_for(n, 256);
-  switch (dtype_size(x.dtype())) {
-    case 1: gather_kernel<<<blocks, 256, 0, stream()>>>(x.ptr<uint8_t>(), idx, out.ptr<uint8_t>(), n); break;
-    case 2: gather_kernel<<<blocks, 256, 0, stream()>>>(x.ptr<uint16_t>(), idx, out.ptr<uint16_t>(), n); break;
-    case 4: gather_kernel<<<blocks, 256, 0, stream()>>>(x.ptr<uint32_t>(), idx, out.ptr<uint32_t>(), n); break;
-    default: gather_kernel<<<blocks, 256, 0, stream()>>>(x.ptr<uint64_t>(), idx, out.ptr<uint64_t>(), n); break;
-  }
-  check_launch("gather");
-}
-
 }  // namespace
 
 namespace kern {
@@ -159,12 +145,17 @@ void topk_abs(const Tensor& x, int64_t k, Tensor& values, Tensor& indices) {
   });
 }
 
+// Moves elements as raw bits. The public op (ops/select.cpp) takes f32 or f64 x and i64 indices.
 void gather(const Tensor& x, const Tensor& indices, Tensor& out) {
-  if (out.numel() == 0) return;
-  if (indices.dtype() == DType::i64)
-    gather_typed(x, indices.ptr<int64_t>(), out);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const int64_t* idx = indices.ptr<int64_t>();
+  const unsigned blocks = grid_for(n, 256);
+  if (dtype_size(x.dtype()) == 4)
+    gather_kernel<<<blocks, 256, 0, stream()>>>(x.ptr<uint32_t>(), idx, out.ptr<uint32_t>(), n);
   else
-    gather_typed(x, indices.ptr<int32_t>(), out);
+    gather_kernel<<<blocks, 256, 0, stream()>>>(x.ptr<uint64_t>(), idx, out.ptr<uint64_t>(), n);
+  check_launch("gather");
 }
 
 // out[idx[j]] += v[j]: the index-add with rows of one element.
