@@ -165,8 +165,12 @@ struct OnDevice {
   ~OnDevice() { cudaSetDevice(previous); }
 };
 
-// Gives every cached block back to the driver (the lock held).
+// Gives every cached block back to the driver (the lock held). cudaFree waits for the whole
+// device: the watched wait for the current stream comes first, so a stuck collective that the
+// stream waits on ends the job instead of hanging it here.
 void release_cached() {
+  if (g_cache.free.empty()) return;
+  stream_synchronize(current_stream(), "the GPU's work before cached memory is freed");
   for (auto& [key, q] : g_cache.free) {
     cudaFree(q);
     g_cache.stats.reserved -= key.second;
