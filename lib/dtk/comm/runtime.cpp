@@ -46,16 +46,19 @@ bool srun_without_pmix() {
 
 void wait_for_device(const char* what, size_t bytes, bool (*done)(void*), void* event) {
   watchdog::Scope scope(what, bytes);
+  // Spin a little (short kernels end within microseconds), then sleep longer and longer up to
+  // 200 us, looking at NCCL's errors between sleeps: the waiting host costs next to no CPU and
+  // answers within a fraction of a step.
+  constexpr int kSpins = 64;
   for (int i = 0; !done(event); ++i) {
+    if (i < kSpins) {
+      std::this_thread::yield();
+      continue;
+    }
 #ifdef DTK_HAVE_NCCL
     nccl_check_async_errors(what);
 #endif
-    // Spin a little (short kernels end within microseconds), then sleep longer and longer up to
-    // 200 us: the waiting host costs next to no CPU and answers within a fraction of a step.
-    if (i < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, 1 << std::min(i - 64, 8))));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, 1 << std::min(i - kSpins, 8))));
   }
 }
 

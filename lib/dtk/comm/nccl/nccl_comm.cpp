@@ -433,9 +433,10 @@ void nccl_check_async_errors(const char* what) {
     ncclResult_t r = ncclSuccess;
     if (h->aborted.load() || ncclCommGetAsyncError(h->comm, &r) != ncclSuccess) continue;
     if (r == ncclSuccess || r == ncclInProgress) continue;
+    const std::string detail = ncclGetLastError(h->comm);
     abort_all();
-    fail("NCCL failed while waiting for {}: {} ({}); a peer rank has probably died or the network failed", what,
-         ncclGetErrorString(r), ncclGetLastError(h->comm));
+    fail("NCCL failed while waiting for {}: {}{}; a peer rank has probably died or the network failed", what,
+         ncclGetErrorString(r), detail.empty() ? "" : " (" + detail + ")");
   }
 }
 
