@@ -40,7 +40,7 @@ run "$plot" powersgd.jsonl --val val_accuracy -o noval.svg
   && ok "--val KEY that no run has: the loss panels only" || bad "--val val_accuracy (exit $rc)" "$(cat "$tmp/e")"
 
 run "$plot" --version
-[ $rc = 0 ] && [ "$(cat "$tmp/o")" = "dtk-plot (dtk) $("$psgd" --version | awk '{ print $3 }')" ] \
+[ $rc = 0 ] && [ "$(cat "$tmp/o")" = "dtk-plot (dtk) $("$psgd" --version | awk 'NR == 1 { print $3 }')" ] \
   && ok "--version: $(cat "$tmp/o")" || bad "--version" "$(cat "$tmp/o" "$tmp/e")"
 run "$plot" --help
 [ $rc = 0 ] && grep -q '^Usage: dtk-plot' "$tmp/o" && ok "--help" || bad "--help (exit $rc)"

@@ -42,6 +42,6 @@ configure "no prefix named: the toolkit's" "$lib" --
 rm -rf "$tmp/b"
 env -u NCCL_ROOT NCCL_HOME="$tmp/empty" cmake -S "$src" -B "$tmp/b" -G Ninja -DDTK_BUILD_TESTS=OFF >"$tmp/out" 2>&1
 rc=$?
-[ $rc -ne 0 ] && grep -q "hold no include/nccl.h" "$tmp/out" && ok "a prefix without NCCL is an error naming it" \
+[ $rc -ne 0 ] && grep -q "^  NCCL_HOME/NCCL_ROOT (" "$tmp/out" && ok "a prefix without NCCL is an error naming it" \
   || bad "a prefix without NCCL (exit $rc)" "$(cat "$tmp/out")"
 finish

@@ -106,9 +106,12 @@ for s in psgd-train comm-bench; do [ -s "$root/usr/share/dtk/slurm/$s.sbatch" ] 
   || bad "missing from the package" "${missing[@]}"
 
 # ---- the unpacked programs run ----
+# (the programs' second line names the CUDA backend; dtk-plot, a script, has one line)
 for p in "${programs[@]}" dtk-plot; do
   out=$("$bin/$p" --version 2>&1); rc=$?
-  [ $rc = 0 ] && [ "$out" = "$p (dtk) $version" ] && ok "$p --version: $out" || bad "$p --version (exit $rc)" "$out"
+  [ $rc = 0 ] && [ "$(head -n 1 <<<"$out")" = "$p (dtk) $version" ] \
+    && { [ $p = dtk-plot ] || grep -q '^CUDA: .*GPUs visible: ' <<<"$out"; } \
+    && ok "$p --version: $(head -n 1 <<<"$out")" || bad "$p --version (exit $rc)" "$out"
 done
 out=$("$bin/psgd-train" --help 2>&1); rc=$?
 [ $rc = 0 ] && grep -q '^Usage: psgd-train' <<<"$out" && grep -q -- '--compressor' <<<"$out" \
