@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Training on the GPU end to end (ctest -L gpu; scripts/gpu-check runs it too). Skipped without a GPU.
+#   - several ranks: with 2 GPUs or more, N = one rank per GPU over NCCL; with one GPU, 2 ranks
+#     sharing it over --backend mpi (staging through host memory), and --backend nccl refused
+#     there (exit 2, one line: NCCL cannot put two ranks on one GPU). fsdp-train with N shards,
+#     HSDP (--replicate 2), shampoo-train and psgd-train across the ranks, each against the same
+#     run on one rank (the same global batch: equal up to float summation order);
+#   - resume: a run stopped with --stop-at and resumed is the run that never stopped, bit for bit
+#     (shard-inspect diff, exact): psgd-train and shampoo-train on one rank, fsdp-train's sharded
+#     state on N ranks, and resnet-8 (batch norm's running statistics);
+#   - resnet-8 on the GPU: the losses of the CPU's run, and learning (synthetic images, or
+#     Fashion-MNIST where it is installed).
+#   train_gpu.sh MPIEXEC BIN_DIR        (BIN_DIR/<program>/<program>)
+# DTK_GPU_CHECK_DEVICE=cpu runs the same on the CPU as if there were one GPU (the NCCL refusal
+# left out): a check of this script where no GPU exists.
+set -u
+mpiexec=$1 bin=$(realpath "$2")
+dev=${DTK_GPU_CHECK_DEVICE:-cuda}
+if [ "$dev" = cpu ]; then ngpu=1
+else ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+if [ "$ngpu" = 0 ]; then echo "skipped: no GPU"; exit 0; fi
+. "$(dirname "$0")/../tools/train_lib.sh"
+psgd=$bin/psgd-train/psgd-train shampoo=$bin/shampoo-train/shampoo-train fsdp=$bin/fsdp-train/fsdp-train
+si=$bin/shard-inspect/shard-inspect datapack=$bin/data-pack/data-pack
+skip() { echo "skip $1"; }
+
+common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn --device $dev"
+exact="--param-dtype f32 --reduce-dtype f32"
+# N ranks against 1: the same sums in another order. atol 1e-5 is 1e-3 of one AdamW update
+# (psgd_train.sh: a weight whose gradient nearly cancels moved 2.3e-6 in Release builds).
+close="--rtol 1e-4 --atol 1e-5"
+sham="--precondition-frequency 3 --max-preconditioner-dim 48 --shampoo-epsilon 1e-6"
+
+# ---- the ranks: one per GPU over NCCL, or 2 sharing the one GPU over MPI ----
+# The trainers' --backend (auto|mpi|nccl) is newer than some builds: without it, 2 ranks cannot
+# share one GPU (auto takes NCCL), and what needs that is left out.
+has_backend=0
+grep -q -- --backend <<<"$("$fsdp" --help 2>/dev/null)" && has_backend=1
+if [ "$ngpu" -ge 2 ]; then n=$ngpu backend=nccl; else n=2 backend=mpi; fi
+[ "$dev" = cpu ] && backend=mpi
+launch="$mpiexec -n $n"
+wire="" multi=1
+if [ $has_backend = 1 ]; then wire="--backend $backend"
+elif [ "$dev" = cuda ] && [ "$ngpu" = 1 ]; then multi=0
+fi
+
+if [ $multi = 0 ]; then
+  skip "$n ranks on one GPU: this build's trainers have no --backend"
+else
+  # fsdp-train: N shards (f32 gathers and reductions: the same sums as one rank, reordered).
+  run $fsdp $common $exact --steps 8 --save ref.h5
+  [ $rc = 0 ] || bad "fsdp-train on 1 rank (exit $rc)" "$(cat $tmp/e)"
+  run $launch $fsdp $common $exact $wire --steps 8 --save fs.ckpt --metrics f32.jsonl
+  [ $rc = 0 ] && run $si diff ref.h5 fs.ckpt model/ optim/ $close
+  [ $rc = 0 ] && ok "fsdp-train: $n shards over $backend == 1 rank" || bad "fsdp-train on $n ranks over $backend (exit $rc)" "$(cat $tmp/o $tmp/e)"
+  # HSDP: 2 replicas of N/2 shards (on 2 ranks: 2 replicas of 1).
+  if [ $((n % 2)) = 0 ]; then
+    run $launch $fsdp $common $exact $wire --steps 8 --replicate 2 --save hs.ckpt
+    [ $rc = 0 ] && run $si diff ref.h5 hs.ckpt model/ optim/ $close
+    [ $rc = 0 ] && ok "fsdp-train: HSDP --replicate 2 on $n ranks over $backend == 1 rank" || bad "HSDP on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+  else skip "HSDP: $n ranks do not split into 2 replicas"; fi
+  # bf16 gathers (the default): the loss curve within 2% of f32's.
+  run $launch $fsdp $common $wire --steps 8 --metrics bf16.jsonl
+  [ $rc = 0 ] && python3 - bf16.jsonl f32.jsonl <<'PY' && ok "fsdp-train: bf16 gathers on $n ranks, losses within 2% of f32" || bad "fsdp-train bf16 on $n ranks (exit $rc)" "$(cat $tmp/e)"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
+worst = max(abs(x / y - 1) for x, y in zip(a, b))
+print(f"bf16 against f32 gathers: worst relative loss difference {worst:.2e}")
+assert len(a) == len(b) == 8 and worst < 0.02, (a, b)
+PY
+  # shampoo-train: each rank preconditions its blocks, one all-gather of the directions.
+  run $shampoo $common $sham --steps 7 --save ws1.h5
+  [ $rc = 0 ] && run $launch $shampoo $common $sham $wire --steps 7 --save wsn.h5
+  # (inverse roots amplify the reordered sums: shampoo_train.sh's tolerance)
+  [ $rc = 0 ] && run $si diff ws1.h5 wsn.h5 model/ --rtol 1e-3 --atol 1e-4
+  [ $rc = 0 ] && ok "shampoo-train: $n ranks over $backend == 1 rank" || bad "shampoo-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+  # psgd-train: plain all-reduce of the gradient buckets, and PowerSGD running.
+  run $psgd $common --compressor none --steps 8 --save p1.h5
+  [ $rc = 0 ] && run $launch $psgd $common $wire --compressor none --steps 8 --save pn.h5
+  [ $rc = 0 ] && run $si diff p1.h5 pn.h5 model/ optim/ $close
+  [ $rc = 0 ] && ok "psgd-train: all-reduce on $n ranks over $backend == 1 rank" || bad "psgd-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+  run $launch $psgd $common $wire --compressor powersgd --steps 8 --metrics psgd.jsonl
+  [ $rc = 0 ] && [ "$(wc -l <psgd.jsonl)" = 8 ] && ok "psgd-train: PowerSGD on $n ranks over $backend" || bad "PowerSGD on $n ranks (exit $rc)" "$(cat $tmp/e)"
+fi
+
+# NCCL refuses two ranks on one GPU: exit 2 on every rank, one line of error (Open MPI's own
+# banner about the exit code aside).
+if [ "$ngpu" = 1 ] && [ "$dev" = cuda ]; then
+  if [ $has_backend = 1 ]; then
+    run $mpiexec -n 2 $psgd $common --backend nccl --steps 2
+    lines=$(awk '/^-{20,}$/ { banner = !banner; next } !banner' "$tmp/e")
+    if [ $rc = 2 ] && [ "$(grep -c . <<<"$lines")" = 1 ] && grep -qi nccl <<<"$lines"; then ok "--backend nccl, 2 ranks on 1 GPU: exit 2, one line"
+    else bad "--backend nccl with 2 ranks on 1 GPU (exit $rc, want 2 and one line)" "$(cat $tmp/e)"; fi
+  else skip "--backend nccl refused on one GPU: this build's trainers have no --backend"; fi
+fi
+
+# ---- resume: 20 steps == 10 steps, stop, resume, 10 steps; bit for bit ----
+# resume_check NAME LAUNCH... -- ARGS...: the uninterrupted run against the stopped and resumed one.
+resume_check() {
+  local name=$1; shift
+  local launcher=()
+  while [ "$1" != -- ]; do launcher+=("$1"); shift; done; shift
+  run "${launcher[@]}" "$@" --steps 20 --save full.ckpt --metrics a.jsonl
+  [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
+  rm -rf ck; run "${launcher[@]}" "$@" --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
+  [ $rc = 0 ] && [ -e ck/latest ] || { bad "$name: first half (exit $rc)" "$(cat $tmp/e)"; return; }
+  run "${launcher[@]}" "$@" --steps 20 --resume ck --save resumed.ckpt --metrics b.jsonl
+  [ $rc = 0 ] || { bad "$name: resumed half (exit $rc)" "$(cat $tmp/e)"; return; }
+  run $si diff full.ckpt resumed.ckpt
+  if [ $rc = 0 ] && cmp -s <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl); then ok "$name: resume is exact"
+  else bad "$name: resume differs (diff exit $rc)" "$(cat $tmp/o)" "$(diff <(cut -d, -f1-3 a.jsonl) <(cut -d, -f1-3 b.jsonl))"; fi
+  rm -rf ck full.ckpt resumed.ckpt
+}
+resume_check "psgd-train (PowerSGD state) on $dev" -- $psgd $common --compressor powersgd
+resume_check "shampoo-train (factors, roots) on $dev" -- $shampoo $common $sham
+if [ $multi = 1 ]; then
+  resume_check "fsdp-train, sharded state on $n ranks over $backend" $launch $fsdp -- $common $wire
+fi
+
+# ---- resnet-8 on the GPU ----
+rn="--model resnet-8 --optimizer sgd --nesterov --lr 0.05 --log-level warn --eval-every 0"
+# The CPU's losses: convolutions, batch norm and pooling on the device, the same seed and images.
+if [ "$dev" != cpu ]; then
+  run $psgd $rn --global-batch 16 --steps 5 --device cpu --metrics rcpu.jsonl
+  [ $rc = 0 ] && run $psgd $rn --global-batch 16 --steps 5 --device $dev --metrics rdev.jsonl
+  [ $rc = 0 ] && python3 - rcpu.jsonl rdev.jsonl <<'PY' && ok "resnet-8: the CPU's losses to 1e-3 on $dev" || bad "resnet-8 CPU against $dev (exit $rc)" "$(cat $tmp/e rcpu.jsonl rdev.jsonl)"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"resnet-8: worst relative loss difference {worst:.2e}")
+assert len(a) == len(b) == 5 and worst < 1e-3, (a, b)
+PY
+fi
+resume_check "resnet-8 (running statistics) on $dev" -- $psgd $rn --global-batch 16 --device $dev
+# Learning: Fashion-MNIST (Debian's dataset-fashion-mnist, or DTK_FASHION_MNIST naming a folder of
+# its idx files) on the GPU only: 200 steps of 128 images take minutes on a CPU. Else the
+# synthetic mixture on 1x4x4 images: its class means are independent per pixel, which a
+# convolutional net with global pooling does not pick out of 32x32 images in a few steps; on 4x4
+# its receptive field spans the image (60 steps: loss 2.47 -> 1.37 on the CPU).
+fm=${DTK_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+if [ "$dev" = cuda ] && [ -f $fm/train-images-idx3-ubyte.gz ] && $datapack mnist $fm/train-images-idx3-ubyte.gz $fm/train-labels-idx1-ubyte.gz -o fm-train.h5 >/dev/null 2>&1 \
+   && $datapack mnist $fm/t10k-images-idx3-ubyte.gz $fm/t10k-labels-idx1-ubyte.gz -o fm-test.h5 >/dev/null 2>&1; then
+  run $psgd --model resnet-8 --data fm-train.h5 --val-data fm-test.h5 --global-batch 128 --steps 200 --eval-every 0 \
+    --eval-batches 20 --optimizer sgd --nesterov --lr 0.05 --warmup 20 --log-level warn --device $dev --metrics rfm.jsonl
+  python3 - rfm.jsonl <<'PY' && ok "resnet-8 on Fashion-MNIST on $dev: over 75% test accuracy" || bad "resnet-8 Fashion-MNIST (exit $rc)" "$(cat $tmp/e)" "$(tail -1 rfm.jsonl)"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(f"resnet-8, 200 steps of 128: test accuracy {r['val_accuracy']:.4f}")
+assert r["step"] == 200 and r["val_accuracy"] > 0.75, r
+PY
+else
+  run $psgd $rn --input-shape 1,4,4 --global-batch 32 --steps 60 --device $dev --metrics rsyn.jsonl
+  python3 - rsyn.jsonl <<'PY' && ok "resnet-8 learns synthetic images on $dev" || bad "resnet-8 on synthetic images (exit $rc)" "$(cat $tmp/e)" "$(cat rsyn.jsonl | cut -c1-100)"
+import json, math, sys
+loss = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+first, last = sum(loss[:5]) / 5, sum(loss[-5:]) / 5
+print(f"resnet-8 on synthetic images: loss {first:.3f} -> {last:.3f}")
+assert len(loss) == 60 and all(math.isfinite(x) for x in loss) and last < 0.8 * first
+PY
+fi
+finish
