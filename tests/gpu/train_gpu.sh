@@ -33,66 +33,54 @@ close="--rtol 1e-4 --atol 1e-5"
 sham="--precondition-frequency 3 --max-preconditioner-dim 48 --shampoo-epsilon 1e-6"
 
 # ---- the ranks: one per GPU over NCCL, or 2 sharing the one GPU over MPI ----
-# The trainers' --backend (auto|mpi|nccl) is newer than some builds: without it, 2 ranks cannot
-# share one GPU (auto takes NCCL), and what needs that is left out.
-has_backend=0
-grep -q -- --backend <<<"$("$fsdp" --help 2>/dev/null)" && has_backend=1
 if [ "$ngpu" -ge 2 ]; then n=$ngpu backend=nccl; else n=2 backend=mpi; fi
 [ "$dev" = cpu ] && backend=mpi
 launch="$mpiexec -n $n"
-wire="" multi=1
-if [ $has_backend = 1 ]; then wire="--backend $backend"
-elif [ "$dev" = cuda ] && [ "$ngpu" = 1 ]; then multi=0
-fi
+wire="--backend $backend"
 
-if [ $multi = 0 ]; then
-  skip "$n ranks on one GPU: this build's trainers have no --backend"
-else
-  # fsdp-train: N shards (f32 gathers and reductions: the same sums as one rank, reordered).
-  run $fsdp $common $exact --steps 8 --save ref.h5
-  [ $rc = 0 ] || bad "fsdp-train on 1 rank (exit $rc)" "$(cat $tmp/e)"
-  run $launch $fsdp $common $exact $wire --steps 8 --save fs.ckpt --metrics f32.jsonl
-  [ $rc = 0 ] && run $si diff ref.h5 fs.ckpt model/ optim/ $close
-  [ $rc = 0 ] && ok "fsdp-train: $n shards over $backend == 1 rank" || bad "fsdp-train on $n ranks over $backend (exit $rc)" "$(cat $tmp/o $tmp/e)"
-  # HSDP: 2 replicas of N/2 shards (on 2 ranks: 2 replicas of 1).
-  if [ $((n % 2)) = 0 ]; then
-    run $launch $fsdp $common $exact $wire --steps 8 --replicate 2 --save hs.ckpt
-    [ $rc = 0 ] && run $si diff ref.h5 hs.ckpt model/ optim/ $close
-    [ $rc = 0 ] && ok "fsdp-train: HSDP --replicate 2 on $n ranks over $backend == 1 rank" || bad "HSDP on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
-  else skip "HSDP: $n ranks do not split into 2 replicas"; fi
-  # bf16 gathers (the default): the loss curve within 2% of f32's.
-  run $launch $fsdp $common $wire --steps 8 --metrics bf16.jsonl
-  [ $rc = 0 ] && python3 - bf16.jsonl f32.jsonl <<'PY' && ok "fsdp-train: bf16 gathers on $n ranks, losses within 2% of f32" || bad "fsdp-train bf16 on $n ranks (exit $rc)" "$(cat $tmp/e)"
+# fsdp-train: N shards (f32 gathers and reductions: the same sums as one rank, reordered).
+run $fsdp $common $exact --steps 8 --save ref.h5
+[ $rc = 0 ] || bad "fsdp-train on 1 rank (exit $rc)" "$(cat $tmp/e)"
+run $launch $fsdp $common $exact $wire --steps 8 --save fs.ckpt --metrics f32.jsonl
+[ $rc = 0 ] && run $si diff ref.h5 fs.ckpt model/ optim/ $close
+[ $rc = 0 ] && ok "fsdp-train: $n shards over $backend == 1 rank" || bad "fsdp-train on $n ranks over $backend (exit $rc)" "$(cat $tmp/o $tmp/e)"
+# HSDP: 2 replicas of N/2 shards (on 2 ranks: 2 replicas of 1).
+if [ $((n % 2)) = 0 ]; then
+  run $launch $fsdp $common $exact $wire --steps 8 --replicate 2 --save hs.ckpt
+  [ $rc = 0 ] && run $si diff ref.h5 hs.ckpt model/ optim/ $close
+  [ $rc = 0 ] && ok "fsdp-train: HSDP --replicate 2 on $n ranks over $backend == 1 rank" || bad "HSDP on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+else skip "HSDP: $n ranks do not split into 2 replicas"; fi
+# bf16 gathers (the default): the loss curve within 2% of f32's.
+run $launch $fsdp $common $wire --steps 8 --metrics bf16.jsonl
+[ $rc = 0 ] && python3 - bf16.jsonl f32.jsonl <<'PY' && ok "fsdp-train: bf16 gathers on $n ranks, losses within 2% of f32" || bad "fsdp-train bf16 on $n ranks (exit $rc)" "$(cat $tmp/e)"
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:])
 worst = max(abs(x / y - 1) for x, y in zip(a, b))
 print(f"bf16 against f32 gathers: worst relative loss difference {worst:.2e}")
 assert len(a) == len(b) == 8 and worst < 0.02, (a, b)
 PY
-  # shampoo-train: each rank preconditions its blocks, one all-gather of the directions.
-  run $shampoo $common $sham --steps 7 --save ws1.h5
-  [ $rc = 0 ] && run $launch $shampoo $common $sham $wire --steps 7 --save wsn.h5
-  # (inverse roots amplify the reordered sums: shampoo_train.sh's tolerance)
-  [ $rc = 0 ] && run $si diff ws1.h5 wsn.h5 model/ --rtol 1e-3 --atol 1e-4
-  [ $rc = 0 ] && ok "shampoo-train: $n ranks over $backend == 1 rank" || bad "shampoo-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
-  # psgd-train: plain all-reduce of the gradient buckets, and PowerSGD running.
-  run $psgd $common --compressor none --steps 8 --save p1.h5
-  [ $rc = 0 ] && run $launch $psgd $common $wire --compressor none --steps 8 --save pn.h5
-  [ $rc = 0 ] && run $si diff p1.h5 pn.h5 model/ optim/ $close
-  [ $rc = 0 ] && ok "psgd-train: all-reduce on $n ranks over $backend == 1 rank" || bad "psgd-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
-  run $launch $psgd $common $wire --compressor powersgd --steps 8 --metrics psgd.jsonl
-  [ $rc = 0 ] && [ "$(wc -l <psgd.jsonl)" = 8 ] && ok "psgd-train: PowerSGD on $n ranks over $backend" || bad "PowerSGD on $n ranks (exit $rc)" "$(cat $tmp/e)"
-fi
+# shampoo-train: each rank preconditions its blocks, one all-gather of the directions.
+run $shampoo $common $sham --steps 7 --save ws1.h5
+[ $rc = 0 ] && run $launch $shampoo $common $sham $wire --steps 7 --save wsn.h5
+# (inverse roots amplify the reordered sums: shampoo_train.sh's tolerance)
+[ $rc = 0 ] && run $si diff ws1.h5 wsn.h5 model/ --rtol 1e-3 --atol 1e-4
+[ $rc = 0 ] && ok "shampoo-train: $n ranks over $backend == 1 rank" || bad "shampoo-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+# psgd-train: plain all-reduce of the gradient buckets, and PowerSGD running.
+run $psgd $common --compressor none --steps 8 --save p1.h5
+[ $rc = 0 ] && run $launch $psgd $common $wire --compressor none --steps 8 --save pn.h5
+[ $rc = 0 ] && run $si diff p1.h5 pn.h5 model/ optim/ $close
+[ $rc = 0 ] && ok "psgd-train: all-reduce on $n ranks over $backend == 1 rank" || bad "psgd-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+run $launch $psgd $common $wire --compressor powersgd --steps 8 --metrics psgd.jsonl
+[ $rc = 0 ] && [ "$(wc -l <psgd.jsonl)" = 8 ] && ok "psgd-train: PowerSGD on $n ranks over $backend" || bad "PowerSGD on $n ranks (exit $rc)" "$(cat $tmp/e)"
 
 # NCCL refuses two ranks on one GPU: exit 2 on every rank, one line of error (Open MPI's own
 # banner about the exit code aside).
 if [ "$ngpu" = 1 ] && [ "$dev" = cuda ]; then
-  if [ $has_backend = 1 ]; then
-    run $mpiexec -n 2 $psgd $common --backend nccl --steps 2
-    lines=$(awk '/^-{20,}$/ { banner = !banner; next } !banner' "$tmp/e")
-    if [ $rc = 2 ] && [ "$(grep -c . <<<"$lines")" = 1 ] && grep -qi nccl <<<"$lines"; then ok "--backend nccl, 2 ranks on 1 GPU: exit 2, one line"
-    else bad "--backend nccl with 2 ranks on 1 GPU (exit $rc, want 2 and one line)" "$(cat $tmp/e)"; fi
-  else skip "--backend nccl refused on one GPU: this build's trainers have no --backend"; fi
+  run $mpiexec -n 2 $psgd $common --backend nccl --steps 2
+  lines=$(awk '/^-{20,}$/ { banner = !banner; next } !banner' "$tmp/e")
+  if [ $rc = 2 ] && [ "$(grep -c . <<<"$lines")" = 1 ] && grep -q 'NCCL needs a GPU per rank, but ranks 0 and 1' <<<"$lines"
+  then ok "--backend nccl, 2 ranks on 1 GPU: exit 2, one line"
+  else bad "--backend nccl with 2 ranks on 1 GPU (exit $rc, want 2 and one line)" "$(cat $tmp/e)"; fi
 fi
 
 # ---- resume: 20 steps == 10 steps, stop, resume, 10 steps; bit for bit ----
@@ -114,9 +102,7 @@ resume_check() {
 }
 resume_check "psgd-train (PowerSGD state) on $dev" -- $psgd $common --compressor powersgd
 resume_check "shampoo-train (factors, roots) on $dev" -- $shampoo $common $sham
-if [ $multi = 1 ]; then
-  resume_check "fsdp-train, sharded state on $n ranks over $backend" $launch $fsdp -- $common $wire
-fi
+resume_check "fsdp-train, sharded state on $n ranks over $backend" $launch $fsdp -- $common $wire
 
 # ---- resnet-8 on the GPU ----
 rn="--model resnet-8 --optimizer sgd --nesterov --lr 0.05 --log-level warn --eval-every 0"
