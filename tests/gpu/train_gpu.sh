@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Training on the GPU end to end (ctest -L gpu; scripts/gpu-check runs it too). Skipped without a GPU.
+# Training on the GPU end to end (ctest -L gpu; scripts/gpu-check runs it too). Skipped without a
+# GPU (exit 77, which ctest reports as skipped).
 #   - several ranks: with 2 GPUs or more, N = one rank per GPU over NCCL; with one GPU, 2 ranks
 #     sharing it over --backend mpi (staging through host memory), and --backend nccl refused
 #     there (exit 2, one line: NCCL cannot put two ranks on one GPU). fsdp-train with N shards,
@@ -19,7 +20,7 @@ dev=${DTK_GPU_CHECK_DEVICE:-cuda}
 if [ "$dev" = cpu ]; then ngpu=1
 else ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 fi
-if [ "$ngpu" = 0 ]; then echo "skipped: no GPU"; exit 0; fi
+if [ "$ngpu" = 0 ]; then echo "skipped: no GPU"; exit 77; fi  # ctest: SKIP_RETURN_CODE
 . "$(dirname "$0")/../tools/train_lib.sh"
 psgd=$bin/psgd-train/psgd-train shampoo=$bin/shampoo-train/shampoo-train fsdp=$bin/fsdp-train/fsdp-train
 si=$bin/shard-inspect/shard-inspect datapack=$bin/data-pack/data-pack
