@@ -86,7 +86,7 @@ usage "add --device cuda" --backend nccl
 # GPU of its own, else MPI staging).
 $bench --version >"$tmp/v" 2>&1
 if grep -q 'GPUs visible: 0' "$tmp/v"; then
-  usage "no GPU\|without CUDA" --device cuda
+  usage "sees no GPU\|without the CUDA backend" --device cuda
 else
   gpus=$(sed -n 's/.*GPUs visible: \([0-9]*\).*/\1/p' "$tmp/v")
   backend=mpi; [ "$n" -le "$gpus" ] && backend=auto

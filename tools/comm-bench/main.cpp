@@ -96,9 +96,7 @@ cli::Program program(Args& a) {
     else if (a.time == "max") o.agg = bench::TimeAgg::max;
     else fail_usage("unknown --time '" + a.time + "' (expected mean, min or max)");
 
-    if (o.device.is_cuda() && cuda::device_count() == 0)
-      fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU"
-                                  : "--device cuda: this comm-bench was built without CUDA");
+    if (o.device.is_cuda()) cuda::require_gpu();
     if (o.backend == comm::Backend::nccl) {
       if (!o.device.is_cuda()) fail_usage("--backend nccl moves GPU buffers: add --device cuda");
 #ifndef DTK_HAVE_NCCL

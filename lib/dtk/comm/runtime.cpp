@@ -178,11 +178,8 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
 
 Device Runtime::bind_device(Device d) {
   if (!d.is_cuda()) return d;
-  const int n = cuda::device_count();
-  if (n == 0)
-    fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU"
-                                : "--device cuda: this dtk was built without CUDA");
-  const Device g = Device::cuda(local_rank_ % n);
+  cuda::require_gpu();
+  const Device g = Device::cuda(local_rank_ % cuda::device_count());
   cuda::set_device(g.index);
   return g;
 }

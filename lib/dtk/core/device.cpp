@@ -24,4 +24,10 @@ Device parse_device(std::string_view s) {
   fail_usage("unknown device '" + std::string(s) + "' (expected cpu, cuda or cuda:N)");
 }
 
+void cuda::require_gpu() {
+  if (device_count() > 0) return;
+  fail_usage(compiled() ? "--device cuda: this rank sees no GPU"
+                        : "--device cuda: this dtk was built without the CUDA backend");
+}
+
 }  // namespace dtk

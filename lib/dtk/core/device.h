@@ -31,6 +31,9 @@ bool compiled();      // this build has the CUDA backend
 // visible: 0".
 std::string describe();
 int device_count();   // 0 without a GPU or without the CUDA backend
+// For --device cuda: a UsageError saying why this process has no GPU to use (no CUDA backend in
+// the build, or none visible), else nothing.
+void require_gpu();
 void set_device(int index);
 int current_device();
 std::string device_name(int index);

@@ -171,8 +171,7 @@ Options validate(Options o, int world_size) {
       fail_usage("{} {} is not before --steps {}: that decay would never apply", decay, o.decay_steps[i], o.steps);
   }
   const Device d = parse_device(o.device);
-  if (d.is_cuda() && cuda::device_count() == 0)
-    fail_usage(cuda::compiled() ? "--device cuda: this rank sees no GPU" : "--device cuda: built without CUDA");
+  if (d.is_cuda()) cuda::require_gpu();
   if (o.backend == comm::Backend::nccl && !d.is_cuda())
     fail_usage("--backend nccl moves GPU buffers: add --device cuda");
   if (o.stop_at > o.steps)

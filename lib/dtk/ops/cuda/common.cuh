@@ -20,7 +20,6 @@
 namespace dtk::ops::cuda::kern {
 
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(dtk::cuda::current_stream().handle); }
-inline Stream current() { return dtk::cuda::current_stream(); }  // for the host's waits (stream_synchronize)
 
 // After each launch: a bad configuration or an earlier asynchronous fault surfaces here, named.
 inline void check_launch(const char* kernel) {

@@ -193,7 +193,7 @@ int64_t count_nonfinite(const Tensor& a) {
   check_launch("count_nonfinite");
   unsigned long long host = 0;
   check_cuda(cudaMemcpyAsync(&host, c, sizeof(host), cudaMemcpyDeviceToHost, stream()), "count_nonfinite: copy");
-  dtk::cuda::stream_synchronize(current(), "count_nonfinite's result");
+  dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "count_nonfinite's result");
   return static_cast<int64_t>(host);
 }
 
