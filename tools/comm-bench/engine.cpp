@@ -274,6 +274,9 @@ class Engine {
     std::printf("# %d iterations after %d warm-up, %d checked; time is the %s over ranks\n", o_.iters, o_.warmup,
                 o_.check, o_.agg == TimeAgg::mean ? "mean" : o_.agg == TimeAgg::min ? "min" : "max");
     for (size_t r = 0; r < names.size(); ++r) std::printf("#   rank %2zu: %s\n", r, names[r].c_str());
+    if (params_.nranks == 1)
+      std::printf("# one rank: nothing crosses a link, so busbw (algbw x bus factor, 0 for n = 1) is 0; run with "
+                  "more ranks to measure the network\n");
   }
 
   static void print_columns() {

@@ -36,9 +36,9 @@ cli::Program program(Args& a) {
     cli::add_shampoo_options(app, o, false);
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
-                  {DType::bf16, DType::f32})->group(g);
+                  {DType::bf16, DType::f32})->group("Precision");
     cli::add_enum(app, "--reduce-dtype", c.reduce_dtype, "gradients reduce-scattered in this precision",
-                  {DType::f32, DType::bf16})->group(g);
+                  {DType::f32, DType::bf16})->group("Precision");
     cli::add_enum(app, "--reshard-after-forward", c.reshard_after_forward,
                   "free gathered parameters after forward and gather again in backward: default (every bucket but "
                   "the last), always or never")->group(g);
@@ -51,7 +51,7 @@ cli::Program program(Args& a) {
                   "auto: the largest gathered bucket (default: twice the largest block's)")->group(g);
     app.add_flag("--print-plan", c.print_plan,
                  "print the bucket plan as JSON with its predicted exposed communication (after calibrating the "
-                 "collectives and timing two steps), then exit")->group(g);
+                 "collectives and timing two steps), then exit; checkpoint options are ignored")->group(g);
     app.add_option("--replicate", c.replicate, "HSDP: R groups of N/R ranks, sharded within, replicated across")
         ->group(g)->check(cli::at_least(1));
     app.add_flag("--no-overlap", a.no_overlap, "issue every collective when needed and wait at once (the baseline)")
@@ -61,12 +61,17 @@ cli::Program program(Args& a) {
                  "step (fewer collectives; every rank holds the whole model's gradient, as DDP does)")->group(g);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
-    train::Options o = train::validate(a.train, rt.size());
+    train::Options t = a.train;
+    if (a.fsdp.print_plan) {  // nothing is trained or saved: a job's checkpoint options (its --config's) stay idle
+      t.checkpoint_dir.clear();
+      t.save.clear();
+      t.checkpoint_every = t.stop_at = 0;
+      t.auto_resume = false;
+    }
+    train::Options o = train::validate(t, rt.size());
     parallel::FsdpConfig c = a.fsdp;
     c.overlap = !a.no_overlap;
     parallel::validate(c, rt.size());
-    if (c.print_plan && (!o.checkpoint_dir.empty() || !o.save.empty()))
-      fail_usage("--print-plan exits before training; leave out --checkpoint-dir and --save");
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
     // unless --metrics names a file).
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";

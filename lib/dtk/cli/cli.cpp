@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "dtk/cli/checks.h"
+#include "dtk/cli/parse.h"
 #include "dtk/core/error.h"
 
 #ifndef DTK_VERSION
@@ -58,27 +59,6 @@ int guarded(F&& f, std::string& message, bool* agreed = nullptr) {
   }
 }
 
-// The one line that says what a parse error was, and whether --help would tell more. A value
-// that broke a rule of checks.h: CLI11's "--steps: must be at least 1" as the sentence "--steps
-// must be at least 1". A --config file that is missing, or holds what no option takes: the file
-// named. Other errors as CLI11 says them (an unknown option: --help lists the options).
-std::pair<std::string, bool> parse_error(const CLI::App& app, const CLI::ParseError& e) {
-  std::string m = e.what();
-  if (dynamic_cast<const CLI::ValidationError*>(&e)) {
-    if (const size_t k = m.find(": must "); k != std::string::npos) return {m.erase(k, 1), false};
-  }
-  const CLI::Option* config = app.get_config_ptr();
-  const bool file_error = dynamic_cast<const CLI::FileError*>(&e) != nullptr;
-  if (config && config->count() > 0 && (file_error || dynamic_cast<const CLI::ConfigError*>(&e))) {
-    const std::string file = "--config " + config->results().back() + ": ";
-    if (file_error) return {file + "no such file, or it cannot be read", false};
-    const std::string extra = "INI was not able to parse ";  // CLI::ConfigError::Extras
-    if (m.rfind(extra, 0) == 0) return {file + "no option --" + m.substr(extra.size()), false};
-    return {file + m, false};
-  }
-  return {m, true};
-}
-
 }  // namespace
 
 std::string version_string(const std::string& program) {
@@ -101,7 +81,10 @@ int main(int argc, char** argv, const Program& p) {
   CLI::App app{p.description, p.name};
   app.footer(p.footer);
   app.set_version_flag("--version", std::function<std::string()>([&p] { return version_string(p.name) + "\n" + build_info(); }));
-  app.set_config("--config", "", "read options from a TOML or INI file (CLI11 config format)");
+  app.set_config("--config", "", "read options from a TOML file: one long option per line without its dashes, "
+                 "`steps = 300`; options on the command line win (*.ini: CLI11's INI format)");
+  const auto toml_config = std::make_shared<TomlConfig>(&app);
+  app.config_formatter(toml_config);
   app.allow_config_extras(CLI::config_extras_mode::error);  // a key that no option takes is a mistake
   app.option_defaults()->always_capture_default();
   // A repeated option takes its last value, as in most Unix tools (a script can override a default).
@@ -117,14 +100,24 @@ int main(int argc, char** argv, const Program& p) {
       ->group("Common");
   if (p.add_options) p.add_options(app);
 
+  const std::vector<std::string> args(argv + 1, argv + argc);
   try {
+    // CLI11 picks its reader before it reads: a *.ini file gets its INI reader.
+    for (size_t i = 0; i < args.size(); ++i)
+      if ((args[i] == "--config" && i + 1 < args.size() && args[i + 1].ends_with(".ini")) ||
+          (args[i].starts_with("--config=") && args[i].ends_with(".ini")))
+        app.config_formatter(std::make_shared<CLI::ConfigINI>());
     app.parse(argc, argv);
+    // CLI11 lets a config file's array give fewer values than an option takes (input-shape = [1, 2]).
+    for (const CLI::Option* o : app.get_options())
+      if (const int n = o->get_expected_min(); n > 1 && o->count() > 0 && o->results().size() % static_cast<size_t>(n))
+        throw CLI::ArgumentMismatch(o->get_name(), n, o->results().size());
   } catch (const CLI::ParseError& e) {
     // Every rank parses the same arguments; rank 0 speaks. --help and --version exit 0.
     if (rank == 0) {
       if (e.get_exit_code() == 0)
         app.exit(e);
-      else if (const auto [line, help] = parse_error(app, e); help)
+      else if (const auto [line, help] = parse_error_line(app, e, args, toml_config.get()); help)
         std::fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", p.name.c_str(), line.c_str());
       else
         std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), line.c_str());

@@ -1,10 +1,94 @@
 #include "dtk/cli/train_options.h"
 
+#include <algorithm>
+#include <charconv>
+
 #include "dtk/cli/checks.h"
 #include "dtk/nn/model.h"
 #include "dtk/train/metrics.h"
 
 namespace dtk::cli {
+namespace {
+
+// The options that define a run, which a resumed run keeps from its checkpoint unless they are
+// given again: every option of these groups, and --sync-batchnorm. The model's sizes are the
+// checkpoint's anyway (train::resolve_model); where and how the run executes (--device,
+// --threads, outputs, evaluation, --stop-at) is each command line's own.
+constexpr std::string_view kRunGroups[] = {"Data", "Optimization", "Shampoo", "Compression", "Precision"};
+
+bool kept_on_resume(const CLI::Option& opt) {
+  const std::string name = opt.get_name();
+  if (name == "--stop-at") return false;
+  if (name == "--sync-batchnorm") return true;
+  return std::find(std::begin(kRunGroups), std::end(kRunGroups), opt.get_group()) != std::end(kRunGroups);
+}
+
+// Two values of an option as typed: the same number however written (3e-4, 0.0003), else the
+// same text.
+bool same_value(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double x = 0, y = 0;
+    const auto [pa, ea] = std::from_chars(a[i].data(), a[i].data() + a[i].size(), x);
+    const auto [pb, eb] = std::from_chars(b[i].data(), b[i].data() + b[i].size(), y);
+    const bool numbers = ea == std::errc() && eb == std::errc() && pa == a[i].data() + a[i].size() &&
+                         pb == b[i].data() + b[i].size();
+    if (numbers ? x != y : a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// The value an option has when not given: its default, "false" for a flag.
+std::vector<std::string> default_value(const CLI::Option& opt) {
+  if (opt.get_expected_min() == 0) return {"false"};
+  const std::string d = opt.get_default_str();
+  if (d.empty() || d == "[]") return {};
+  return {d};
+}
+
+// After parsing: a resumed run takes the checkpoint's run options that are not given again (as
+// if they were), and every option given again with another value is listed in
+// o.resume_changes; then o.run_options records the run's options for its checkpoints.
+void keep_checkpoint_options(CLI::App& app, train::Options& o) {
+  nlohmann::json then;
+  try {
+    then = train::resumed_run_options(o);
+  } catch (const std::exception&) {
+    then = nullptr;  // a checkpoint that cannot be read: validation says so
+  }
+  if (then.is_object()) {
+    for (CLI::Option* opt : app.get_options()) {
+      if (!kept_on_resume(*opt)) continue;
+      const std::string name = opt->get_name();
+      const auto it = then.find(name);
+      const std::vector<std::string> before =
+          it != then.end() ? it->get<std::vector<std::string>>() : default_value(*opt);
+      if (opt->count() > 0) {
+        if (!same_value(opt->results(), before))
+          o.resume_changes.push_back({name, joined(opt->results()), before.empty() ? "unset" : joined(before)});
+        continue;
+      }
+      if (it == then.end()) continue;
+      // Not over an option given now that excludes it (--steps given again, the run had --epochs).
+      const auto ex = opt->get_excludes();
+      if (std::any_of(ex.begin(), ex.end(), [](const CLI::Option* x) { return x->count() > 0; })) continue;
+      opt->clear();
+      opt->add_result(before);
+      opt->run_callback();
+    }
+  }
+  o.run_options = nlohmann::json::object();
+  for (const CLI::Option* opt : app.get_options())
+    if (kept_on_resume(*opt) && opt->count() > 0) o.run_options[opt->get_name()] = opt->results();
+}
+
+}  // namespace
 
 void add_options(CLI::App& app, train::Options& o) {
   const char* g = "Model";
@@ -102,19 +186,26 @@ void add_options(CLI::App& app, train::Options& o) {
   app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(cli::at_least(1));
   app.add_option("--log-every", o.log_every, "a log line every K steps when stderr is not a terminal")
       ->group(g)->check(cli::at_least(1));
-  app.add_option("--metrics", o.metrics, "JSON-lines metrics file (- for stdout)")->group(g);
+  app.add_option("--metrics", o.metrics,
+                 "JSON-lines metrics file (- for stdout, which then carries nothing else). An existing file is "
+                 "refused, unless the run resumes: then its lines up to the checkpoint's step are kept and the "
+                 "run's follow")->group(g);
+  app.add_flag("--metrics-append", o.metrics_append, "add to an existing --metrics file as it is")->group(g);
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
   app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
       ->group(g)->check(cli::at_least(0));
   app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
   app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
   auto* r = app.add_option("--resume", o.resume,
-                           "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest)")->group(g);
+                           "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest): the "
+                           "options of groups Data, Optimization, Shampoo, Compression and Precision are the "
+                           "checkpoint's unless given again (a warning names those that differ)")->group(g);
   auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
   r->excludes(i);
   app.add_flag("--auto-resume", o.auto_resume,
                "continue from --checkpoint-dir's latest checkpoint when it has one (over --init-from), else start "
                "as asked: a job can be resubmitted or requeued unchanged")->group(g)->excludes(r);
+  app.final_callback([&app, &o] { keep_checkpoint_options(app, o); });
 }
 
 std::string metrics_help(train::MetricSource added) {

@@ -214,8 +214,10 @@ class ClassFile final : public FileDataset {
       fail_usage(p + ": the images are " + shape_str(chw_) + " (C, H, W), but the model's input_shape is " +
                  shape_str(m.input_shape));
     if (d_ != m.sample_numel())
-      fail_usage("{}: a sample of `{}` {} has {} values, but the model takes {} ({})", p, name, dims_str(arr_.dims), d_,
-                 m.sample_numel(), m.arch == "mlp" ? "its input_dim" : "its input_shape");
+      fail_usage("{}: a sample of `{}` {} has {} values, but the model takes {} ({}); {}", p, name, dims_str(arr_.dims),
+                 d_, m.sample_numel(), m.arch == "mlp" ? "its input_dim" : "its input_shape",
+                 m.arch == "mlp" ? fmt::format("add --input-dim {} to fit the data", d_)
+                                 : "--input-shape C,H,W sets the model's (default: the images' own)");
 
     if (!exists(file_, "labels")) fail_usage(p + ": the dataset `labels` is missing");
     Array lab = open_array(file_, "labels", p);
@@ -227,7 +229,8 @@ class ClassFile final : public FileDataset {
     if (int_attr(file_, lab.dset, "classes", &attr_classes, p)) {
       if (attr_classes < 1) fail_usage("{}: the attribute classes ({}) is not positive", p, attr_classes);
       if (attr_classes > m.classes)
-        fail_usage("{}: the file has {} classes, but the model has {}", p, attr_classes, m.classes);
+        fail_usage("{}: the file has {} classes, but the model has {}; add --classes {} to fit the data", p, attr_classes,
+                   m.classes, attr_classes);
       classes_ = attr_classes;
     }
     // The labels, read in bounded chunks and checked.

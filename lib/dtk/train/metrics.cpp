@@ -4,18 +4,60 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <spdlog/spdlog.h>
 
 #include "dtk/core/error.h"
 
 namespace dtk::train {
 
-Metrics::Metrics(const std::string& path, bool active) {
+namespace {
+
+// Keeps the lines of `path` up to step `after` (and any line without a step): written beside it
+// and renamed over it, so that a failure leaves it as it was.
+void keep_until(const std::string& path, int64_t after) {
+  std::ifstream in(path);
+  if (!in) return;  // none yet
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > after) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped == 0) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      fail("--metrics " + path + ": cannot write " + tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    fail("--metrics " + path + ": " + std::strerror(err));
+  }
+  spdlog::info("--metrics {}: continued after step {}; {} line(s) of later steps removed (this run writes them again)",
+               path, after, dropped);
+}
+
+}  // namespace
+
+Metrics::Metrics(const std::string& path, bool active, int64_t after) {
   if (!active) return;
   if (path == "-") {
     f_ = stdout;
   } else {
+    if (after >= 0) keep_until(path, after);
     f_ = std::fopen(path.c_str(), "a");
     if (!f_) fail_usage("--metrics " + path + ": " + std::strerror(errno));
     own_ = true;

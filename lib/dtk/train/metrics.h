@@ -53,7 +53,9 @@ inline constexpr MetricKey kMetricKeys[] = {
 
 class Metrics {
  public:
-  Metrics(const std::string& path, bool active);  // path "-": stdout
+  // path "-": stdout. A file is appended to; with `after` >= 0 it first loses the lines of steps
+  // after `after` (a resumed run writes them again), replaced atomically.
+  Metrics(const std::string& path, bool active, int64_t after = -1);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

@@ -59,6 +59,10 @@ std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtim
   return {std::max(1, node / ranks), fmt::format("{} cores shared by {} rank(s) on this node", node, ranks)};
 }
 
+// Options that shape the state a checkpoint holds: a resume cannot change them.
+constexpr std::string_view kStateOptions[] = {"--optimizer", "--compressor", "--rank", "--max-preconditioner-dim",
+                                              "--factor-dtype", "--no-error-feedback", "--error-mode"};
+
 }  // namespace
 
 nn::ModelConfig resolve_model(const Options& o) {
@@ -185,7 +189,14 @@ Options validate(Options o, int world_size) {
   // --metrics, only after validation.
   if (!o.checkpoint_dir.empty()) check_output_dir("--checkpoint-dir", o.checkpoint_dir);
   if (!o.save.empty()) check_output_file("--save", o.save);
-  if (o.metrics != "-") check_output_file("--metrics", o.metrics);
+  if (o.metrics != "-") {
+    check_output_file("--metrics", o.metrics);
+    std::error_code ec;
+    if (fs::is_regular_file(o.metrics, ec) && fs::file_size(o.metrics, ec) > 0 && !o.metrics_append &&
+        resume_from(o).empty())
+      fail_usage("--metrics {}: the file exists (another run's metrics?); --metrics-append adds to it, or remove it",
+                 o.metrics);
+  }
   if (o.auto_resume && o.checkpoint_dir.empty()) fail_usage("--auto-resume needs --checkpoint-dir");
   if (const std::string resume = resume_from(o); !resume.empty()) {
     ckpt::Reader r(checkpoint_path(resume));
@@ -193,6 +204,12 @@ Options validate(Options o, int world_size) {
     if (r.metadata().step > stop)
       fail_usage("--resume {} is at step {}, beyond {} {}; raise it to train further", resume, r.metadata().step,
                  o.stop_at > 0 ? "--stop-at" : "--steps", stop);
+    // Options given again that the checkpoint's state cannot follow (its tensors would not fit).
+    for (const Options::Change& c : o.resume_changes)
+      if (std::find(std::begin(kStateOptions), std::end(kStateOptions), c.option) != std::end(kStateOptions))
+        fail_usage("{} {} differs from the checkpoint's {} ({}): the optimizer and compressor state it holds cannot "
+                   "follow; leave {} out to resume, or start a new run from its weights with --init-from",
+                   c.option, c.value, c.checkpoint_value, resume, c.option);
   }
   return o;
 }
@@ -203,6 +220,13 @@ std::string resume_from(const Options& o) {
   if (!o.resume.empty() || !o.auto_resume || o.checkpoint_dir.empty()) return o.resume;
   if (!fs::is_directory(o.checkpoint_dir) || !ckpt::Directory(o.checkpoint_dir, 1).latest()) return "";
   return o.checkpoint_dir;
+}
+
+nlohmann::json resumed_run_options(const Options& o) {
+  const std::string from = resume_from(o);
+  if (from.empty()) return nullptr;
+  const nlohmann::json extra = ckpt::Reader(checkpoint_path(from)).metadata().extra;
+  return extra.is_object() ? extra.value("run_options", nlohmann::json()) : nlohmann::json();
 }
 
 optim::ShampooConfig shampoo_config(const Options& o) {
@@ -286,7 +310,8 @@ class Trainer {
 
   int run() {
     describe();
-    Metrics metrics(o_.metrics, rank_ == 0);
+    // A resumed run continues its metrics file after the checkpoint's step (--metrics-append: as it is).
+    Metrics metrics(o_.metrics, rank_ == 0, resumed_ && !o_.metrics_append ? start_step_ : -1);
     Progress progress(rank_ == 0, o_.steps, o_.log_every);
     const int64_t items_per_sample = cfg_.arch == "llama" ? cfg_.seq_len : 1;
     const int64_t stop = last_step(o_);
@@ -332,7 +357,7 @@ class Trainer {
         const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
         agreed(rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
-        if (rank_ == 0) std::printf("%s\n", p.c_str());
+        written(p);
       }
       if (stopping) {
         end = step + 1;
@@ -343,7 +368,7 @@ class Trainer {
     if (!o_.save.empty()) {
       const comm::watchdog::Patient writing;
       save(o_.save, end);
-      if (rank_ == 0) std::printf("%s\n", o_.save.c_str());
+      written(o_.save);
     }
     std::fflush(stdout);
     if (end == stop) return 0;
@@ -355,6 +380,14 @@ class Trainer {
   }
 
  private:
+  // A checkpoint written: its path on stdout for pipelines (| xargs shard-inspect ...), unless the
+  // metrics go there: stdout then carries them alone, and the path is logged.
+  void written(const fs::path& p) const {
+    if (rank_ != 0) return;
+    if (o_.metrics == "-") spdlog::info("checkpoint written: {}", p.string());
+    else std::printf("%s\n", p.c_str());
+  }
+
   // The host waits for the GPU (watched) where the loop reads its clock: the step's times are
   // the device's, not the launches'.
   void wait_device(const char* what) const {
@@ -515,6 +548,7 @@ class Trainer {
     m.extra = {{"program_config", s_.config}};
     if (compressor_) m.extra["compressor"] = nullptr;
     m.extra["state_ranks"] = state_rank().second;  // whose per-rank state this is (ckpt::load_state)
+    m.extra["run_options"] = o_.run_options;        // what a resume keeps (cli::add_options)
     sync_buffers();
     if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
     // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
@@ -542,7 +576,29 @@ class Trainer {
     ckpt::Reader r(path);
     const auto& meta = r.metadata();
     auto entries = state_entries();
-    if (!load(r, entries)) {
+    // Every rank loads its part; a checkpoint whose state does not fit this run (another
+    // program's, or other options') ends every rank with the same line (exit 2).
+    bool complete = true;
+    std::string err;
+    try {
+      complete = load(r, entries);
+    } catch (const std::exception& e) {
+      err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
+                        "or take its weights only with --init-from",
+                        e.what(), meta.program, meta.optim_config.value("name", std::string("?")),
+                        meta.extra.contains("compressor") ? " and a compressor" : "");
+    }
+    if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 2);
+    if (rank_ == 0 && !o_.resume_changes.empty()) {
+      std::string list;
+      for (const Options::Change& c : o_.resume_changes)
+        list += fmt::format("{}{} {} (the checkpoint's: {})", list.empty() ? "" : ", ", c.option, c.value, c.checkpoint_value);
+      spdlog::warn("resuming with options that differ from the checkpoint's: {}", list);
+    } else if (rank_ == 0 && !meta.extra.contains("run_options")) {
+      spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
+                   path.string());
+    }
+    if (!complete) {
       const int64_t before = meta.extra.value("state_ranks", meta.world_size);
       if (sharded()) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
         optim_ = make_optimizer();
@@ -555,10 +611,7 @@ class Trainer {
       }
     }
     start_step_ = meta.step;
-    const auto& dp = meta.data_position;
-    if (dp.value("global_batch", o_.global_batch) != o_.global_batch || dp.value("seed", o_.seed) != o_.seed)
-      spdlog::warn("{}: --global-batch or --seed differ from the checkpoint's ({}, {}): the data order changes",
-                   path.string(), dp.value("global_batch", int64_t{0}), dp.value("seed", uint64_t{0}));
+    resumed_ = true;
     spdlog::info("resuming from {} at step {}", path.string(), start_step_);
   }
 
@@ -598,6 +651,7 @@ class Trainer {
   std::unique_ptr<parallel::Parallelism> par_;
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;
+  bool resumed_ = false;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
   std::vector<int64_t> image_shape_;  // C, H, W of the training images (--augment)
   double accuracy_ = NAN;          // the last step's training accuracy (classifiers)

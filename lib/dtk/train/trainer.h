@@ -67,12 +67,26 @@ struct Options {
   // evaluation, output, checkpoints
   int64_t eval_every = 50, eval_batches = 4, log_every = 10;
   std::string metrics = "-";
+  bool metrics_append = false;  // add to an existing --metrics file (else refused, or continued on resume)
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep = 3;
   std::string save, resume, init_from;
   bool auto_resume = false;  // resume from checkpoint_dir's latest when it has one
+  // The options that define the run (kept_on_resume) as given, {"--lr": ["3e-4"], ...}, the
+  // checkpoint's included when resuming: saved in checkpoints (cli::add_options fills it).
+  nlohmann::json run_options = nlohmann::json::object();
+  // Options given again on resume whose values differ from the checkpoint's.
+  struct Change {
+    std::string option, value, checkpoint_value;
+  };
+  std::vector<Change> resume_changes;
 };
+
+// Resuming: the options given when the checkpoint's run began (Options::run_options, saved in
+// its metadata), null when there is no checkpoint to resume or it predates the record. Reads
+// the checkpoint; throws as validate would on a bad one.
+nlohmann::json resumed_run_options(const Options& o);
 
 // Checks the options (UsageError naming the option) and returns the resolved model config.
 nn::ModelConfig resolve_model(const Options& o);
