@@ -26,7 +26,7 @@ check "the watchdog runs the expiry hook" 1 30 "the expiry hook ran" $mpiexec -n
 check "waits on two threads: no false hang" 0 30 "" $mpiexec -n 2 $prog --mode overlapping-waits --comm-timeout 0.5
 check "usage error on one rank" 2 30 "last rank only" $mpiexec -n 2 $prog --mode usage-on-one
 check "failure on one rank" 1 30 "a failure on the last rank only" $mpiexec -n 2 $prog --mode fail-on-one
-check "bad option" 2 30 "Run with --help" $mpiexec -n 2 $prog --mode ok --no-such-option
+check "bad option" 2 30 "unknown option --no-such-option (see --help)" $mpiexec -n 2 $prog --mode ok --no-such-option
 check "singleton" 0 30 "" $prog --mode ok
 check "srun without PMI" 2 30 "mpi=pmix" env SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=4 SLURM_NTASKS=4 $prog --mode ok
 [ $fails = 0 ] && echo "11 passed, 0 failed" || { echo "$((11-fails)) passed, $fails failed"; exit 1; }

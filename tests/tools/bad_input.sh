@@ -36,6 +36,16 @@ every_rank() {
   else bad "$name (exit $rc, $said of 2 ranks said '$msg')" "$(cat "$tmp/o" "$tmp/e")"; fi
 }
 
+# A command line or --config error under mpiexec -n 2: exit 2 and rank 0's one line, once (every
+# rank parses the same arguments), nothing aborted.
+launched() {
+  local name=$1 msg=$2; shift 2
+  run $mpiexec -n 2 "$@"
+  if [ $rc = 2 ] && [ "$(grep -cF -- "$msg" "$tmp/e")" = 1 ] && ! grep -qE "MPI_ABORT|exited on signal|[Kk]illed" "$tmp/e" \
+     && [ ! -s "$tmp/o" ]; then ok "$name"
+  else bad "$name (exit $rc, want 2 and '$msg' once)" "$(cat "$tmp/o" "$tmp/e")"; fi
+}
+
 # ---- data files: a features file made with HDF5's h5import (samples of D floats, labels) ----
 # features_file OUT N D BAD_SAMPLE BAD_COLUMN VALUE (BAD_SAMPLE -1: all finite; "nolabels": no labels)
 features_file() {
@@ -148,13 +158,49 @@ one_line "--val-data not HDF5" "text.h5: not an HDF5 file" $psgd $mlp --data goo
 one_line "--val-data truncated" "trunc.h5: not an HDF5 file, or a damaged one" $psgd $mlp --data good.h5 --val-data trunc.h5
 every_rank "--val-data truncated, every rank" psgd-train "trunc.h5: not an HDF5 file" $psgd $mlp --data good.h5 --val-data trunc.h5
 one_line "--config missing" "--config nothere.toml: no such file" $psgd --config nothere.toml
+# A --config file is TOML read strictly: whatever does not parse or fit names the file, the line
+# and the key (CLI11's own reader trained `steps = [1,` as one step).
 printf 'stepz = 3\n' > extra.toml
-one_line "--config with an unknown option" "--config extra.toml: no option --stepz" $psgd --config extra.toml
+one_line "--config with an unknown option" "--config extra.toml, line 1: stepz = 3: no option --stepz; did you mean steps?" $psgd --config extra.toml
 printf '[unterminated\nsteps 3\n' > bad.toml
-one_line "--config malformed" "--config bad.toml: no option --" $psgd --config bad.toml
+one_line "--config malformed" "--config bad.toml, line 1, column 14: not TOML" $psgd --config bad.toml
+printf 'lr = 3e-4\nsteps = [1,\n' > open.toml
+one_line "--config with an open array" "--config open.toml, line 2, column 13: not TOML" $psgd --config open.toml
+launched "--config with an open array, 2 ranks" "--config open.toml, line 2" $psgd --config open.toml
 printf 'lr = [0.1\n' > badval.toml
-one_line "--config with a malformed value" "psgd-train: error: --lr must be" $psgd --config badval.toml
+one_line "--config with a malformed value" "--config badval.toml, line 1" $psgd --config badval.toml
+printf '# a job\nsteps = "abc"\n' > text.toml
+one_line "--config with text for a number" "--config text.toml, line 2: steps = 'abc': --steps must be a finite number" \
+  $psgd --config text.toml
+launched "--config with text for a number, 2 ranks" "--config text.toml, line 2: steps = 'abc'" $psgd --config text.toml
+printf 'steps = 1.5\n' > frac.toml
+one_line "--config with a fraction for a count" "--config frac.toml, line 1: steps = 1.5: --steps must be a whole number" \
+  $psgd --config frac.toml
+printf 'model = llama-tiny\n' > bare.toml
+one_line "--config with unquoted text" '(text needs quotes: model = "llama-tiny")' $psgd --config bare.toml
+printf 'model = "resnet-8"\ninput-shape = [1, 28]\n' > short.toml
+one_line "--config with too few values" "--config short.toml, line 2: input-shape = [ 1, 28 ]: Expected exactly 3" \
+  $psgd --config short.toml
+printf '[train]\nsteps = 3\n' > section.toml
+one_line "--config with a section" "--config section.toml, line 1: [train]: no subcommand train" $psgd --config section.toml
 printf 'steps = 0\n' > zero.toml
-one_line "--config breaking a rule" "psgd-train: error: --steps must be at least 1" $psgd --config zero.toml
+one_line "--config breaking a rule" "psgd-train: error: --config zero.toml, line 1: steps = 0: --steps must be at least 1" \
+  $psgd --config zero.toml
+printf 'steps = 2\n' > good.toml
+one_line "a value on the command line is its own" "psgd-train: error: --steps must be at least 1" \
+  $psgd --config good.toml --steps 0
+cp good.toml job.ini
+run $psgd --config job.ini --stop-at 1 --save ini.h5 --log-level warn
+[ $rc = 0 ] && [ -f ini.h5 ] && ok "an .ini file is read by CLI11's INI reader" || bad "--config job.ini (exit $rc)" "$(cat "$tmp/e")"
+
+# ---- 5. option and subcommand names ----
+one_line "an option typo names the closest option" "psgd-train: error: unknown option --step; did you mean --steps?" \
+  $psgd --step 5
+one_line "an unknown option" "psgd-train: error: unknown option --frobnicate" $psgd --frobnicate
+one_line "an unknown subcommand" "shard-inspect: error: unknown subcommand 'lst'; did you mean ls?" $si lst x.h5
+one_line "a subcommand typo in data-pack" "data-pack: error: unknown subcommand 'mnits'; did you mean mnist?" $dp mnits a b -o x.h5
+# A classifier whose input does not fit the data: the option that fixes it.
+one_line "features of another width" "add --input-dim 8 to fit the data" $psgd --model mlp-small --input-dim 4 --classes 2 \
+  --data good.h5 --steps 1
 
 finish

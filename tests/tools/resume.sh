@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# What a resumed run keeps, end to end on 1 and 2 ranks (issue 28):
+#  - `--resume` alone continues with the checkpoint's options (the learning rate, its warm-up and
+#    schedule, the batch, the seed, a --config file's values): the metrics after resume equal an
+#    uninterrupted run's, bit for bit, and --metrics continues its file without repeating a step;
+#  - an option given again with another value is named in one warning line; the same value
+#    written another way (0.0003 for 3e-4) is no change; options the state cannot follow
+#    (--optimizer, --rank) are refused with exit 2 before any work;
+#  - --metrics refuses an existing file on a fresh run (exit 2, the file untouched) unless
+#    --metrics-append; stdout carries the metric lines alone (`| jq` parses every line), and with
+#    --metrics FILE it carries the checkpoint paths;
+#  - another program's checkpoint is refused with a line naming the program that wrote it.
+#   resume.sh MPIEXEC BIN_DIR   (BIN_DIR/<program>/<program>)
+set -u
+mpiexec=$1 bin=$(realpath "$2")
+. "$(dirname "$0")/train_lib.sh"
+psgd=$bin/psgd-train/psgd-train shampoo=$bin/shampoo-train/shampoo-train
+job="$small --global-batch 8 --eval-every 0 --log-level warn"
+# The run's options: a warm-up and a peak learning rate the defaults do not have.
+opts="--steps 8 --lr 3e-4 --warmup 3 --seed 5 --compressor powersgd --rank 2 --start-iter 2"
+# Columns of the metrics that a resume must reproduce exactly.
+cols() { jq -c '[.step, .loss, .lr, .grad_norm]' "$1"; }
+
+for n in 1 2; do
+  launch=$psgd
+  [ $n = 2 ] && launch="$mpiexec -n 2 $psgd"
+  d=n$n
+  mkdir -p $d
+  run $launch $job $opts --metrics $d/full.jsonl
+  [ $rc = 0 ] || bad "$n rank(s): the uninterrupted run (exit $rc)" "$(cat "$tmp/e")"
+
+  # Interrupted at step 4, resumed with no option of the run's.
+  run $launch $job $opts --stop-at 4 --checkpoint-dir $d/ck --metrics $d/m.jsonl
+  [ $rc = 0 ] && [ "$(cat "$tmp/o")" = "$d/ck/step-00000004.h5" ] \
+    && ok "$n rank(s): with --metrics FILE, stdout names the checkpoint" || bad "$n: stop at 4 (exit $rc)" "$(cat "$tmp/o" "$tmp/e")"
+  echo '{"step":5,"loss":0}' >> $d/m.jsonl  # a step the killed run had logged after its checkpoint
+  run $launch $job --resume $d/ck --metrics $d/m.jsonl
+  if [ $rc = 0 ] && ! grep -q warning "$tmp/e" && [ "$(cols $d/m.jsonl)" = "$(cols $d/full.jsonl)" ]; then
+    ok "$n rank(s): --resume alone keeps lr, warm-up, seed and compressor; metrics equal the uninterrupted run's"
+  else
+    bad "$n rank(s): --resume alone (exit $rc)" "$(cat "$tmp/e"; diff <(cols $d/m.jsonl) <(cols $d/full.jsonl))"
+  fi
+
+  # Given again: the same value written otherwise is no change; another value is one warning.
+  run $launch $job --resume $d/ck/step-00000004.h5 --lr 0.0003 --seed 5 --metrics $d/same.jsonl
+  [ $rc = 0 ] && ! grep -q warning "$tmp/e" && [ "$(cols $d/same.jsonl)" = "$(cols $d/full.jsonl | tail -4)" ] \
+    && ok "$n rank(s): --lr 0.0003 is the checkpoint's 3e-4" || bad "$n: same value (exit $rc)" "$(cat "$tmp/e")"
+  run $launch $job --resume $d/ck/step-00000004.h5 --lr 1e-3 --warmup 0 --metrics $d/diff.jsonl
+  want="warning: resuming with options that differ from the checkpoint's: --lr 1e-3 (the checkpoint's: 3e-4), --warmup 0 (the checkpoint's: 3)"
+  if [ $rc = 0 ] && [ "$(grep -c warning "$tmp/e")" = 1 ] && grep -qF -- "$want" "$tmp/e" \
+     && [ "$(jq -c .lr $d/diff.jsonl | head -1)" != "$(jq -c .lr $d/full.jsonl | sed -n 5p)" ]; then
+    ok "$n rank(s): options that differ are named in one warning and used"
+  else
+    bad "$n rank(s): options that differ (exit $rc)" "$(cat "$tmp/e")"
+  fi
+  for o in "--optimizer sgd" "--rank 4"; do
+    expect2 "$n rank(s): --resume with $o" "error: ${o% *} ${o#* } differs from the checkpoint's" \
+      $launch $job --resume $d/ck $o --metrics $d/refused.jsonl
+  done
+  [ ! -e $d/refused.jsonl ] && ok "$n rank(s): a refused resume creates no metrics file" || bad "$n: refused.jsonl exists"
+
+  # --metrics FILE that exists: refused on a fresh run, left as it was; --metrics-append adds.
+  cp $d/full.jsonl $d/before.jsonl
+  expect2 "$n rank(s): --metrics on an existing file" "--metrics $d/full.jsonl: the file exists" \
+    $launch $job $opts --metrics $d/full.jsonl
+  cmp -s $d/full.jsonl $d/before.jsonl && ok "$n rank(s): the existing metrics file is untouched" || bad "$n: full.jsonl changed"
+  run $launch $job --steps 2 --metrics $d/full.jsonl --metrics-append
+  [ $rc = 0 ] && [ "$(wc -l <$d/full.jsonl)" = 10 ] && ok "$n rank(s): --metrics-append adds to it" \
+    || bad "$n: --metrics-append (exit $rc)" "$(cat "$tmp/e")"
+
+  # stdout: the metrics alone when they go there, checkpoints or not.
+  run $launch $job --steps 3 --checkpoint-dir $d/ck2 --save $d/s.h5 --log-level info
+  if [ $rc = 0 ] && [ "$(jq -r .loss "$tmp/o" | grep -c '^[0-9]')" = 3 ] && [ "$(wc -l <"$tmp/o")" = 3 ] \
+     && grep -q "checkpoint written: $d/s.h5" "$tmp/e"; then
+    ok "$n rank(s): stdout carries the metric lines alone; paths are logged"
+  else
+    bad "$n rank(s): stdout with checkpoints (exit $rc)" "$(cat "$tmp/o" "$tmp/e")"
+  fi
+done
+
+# A --config file's values are the run's: kept on resume like the command line's.
+printf 'lr = 3e-4\nwarmup = 3\nsteps = 8\nseed = 5\ncompressor = "powersgd"\nrank = 2\nstart-iter = 2\n' > job.toml
+run $psgd $job --config job.toml --stop-at 4 --save cfg.h5 --metrics cfg.jsonl
+run $psgd $job --resume cfg.h5 --metrics cfg.jsonl
+[ $rc = 0 ] && [ "$(cols cfg.jsonl)" = "$(cols n1/before.jsonl)" ] && ok "a --config file's options are kept on resume" \
+  || bad "--config then --resume (exit $rc)" "$(cat "$tmp/e")"
+# An option given again on resume that excludes a kept one wins (--steps over the run's --epochs).
+data-pack() { "$bin/data-pack/data-pack" "$@"; }
+data-pack synthetic --kind tokens --vocab 64 --seq-len 16 --samples 64 -o tok.h5 --log-level warn >/dev/null
+run $psgd $job --data tok.h5 --epochs 1 --stop-at 2 --save ep.h5 --metrics /dev/null
+run $psgd $job --resume ep.h5 --steps 12 --metrics ep.jsonl
+[ $rc = 0 ] && [ "$(jq -s 'last.step' ep.jsonl)" = 12 ] && ok "--steps given on resume over the run's --epochs" \
+  || bad "--epochs then --steps (exit $rc)" "$(cat "$tmp/e")"
+
+# Another program's checkpoint: the program that wrote it, and what to do.
+expect2 "shampoo-train --resume of psgd-train's checkpoint" "it was written by psgd-train with --optimizer adamw" \
+  $shampoo $job --resume cfg.h5 --metrics /dev/null
+finish
