@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
+
 #include "dtk/cli/cli.h"
+#include "dtk/cli/parse.h"
 #include "dtk/core/error.h"
 
 namespace dtk::cli {
@@ -25,6 +29,74 @@ TEST(Cli, FormatSize) {
   EXPECT_EQ(format_size(65536), "64K");
   EXPECT_EQ(format_size(3u << 19), "1.5M");
   EXPECT_EQ(format_size(1ull << 30), "1G");
+}
+
+TEST(Cli, TomlConfigItems) {
+  CLI::App app;
+  TomlConfig c(&app);
+  std::istringstream in("# a job\nlr = 3e-4\nsteps = 300\nnesterov = true\nmodel = \"llama-tiny\"\n"
+                        "decay-steps = [100, 200]\n");
+  std::map<std::string, std::vector<std::string>> items;  // toml++ orders a table's keys
+  for (const auto& i : c.from_config(in)) items[i.name] = i.inputs;
+  ASSERT_EQ(items.size(), 5u);
+  EXPECT_EQ(items["lr"], std::vector<std::string>{"0.0003"});
+  EXPECT_EQ(items["steps"], std::vector<std::string>{"300"});
+  EXPECT_EQ(items["nesterov"], std::vector<std::string>{"true"});
+  EXPECT_EQ(items["model"], std::vector<std::string>{"llama-tiny"});
+  EXPECT_EQ(items["decay-steps"], (std::vector<std::string>{"100", "200"}));
+  EXPECT_EQ(c.where("steps"), "line 3: steps = 300");
+  EXPECT_EQ(c.where("model"), "line 5: model = 'llama-tiny'");
+  EXPECT_EQ(c.where("seed"), "");
+}
+
+TEST(Cli, TomlConfigRefusesWhatIsNotTomlOrNoOption) {
+  CLI::App app;
+  TomlConfig c(&app);
+  auto error = [&](const std::string& text) {
+    std::istringstream in(text);
+    try {
+      c.from_config(in);
+    } catch (const CLI::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("steps = [1,\n").rfind("line 1, column 13: not TOML", 0), 0u) << error("steps = [1,\n");
+  EXPECT_NE(error("model = llama-tiny\n").find("text needs quotes"), std::string::npos);
+  EXPECT_EQ(error("steps = 1979-05-27\n"), "line 1, column 9: steps is a date, which no option takes");
+  EXPECT_EQ(error("[train]\nsteps = 3\n"), "line 1: [train]: no subcommand train (a section holds a subcommand's options)");
+}
+
+TEST(Cli, ClosestOption) {
+  CLI::App app;
+  int v = 0;
+  for (const char* n : {"--steps", "--stop-at", "--seed", "--lr", "--warmup", "--checkpoint-dir"}) app.add_option(n, v);
+  EXPECT_EQ(closest_option(app, "step"), "steps");
+  EXPECT_EQ(closest_option(app, "setps"), "steps");
+  EXPECT_EQ(closest_option(app, "warmpu"), "warmup");
+  EXPECT_EQ(closest_option(app, "checkpoint"), "checkpoint-dir");  // the only option it begins
+  EXPECT_EQ(closest_option(app, "frobnicate"), "");
+}
+
+TEST(Cli, ParseErrorLines) {
+  CLI::App app;
+  int steps = 1;
+  app.add_option("--steps", steps)->check(at_least(1));
+  app.add_subcommand("ls");
+  app.add_subcommand("show");
+  auto line = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = args;
+    std::reverse(argv.begin(), argv.end());
+    try {
+      app.parse(argv);
+    } catch (const CLI::ParseError& e) {
+      return parse_error_line(app, e, args, nullptr).first;
+    }
+    return std::string("parsed");
+  };
+  EXPECT_EQ(line({"--step", "5"}), "unknown option --step; did you mean --steps?");
+  EXPECT_EQ(line({"--steps", "0", "ls"}), "--steps must be at least 1");
+  EXPECT_EQ(line({"--steps", "1.5", "ls"}), "--steps must be a whole number, not 1.5");
 }
 
 }  // namespace
