@@ -274,9 +274,12 @@ class Engine {
     std::printf("# %d iterations after %d warm-up, %d checked; time is the %s over ranks\n", o_.iters, o_.warmup,
                 o_.check, o_.agg == TimeAgg::mean ? "mean" : o_.agg == TimeAgg::min ? "min" : "max");
     for (size_t r = 0; r < names.size(); ++r) std::printf("#   rank %2zu: %s\n", r, names[r].c_str());
-    if (params_.nranks == 1)
-      std::printf("# one rank: nothing crosses a link, so busbw (algbw x bus factor, 0 for n = 1) is 0; run with "
-                  "more ranks to measure the network\n");
+    std::string zero;  // the operations whose bus factor is 0 on this many ranks
+    for (const Collective* c : o_.ops)
+      if (c->bus_factor(params_.nranks) == 0) zero += (zero.empty() ? "" : ", ") + std::string(c->name);
+    if (!zero.empty())
+      std::printf("# %d rank: busbw = algbw x bus factor is 0 for %s (nothing crosses a link); run more ranks to "
+                  "measure the network\n", params_.nranks, zero.c_str());
   }
 
   static void print_columns() {

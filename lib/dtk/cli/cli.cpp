@@ -118,7 +118,7 @@ int main(int argc, char** argv, const Program& p) {
       if (e.get_exit_code() == 0)
         app.exit(e);
       else if (const auto [line, help] = parse_error_line(app, e, args, toml_config.get()); help)
-        std::fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", p.name.c_str(), line.c_str());
+        std::fprintf(stderr, "%s: error: %s (see --help)\n", p.name.c_str(), line.c_str());
       else
         std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), line.c_str());
     }
