@@ -193,7 +193,10 @@ expect2 "a plan that leaves blocks out" "cover" $mpiexec -n 2 $fsdp $common --st
 echo '{"buckets": [' > broken.json
 expect2 "a plan that is not JSON" "not JSON" $fsdp $common --steps 2 --buckets broken.json
 expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-memory 4M
-expect2 "--print-plan with --save" "print-plan" $fsdp $common --steps 2 --print-plan --save x.ckpt
+# --print-plan trains nothing: a job's checkpoint options (its --config file's) are idle, not errors.
+run $fsdp $common --steps 2 --print-plan --save x.ckpt --checkpoint-dir xck --checkpoint-every 1
+[ $rc = 0 ] && jq -e .buckets "$tmp/o" >/dev/null && [ ! -e x.ckpt ] && [ ! -e xck ] \
+  && ok "--print-plan with checkpoint options prints the plan and writes nothing" || bad "--print-plan --save (exit $rc)" "$(cat "$tmp/e")"
 expect2 "--bucket-size is not an fsdp option" "bucket-size" $fsdp $common --steps 2 --bucket-size 4M
 expect2 "--trainers-per-group is not an fsdp option" "trainers-per-group" $fsdp $common --steps 2 --optimizer shampoo --trainers-per-group 2
 expect2 "a bad Shampoo setting" "grafting" $fsdp $common --steps 2 --optimizer shampoo --grafting nonsense

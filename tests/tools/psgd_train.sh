@@ -62,6 +62,7 @@ else bad "data-pack synthetic"; fi
 # ---- resume: 20 steps == 10 steps + resume + 10 steps, bit for bit ----
 resume_check() {
   local name=$1; shift
+  rm -f a.jsonl b.jsonl
   run $psgd "$@" --steps 20 --save full.h5 --metrics a.jsonl || true
   [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
   rm -rf ck; run $psgd "$@" --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
@@ -164,7 +165,7 @@ resume_check "topk state" $common --compressor topk --compress-ratio 0.1
 # update; a wrong reduction (a sum for a mean, a lost rank) moves weights by ~lr.
 for comp in none powersgd; do
   for n in 1 2 4; do
-    run $mpiexec -n $n $psgd $common --steps 6 --compressor $comp --rank 2 --start-iter 2 --save ws$n.h5 --metrics ws$n.jsonl
+    run $mpiexec -n $n $psgd $common --steps 6 --compressor $comp --rank 2 --start-iter 2 --save ws$n.h5 --metrics ws$comp$n.jsonl
     [ $rc = 0 ] || bad "$comp on $n ranks (exit $rc)" "$(cat $tmp/e)"
   done
   for n in 2 4; do
