@@ -37,6 +37,7 @@ run() {
   local out=$1 name=$2 n=$3 p=$4
   shift 4
   echo "$(basename "$0"): $name ($p on $n ranks)" >&2
+  rm -f "$out/$name.jsonl"  # a run that did not finish starts again
   if ! mpiexec -n "$n" "$(prog "$p")" "$@" --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1; then
     tail -5 "$out/$name.log" >&2
     echo "$(basename "$0"): $name failed (log: $out/$name.log)" >&2

@@ -90,6 +90,7 @@ resume_check() {
   local name=$1; shift
   local launcher=()
   while [ "$1" != -- ]; do launcher+=("$1"); shift; done; shift
+  rm -f a.jsonl b.jsonl  # an existing --metrics file is refused
   run "${launcher[@]}" "$@" --steps 20 --save full.ckpt --metrics a.jsonl
   [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
   rm -rf ck; run "${launcher[@]}" "$@" --steps 20 --stop-at 10 --checkpoint-dir ck --metrics b.jsonl
