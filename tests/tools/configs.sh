@@ -1,46 +1,54 @@
 #!/usr/bin/env bash
-# The example configurations (share/dtk/configs/*.toml) run as their comments launch them
-# (`mpiexec -n N PROGRAM --config FILE`, the first such line), on the data they name packed by
-# data-pack in a scratch directory: a trainer stops after 2 steps (--stop-at 2) with its metrics,
-# comm-bench runs a short sweep (-e 4K). Every program that trains or benchmarks has PROGRAM.toml.
+# The example configurations (share/dtk/configs/*.toml) run as their heads say: every launch line
+# of a file's head comment (a comment line indented by three spaces: `#   COMMAND`) runs as
+# written, in order, in a scratch directory of its own holding a copy of the file (the lines name
+# it without a path) and the programs on PATH by name (doc_lib.sh's doc_bin), so that the data
+# they pack is there for the runs and the runs' metrics for dtk-plot. Only the sizes are changed,
+# by options appended after the line's own (a repeated option takes its last value): a trainer
+# stops after 2 steps with a checkpoint and a validation (--stop-at 2 --save ... --eval-every 2
+# --eval-batches 1; with --print-plan nothing is appended: it exits after timing two steps),
+# comm-bench runs a short sweep (-e 4K -n 2 -w 1). A line under srun needs a SLURM cluster: listed
+# as skipped. Each line must exit 0 with its outputs written (doc_lib.sh's doc_check). Every
+# program that trains or benchmarks has PROGRAM.toml, and every file has a launch line.
 #   configs.sh MPIEXEC SOURCE_DIR BIN_DIR   (BIN_DIR/<program>/<program>)
 set -u
-mpiexec=$1 src=$(realpath "$2") bin=$(realpath "$3")
-. "$(dirname "$0")/train_lib.sh"
+mpiexec=$1 src=$(realpath "$2") bin=$(realpath "$3") here=$(cd "$(dirname "$0")" && pwd)
+. "$here/train_lib.sh"
+. "$here/doc_lib.sh"
+set -o pipefail
 configs=$src/share/dtk/configs
 
 for p in psgd-train shampoo-train fsdp-train comm-bench; do
   [ -f "$configs/$p.toml" ] && ok "$p.toml exists" || bad "no $configs/$p.toml"
 done
 
-# The data the configs name, packed as their comments say.
-needs() { grep -qE "^(val-)?data = \"$1\"" "$configs"/*.toml; }
-if needs lic.h5; then
-  "$bin/data-pack/data-pack" text /usr/share/common-licenses/* -o lic.h5 --val-fraction 0.05 --val-output lic-val.h5 \
-    --log-level warn >/dev/null || bad "data-pack text (the licenses)"
-fi
-if needs fm-train.h5; then
-  f=/usr/share/datasets/fashion-mnist
-  "$bin/data-pack/data-pack" mnist $f/train-images-idx3-ubyte.gz $f/train-labels-idx1-ubyte.gz -o fm-train.h5 \
-    --log-level warn >/dev/null && \
-  "$bin/data-pack/data-pack" mnist $f/t10k-images-idx3-ubyte.gz $f/t10k-labels-idx1-ubyte.gz -o fm-test.h5 \
-    --log-level warn >/dev/null || bad "data-pack mnist (Fashion-MNIST: apt-get install dataset-fashion-mnist)"
-fi
+# The lines say `mpiexec`: the one this build found.
+doc_bin "$tmp/bin" "$bin"
+mpiexec_dir=$(dirname "$(command -v "${mpiexec%% *}")")
+export PATH=$tmp/bin:$mpiexec_dir:$PATH
+doc_log=$tmp/log
+mkdir -p "$doc_log"
+skipped=()
 
 for c in "$configs"/*.toml; do
   name=$(basename "$c" .toml)
-  launch=$(grep -m1 -oE '^#   mpiexec -n [0-9]+ [a-z-]+ --config' "$c")
-  n=$(awk '{ print $4 }' <<<"$launch") p=$(awk '{ print $5 }' <<<"$launch")
-  if [ -z "$launch" ] || [ ! -x "$bin/$p/$p" ]; then bad "$name: no launch line naming a program"; continue; fi
-  if [ "$p" = comm-bench ]; then
-    run $mpiexec -n "$n" "$bin/$p/$p" --config "$c" -e 4K -n 2 -w 1
-    if [ $rc = 0 ] && grep -q '^# wrong elements: 0' "$tmp/o"; then ok "$name: $p on $n ranks"
-    else bad "$name: $p on $n ranks (exit $rc)" "$(cat "$tmp/o" "$tmp/e")"; fi
-  else
-    run $mpiexec -n "$n" "$bin/$p/$p" --config "$c" --stop-at 2 --save "$name.h5" --metrics "$name.jsonl" --log-level warn
-    if [ $rc = 0 ] && [ "$(jq -s 'map(select(.loss)) | length' "$name.jsonl" 2>/dev/null)" = 2 ]; then
-      ok "$name: $p on $n ranks, 2 steps, loss $(tail -1 "$name.jsonl" | jq .loss)"
-    else bad "$name: $p on $n ranks (exit $rc)" "$(cat "$tmp/e")"; fi
-  fi
+  mkdir "$tmp/$name" && cp "$c" "$tmp/$name/" && cd "$tmp/$name" || { bad "$name: no scratch directory"; continue; }
+  mapfile -t launch < <(sed -n '/^[^#]/q; s/^#   \([^ ].*\)$/\1/p' "$c")
+  started=0
+  for l in "${launch[@]}"; do
+    case $l in
+      srun\ *) skipped+=("$name.toml: $l (needs a SLURM cluster)"); continue ;;
+      *--print-plan*) export DTK_DOC_APPEND="--log-level warn" ;;
+      *comm-bench\ *) export DTK_DOC_APPEND="-e 4K -n 2 -w 1" ;;
+      *) export DTK_DOC_APPEND="--stop-at 2 --save $name-stop.h5 --eval-every 2 --eval-batches 1 --log-level warn" ;;
+    esac
+    [[ $l =~ (^|[ /])(psgd-train|shampoo-train|fsdp-train|comm-bench)\ --config\ $name.toml ]] && started=1
+    doc_run "$name.toml" "$l"
+  done
+  [ $started = 1 ] || bad "$name.toml: no launch line (#   [mpiexec -n N] PROGRAM --config $name.toml)"
+  unset DTK_DOC_APPEND
 done
+cd "$tmp"
+echo "skipped ${#skipped[@]} line(s):"
+printf '  %s\n' "${skipped[@]}"
 finish

@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
 # The metrics schema (lib/dtk/train/metrics.h) is the one list of keys: each training program's
 # --help footer is made from it, its runs write exactly those keys (every key the footer names
-# appears in some run, none beyond), and its man page names every one of them.
-# Usage: metrics_keys.sh "MPIEXEC" TOOLS_DIR MAN_DIR
-mpiexec=$1 tools=$2 man=$3
+# appears in some run, none beyond), its man page names every one of them, and so does the README
+# (each key a word of its code spans), and its list of the keys (the code span that starts with
+# `step, loss`) has every key psgd-train writes for a llama (the others: classifiers' keys, in the
+# text after it, and fsdp-train's, in its own section).
+# Usage: metrics_keys.sh "MPIEXEC" TOOLS_DIR MAN_DIR [README]
+mpiexec=$1 tools=$(realpath "$2") man=$(realpath "$3") readme=${4:+$(realpath "$4")}
+# The words of the README's code spans (`...`, across lines; fenced blocks left out), or with
+# `list`, those of its list of the keys.
+readme_spans() {
+  python3 -c '
+import re, sys
+text = re.sub(r"^```.*?^```[ \t]*$", "", open(sys.argv[1]).read(), flags=re.S | re.M)
+for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", text, re.S):
+    if sys.argv[2] == "all" or re.match(r"step,\s*loss,", m.group(2)):
+        print("\n".join(re.findall(r"[A-Za-z0-9_]+", m.group(2))))' "$readme" "$1" | sort -u
+}
+if [ -n "$readme" ]; then readme_words=$(readme_spans all) readme_list=$(readme_spans list); fi
 . "$(dirname "$0")/train_lib.sh"
 mlp="--model mlp-small --data synthetic"
 # Each program's runs between them: llama and a classifier, evaluation steps, and whatever the
@@ -32,5 +46,18 @@ for prog in psgd-train shampoo-train fsdp-train; do
   unlisted=""
   for k in $help; do grep -qF "$k" "$man/man1/$prog.1" || unlisted+=" $k"; done
   if [ -z "$unlisted" ]; then ok "$prog: the man page names every key"; else bad "$prog.1 does not name:$unlisted"; fi
+  if [ -n "$readme" ]; then
+    unlisted=""
+    for k in $help; do grep -qx -- "$k" <<<"$readme_words" || unlisted+=" $k"; done
+    if [ -z "$unlisted" ]; then ok "$prog: the README names every key"; else bad "README.md does not name:$unlisted"; fi
+  fi
 done
+if [ -n "$readme" ]; then
+  # psgd-train's keys but those of classifiers ("accuracy (classifiers: ...)", ...)
+  llama=$("$tools/psgd-train/psgd-train" --help | tr '\n' ' ' | grep -o 'Metrics ([^)]*):[^.]*\.' \
+    | sed 's/^Metrics ([^)]*)://; s/\.$//' | tr ',' '\n' | grep -v '(.*classifiers' | sed 's/(.*//; s/ //g' | sort -u)
+  absent=$(comm -23 <(echo "$llama") <(echo "$readme_list") | tr '\n' ' ')
+  if [ -n "$llama" ] && [ -z "$absent" ]; then ok "the README's list of the keys has the $(echo "$llama" | wc -l) of a llama"
+  else bad "the README's list of the keys (\`step, loss, ...\`) lacks: ${absent:-(no keys in --help)}"; fi
+fi
 finish
