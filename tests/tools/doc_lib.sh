@@ -19,7 +19,7 @@ doc_bin() {
 
 # doc_check CMD OUT: what is wrong with the output of command CMD that exited 0 (its stdout in OUT),
 # on stdout; nothing when it looks right:
-#   - a pipeline into jq printed something, and no line `null` or `false`;
+#   - a pipeline into jq printed something, and no value null or false (a line of its own);
 #   - a pipeline into xargs printed something (with -r, an empty input runs nothing and exits 0);
 #   - `> FILE` wrote FILE, not empty; FILE.json is JSON;
 #   - the outputs named by -o, --save, --val-output exist; a --metrics FILE has a numeric loss;
@@ -29,7 +29,7 @@ doc_check() {
   local cmd=${1//$'\\\n'/ } out=$2 w prev="" metrics="" trainer=0 bench=0 redirected=0 f
   local -a words
   read -ra words <<<"${cmd%%#*}"
-  [[ $cmd =~ \|[[:space:]]*jq ]] && redirected=1 && { [ -s "$out" ] && ! grep -qxE 'null|false' "$out" || echo "jq printed nothing, null or false"; }
+  [[ $cmd =~ \|[[:space:]]*jq ]] && redirected=1 && { [ -s "$out" ] && ! grep -qE '^[[:space:]]*(null|false),?[[:space:]]*$' "$out" || echo "jq printed nothing, null or false"; }
   [[ $cmd =~ \|[[:space:]]*xargs ]] && redirected=1 && { [ -s "$out" ] || echo "nothing came out of the xargs pipeline"; }
   [[ $cmd =~ \|[[:space:]]*(grep|head|tail|sort) ]] && redirected=1
   for w in "${words[@]}"; do

@@ -79,10 +79,13 @@ gpu=0
 command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU' && gpu=1
 
 # What differs between runs: measured values (numbers with a decimal point: times, bandwidths),
-# clock times, Open MPI's process names ([[JOB,1],RANK]: whichever rank ended first), host names.
+# clock times, host names, and Open MPI's process names ([[JOB,1],RANK]: whichever rank ended
+# first) and count of the ranks that failed ("but 1 process returned\na non-zero exit code",
+# or 2 processes ... exit codes).
 mask() {
   sed -E 's/\[\[[0-9]+,[0-9]+\],[0-9]+\]/[[JOB]]/g; s/[0-9]+\.[0-9]+/X/g; s/[0-9]+:[0-9]+:X/TIME/g;
-          s/(rank +[0-9]+:) [^ ]+/\1 HOST/; s/[[:space:]]+/ /g; s/^ //; s/ $//' "$1"
+          s/(rank +[0-9]+:) [^ ]+/\1 HOST/; s/but [0-9]+ process(es)? returned/but N processes returned/;
+          s/^(a )?non-zero exit codes?\./non-zero exit codes./; s/[[:space:]]+/ /g; s/^ //; s/ $//' "$1"
 }
 # The lines of $1 (expected) that are not, in order, among those of $2; nothing when all are.
 missing_lines() {
