@@ -22,6 +22,8 @@
 # A command must exit 0 (set -o pipefail) with sensible output (doc_lib.sh's doc_check: jq printed
 # no null, `> FILE` and -o outputs written, metrics with a numeric loss, comm-bench's check passed).
 #   readme.sh SOURCE_DIR BUILD_DIR [SECTION_REGEX]
+# The commands run in this script's shell: one that assigned a variable of the script's (short
+# lower-case names: k, s, c, l, line, type, ...) would confuse it; the README's assign only `f`.
 # SECTION_REGEX (grep -E) runs only the sections whose heading matches (and the other sections'
 # `export` lines), for trying an edit; DTK_README_KEEP=1 keeps the scratch directory.
 set -u
@@ -101,7 +103,7 @@ section_dir() {  # a fresh directory for section $1, entered
   local d=$tmp/s$1
   mkdir -p "$d"
   ln -s "$build" "$d/build"; ln -s "$src/share" "$d/share"; ln -s "$src/scripts" "$d/scripts"
-  cd "$d"
+  cd "$d" || exit 1
 }
 
 # ---- run ----
