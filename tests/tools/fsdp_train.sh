@@ -197,6 +197,9 @@ expect2 "--bucket-memory without auto" "auto" $fsdp $common --steps 2 --bucket-m
 run $fsdp $common --steps 2 --print-plan --save x.ckpt --checkpoint-dir xck --checkpoint-every 1
 [ $rc = 0 ] && jq -e .buckets "$tmp/o" >/dev/null && [ ! -e x.ckpt ] && [ ! -e xck ] \
   && ok "--print-plan with checkpoint options prints the plan and writes nothing" || bad "--print-plan --save (exit $rc)" "$(cat "$tmp/e")"
+run $fsdp $common --steps 1 --print-plan
+[ $rc = 0 ] && jq -e .buckets "$tmp/o" >/dev/null && ok "--print-plan of a one-step run still times two steps and prints the plan" \
+  || bad "--print-plan --steps 1 (exit $rc)" "$(cat "$tmp/o" "$tmp/e")"
 expect2 "--bucket-size is not an fsdp option" "bucket-size" $fsdp $common --steps 2 --bucket-size 4M
 expect2 "--trainers-per-group is not an fsdp option" "trainers-per-group" $fsdp $common --steps 2 --optimizer shampoo --trainers-per-group 2
 expect2 "a bad Shampoo setting" "grafting" $fsdp $common --steps 2 --optimizer shampoo --grafting nonsense

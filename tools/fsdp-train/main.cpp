@@ -1,4 +1,6 @@
 // fsdp-train: fully sharded data-parallel training after SimpleFSDP (see man fsdp-train).
+#include <algorithm>
+
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
 #include "dtk/cli/train_options.h"
@@ -67,6 +69,8 @@ cli::Program program(Args& a) {
       t.save.clear();
       t.checkpoint_every = t.stop_at = 0;
       t.auto_resume = false;
+      t.steps = std::max<int64_t>(t.steps, 3);  // the plan comes after two timed steps
+      t.epochs = 0;
     }
     train::Options o = train::validate(t, rt.size());
     parallel::FsdpConfig c = a.fsdp;
