@@ -41,6 +41,11 @@ for n in 1 2; do
     bad "$n rank(s): --resume alone (exit $rc)" "$(cat "$tmp/e"; diff <(cols $d/m.jsonl) <(cols $d/full.jsonl))"
   fi
 
+  # shard-inspect takes the checkpoint directory as --resume does: its latest checkpoint.
+  run $bin/shard-inspect/shard-inspect show --json $d/ck
+  [ $rc = 0 ] && [ "$(jq .step "$tmp/o")" = 4 ] && ok "$n rank(s): shard-inspect reads a --checkpoint-dir's latest" \
+    || bad "$n: shard-inspect show DIR (exit $rc)" "$(cat "$tmp/e")"
+
   # Given again: the same value written otherwise is no change; another value is one warning.
   run $launch $job --resume $d/ck/step-00000004.h5 --lr 0.0003 --seed 5 --metrics $d/same.jsonl
   [ $rc = 0 ] && ! grep -q warning "$tmp/e" && [ "$(cols $d/same.jsonl)" = "$(cols $d/full.jsonl | tail -4)" ] \

@@ -459,8 +459,13 @@ Reader::Reader(const fs::path& path) : impl_(new Impl) {
 
 void Reader::open(const fs::path& path) {
   if (fs::is_directory(path)) {
+    if (!fs::exists(path / "index.h5")) {  // a --checkpoint-dir: its latest checkpoint
+      const auto latest = Directory(path, 1).latest();
+      if (!latest) fail_usage("neither a sharded state (no index.h5) nor a checkpoint directory with checkpoints");
+      path_ = *latest;
+      return open(*latest);
+    }
     path_ = path / "index.h5";
-    if (!fs::exists(path_)) fail_usage(path.string() + ": a directory without index.h5 is not a sharded state");
   }
   const std::string where = path_.string();
   if (!fs::exists(path_)) fail_usage(where + ": no such file");

@@ -117,6 +117,8 @@ class FileWriter {
 // the first problem (UsageError: the input is bad).
 class Reader {
  public:
+  // A checkpoint file, a sharded state's directory, or a checkpoint directory (Directory): its
+  // latest checkpoint.
   explicit Reader(const std::filesystem::path& path);
   ~Reader();
   Reader(const Reader&) = delete;
