@@ -94,7 +94,8 @@ data-pack() { "$bin/data-pack/data-pack" "$@"; }
 data-pack synthetic --kind tokens --vocab 64 --seq-len 16 --samples 64 -o tok.h5 --log-level warn >/dev/null
 run $psgd $job --data tok.h5 --epochs 1 --stop-at 2 --save ep.h5 --metrics /dev/null
 run $psgd $job --resume ep.h5 --steps 12 --metrics ep.jsonl
-[ $rc = 0 ] && [ "$(jq -s 'last.step' ep.jsonl)" = 12 ] && ok "--steps given on resume over the run's --epochs" \
+[ $rc = 0 ] && [ "$(jq -s 'last.step' ep.jsonl)" = 12 ] && grep -qF -- "--steps 12 (the checkpoint's: --epochs 1)" "$tmp/e" \
+  && ok "--steps given on resume over the run's --epochs, and named" \
   || bad "--epochs then --steps (exit $rc)" "$(cat "$tmp/e")"
 
 # Another program's checkpoint: the program that wrote it, and what to do.

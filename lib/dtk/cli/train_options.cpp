@@ -70,7 +70,14 @@ void keep_checkpoint_options(CLI::App& app, train::Options& o) {
       const std::vector<std::string> before =
           it != then.end() ? it->get<std::vector<std::string>>() : default_value(*opt);
       if (opt->count() > 0) {
-        if (!same_value(opt->results(), before))
+        // Given in place of an option of the run that it excludes (--steps for its --epochs).
+        std::string other;
+        for (const CLI::Option* x : opt->get_excludes())
+          if (const auto xt = then.find(x->get_name()); xt != then.end())
+            other = x->get_name() + " " + joined(xt->get<std::vector<std::string>>());
+        if (!other.empty())
+          o.resume_changes.push_back({name, joined(opt->results()), other});
+        else if (!same_value(opt->results(), before))
           o.resume_changes.push_back({name, joined(opt->results()), before.empty() ? "unset" : joined(before)});
         continue;
       }
