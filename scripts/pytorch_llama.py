@@ -66,18 +66,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(c["dim"], self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, c["dim"], bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin):
         b, t, _ = x.shape
         q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(b, t, self.n_kv_heads, self.head_dim), cos, sin)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
-        # grouped-query attention: query head h reads key/value head h / (n_heads / n_kv_heads)
-        group = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, t, head_dim]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(mask, float("-inf"))
-        out = F.softmax(scores, dim=-1) @ v
+        # causal attention as a PyTorch user writes it today: scaled_dot_product_attention, its
+        # grouped-query form (query head h reads key/value head h / (n_heads / n_kv_heads))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -100,8 +97,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(c["dim"], c["norm_eps"])
         self.feed_forward = FeedForward(c)
 
-    def forward(self, h, cos, sin, mask):
-        h = h + self.attention(self.attention_norm(h), cos, sin, mask)
+    def forward(self, h, cos, sin):
+        h = h + self.attention(self.attention_norm(h), cos, sin)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -116,7 +113,6 @@ class Llama(nn.Module):
         self.output = nn.Linear(c["dim"], c["vocab"], bias=False)
         # constants, not buffers (as in Meta's code): DDP has nothing to broadcast each step
         self.cos, self.sin = rope_tables(c["seq_len"], c["dim"] // c["n_heads"], c["rope_theta"])
-        self.mask = torch.ones(c["seq_len"], c["seq_len"], dtype=torch.bool).triu(1)
         # dtk's initialisation: N(0, 0.02), the residual projections scaled by 1 / sqrt(2 layers)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
@@ -128,10 +124,10 @@ class Llama(nn.Module):
 
     def forward(self, tokens, targets):
         t = tokens.shape[1]
-        cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        cos, sin = self.cos[:t], self.sin[:t]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin, mask)
+            h = layer(h, cos, sin)
         logits = self.output(self.norm(h))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
@@ -206,10 +202,13 @@ def parse_args(argv):
     p.add_argument("--rank", type=int, default=2, help="PowerSGD rank")
     p.add_argument("--start-iter", type=int, default=10)
     p.add_argument("--min-compression-rate", type=float, default=2)
-    p.add_argument("--bucket-mb", type=float, default=25)
+    p.add_argument("--bucket-size", default="25M", type=lambda v: float(v.rstrip("MmiB")) if v[-1:] in "Mm" or v.endswith(("MB", "MiB")) else float(v) / 2**20,
+                   help="DDP's bucket size, as psgd-train's (25M; a plain number is bytes)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-from", help="start from the weights of a dtk checkpoint (shard-inspect export --format npz)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (inductor; the first step compiles, its time is logged)")
     p.add_argument("--metrics", default="-", help="JSON-lines metrics file (- for stdout)")
     return p.parse_args(argv)
 
@@ -262,7 +261,7 @@ def main(argv):
         load_npz(model, a.init_from)
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_size)
         if a.compressor == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
             state = powerSGD_hook.PowerSGDState(
@@ -272,6 +271,8 @@ def main(argv):
             ddp.register_comm_hook(state, one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
     else:
         ddp = model
+    if a.compile:
+        ddp = torch.compile(ddp)  # over DDP: dynamo splits the graph at the gradient buckets
     params = list(model.parameters())
     optim = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
 
@@ -303,11 +304,17 @@ def main(argv):
             loss /= world
         loss = loss.item()
         dt = time.perf_counter() - t0
+        if step == 0 and a.compile and rank == 0:
+            print(f"pytorch_llama: torch.compile (inductor): the first step, compiling forward and backward, took "
+                  f"{dt:.1f} s", file=sys.stderr)
         if not math.isfinite(loss):
             sys.exit(f"the loss is {loss} at step {step + 1}")
         if out:
-            out.write(json.dumps({"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
-                                  "tokens_per_s": tokens_per_step / dt, "step_time_ms": dt * 1e3}) + "\n")
+            record = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
+                      "tokens_per_s": tokens_per_step / dt, "step_time_ms": dt * 1e3}
+            if step == 0 and a.compile:
+                record["compile_s"] = dt  # the first step: tracing and inductor's code generation
+            out.write(json.dumps(record) + "\n")
             out.flush()
     if out:
         out.flush()
