@@ -4,7 +4,8 @@ of scripts/bench-vs-pytorch. Not part of dtk (dtk does not depend on torch).
 
 One process trains alone; under mpiexec (OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR/MASTER_PORT) the
 processes form a gloo group and train with DistributedDataParallel (25 MiB buckets), optionally
-with the PowerSGD comm hook. The options carry psgd-train's names and defaults (AdamW, clipping
+with the PowerSGD comm hook, or with --fsdp fully sharded by FSDP2 (fully_shard per block and
+over the rest, parameters resharded after forward), the baseline of scripts/bench-fsdp. The options carry psgd-train's names and defaults (AdamW, clipping
 by global norm, the cosine schedule of lib/dtk/optim), and the metrics are psgd-train's JSON lines
 (step, loss, lr, grad_norm, tokens_per_s, step_time_ms), so the two read alike.
 
@@ -122,12 +123,17 @@ class Llama(nn.Module):
                 std /= math.sqrt(2 * c["n_layers"])
             nn.init.normal_(p, 0.0, std)
 
+    checkpointing = False  # recompute each block's forward in backward (torch.utils.checkpoint)
+
     def forward(self, tokens, targets):
         t = tokens.shape[1]
         cos, sin = self.cos[:t], self.sin[:t]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            if self.checkpointing:
+                h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin)
         logits = self.output(self.norm(h))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
@@ -184,7 +190,7 @@ def lr_at(step, a):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-config", required=True, help="dtk's model_config JSON (arch llama)")
+    p.add_argument("--model-config", required=True, help="dtk's model_config JSON (arch llama), or a file holding it")
     p.add_argument("--tokens", required=True, help="raw little-endian token stream")
     p.add_argument("--tokens-dtype", default="uint16", choices=["uint16", "uint32"])
     p.add_argument("--global-batch", type=int, default=32)
@@ -207,6 +213,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-from", help="start from the weights of a dtk checkpoint (shard-inspect export --format npz)")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard per block and over the model")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (inductor; the first step compiles, its time is logged)")
     p.add_argument("--metrics", default="-", help="JSON-lines metrics file (- for stdout)")
@@ -250,16 +258,24 @@ def main(argv):
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    c = json.loads(a.model_config)
+    c = json.loads(a.model_config if a.model_config.lstrip().startswith("{") else open(a.model_config).read())
     if c.get("arch") != "llama":
         sys.exit(f"--model-config: arch {c.get('arch')!r}, only llama is supported")
     if a.global_batch % world:
         sys.exit(f"--global-batch {a.global_batch} does not split evenly over {world} processes")
 
     model = Llama(c)
+    model.checkpointing = a.activation_checkpointing
     if a.init_from:
         load_npz(model, a.init_from)
-    if world > 1:
+    if a.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        for layer in model.layers:
+            fully_shard(layer, reshard_after_forward=True)
+        fully_shard(model)
+        ddp = model
+    elif world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_size)
         if a.compressor == "powersgd":
@@ -302,6 +318,8 @@ def main(argv):
         if world > 1:
             dist.all_reduce(loss)
             loss /= world
+        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
+            grad_norm = grad_norm.full_tensor()
         loss = loss.item()
         dt = time.perf_counter() - t0
         if step == 0 and a.compile and rank == 0:
@@ -318,7 +336,7 @@ def main(argv):
             out.flush()
     if out:
         out.flush()
-    if world > 1:
+    if dist.is_initialized():
         # torch 1.13 can deadlock tearing gloo down at exit (the process group's destructor, run
         # with the GIL held, joins a worker thread that waits for the GIL): leave without it
         dist.barrier()
