@@ -47,7 +47,7 @@ torch_rss_run() {
 import os, resource, subprocess, sys
 code = subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL).returncode
 with open(sys.argv[1] + "." + os.environ.get("OMPI_COMM_WORLD_RANK", "0"), "w") as f:
-    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+    f.write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}\n")
 sys.exit(code)' "$out" "$@"
 }
 # torch_max_rss OUT: the largest over the ranks of torch_rss_run's OUT.
