@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <iterator>
 #include <sstream>
 #include <toml++/toml.h>
@@ -105,12 +106,15 @@ void long_names(const CLI::App& app, std::vector<std::string>& out) {
   for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) long_names(*s, out);
 }
 
-bool known_option(const CLI::App& app, const std::string& arg) {
-  if (app.get_option_no_throw(arg)) return true;
+// The option `arg` ("--steps") of the app or of one of its subcommands; null when none has it.
+const CLI::Option* find_option(const CLI::App& app, const std::string& arg) {
+  if (const CLI::Option* o = app.get_option_no_throw(arg)) return o;
   for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
-    if (known_option(*s, arg)) return true;
-  return false;
+    if (const CLI::Option* o = find_option(*s, arg)) return o;
+  return nullptr;
 }
+
+bool known_option(const CLI::App& app, const std::string& arg) { return find_option(app, arg) != nullptr; }
 
 // The first "--name" in a CLI11 message that names an option of the app.
 std::string option_in(const CLI::App& app, const std::string& m) {
@@ -175,7 +179,7 @@ std::pair<std::string, bool> parse_error_line(const CLI::App& app, const CLI::Pa
   // A value that is not of the option's type: CLI11's "Could not convert: --steps = 1.5".
   if (dynamic_cast<const CLI::ConversionError*>(&e))
     if (const std::string opt = option_in(app, m); !opt.empty()) {
-      const std::string type = app.get_option_no_throw(opt)->get_type_name();
+      const std::string type = find_option(app, opt)->get_type_name();
       const std::string value = m.substr(m.find(" = ") == std::string::npos ? m.size() : m.find(" = ") + 3);
       m = opt + " must be " + (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0 ? "a whole number"
                                : type.rfind("FLOAT", 0) == 0                            ? "a number"
