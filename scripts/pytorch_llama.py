@@ -147,7 +147,8 @@ def one_bucket_at_a_time(hook):
     so with several buckets in flight the ranks can issue collectives in different orders; gloo
     then pairs messages of different collectives and aborts ("enforce fail at pair.cc: op.preamble.
     length <= op.nbytes"). Starting bucket k + 1's hook when bucket k's future completes gives every
-    rank the same order (DDP hands the buckets over in index order on every rank)."""
+    rank the same order (DDP hands the buckets over in index order on every rank). Kept with
+    current torch; whether its hook still needs it was not tested."""
     previous = [None]
 
     def run(state, bucket):
