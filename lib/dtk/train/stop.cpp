@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 
 namespace dtk::train {
 namespace {

@@ -57,10 +57,13 @@ ncclDataType_t nccl_type(DType t, const char* op, bool reduces) {
   return ncclFloat32;
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// On one rank an average is the sum: ncclSum, which NCCL copies. ncclAvg there goes through
+// NCCL's one-rank reduce kernel, which before NCCL 2.29.7 left the last count % blocks elements
+// unwritten (NVIDIA/nccl#1950; gpu-check's comm-nccl-n1 found it with NCCL 2.28.3 on an H200).
+ncclRedOp_t nccl_op(ReduceOp op, int nranks) {
   switch (op) {
     case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::avg: return nranks == 1 ? ncclSum : ncclAvg;
     case ReduceOp::max: return ncclMax;
     case ReduceOp::min: return ncclMin;
   }
@@ -235,14 +238,14 @@ class NcclCommunicator final : public Communicator {
     check_counts("all_reduce", send, recv, recv.count, send.count);
     auto t = nccl_type(send.dtype, "all_reduce", true);
     return enqueue("all_reduce", send.bytes(), mode, [&] {
-      return ncclAllReduce(send.data, recv.data, send.count, t, nccl_op(op), comm_, stream_);
+      return ncclAllReduce(send.data, recv.data, send.count, t, nccl_op(op, size_), comm_, stream_);
     });
   }
   Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op, Mode mode) override {
     check_counts("reduce_scatter", send, recv, recv.count * size_, recv.count);
     auto t = nccl_type(send.dtype, "reduce_scatter", true);
     return enqueue("reduce_scatter", send.bytes(), mode, [&] {
-      return ncclReduceScatter(send.data, recv.data, recv.count, t, nccl_op(op), comm_, stream_);
+      return ncclReduceScatter(send.data, recv.data, recv.count, t, nccl_op(op, size_), comm_, stream_);
     });
   }
   Work all_gather(Buffer send, Buffer recv, Mode mode) override {
@@ -263,7 +266,7 @@ class NcclCommunicator final : public Communicator {
     return enqueue("reduce_scatter_v", send.bytes(), mode, [&] {
       ncclResult_t r = ncclGroupStart();
       for (int q = 0; q < size_ && r == ncclSuccess; ++q)
-        r = ncclReduce(static_cast<char*>(send.data) + offs[q] * es, recv.data, counts[q], t, nccl_op(op), q, comm_,
+        r = ncclReduce(static_cast<char*>(send.data) + offs[q] * es, recv.data, counts[q], t, nccl_op(op, size_), q, comm_,
                        stream_);
       const ncclResult_t e = ncclGroupEnd();
       return r != ncclSuccess ? r : e;
