@@ -477,65 +477,18 @@ void GlobalAvgPool::release() {
   ones_.release();
 }
 
-// ---------------------------------------------------------------------------- ReluMlp
+// ---------------------------------------------------------------------------- LinearLoss
 
-void ReluMlp::bind(const std::vector<std::pair<Param*, Param*>>& layers) {
-  layers_.resize(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) layers_[i].bind(layers[i].first, layers[i].second);
-  z_buf_.resize(layers.size());
-  h_buf_.resize(layers.size());
-  z_.assign(layers.size(), Tensor());
-  h_.assign(layers.size(), Tensor());
+double LinearLoss::forward(const Tensor& x, const Tensor& targets) {
+  logits_ = logits_buf_.get({x.numel() / x.dim(-1), fc_.out_features()}, x.dtype(), x.device());
+  fc_.forward(x, logits_);
+  return loss_.forward(logits_, targets);
 }
 
-Tensor ReluMlp::forward(const Tensor& x, BlockHooks* hooks, Pass pass) {
-  if (layers_.empty()) fail("ReluMlp: used before bind()");
-  const int64_t N = as_rows(x, layers_[0].in_features(), "ReluMlp.forward", "x").dim(0);
-  x_ = x;
-  Tensor in = x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const int b = static_cast<int>(i);
-    if (hooks) hooks->before_forward(b, pass);
-    z_[i] = z_buf_[i].get({N, layers_[i].out_features()}, x.dtype(), x.device());
-    layers_[i].forward(in, z_[i]);
-    if (i + 1 < layers_.size()) {
-      h_[i] = h_buf_[i].get(z_[i].shape(), x.dtype(), x.device());
-      ops::relu_forward(z_[i], h_[i]);
-      in = h_[i];
-    }
-    if (hooks) hooks->after_forward(b, pass);
-  }
-  return z_.back();
-}
-
-void ReluMlp::backward(const Tensor& dout, BlockHooks* hooks, Tensor* dx) {
-  if (layers_.empty() || !z_.back().defined()) fail("ReluMlp.backward: no forward to differentiate");
-  Tensor dz = dout;  // d(loss)/d(z_i)
-  for (size_t j = layers_.size(); j-- > 0;) {
-    Tensor dh;  // d/d(input of layer j)
-    if (hooks) hooks->before_backward(static_cast<int>(j));
-    if (j > 0) {
-      dh = dbuf_[j % 2].get(h_[j - 1].shape(), dz.dtype(), dz.device());
-      layers_[j].backward(dz, &dh);
-    } else {
-      layers_[0].backward(dz, dx);
-    }
-    if (hooks) hooks->after_backward(static_cast<int>(j));
-    if (j > 0) {
-      ops::relu_backward(z_[j - 1], dh, dh);  // in place
-      dz = dh;
-    }
-  }
-}
-
-void ReluMlp::release() {
-  for (Linear& l : layers_) l.release();
-  for (Buffer& b : z_buf_) b.release();
-  for (Buffer& b : h_buf_) b.release();
-  for (Buffer& b : dbuf_) b.release();
-  z_.assign(z_.size(), Tensor());
-  h_.assign(h_.size(), Tensor());
-  x_ = Tensor();
+void LinearLoss::backward(double scale, Tensor* dx) {
+  Tensor dlogits = dlogits_buf_.get(logits_.shape(), logits_.dtype(), logits_.device());
+  loss_.backward(scale, dlogits);
+  fc_.backward(dlogits, dx);
 }
 
 }  // namespace dtk::nn

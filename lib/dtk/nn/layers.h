@@ -172,25 +172,23 @@ class CrossEntropy {
   int64_t count_ = 0;
 };
 
-// A ReLU MLP: z_i = h_i W_i^T + b_i, h_{i+1} = relu(z_i), the last z the output (logits).
-class ReluMlp {
+// The end of every model's head: logits = x W^T (+ b), then the mean cross-entropy over the
+// targets (CrossEntropy's rules: -1 ignored).
+class LinearLoss {
  public:
-  void bind(const std::vector<std::pair<Param*, Param*>>& layers);  // (weight, bias) per layer
-  size_t layers() const { return layers_.size(); }
-  // x [N, in]; returns the output [N, out] (a buffer of the layer). Saves every activation.
-  // Layer i is block i for the hooks (null: none).
-  Tensor forward(const Tensor& x, BlockHooks* hooks = nullptr, Pass pass = Pass::train);
-  // Parameter grads += from dout [N, out], layer by layer (i decreasing) between the hooks'
-  // before_backward(i) and after_backward(i); dx = d/dx when given (overwritten).
-  void backward(const Tensor& dout, BlockHooks* hooks = nullptr, Tensor* dx = nullptr);
-  void release();
+  void bind(Param* weight, Param* bias = nullptr) { fc_.bind(weight, bias); }
+  int64_t out_features() const { return fc_.out_features(); }
+  // x [.., in_features]; the mean loss. Saves what backward needs.
+  double forward(const Tensor& x, const Tensor& targets);
+  // Parameter grads += d(scale * loss)/d(params); dx = d(scale * loss)/dx (overwritten) when given.
+  void backward(double scale, Tensor* dx);
+  int64_t correct() { return loss_.correct(); }  // see CrossEntropy::correct
 
  private:
-  std::vector<Linear> layers_;
-  std::vector<Buffer> z_buf_, h_buf_;
-  std::vector<Tensor> z_, h_;  // z_[i] layer i's output; h_[i] = relu(z_[i]) (the input of i + 1)
-  Tensor x_;
-  Buffer dbuf_[2];
+  Linear fc_;
+  CrossEntropy loss_;
+  Buffer logits_buf_, dlogits_buf_;
+  Tensor logits_;
 };
 
 // ---------------------------------------------------------------------------- convolutional nets

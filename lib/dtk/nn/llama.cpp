@@ -121,10 +121,8 @@ struct TransformerLayer {
 // norm + output + loss.
 struct Head {
   RMSNorm norm;
-  Linear output;
-  CrossEntropy loss;
-  Buffer xf_buf, logits_buf;
-  Tensor logits;
+  LinearLoss output;
+  Buffer xf_buf;
 
   void bind(std::vector<Param>& P, const ModelConfig& c) {
     const size_t i = layer_first_param(c.n_layers);
@@ -133,19 +131,14 @@ struct Head {
   }
 
   double forward(const Tensor& h, const Tensor& targets) {
-    const int64_t N = h.numel() / h.dim(-1);
     Tensor xf = xf_buf.get(h.shape(), h.dtype(), h.device());
-    logits = logits_buf.get({N, output.out_features()}, h.dtype(), h.device());
     norm.forward(h, xf);
-    output.forward(xf, logits);
-    return loss.forward(logits, targets);
+    return output.forward(xf, targets);
   }
 
-  // dh = d(scale * loss)/d(h), overwritten; dlogits_buf and dxf are scratch.
-  void backward(double scale, Buffer& dlogits_buf, Tensor& dxf, Tensor& dh) {
-    Tensor dlogits = dlogits_buf.get(logits.shape(), logits.dtype(), logits.device());
-    loss.backward(scale, dlogits);
-    output.backward(dlogits, &dxf);
+  // dh = d(scale * loss)/d(h), overwritten; dxf is scratch.
+  void backward(double scale, Tensor& dxf, Tensor& dh) {
+    output.backward(scale, &dxf);
     norm.backward(dxf, dh);
   }
 };
@@ -180,94 +173,71 @@ class Llama final : public Model {
     for (int64_t l = 0; l < L; ++l) layers_[static_cast<size_t>(l)].bind(params_, l, c);
     head_.bind(params_, c);
     eval_head_.bind(params_, c);
-  }
 
-  double forward(const Batch& batch) override {
-    const auto [B, T] = check_batch(batch);
-    const ModelConfig& c = config_;
-    const int64_t L = c.n_layers, D = c.dim;
-    const Checkpointing mode = checkpointing_;
-    lay_out_layers(mode);
-    pending_ = false;
-    h_ = resid_buf_.get({L + 1, B, T, D}, dtype_, device_);
-    Tensor tmp = tmp_buf_.get({B, T, D}, dtype_, device_);
-    Tensor h0 = h_.select(0);
-    BlockHooks& hk = hooks();
-    hk.before_forward(0, Pass::train);
-    embed_.forward(batch.inputs, h0);
-    hk.after_forward(0, Pass::train);
-    for (int64_t l = 0; l < L; ++l) {
-      Tensor out = h_.select(l + 1);
-      hk.before_forward(block_of(l), Pass::train);
-      layer_for(l, mode).forward(h_.select(l), out, tmp);
-      hk.after_forward(block_of(l), Pass::train);
-    }
-    hk.before_forward(head_block(), Pass::train);
-    const double loss = head_.forward(h_.select(L), batch.targets);
-    hk.after_forward(head_block(), Pass::train);
-    pending_ = true;
-    pending_mode_ = mode;
-    return loss;
-  }
-
-  void backward(double scale) override {
-    if (!pending_) fail("llama backward: no forward to differentiate (each backward needs its own forward)");
-    pending_ = false;
-    const int64_t L = config_.n_layers;
-    BlockHooks& hk = hooks();
-    const Tensor h_last = h_.select(L);
-    Tensor dh = dh_buf_.get(h_last.shape(), dtype_, device_);
-    Tensor dxf = ws_.get(0, h_last.shape(), dtype_, device_);
-    hk.before_backward(head_block());
-    head_.backward(scale, dlogits_buf_, dxf, dh);
-    hk.after_backward(head_block());
-    for (int64_t l = L - 1; l >= 0; --l) {
-      TransformerLayer& layer = layer_for(l, pending_mode_);
-      hk.before_backward(block_of(l));
-      if (pending_mode_ != Checkpointing::none) {
-        Tensor tmp = tmp_buf_.get(h_last.shape(), dtype_, device_);
-        hk.before_forward(block_of(l), Pass::recompute);
-        if (pending_mode_ == Checkpointing::full)
-          layer.forward(h_.select(l), tmp, tmp);  // every activation, from the layer's input
-        else
-          layer.recompute_cheap(h_.select(l), tmp);  // the cheap ones, from the input and the kept ones
-        hk.after_forward(block_of(l), Pass::recompute);
-      }
-      layer.backward(dh, ws_);
-      hk.after_backward(block_of(l));
-    }
-    hk.before_backward(0);
-    embed_.backward(dh);
-    hk.after_backward(0);
-  }
-
-  double evaluate(const Batch& batch) override {
-    const auto [B, T] = check_batch(batch);
-    const int64_t L = config_.n_layers, D = config_.dim;
-    // Own buffers (3 x [B, T, D]) and the recompute layer: a pending backward stays valid.
-    Tensor bufs = eval_buf_.get({3, B, T, D}, dtype_, device_);
-    Tensor a = bufs.select(0), b = bufs.select(1), tmp = bufs.select(2);
-    BlockHooks& hk = hooks();
-    hk.before_forward(0, Pass::evaluate);
-    eval_embed_.forward(batch.inputs, a);
-    hk.after_forward(0, Pass::evaluate);
-    for (int64_t l = 0; l < L; ++l) {
-      hk.before_forward(block_of(l), Pass::evaluate);
-      recompute_.bind(params_, l, config_);
-      recompute_.forward(a, b, tmp);
-      hk.after_forward(block_of(l), Pass::evaluate);
-      std::swap(a, b);
-    }
-    hk.before_forward(head_block(), Pass::evaluate);
-    const double loss = (pending_ ? eval_head_ : head_).forward(a, batch.targets);
-    hk.after_forward(head_block(), Pass::evaluate);
-    return loss;
+    // Block 0: the embedding, into h_0 (evaluation: into a).
+    add_block({[this](Pass pass, Checkpointing) {
+                 if (pass == Pass::evaluate)
+                   eval_embed_.forward(eval_batch_.inputs, ea_);
+                 else {
+                   Tensor h0 = h_.select(0);
+                   embed_.forward(batch_.inputs, h0);
+                 }
+                 return 0.0;
+               },
+               nullptr, [this](Checkpointing, double) { embed_.backward(dh_); }});
+    // Blocks 1..L: the layers, h_l -> h_{l+1} (evaluation: a -> b, then swapped).
+    for (int64_t l = 0; l < L; ++l)
+      add_block({[this, l](Pass pass, Checkpointing mode) {
+                   if (pass == Pass::evaluate) {
+                     recompute_.bind(params_, l, config_);
+                     recompute_.forward(ea_, eb_, etmp_);
+                     std::swap(ea_, eb_);
+                   } else {
+                     Tensor out = h_.select(l + 1);
+                     layer_for(l, mode).forward(h_.select(l), out, tmp_);
+                   }
+                   return 0.0;
+                 },
+                 [this, l](Checkpointing mode) {
+                   Tensor tmp = tmp_buf_.get(h_.select(l).shape(), dtype_, device_);
+                   if (mode == Checkpointing::full)
+                     layer_for(l, mode).forward(h_.select(l), tmp, tmp);  // every activation, from h_l
+                   else
+                     layers_[static_cast<size_t>(l)].recompute_cheap(h_.select(l), tmp);  // the cheap ones
+                 },
+                 [this, l](Checkpointing mode, double) {
+                   // full: the shared object, bound to layer l by the recomputation just before
+                   (mode == Checkpointing::full ? recompute_ : layers_[static_cast<size_t>(l)]).backward(dh_, ws_);
+                 }});
+    // Block L + 1: the final norm, the output projection and the loss.
+    add_block({[this, L](Pass pass, Checkpointing) {
+                 if (pass == Pass::evaluate) return (backward_pending() ? eval_head_ : head_).forward(ea_, eval_batch_.targets);
+                 return head_.forward(h_.select(L), batch_.targets);
+               },
+               nullptr, [this, L](Checkpointing, double scale) {
+                 const Tensor h_last = h_.select(L);
+                 dh_ = dh_buf_.get(h_last.shape(), dtype_, device_);
+                 Tensor dxf = ws_.get(0, h_last.shape(), dtype_, device_);
+                 head_.backward(scale, dxf, dh_);
+               }});
   }
 
  private:
-  // Blocks: 0 the embedding, 1..L the layers, L + 1 the final norm and output.
-  static int block_of(int64_t layer) { return static_cast<int>(layer + 1); }
-  int head_block() const { return static_cast<int>(config_.n_layers + 1); }
+  void begin(const Batch& batch, Pass pass, Checkpointing mode) override {
+    const auto [B, T] = check_batch(batch);
+    const int64_t L = config_.n_layers, D = config_.dim;
+    if (pass == Pass::evaluate) {
+      // Own buffers (3 x [B, T, D]) and the recompute layer: a pending backward stays valid.
+      eval_batch_ = batch;
+      Tensor bufs = eval_buf_.get({3, B, T, D}, dtype_, device_);
+      ea_ = bufs.select(0), eb_ = bufs.select(1), etmp_ = bufs.select(2);
+      return;
+    }
+    lay_out_layers(mode);
+    batch_ = batch;
+    h_ = resid_buf_.get({L + 1, B, T, D}, dtype_, device_);
+    tmp_ = tmp_buf_.get({B, T, D}, dtype_, device_);
+  }
 
   std::pair<int64_t, int64_t> check_batch(const Batch& batch) {
     const Tensor& x = batch.inputs;
@@ -311,13 +281,14 @@ class Llama final : public Model {
   std::vector<TransformerLayer> layers_;  // none and selective
   TransformerLayer recompute_;            // full checkpointing and evaluation
   CheapScratch cheap_;                    // selective
-  Head head_, eval_head_;       // eval_head_ only while a backward is pending
-  Buffer resid_buf_, tmp_buf_, dh_buf_, dlogits_buf_, eval_buf_, host_ids_;
+  Head head_, eval_head_;                 // eval_head_ only while a backward is pending
+  Buffer resid_buf_, tmp_buf_, dh_buf_, eval_buf_, host_ids_;
   Workspace ws_;
-  Tensor h_;  // [L + 1, B, T, D] of the last forward
-  bool pending_ = false;
-  Checkpointing pending_mode_ = Checkpointing::none;  // of the pending backward's forward
-  Checkpointing layers_mode_ = Checkpointing::none;   // what layers_ are set up for
+  Batch batch_, eval_batch_;  // of the last training forward, of the evaluation
+  Tensor h_, tmp_;            // [L + 1, B, T, D]: h_0..h_L of the last training forward; scratch
+  Tensor dh_;                 // the gradient passed down the blocks in backward
+  Tensor ea_, eb_, etmp_;     // evaluation: a block's input and output, scratch
+  Checkpointing layers_mode_ = Checkpointing::none;  // what layers_ are set up for
 };
 
 }  // namespace

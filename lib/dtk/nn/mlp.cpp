@@ -1,6 +1,7 @@
 // The mlp classifier: input_dim -> hidden[0] -> ... -> classes, ReLU between the layers, mean
 // cross-entropy over the batch. Parameters layers.i.weight [out, in] and layers.i.bias [out];
-// layer i is block i. It keeps every activation (small); activation checkpointing is ignored.
+// layer i (with the ReLU after it, or the loss after the last) is block i. It keeps every
+// activation (small); activation checkpointing does not apply.
 #include <fmt/format.h>
 
 #include <string>
@@ -29,43 +30,68 @@ class Mlp final : public Model {
       specs.emplace_back(p + "bias", Shape{sizes[i + 1]}, static_cast<int>(i));
     }
     build_params(specs);
-    std::vector<std::pair<Param*, Param*>> layers;
-    for (size_t i = 0; i < params_.size(); i += 2) layers.emplace_back(&params_[i], &params_[i + 1]);
-    net_.bind(layers);
-    eval_net_.bind(layers);
-  }
-
-  double forward(const Batch& batch) override {
-    pending_ = false;
-    Tensor x = input(batch, x_buf_);
-    batch_size_ = x.dim(0);
-    const double loss = loss_.forward(net_.forward(x, &hooks(), Pass::train), batch.targets);
-    correct_ = loss_.correct();
-    pending_ = true;
-    return loss;
-  }
-
-  void backward(double scale) override {
-    if (!pending_) fail("mlp backward: no forward to differentiate (each backward needs its own forward)");
-    pending_ = false;
-    Tensor dlogits = dlogits_buf_.get({batch_size_, config_.classes}, dtype_, device_);
-    loss_.backward(scale, dlogits);
-    net_.backward(dlogits, &hooks());
-  }
-
-  double evaluate(const Batch& batch) override {
-    // While a backward is pending, separate layer objects keep its activations intact.
-    ReluMlp& net = pending_ ? eval_net_ : net_;
-    CrossEntropy& loss = pending_ ? eval_loss_ : loss_;
-    Tensor x = input(batch, pending_ ? eval_x_buf_ : x_buf_);
-    const double l = loss.forward(net.forward(x, &hooks(), Pass::evaluate), batch.targets);
-    correct_ = loss.correct();
-    return l;
+    const size_t n = params_.size() / 2;  // the linear layers: the hidden ones and the last
+    for (Net* net : {&net_, &eval_net_}) {
+      net->hidden.resize(n - 1);
+      net->z_buf.resize(n - 1);
+      net->z.resize(n - 1);
+      for (size_t i = 0; i + 1 < n; ++i) net->hidden[i].bind(&params_[2 * i], &params_[2 * i + 1]);
+      net->last.bind(&params_[2 * n - 2], &params_[2 * n - 1]);
+    }
+    // Block i: layer i (its ReLU after it); the last block, the last layer and the loss.
+    for (size_t i = 0; i + 1 < n; ++i)
+      add_block({[this, i](Pass pass, Checkpointing) {
+                   Net& net = pass == Pass::evaluate ? *eval_ : net_;
+                   const Tensor& in = i == 0 ? net.x : net.z[i - 1];
+                   net.z[i] = net.z_buf[i].get({in.dim(0), net.hidden[i].out_features()}, dtype_, device_);
+                   net.hidden[i].forward(in, net.z[i]);
+                   ops::relu_forward(net.z[i], net.z[i]);  // in place: relu's output is its own mask
+                   return 0.0;
+                 },
+                 nullptr, [this, i](Checkpointing, double) {
+                   ops::relu_backward(net_.z[i], dz_, dz_);  // in place
+                   if (i == 0) {
+                     net_.hidden[0].backward(dz_, nullptr);
+                     return;
+                   }
+                   Tensor dx = dbuf_[i % 2].get(net_.z[i - 1].shape(), dtype_, device_);
+                   net_.hidden[i].backward(dz_, &dx);
+                   dz_ = dx;
+                 }});
+    add_block({[this, n](Pass pass, Checkpointing) {
+                 Net& net = pass == Pass::evaluate ? *eval_ : net_;
+                 const double loss = net.last.forward(n == 1 ? net.x : net.z.back(), net.targets);
+                 correct_ = net.last.correct();
+                 return loss;
+               },
+               nullptr, [this, n](Checkpointing, double scale) {
+                 if (n == 1) return net_.last.backward(scale, nullptr);  // the input needs no gradient
+                 dz_ = dbuf_[(n - 1) % 2].get(net_.z.back().shape(), dtype_, device_);
+                 net_.last.backward(scale, &dz_);
+               }});
   }
 
   int64_t correct() const override { return correct_; }
 
  private:
+  // The layers and activations of one pass: training, or evaluation while a backward is pending.
+  struct Net {
+    std::vector<Linear> hidden;
+    LinearLoss last;
+    std::vector<Buffer> z_buf;
+    std::vector<Tensor> z;  // z[i]: relu(layer i's output), the input of layer i + 1
+    Buffer x_buf;
+    Tensor x, targets;
+  };
+
+  void begin(const Batch& batch, Pass pass, Checkpointing) override {
+    // Evaluation while a backward is pending: separate layer objects keep its activations intact.
+    Net& net = pass == Pass::train || !backward_pending() ? net_ : eval_net_;
+    if (pass == Pass::evaluate) eval_ = &net;
+    net.x = input(batch, net.x_buf);
+    net.targets = batch.targets;
+  }
+
   // The batch's inputs as [B, input_dim] in the model's dtype (cast into buf when needed).
   Tensor input(const Batch& batch, Buffer& buf) {
     const Tensor& x = batch.inputs;
@@ -86,11 +112,11 @@ class Mlp final : public Model {
     return c;
   }
 
-  ReluMlp net_, eval_net_;
-  CrossEntropy loss_, eval_loss_;
-  Buffer x_buf_, eval_x_buf_, dlogits_buf_;
-  int64_t batch_size_ = 0, correct_ = 0;
-  bool pending_ = false;
+  Net net_, eval_net_;
+  Net* eval_ = &net_;  // the evaluation's
+  Buffer dbuf_[2];
+  Tensor dz_;  // backward: the gradient passed down
+  int64_t correct_ = 0;
 };
 
 }  // namespace

@@ -253,9 +253,59 @@ void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
   }
 }
 
+// ---------------------------------------------------------------------------- the driver
+
+double Model::forward(const Batch& batch) {
+  pending_ = false;
+  const Checkpointing mode = checkpointing_;
+  begin(batch, Pass::train, mode);
+  const double loss = run_forward(Pass::train, mode);
+  pending_ = true;
+  pending_mode_ = mode;
+  return loss;
+}
+
+double Model::evaluate(const Batch& batch) {
+  begin(batch, Pass::evaluate, Checkpointing::none);
+  return run_forward(Pass::evaluate, Checkpointing::none);
+}
+
+double Model::run_forward(Pass pass, Checkpointing mode) {
+  if (block_fns_.size() != block_params_.size())
+    fail("{}: {} blocks listed for {} blocks of parameters", config_.arch, block_fns_.size(), block_params_.size());
+  BlockHooks& hk = hooks();
+  double loss = 0;
+  for (size_t b = 0; b < block_fns_.size(); ++b) {
+    hk.before_forward(static_cast<int>(b), pass);
+    loss = block_fns_[b].forward(pass, mode);
+    hk.after_forward(static_cast<int>(b), pass);
+  }
+  return loss;
+}
+
+void Model::backward(double scale) {
+  if (!pending_) fail(config_.arch + " backward: no forward to differentiate (each backward needs its own forward)");
+  pending_ = false;
+  BlockHooks& hk = hooks();
+  for (size_t i = block_fns_.size(); i-- > 0;) {
+    const Block& blk = block_fns_[i];
+    const int b = static_cast<int>(i);
+    hk.before_backward(b);
+    if (blk.recompute && pending_mode_ != Checkpointing::none) {
+      hk.before_forward(b, Pass::recompute);
+      blk.recompute(pending_mode_);
+      hk.after_forward(b, Pass::recompute);
+    }
+    blk.backward(pending_mode_, scale);
+    hk.after_backward(b);
+  }
+}
+
+// ---------------------------------------------------------------------------- parameters
+
 void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs) {
   params_.clear();
-  blocks_.clear();
+  block_params_.clear();
   int64_t total = 0;
   int max_block = -1;
   std::set<std::string> names;
@@ -269,7 +319,7 @@ void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>&
     values_ = Tensor::zeros({total}, dtype_, device_);
     grads_ = Tensor::zeros({total}, dtype_, device_);
   }
-  blocks_.resize(static_cast<size_t>(max_block + 1));
+  block_params_.resize(static_cast<size_t>(max_block + 1));
   params_.reserve(specs.size());
   int64_t off = 0;
   for (const auto& [name, shape, block] : specs) {
@@ -282,7 +332,7 @@ void Model::build_params(const std::vector<std::tuple<std::string, Shape, int>>&
     }
     p.block = block;
     p.shape = shape;
-    blocks_[static_cast<size_t>(block)].push_back(static_cast<int>(params_.size()));
+    block_params_[static_cast<size_t>(block)].push_back(static_cast<int>(params_.size()));
     params_.push_back(std::move(p));
     off += n;
   }

@@ -173,6 +173,23 @@ class BlockHooks {
   virtual void after_backward(int block) { (void)block; }
 };
 
+// One block of a model, as the driver (Model::forward, backward, evaluate) runs it between the
+// strategy's hooks. A model lists its blocks in order (add_block); they pass activations to one
+// another through the model's own buffers, so each is three functions of the model's state.
+struct Block {
+  // Training (Pass::train, keeping what checkpointing mode `mode` keeps) or evaluation
+  // (Pass::evaluate, mode none: objects and buffers that leave a pending backward intact). The
+  // last block, the head, returns the mean loss; the others return 0.
+  std::function<double(Pass pass, Checkpointing mode)> forward;
+  // Empty: activation checkpointing does not apply to the block. Else, before its backward in
+  // modes full and selective (between the hooks' before_forward and after_forward with
+  // Pass::recompute): what its forward did not keep.
+  std::function<void(Checkpointing mode)> recompute;
+  // Parameter gradients += d(scale * loss)/d(params); the gradient of the block's input passed
+  // to the block before it. The head starts from scale.
+  std::function<void(Checkpointing mode, double scale)> backward;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -189,8 +206,8 @@ class Model {
   // Flat storage: f32 [num_params], every Param::value (grad) a view into it; external: undefined.
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
-  int num_blocks() const { return static_cast<int>(blocks_.size()); }
-  const std::vector<int>& block_params(int b) const { return blocks_.at(static_cast<size_t>(b)); }
+  int num_blocks() const { return static_cast<int>(block_params_.size()); }
+  const std::vector<int>& block_params(int b) const { return block_params_.at(static_cast<size_t>(b)); }
 
   // Philox normal(0, 0.02) per parameter, each parameter its own stream (seed, parameter index:
   // ops::normal_ with key seed and counter offset index << 40),
@@ -202,12 +219,15 @@ class Model {
   // its shards.
   void init(uint64_t seed);
   void init_param(size_t index, uint64_t seed, Tensor& out) const;
-  // Mean loss over the batch's targets; saves the activations backward needs.
-  virtual double forward(const Batch& batch) = 0;
-  // grads += scale * d(loss of the last forward)/d(params).
-  virtual void backward(double scale) = 0;
-  // Forward only, no activations kept for backward: the mean loss (evaluation).
-  virtual double evaluate(const Batch& batch) = 0;
+  // The driver. Mean loss over the batch's targets; saves the activations backward needs (in
+  // the activation checkpointing mode set now): each block's forward, in order, between the
+  // hooks' before_forward and after_forward (Pass::train).
+  double forward(const Batch& batch);
+  // grads += scale * d(loss of the last forward)/d(params): each block in reverse order, between
+  // the hooks' before_backward and after_backward, its recomputation first (see Block).
+  void backward(double scale);
+  // Forward only, no activations kept for backward: the mean loss (evaluation; Pass::evaluate).
+  double evaluate(const Batch& batch);
   // Classifiers (mlp, resnet): how many samples of the last forward or evaluate had their target as the
   // largest logit (top-1 accuracy times the batch size). -1: not a classifier (llama).
   virtual int64_t correct() const { return -1; }
@@ -228,6 +248,15 @@ class Model {
 
  protected:
   Model(ModelConfig cfg, Device d, DType t, Storage s) : config_(std::move(cfg)), device_(d), dtype_(t), storage_(s) {}
+  // The model's part of a pass, before its blocks run: checks the batch, keeps it for the
+  // blocks and sizes their buffers (for training, laid out for checkpointing mode `mode`).
+  virtual void begin(const Batch& batch, Pass pass, Checkpointing mode) = 0;
+  // Appends the next block (blocks are numbered in the order they are added, as their
+  // parameters are by build_params).
+  void add_block(Block b) { block_fns_.push_back(std::move(b)); }
+  // Whether a training forward awaits its backward (evaluation then uses objects of its own).
+  bool backward_pending() const { return pending_; }
+
   // Registers the parameters (name, shape, block) in order, then allocates the flat buffers
   // (flat storage).
   void build_params(const std::vector<std::tuple<std::string, Shape, int>>& specs);
@@ -242,7 +271,7 @@ class Model {
   DType dtype_ = DType::f32;
   Storage storage_ = Storage::flat;
   std::vector<Param> params_;
-  std::vector<std::vector<int>> blocks_;
+  std::vector<std::vector<int>> block_params_;  // the parameters' indices, per block
   Tensor values_, grads_;
   std::vector<NamedTensor> buffers_;
   Tensor buffer_values_;
@@ -254,7 +283,13 @@ class Model {
   }
 
  private:
+  // The blocks' forwards in order between the hooks; the head's loss.
+  double run_forward(Pass pass, Checkpointing mode);
+
   BlockHooks* hooks_ = nullptr;
+  std::vector<Block> block_fns_;
+  bool pending_ = false;                              // a training forward awaits its backward
+  Checkpointing pending_mode_ = Checkpointing::none;  // ... in this mode
 };
 
 // Validates cfg (UsageError naming the field). dtype: f32 (training) or f64 (gradient checks).

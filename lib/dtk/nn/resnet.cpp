@@ -251,26 +251,19 @@ struct Residual {
 // Global average pooling -> fc -> cross-entropy.
 struct Head {
   GlobalAvgPool pool;
-  Linear fc;
-  CrossEntropy loss;
-  Buffer pooled_buf, logits_buf;
-  Tensor logits;
+  LinearLoss fc;
+  Buffer pooled_buf, dpooled_buf;
 
   double forward(const Tensor& h, const Tensor& targets) {
-    const int64_t N = h.dim(0);
-    Tensor pooled = pooled_buf.get({N, h.dim(1)}, h.dtype(), h.device());
-    logits = logits_buf.get({N, fc.out_features()}, h.dtype(), h.device());
+    Tensor pooled = pooled_buf.get({h.dim(0), h.dim(1)}, h.dtype(), h.device());
     pool.forward(h, pooled);
-    fc.forward(pooled, logits);
-    return loss.forward(logits, targets);
+    return fc.forward(pooled, targets);
   }
 
-  // dh = d(scale * loss)/d(h), overwritten; dlogits_buf and dpooled_buf are scratch.
-  void backward(double scale, Buffer& dlogits_buf, Buffer& dpooled_buf, Tensor& dh) {
-    Tensor dlogits = dlogits_buf.get(logits.shape(), logits.dtype(), logits.device());
-    loss.backward(scale, dlogits);
+  // dh = d(scale * loss)/d(h), overwritten.
+  void backward(double scale, Tensor& dh) {
     Tensor dpooled = dpooled_buf.get({dh.dim(0), dh.dim(1)}, dh.dtype(), dh.device());
-    fc.backward(dlogits, &dpooled);
+    fc.backward(scale, &dpooled);
     pool.backward(dpooled, dh);
   }
 };
@@ -312,7 +305,7 @@ class ResNet final : public Model {
         bn(b.prefix + "downsample.1", b.out, block);
       }
     }
-    const int head = head_block();
+    const int head = static_cast<int>(pl.blocks.size() + 1);
     specs.emplace_back("fc.weight", Shape{cfg.classes, pl.last}, head);
     inits.emplace_back(Init::normal, 1.0 / std::sqrt(3.0 * static_cast<double>(pl.last)));
     specs.emplace_back("fc.bias", Shape{cfg.classes}, head);
@@ -326,6 +319,7 @@ class ResNet final : public Model {
     blocks_obj_.resize(pl.blocks.size());
     for (size_t i = 0; i < pl.blocks.size(); ++i) blocks_obj_[i].bind(params_, buffers_, pl.blocks[i], cfg.norm_eps, sync_);
     for (Head* h : {&head_, &eval_head_}) h->fc.bind(&params_[params_.size() - 2], &params_.back());
+    add_blocks();
   }
 
   void set_batchnorm_sync(StatSync sync) override {
@@ -335,108 +329,91 @@ class ResNet final : public Model {
       blocks_obj_[i].bind(params_, buffers_, plan_.blocks[i], config_.norm_eps, sync_);
   }
 
-  double forward(const Batch& batch) override {
-    pending_ = false;
-    const Tensor x = input(batch, x_buf_);
-    const Checkpointing mode = checkpointing_;
+  int64_t correct() const override { return correct_; }
+
+ private:
+  void begin(const Batch& batch, Pass pass, Checkpointing mode) override {
+    if (pass == Pass::evaluate) {
+      // Objects and buffers of its own: a pending backward stays valid.
+      ein_ = input(batch, eval_x_buf_);
+      eval_targets_ = batch.targets;
+      return;
+    }
+    x_ = input(batch, x_buf_);
+    targets_ = batch.targets;
     lay_out(mode);
-    BlockHooks& hk = hooks();
     if (mode == Checkpointing::selective) {
       // One allocation for every block's h1, sized for the largest: each block's conv2 keeps a
       // view of it, which recompute_h1 refills (a reallocation would leave those views stale).
       int64_t most = 0;
       for (const BlockPlan& b : plan_.blocks) most = std::max(most, b.out * b.p * b.q);
-      shared_h1_.get({x.dim(0) * most}, dtype_, device_);
+      shared_h1_.get({x_.dim(0) * most}, dtype_, device_);
     }
-    hk.before_forward(0, Pass::train);
-    Tensor in = stem_.forward(x, Pass::train);
-    hk.after_forward(0, Pass::train);
     ins_.assign(plan_.blocks.size(), Tensor());
     outs_.resize(plan_.blocks.size());
     out_bufs_.resize(plan_.blocks.size());
-    for (size_t i = 0; i < plan_.blocks.size(); ++i) {
-      const int b = static_cast<int>(i + 1);
-      Residual& r = block_for(i, mode);
-      const Shape s = r.conv1.out_shape(in.shape());
-      outs_[i] = out_bufs_[i].get(s, dtype_, device_);
-      Tensor tmp = tmp_buf_.get(s, dtype_, device_);
-      hk.before_forward(b, Pass::train);
-      r.forward(in, outs_[i], tmp, Pass::train);
-      hk.after_forward(b, Pass::train);
-      ins_[i] = in;
-      in = outs_[i];
-    }
-    hk.before_forward(head_block(), Pass::train);
-    const double loss = head_.forward(in, batch.targets);
-    hk.after_forward(head_block(), Pass::train);
-    correct_ = head_.loss.correct();
-    pending_ = true;
-    pending_mode_ = mode;
-    return loss;
   }
 
-  void backward(double scale) override {
-    if (!pending_) fail("resnet backward: no forward to differentiate (each backward needs its own forward)");
-    pending_ = false;
-    BlockHooks& hk = hooks();
-    int k = 0;
-    Tensor dh = dbuf_[k].get(outs_.back().shape(), dtype_, device_);
-    hk.before_backward(head_block());
-    head_.backward(scale, dlogits_buf_, dpooled_buf_, dh);
-    hk.after_backward(head_block());
-    for (size_t i = plan_.blocks.size(); i-- > 0;) {
-      const int b = static_cast<int>(i + 1);
-      Residual& r = block_for(i, pending_mode_);
-      hk.before_backward(b);
-      if (pending_mode_ != Checkpointing::none) {
-        hk.before_forward(b, Pass::recompute);
-        if (pending_mode_ == Checkpointing::full) {
-          Tensor tmp = tmp_buf_.get(outs_[i].shape(), dtype_, device_);
-          r.forward(ins_[i], outs_[i], tmp, Pass::recompute);  // the same bits into the kept output
-        } else {
-          r.recompute_h1();
-        }
-        hk.after_forward(b, Pass::recompute);
-      }
-      k ^= 1;
-      Tensor dx = dbuf_[k].get(ins_[i].shape(), dtype_, device_);
-      r.backward(dh, dx, ws_);
-      hk.after_backward(b);
-      dh = dx;
-    }
-    hk.before_backward(0);
-    stem_.backward(dh, ws_);
-    hk.after_backward(0);
+  // The blocks (see the top of the file): the stem, the residual blocks, the head. A training
+  // forward passes in_ along (each residual block keeps its input and output in ins_ and outs_),
+  // evaluation ein_; backward passes dh_ down.
+  void add_blocks() {
+    add_block({[this](Pass pass, Checkpointing) {
+                 if (pass == Pass::evaluate)
+                   ein_ = eval_stem_.forward(ein_, Pass::evaluate);
+                 else
+                   in_ = stem_.forward(x_, Pass::train);
+                 return 0.0;
+               },
+               nullptr, [this](Checkpointing, double) { stem_.backward(dh_, ws_); }});
+    for (size_t i = 0; i < plan_.blocks.size(); ++i)
+      add_block({[this, i](Pass pass, Checkpointing mode) {
+                   if (pass == Pass::evaluate) {
+                     eval_block_.bind(params_, buffers_, plan_.blocks[i], config_.norm_eps, nullptr);
+                     const Shape s = eval_block_.conv1.out_shape(ein_.shape());
+                     Tensor out = eval_act_[i % 2].get(s, dtype_, device_), tmp = eval_tmp_.get(s, dtype_, device_);
+                     eval_block_.forward(ein_, out, tmp, Pass::evaluate);
+                     ein_ = out;
+                     return 0.0;
+                   }
+                   Residual& r = block_for(i, mode);
+                   const Shape s = r.conv1.out_shape(in_.shape());
+                   outs_[i] = out_bufs_[i].get(s, dtype_, device_);
+                   Tensor tmp = tmp_buf_.get(s, dtype_, device_);
+                   r.forward(in_, outs_[i], tmp, Pass::train);
+                   ins_[i] = in_;
+                   in_ = outs_[i];
+                   return 0.0;
+                 },
+                 [this, i](Checkpointing mode) {
+                   if (mode == Checkpointing::full) {
+                     Tensor tmp = tmp_buf_.get(outs_[i].shape(), dtype_, device_);
+                     block_for(i, mode).forward(ins_[i], outs_[i], tmp, Pass::recompute);  // the same bits
+                   } else {
+                     blocks_obj_[i].recompute_h1();
+                   }
+                 },
+                 [this, i](Checkpointing mode, double) {
+                   // full: the shared object, bound to block i by the recomputation just before
+                   Residual& r = mode == Checkpointing::full ? recompute_ : blocks_obj_[i];
+                   dk_ ^= 1;
+                   Tensor dx = dbuf_[dk_].get(ins_[i].shape(), dtype_, device_);
+                   r.backward(dh_, dx, ws_);
+                   dh_ = dx;
+                 }});
+    add_block({[this](Pass pass, Checkpointing) {
+                 Head& h = pass == Pass::evaluate ? eval_head_ : head_;
+                 const double loss = h.forward(pass == Pass::evaluate ? ein_ : in_,
+                                               pass == Pass::evaluate ? eval_targets_ : targets_);
+                 correct_ = h.fc.correct();
+                 return loss;
+               },
+               nullptr, [this](Checkpointing, double scale) {
+                 dk_ = 0;
+                 dh_ = dbuf_[dk_].get(in_.shape(), dtype_, device_);
+                 head_.backward(scale, dh_);
+               }});
   }
-
-  double evaluate(const Batch& batch) override {
-    // Objects and buffers of its own: a pending backward stays valid.
-    const Tensor x = input(batch, eval_x_buf_);
-    BlockHooks& hk = hooks();
-    hk.before_forward(0, Pass::evaluate);
-    Tensor in = eval_stem_.forward(x, Pass::evaluate);
-    hk.after_forward(0, Pass::evaluate);
-    for (size_t i = 0; i < plan_.blocks.size(); ++i) {
-      const int b = static_cast<int>(i + 1);
-      eval_block_.bind(params_, buffers_, plan_.blocks[i], config_.norm_eps, nullptr);
-      const Shape s = eval_block_.conv1.out_shape(in.shape());
-      Tensor out = eval_act_[i % 2].get(s, dtype_, device_), tmp = eval_tmp_.get(s, dtype_, device_);
-      hk.before_forward(b, Pass::evaluate);
-      eval_block_.forward(in, out, tmp, Pass::evaluate);
-      hk.after_forward(b, Pass::evaluate);
-      in = out;
-    }
-    hk.before_forward(head_block(), Pass::evaluate);
-    const double loss = eval_head_.forward(in, batch.targets);
-    hk.after_forward(head_block(), Pass::evaluate);
-    correct_ = eval_head_.loss.correct();
-    return loss;
-  }
-
-  int64_t correct() const override { return correct_; }
-
- private:
-  int head_block() const { return static_cast<int>(plan_.blocks.size() + 1); }
 
   // The batch's images as [B, C, H, W] in the model's dtype (cast into buf when needed).
   Tensor input(const Batch& batch, Buffer& buf) {
@@ -487,11 +464,13 @@ class ResNet final : public Model {
   Head head_, eval_head_;
   std::vector<Buffer> out_bufs_;
   std::vector<Tensor> ins_, outs_;  // of the last forward: each block's input and output
-  Buffer x_buf_, eval_x_buf_, tmp_buf_, dbuf_[2], dlogits_buf_, dpooled_buf_, eval_act_[2], eval_tmp_;
+  Buffer x_buf_, eval_x_buf_, tmp_buf_, dbuf_[2], eval_act_[2], eval_tmp_;
   Workspace ws_;
+  Tensor x_, targets_, in_;           // training: the images, their classes, the next block's input
+  Tensor eval_targets_, ein_;         // evaluation: likewise
+  Tensor dh_;                         // backward: the gradient passed down, in dbuf_[dk_]
+  int dk_ = 0;
   int64_t correct_ = 0;
-  bool pending_ = false;
-  Checkpointing pending_mode_ = Checkpointing::none;
   Checkpointing laid_out_ = Checkpointing::none;
 };
 
