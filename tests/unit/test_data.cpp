@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 
 nn::ModelConfig llama(int64_t vocab, int64_t seq) {
   nn::ModelConfig m;
-  m.arch = "llama";
+  m.arch = nn::Arch::llama;
   m.vocab = vocab;
   m.seq_len = seq;
   return m;
@@ -31,7 +31,7 @@ nn::ModelConfig llama(int64_t vocab, int64_t seq) {
 
 nn::ModelConfig mlp(int64_t dim, int64_t classes) {
   nn::ModelConfig m;
-  m.arch = "mlp";
+  m.arch = nn::Arch::mlp;
   m.input_dim = dim;
   m.classes = classes;
   return m;
@@ -256,7 +256,6 @@ TEST(SyntheticMarkov, BadConfigs) {
   EXPECT_THROW(open_dataset("synthetic", llama(1, 8), false, 0), UsageError);
   EXPECT_THROW(open_dataset("synthetic", llama(8, 0), false, 0), UsageError);
   nn::ModelConfig none;
-  none.arch = "other";
   EXPECT_THROW(open_dataset("synthetic", none, false, 0), UsageError);
   EXPECT_THROW(open_dataset("", llama(8, 8), false, 0), UsageError);
 }

@@ -887,7 +887,7 @@ TEST(NnLlama, AdamWLearnsAFixedBatch) {
 
 ModelConfig tiny_mlp() {
   ModelConfig c;
-  c.arch = "mlp";
+  c.arch = Arch::mlp;
   c.input_dim = 6;
   c.hidden = {7, 5};
   c.classes = 4;
@@ -1131,7 +1131,7 @@ TEST(NnConfig, PresetParameterCounts) {
     EXPECT_EQ(c.preset, name);
     c.validate();
     std::printf("[ preset   ] %-12s %14lld params, %.4g train FLOPs per %s\n", name.c_str(),
-                static_cast<long long>(c.num_params()), c.train_flops_per_item(), c.arch == "llama" ? "token" : "sample");
+                static_cast<long long>(c.num_params()), c.train_flops_per_item(), c.arch == Arch::llama ? "token" : "sample");
     ASSERT_TRUE(want.count(name)) << name;
     EXPECT_EQ(c.num_params(), want.at(name)) << name;
     EXPECT_GT(c.train_flops_per_item(), 6.0 * static_cast<double>(c.num_params()) * 0.5) << name;
@@ -1199,7 +1199,6 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
       {with([](ModelConfig& c) { c.ffn_hidden = 0; }), "ffn_hidden"},
       {with([](ModelConfig& c) { c.rope_theta = 0; }), "rope_theta"},
       {with([](ModelConfig& c) { c.norm_eps = -1; }), "norm_eps"},
-      {with([](ModelConfig& c) { c.arch = "gpt"; }), "arch"},
       {with([](ModelConfig& c) { c.hidden = {64, 0}; }, "mlp-small"), "hidden[1]"},
       {with([](ModelConfig& c) { c.classes = 0; }, "mlp-small"), "classes"},
       {with([](ModelConfig& c) { c.input_dim = -3; }, "mlp-small"), "input_dim"},
@@ -1222,6 +1221,9 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
   j = nlohmann::json(preset("llama-tiny"));
   j["dim"] = "128";
   expect_usage_error([&] { from_json<ModelConfig>(j); }, "dim");
+  j = nlohmann::json(preset("llama-tiny"));
+  j["arch"] = "gpt";
+  expect_usage_error([&] { from_json<ModelConfig>(j); }, "arch");
   j = nlohmann::json(preset("mlp-small"));
   j["hidden"] = {64, 1.5};
   expect_usage_error([&] { from_json<ModelConfig>(j); }, "hidden");

@@ -228,7 +228,7 @@ int run_synthetic(const Args& a) {
                  chain.entropy_rate());
   } else {
     nn::ModelConfig m;
-    m.arch = "mlp";
+    m.arch = nn::Arch::mlp;
     m.input_dim = a.input_dim;
     m.classes = a.synth_classes;
     const auto ds = data::open_dataset("synthetic", m, a.validation, a.seed);

@@ -117,7 +117,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelCo
   if (spec == "synthetic") {
     if (model.classifier()) return detail::make_mixture_dataset(model, validation, seed);
     if (model.vocab > 0 && model.seq_len > 0) return detail::make_markov_dataset(model, validation, seed);
-    fail_usage("--data synthetic: no synthetic data for a model of arch '" + model.arch +
+    fail_usage("--data synthetic: no synthetic data for a model of arch '" + std::string(name_of(model.arch)) +
                "' (llama-like models need vocab and seq_len)");
   }
   if (spec.empty()) fail_usage("no data given (expected \"synthetic\" or an HDF5 data file)");

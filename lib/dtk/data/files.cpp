@@ -210,13 +210,13 @@ class ClassFile final : public FileDataset {
     for (size_t i = 1; i < arr_.dims.size(); ++i) d_ *= static_cast<int64_t>(arr_.dims[i]);
     if (n_ == 0) fail_usage(p + ": `" + name + "` holds no samples");
     if (images_) chw_ = chw_of(arr_.dims);
-    if (m.arch == "resnet" && images_ && chw_ != m.input_shape)
+    if (m.arch == nn::Arch::resnet && images_ && chw_ != m.input_shape)
       fail_usage(p + ": the images are " + shape_str(chw_) + " (C, H, W), but the model's input_shape is " +
                  shape_str(m.input_shape));
     if (d_ != m.sample_numel())
       fail_usage("{}: a sample of `{}` {} has {} values, but the model takes {} ({}); {}", p, name, dims_str(arr_.dims),
-                 d_, m.sample_numel(), m.arch == "mlp" ? "its input_dim" : "its input_shape",
-                 m.arch == "mlp" ? fmt::format("add --input-dim {} to fit the data", d_)
+                 d_, m.sample_numel(), m.arch == nn::Arch::mlp ? "its input_dim" : "its input_shape",
+                 m.arch == nn::Arch::mlp ? fmt::format("add --input-dim {} to fit the data", d_)
                                  : "--input-shape C,H,W sets the model's (default: the images' own)");
 
     if (!exists(file_, "labels")) fail_usage(p + ": the dataset `labels` is missing");
@@ -360,12 +360,12 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
   try {
     if (exists(file, "tokens")) {
       if (classify)
-        fail_usage(path + ": a token file, but the model (" + model.arch + ") is a classifier; it needs `images` or `features`");
+        fail_usage(path + ": a token file, but the model (" + std::string(name_of(model.arch)) + ") is a classifier; it needs `images` or `features`");
       return std::make_unique<TokenFile>(path, std::move(file), model);
     }
     if (exists(file, "images") || exists(file, "features")) {
       if (!classify)
-        fail_usage(path + ": a classification file, but the model (" + model.arch + ") takes `tokens`");
+        fail_usage(path + ": a classification file, but the model (" + std::string(name_of(model.arch)) + ") takes `tokens`");
       return std::make_unique<ClassFile>(path, std::move(file), model);
     }
   } catch (const UsageError&) {

@@ -21,8 +21,8 @@ using detail::bad;
 
 namespace {
 
-void need_positive(const char* field, int64_t v, const std::string& arch) {
-  if (v <= 0) bad("{} must be positive for arch {}, got {}", field, arch, v);
+void need_positive(const char* field, int64_t v, Arch arch) {
+  if (v <= 0) bad("{} must be positive for arch {}, got {}", field, name_of(arch), v);
 }
 
 }  // namespace
@@ -30,7 +30,7 @@ void need_positive(const char* field, int64_t v, const std::string& arch) {
 // ---------------------------------------------------------------------------- ModelConfig
 
 void ModelConfig::validate() const {
-  if (arch == "llama") {
+  if (arch == Arch::llama) {
     need_positive("dim", dim, arch);
     need_positive("n_layers", n_layers, arch);
     need_positive("n_heads", n_heads, arch);
@@ -48,26 +48,26 @@ void ModelConfig::validate() const {
       bad("rope_theta must be positive and finite, got {}", rope_theta);
     if (!(norm_eps >= 0) || !std::isfinite(norm_eps))
       bad("norm_eps must be non-negative and finite, got {}", norm_eps);
-  } else if (arch == "mlp") {
+  } else if (arch == Arch::mlp) {
     need_positive("input_dim", input_dim, arch);
     need_positive("classes", classes, arch);
     for (size_t i = 0; i < hidden.size(); ++i)
       if (hidden[i] <= 0) bad("hidden[{}] must be positive, got {}", i, hidden[i]);
     if (classes > std::numeric_limits<int32_t>::max()) bad("classes ({}) must fit in i32", classes);
-  } else if (arch == "resnet") {
+  } else if (arch == Arch::resnet) {
     detail::resnet_validate(*this);
   } else {
-    bad("arch must be \"llama\", \"mlp\" or \"resnet\", got \"" + arch + "\"");
+    bad("arch must be {}, got {}", choices_of<Arch>(), static_cast<int>(arch));
   }
   // Sizes whose parameter count does not fit comfortably (computed in double: no overflow).
   double total = 0;
-  if (arch == "llama") {
+  if (arch == Arch::llama) {
     const double D = static_cast<double>(dim), hd = static_cast<double>(head_dim());
     total = 2.0 * static_cast<double>(vocab) * D + D +
             static_cast<double>(n_layers) *
                 (2 * D + 2 * D * static_cast<double>(n_heads) * hd + 2 * D * static_cast<double>(n_kv_heads) * hd +
                  3 * D * static_cast<double>(ffn_hidden));
-  } else if (arch == "mlp") {
+  } else if (arch == Arch::mlp) {
     double in = static_cast<double>(input_dim);
     for (int64_t h : hidden) {
       total += (in + 1) * static_cast<double>(h);
@@ -79,12 +79,12 @@ void ModelConfig::validate() const {
 }
 
 int64_t ModelConfig::num_params() const {
-  if (arch == "llama") {
+  if (arch == Arch::llama) {
     const int64_t hd = head_dim();
     const int64_t per_layer = 2 * dim + dim * n_heads * hd * 2 + 2 * dim * n_kv_heads * hd + 3 * dim * ffn_hidden;
     return 2 * vocab * dim + dim + n_layers * per_layer;
   }
-  if (arch == "mlp") {
+  if (arch == Arch::mlp) {
     int64_t total = 0, in = input_dim;
     for (int64_t h : hidden) {
       total += (in + 1) * h;
@@ -92,18 +92,18 @@ int64_t ModelConfig::num_params() const {
     }
     return total + (in + 1) * classes;
   }
-  if (arch == "resnet") return detail::resnet_num_params(*this);
+  if (arch == Arch::resnet) return detail::resnet_num_params(*this);
   return 0;
 }
 
 int64_t ModelConfig::sample_numel() const {
-  if (arch == "mlp") return input_dim;
-  if (arch == "resnet" && input_shape.size() == 3) return input_shape[0] * input_shape[1] * input_shape[2];
+  if (arch == Arch::mlp) return input_dim;
+  if (arch == Arch::resnet && input_shape.size() == 3) return input_shape[0] * input_shape[1] * input_shape[2];
   return 0;
 }
 
 double ModelConfig::train_flops_per_item() const {
-  if (arch == "llama") {
+  if (arch == Arch::llama) {
     // Matmul weights (every linear, the output head; not the embedding table or the norms),
     // plus attention's two T x T products per layer (QK^T and PV: 2 * 2 * seq_len * dim per token
     // forward), times 3 for forward + backward, as in PaLM's MFU accounting (no causal discount).
@@ -113,7 +113,7 @@ double ModelConfig::train_flops_per_item() const {
     const double matmul = static_cast<double>(n_layers) * per_layer + static_cast<double>(vocab) * D;
     return 6 * matmul + 12 * static_cast<double>(n_layers) * D * static_cast<double>(seq_len);
   }
-  if (arch == "mlp") {
+  if (arch == Arch::mlp) {
     double total = 0, in = static_cast<double>(input_dim);
     for (int64_t h : hidden) {
       total += in * static_cast<double>(h);
@@ -121,7 +121,7 @@ double ModelConfig::train_flops_per_item() const {
     }
     return 6 * (total + in * static_cast<double>(classes));
   }
-  if (arch == "resnet") return detail::resnet_train_flops(*this);
+  if (arch == Arch::resnet) return detail::resnet_train_flops(*this);
   return 0;
 }
 
@@ -130,7 +130,7 @@ double ModelConfig::train_flops_per_item() const {
 ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,
                          int64_t seq_len, double rope_theta) {
   ModelConfig c;
-  c.arch = "llama";
+  c.arch = Arch::llama;
   c.dim = dim;
   c.n_layers = layers;
   c.n_heads = heads;
@@ -153,7 +153,7 @@ ModelConfig llama(const char* name, int64_t dim, int64_t layers, int64_t heads, 
 
 ModelConfig mlp(const char* name, int64_t input, std::vector<int64_t> hidden, int64_t classes) {
   ModelConfig c;
-  c.arch = "mlp";
+  c.arch = Arch::mlp;
   c.preset = name;
   c.input_dim = input;
   c.hidden = std::move(hidden);
@@ -163,7 +163,7 @@ ModelConfig mlp(const char* name, int64_t input, std::vector<int64_t> hidden, in
 
 ModelConfig resnet(const char* name, std::vector<int64_t> widths, std::vector<int64_t> blocks) {
   ModelConfig c;
-  c.arch = "resnet";
+  c.arch = Arch::resnet;
   c.preset = name;
   c.input_shape = {3, 32, 32};
   c.classes = 10;
@@ -236,7 +236,7 @@ void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
   constexpr double kStd = 0.02;
   const Param& p = params_.at(index);
   if (out.shape() != p.shape) fail("init_param: " + p.name + " is " + shape_str(p.shape) + ", not " + out.str());
-  const int64_t depth = config_.arch == "llama" ? config_.n_layers : static_cast<int64_t>(config_.hidden.size()) + 1;
+  const int64_t depth = config_.arch == Arch::llama ? config_.n_layers : static_cast<int64_t>(config_.hidden.size()) + 1;
   if (p.init == Init::normal) {
     ops::normal_(out, seed, static_cast<uint64_t>(index) << 40, 0.0, p.init_std);
   } else if (p.init == Init::ones || p.init == Init::zeros) {
@@ -272,7 +272,7 @@ double Model::evaluate(const Batch& batch) {
 
 double Model::run_forward(Pass pass, Checkpointing mode) {
   if (block_fns_.size() != block_params_.size())
-    fail("{}: {} blocks listed for {} blocks of parameters", config_.arch, block_fns_.size(), block_params_.size());
+    fail("{}: {} blocks listed for {} blocks of parameters", name_of(config_.arch), block_fns_.size(), block_params_.size());
   BlockHooks& hk = hooks();
   double loss = 0;
   for (size_t b = 0; b < block_fns_.size(); ++b) {
@@ -284,7 +284,7 @@ double Model::run_forward(Pass pass, Checkpointing mode) {
 }
 
 void Model::backward(double scale) {
-  if (!pending_) fail(config_.arch + " backward: no forward to differentiate (each backward needs its own forward)");
+  if (!pending_) fail(std::string(name_of(config_.arch)) + " backward: no forward to differentiate (each backward needs its own forward)");
   pending_ = false;
   BlockHooks& hk = hooks();
   for (size_t i = block_fns_.size(); i-- > 0;) {
@@ -360,8 +360,8 @@ std::unique_ptr<Model> make_model(const ModelConfig& cfg, Device d, DType dtype,
   cfg.validate();
   if (dtype != DType::f32 && dtype != DType::f64)
     fail_usage("make_model: the model dtype must be f32 or f64, got " + std::string(dtype_name(dtype)));
-  if (cfg.arch == "llama") return detail::make_llama(cfg, d, dtype, storage);
-  if (cfg.arch == "resnet") return detail::make_resnet(cfg, d, dtype, storage);
+  if (cfg.arch == Arch::llama) return detail::make_llama(cfg, d, dtype, storage);
+  if (cfg.arch == Arch::resnet) return detail::make_resnet(cfg, d, dtype, storage);
   return detail::make_mlp(cfg, d, dtype, storage);
 }
 

@@ -81,9 +81,14 @@ using StatSync = std::function<void(Tensor& sums, double& count)>;
 // Where a model's parameter values and gradients live (see above).
 enum class Storage { flat, external };
 
-// The full model configuration; travels in every checkpoint (model_config) as JSON.
+// The architectures; a config's arch decides which of its fields apply.
+enum class Arch { llama, mlp, resnet };
+DTK_ENUM_NAMES(Arch, {Arch::llama, "llama"}, {Arch::mlp, "mlp"}, {Arch::resnet, "resnet"})
+
+// The full model configuration; travels in every checkpoint (model_config) as JSON (arch as
+// its name).
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" | "mlp" | "resnet"
+  Arch arch = Arch::llama;
   std::string preset;          // the preset it was built from (informational)
   // llama
   int64_t dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, ffn_hidden = 0, vocab = 0, seq_len = 0;
@@ -104,7 +109,7 @@ struct ModelConfig {
   // Training FLOPs per token (llama) or per sample (mlp): 6 * matmul parameters + attention.
   double train_flops_per_item() const;
   int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
-  bool classifier() const { return arch == "mlp" || arch == "resnet"; }
+  bool classifier() const { return arch == Arch::mlp || arch == Arch::resnet; }
   // Values per sample of a classifier's input: input_dim (mlp), C H W (resnet); 0 for llama.
   int64_t sample_numel() const;
 

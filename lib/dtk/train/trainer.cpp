@@ -90,24 +90,24 @@ nn::ModelConfig resolve_model(const Options& o) {
     if (!o.input_shape.empty() && o.input_shape != c.input_shape)
       fail_usage("--input-shape " + shape_str(o.input_shape) + " contradicts the checkpoint's model (" +
                  shape_str(c.input_shape) + ")");
-    if (c.arch == "llama") same("--layers", o.layers, c.n_layers);
+    if (c.arch == nn::Arch::llama) same("--layers", o.layers, c.n_layers);
     // seq_len may change between runs of a llama (RoPE has no trained length).
     if (o.seq_len) c.seq_len = *o.seq_len;
     c.validate();
     return c;
   }
   c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
-  if (!o.input_shape.empty() && c.arch != "resnet") fail_usage("--input-shape applies to resnet models, not " + c.preset);
-  if (o.sync_batchnorm && c.arch != "resnet")
+  if (!o.input_shape.empty() && c.arch != nn::Arch::resnet) fail_usage("--input-shape applies to resnet models, not " + c.preset);
+  if (o.sync_batchnorm && c.arch != nn::Arch::resnet)
     fail_usage("--sync-batchnorm applies to models with batch norm (resnet), not " + c.preset);
-  if (c.arch == "resnet") {
+  if (c.arch == nn::Arch::resnet) {
     if (o.dim || o.layers || o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len || o.input_dim)
       fail_usage("--dim, --layers, --heads, --kv-heads, --ffn-hidden, --vocab, --seq-len and --input-dim do not apply "
                  "to " + c.preset + " (its sizes are the preset's; --input-shape and --classes set its input and output)");
     if (!o.input_shape.empty()) c.input_shape = o.input_shape;
     else if (const auto s = data::image_shape(o.data); !s.empty()) c.input_shape = s;
     if (o.classes) c.classes = *o.classes;
-  } else if (c.arch == "llama") {
+  } else if (c.arch == nn::Arch::llama) {
     if (o.input_dim || o.classes) fail_usage("--input-dim and --classes apply to mlp models, not " + c.preset);
     if (o.dim) c.dim = *o.dim;
     if (o.layers) c.n_layers = *o.layers;
@@ -313,7 +313,7 @@ class Trainer {
     // A resumed run continues its metrics file after the checkpoint's step (--metrics-append: as it is).
     Metrics metrics(o_.metrics, rank_ == 0, resumed_ && !o_.metrics_append ? start_step_ : -1);
     Progress progress(rank_ == 0, o_.steps, o_.log_every);
-    const int64_t items_per_sample = cfg_.arch == "llama" ? cfg_.seq_len : 1;
+    const int64_t items_per_sample = cfg_.arch == nn::Arch::llama ? cfg_.seq_len : 1;
     const int64_t stop = last_step(o_);
     int64_t end = stop;  // the step the run ends at: earlier when a signal stops it
     for (int64_t step = start_step_; step < stop; ++step) {
@@ -335,7 +335,7 @@ class Trainer {
       nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}};
       if (cfg_.classifier()) m["accuracy"] = accuracy_;
       m.update(nlohmann::ordered_json{{"lr", lr}, {"grad_norm", grad_norm},
-                          {cfg_.arch == "llama" ? "tokens_per_s" : "samples_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
+                          {cfg_.arch == nn::Arch::llama ? "tokens_per_s" : "samples_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
                           {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
                           {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak},
