@@ -116,12 +116,13 @@ for fmt in npz safetensors; do
   else
     bad "the man page's $fmt snippet" "$(cat load_$fmt.py out err)"
   fi
-  if [ $fmt = npz ]; then  # what the snippet is for: everything exported, the strict load refuses optim/
+  if [ $fmt = npz ]; then  # what model/ is for: everything exported, the strict load refuses the rest
     if "$py" -c "$loader" "$src/scripts" load_npz.py full.npz >out 2>err; then
       bad "the export of everything loaded strictly" "$(cat out)"
     else
-      grep -q 'Unexpected key.*optim/' out && ok "... and the export of everything fails it: $(cut -c1-100 out)..." \
-        || bad "the export of everything: not refused for its optim/ names" "$(cat out err)"
+      grep -q 'Unexpected key(s) in state_dict: "\(optim\|compress\)/' out \
+        && ok "... and the export of everything fails it: $(cut -c1-90 out)..." \
+        || bad "the export of everything: not refused for its optimizer and compressor state" "$(cat out err)"
     fi
   fi
 done
