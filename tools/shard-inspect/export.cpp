@@ -1,5 +1,7 @@
-// export: a checkpoint as safetensors (https://github.com/huggingface/safetensors, "Format") or
-// as NumPy's npz (a zip of NAME.npy files, stored, zip64 where needed; written by libzip).
+// export: a checkpoint's tensors (all, or those NAME selects: model/ for the model alone) as
+// safetensors (https://github.com/huggingface/safetensors, "Format") or as NumPy's npz (a zip of
+// NAME.npy files, stored, zip64 where needed; written by libzip). Names are kept as the checkpoint
+// has them (model/norm.weight).
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 #include <zip.h>
@@ -46,11 +48,10 @@ const char* safetensors_dtype(DType t) {
 
 // 8-byte little-endian header size N, N bytes of JSON (tensors in name order, then
 // __metadata__, padded with spaces to a multiple of 8), then the data in header order.
-void write_safetensors(const ckpt::Reader& in, AtomicFile& out) {
+void write_safetensors(const ckpt::Reader& in, const std::vector<const ckpt::TensorInfo*>& tensors, AtomicFile& out) {
   // Wider elements first (then by name): with the header padded to 8 bytes, every tensor's data
   // starts at a multiple of its element size, as memory-mapping loaders want.
-  std::vector<const ckpt::TensorInfo*> order;
-  for (const auto& t : in.tensors()) order.push_back(&t);
+  std::vector<const ckpt::TensorInfo*> order = tensors;
   std::stable_sort(order.begin(), order.end(),
                    [](const auto* a, const auto* b) { return dtype_size(a->dtype) > dtype_size(b->dtype); });
   nlohmann::ordered_json header;
@@ -294,9 +295,9 @@ class ArchiveSink {
   uint64_t pos_ = 0;
 };
 
-void write_npz(const ckpt::Reader& in, AtomicFile& out) {
+void write_npz(const ckpt::Reader& in, const std::vector<const ckpt::TensorInfo*>& tensors, AtomicFile& out) {
   // libzip writes no file for an archive without entries.
-  if (in.tensors().empty()) fail_usage("npz: the checkpoint holds no tensors");
+  if (tensors.empty()) fail_usage("npz: no tensors to export");
   ZipCallbacks cb;
   ArchiveSink sink(out, cb);
   std::vector<std::unique_ptr<NpyEntry>> entries;  // alive until zip_close has read them
@@ -318,7 +319,8 @@ void write_npz(const ckpt::Reader& in, AtomicFile& out) {
     cb.rethrow();
     fail("zip: {}: {}", what, why);
   };
-  for (const auto& t : in.tensors()) {
+  for (const auto* tp : tensors) {
+    const auto& t = *tp;
     entries.push_back(std::make_unique<NpyEntry>(in, t, cb));
     zip_source_t* e = zip_source_function(za.get(), &NpyEntry::callback, entries.back().get());
     if (!e) give_up(t.name);
@@ -337,13 +339,21 @@ class Export : public WriteCommand {
  public:
   void add_options(CLI::App& sub) override {
     add_io_options(sub, "a full checkpoint or a sharded state", false);
+    sub.add_option("NAME", names_, "only these tensors, or groups ending in / (model/ for the model alone); default all");
     sub.add_option("--format", format_, "safetensors or npz")->required()->check(CLI::IsMember({"safetensors", "npz"}));
   }
-  void validate() override { open(false); }
+  void validate() override {
+    open(false);
+    check_names(names_, {in_.get()});
+  }
   int run() override {
+    // The selected tensors, with their names as the checkpoint has them (model/norm.weight).
+    std::vector<const ckpt::TensorInfo*> tensors;
+    for (const auto& t : in_->tensors())
+      if (names_.empty() || selected(t.name, names_)) tensors.push_back(&t);
     AtomicFile out(output_);
-    if (format_ == "safetensors") write_safetensors(*in_, out);
-    else write_npz(*in_, out);
+    if (format_ == "safetensors") write_safetensors(*in_, tensors, out);
+    else write_npz(*in_, tensors, out);
     out.commit();
     print_path(output_);
     return 0;
@@ -351,6 +361,7 @@ class Export : public WriteCommand {
 
  private:
   std::string format_;
+  std::vector<std::string> names_;
 };
 
 }  // namespace

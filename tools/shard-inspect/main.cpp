@@ -21,7 +21,7 @@ const std::vector<CommandSpec>& commands() {
       {"reshard", "write a checkpoint as a sharded state of M ranks", make_reshard},
       {"convert", "convert float tensors to bf16, f16 or f32", make_convert},
       {"extract", "write a full checkpoint with only the named tensors", make_extract},
-      {"export", "export to safetensors or npz", make_export},
+      {"export", "export every tensor, or the named ones (model/), to safetensors or npz", make_export},
   };
   return specs;
 }
