@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The llama of DESIGN.md ("Models") in PyTorch, trained as psgd-train trains it: the baseline
+"""The llama of docs/DESIGN.md ("Models") in PyTorch, trained as psgd-train trains it: the baseline
 of scripts/bench-vs-pytorch. Not part of dtk (dtk does not depend on torch).
 
 One process trains alone; under mpiexec (OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR/MASTER_PORT) the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The module order of DESIGN.md, enforced by the build (lib/dtk/CMakeLists.txt): every module
+# The module order of docs/DESIGN.md, enforced by the build (lib/dtk/CMakeLists.txt): every module
 # compiles with only its own headers and its dependencies' on the include path. For every pair
 # of modules (M, N), this preprocesses `#include "dtk/N/<a header>"` with M's include flags,
 # exactly as M's sources compile: a module later than M (or one M does not link) must fail with

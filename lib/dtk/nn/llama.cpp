@@ -1,4 +1,4 @@
-// The llama model (DESIGN.md, "Models"): token embedding, n_layers pre-norm transformer layers
+// The llama model (docs/DESIGN.md, "Models"): token embedding, n_layers pre-norm transformer layers
 // (RMSNorm, causal GQA attention with RoPE, RMSNorm, SwiGLU feed-forward, residuals), a final
 // RMSNorm and an untied output projection; mean next-token cross-entropy.
 //

@@ -3,7 +3,7 @@
 // gradient-ready notification (data-parallel overlap), FSDP scheduling and activation
 // checkpointing.
 //
-// Parameters are addressable by name, in a fixed order (DESIGN.md's order for llama). Where their
+// Parameters are addressable by name, in a fixed order (docs/DESIGN.md's order for llama). Where their
 // values and gradients live is the parallelism's choice (Storage): flat, one buffer of values and
 // one of gradients with a view per parameter, so a whole replicated model can be broadcast,
 // checksummed or all-reduced as one tensor; or external, no storage at all: a sharded strategy
@@ -157,12 +157,13 @@ enum class Checkpointing { none, full, selective };
 DTK_ENUM_NAMES(Checkpointing, {Checkpointing::none, "none"}, {Checkpointing::full, "full"},
                {Checkpointing::selective, "selective"})
 
-// The seam between a model and parallelism (DESIGN.md, "One step"): a strategy's calls at block
-// boundaries. Blocks run forward in increasing index order (the embedding, the layers, the head),
-// backward in decreasing order: before_backward(b), with activation checkpointing (full or
-// selective) before_forward(b, recompute) and after_forward(b, recompute), the block's backward, then
-// after_backward(b), when the block's gradients are final. Evaluation calls the forward hooks
-// with Pass::evaluate. Defaults do nothing.
+// The seam between a model and parallelism (docs/DESIGN.md, "The model/parallelism seam"): a
+// strategy's calls at block boundaries, made by the model's driver (Model::forward, backward,
+// evaluate). Blocks run forward in increasing index order (the embedding, the layers, the
+// head), backward in decreasing order: before_backward(b), with activation checkpointing (full
+// or selective) before_forward(b, recompute) and after_forward(b, recompute), the block's
+// backward, then after_backward(b), when the block's gradients are final. Evaluation calls the
+// forward hooks with Pass::evaluate. Defaults do nothing.
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;

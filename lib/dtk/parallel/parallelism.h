@@ -1,5 +1,5 @@
 // dtk::parallel — how a job holds the model's parameters and aggregates their gradients: the
-// trainer's whole view of parallelism (DESIGN.md, "One step"; torchtitan's rule: the trainer
+// trainer's whole view of parallelism (docs/DESIGN.md, "The model/parallelism seam"; torchtitan's rule: the trainer
 // knows nothing of how parameters are placed). Two placements implement it:
 //  - replicated (data_parallel.h, GradSync): every rank holds the whole model in the model's flat
 //    buffers; gradients are all-reduced in buckets during backward, or compressed (psgd-train,
