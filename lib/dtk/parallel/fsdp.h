@@ -64,6 +64,9 @@ BucketPlan plan_blocks(const nn::Model& m, int blocks_per_bucket);
 // end]}, ...]}; UsageError naming the problem when it does not cover the model's parameters in
 // order, each bucket inside one block or of whole blocks.
 BucketPlan plan_from_json(const nlohmann::json& j, const nn::Model& m);
+// --buckets as a plan: param, block (and auto, which starts as block), N blocks per bucket, or
+// a plan file (plan_from_json).
+BucketPlan plan_from_spec(const nn::Model& m, const std::string& buckets);
 
 // What the planner and the simulation know: collective costs (bytes: the whole gathered bucket
 // on the wire, and the whole reduce-scatter input) and each block's forward and backward time.
