@@ -25,7 +25,7 @@ done
 [ ${#scripts[@]} -ge 10 ] || bad "the scripts found" "${scripts[@]}"
 scripts+=("$build/tools/dtk-plot/dtk-plot")
 
-cd "$tmp"
+cd "$tmp" || exit 1
 for s in "${scripts[@]}"; do
   name=$(basename "$s") shown=${s#"$src"/}
   for opt in --help -h; do
