@@ -18,27 +18,21 @@
 #include "dtk/core/device.h"
 #include "dtk/core/dtype.h"
 #include "dtk/core/tensor.h"
+#include "test_util.h"
 
 #define SKIP_WITHOUT_GPU() \
   if (dtk::cuda::device_count() == 0) GTEST_SKIP() << "no GPU"
 
 namespace dtk::gpu_test {
 
-using Vec = std::vector<double>;
+using test_util::random_values;
+using test_util::Vec;
 
 inline const DType kFloatTypes[] = {DType::f32, DType::f64};
 inline const Device kGpu = Device::cuda(0);
 
 // Reductions and gemms, which run in another order on the GPU.
 inline double tol_for(DType t) { return t == DType::f64 ? 1e-10 : 1e-4; }
-
-inline Vec random_values(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> dist(0.0, 1.0);
-  Vec v(n);
-  for (double& x : v) x = dist(gen);
-  return v;
-}
 
 // max |x - y| / max(1e-30, max |y|); infinite when the sizes differ or x holds a NaN.
 inline double max_rel_err(const Vec& x, const Vec& y) {

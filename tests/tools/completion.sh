@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# The bash completion (share/dtk/bash-completion/dtk) against the built programs: sourced as
+# The bash completion (BUILD_DIR/share/dtk/bash-completion/dtk, configured from
+# share/dtk/bash-completion/dtk.in with the list of programs) against the built programs: sourced as
 # bash-completion would, COMP_WORDS and COMP_CWORD set, _dtk_complete called, COMPREPLY checked:
 # long options from each program's --help; values where the help lists them ({a,b}, [a|b],
 # "a, b or c"); files for file options, directories for --*-dir; shard-inspect's and data-pack's
 # subcommands and their own options; --opt=value in one word and split at "="; nothing for
 # numbers; and every option of every program's --help present in the completion.
-#   completion.sh SOURCE_DIR BIN_DIR   (BIN_DIR/<program>/<program>, BIN_DIR/dtk-plot/dtk-plot)
+# The programs are those of BUILD_DIR/programs.txt (tools/CMakeLists.txt's list), each run as
+# BUILD_DIR/tools/<program>/<program>.
+#   completion.sh BUILD_DIR
 set -u
-src=$(realpath "$1") bin=$(realpath "$2")
+build=$(realpath "$1")
 . "$(dirname "$0")/check_lib.sh"
-programs=(psgd-train shampoo-train fsdp-train comm-bench shard-inspect data-pack dtk-plot)
-for p in "${programs[@]}"; do PATH=$bin/$p:$PATH; done
-. "$src/share/dtk/bash-completion/dtk"
+mapfile -t programs < <(programs "$build")
+[ ${#programs[@]} -gt 0 ] || { bad "the list of programs" "$build/programs.txt"; finish; exit 1; }
+for p in "${programs[@]}"; do PATH=$build/tools/$p:$PATH; done
+. "$build/share/dtk/bash-completion/dtk"
 cd "$tmp"
 mkdir ckdir && touch run.toml ck.h5 metrics.jsonl
 
 for p in "${programs[@]}"; do
   [ "$(complete -p "$p" 2>/dev/null)" = "complete -F _dtk_complete $p" ] || bad "complete -p $p" "$(complete -p "$p" 2>&1)"
 done
-ok "_dtk_complete is registered for all seven programs"
+ok "_dtk_complete is registered for all ${#programs[@]} programs: ${programs[*]}"
 
 # expect NAME WANT WORD...: completing the last WORD gives exactly WANT (space-separated, in order).
 expect() {

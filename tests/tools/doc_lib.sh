@@ -1,19 +1,24 @@
 # Sourced by the tests that run documented commands as written (readme.sh: README.md's examples;
-# configs.sh: the launch lines at the head of share/dtk/configs/*.toml). Needs check_lib.sh's ok/bad.
+# configs.sh: the launch lines at the head of share/dtk/configs/*.toml). Needs check_lib.sh's ok/bad
+# and programs.
 #
-# doc_bin DIR TOOLS: DIR gets the seven programs by name, as `cmake --install` puts them in
-# PREFIX/bin: data-pack, shard-inspect and dtk-plot linked from TOOLS/<program>/<program>; the
-# trainers and comm-bench as scripts that run the build's program with $DTK_DOC_APPEND after the
-# command line's own arguments (a repeated option takes its last value), so that a test can
-# shorten a documented run without changing its text.
+# doc_bin DIR TOOLS: DIR gets every program by name (the list in TOOLS/../programs.txt), as
+# `cmake --install` puts them in PREFIX/bin: each linked from TOOLS/<program>/<program>, except
+# the trainers and comm-bench, which become scripts that run the build's program with
+# $DTK_DOC_APPEND after the command line's own arguments (a repeated option takes its last
+# value), so that a test can shorten a documented run without changing its text.
 doc_bin() {
-  local dir=$1 tools=$2 p
+  local dir=$1 tools=$2 p list
   mkdir -p "$dir"
-  for p in data-pack shard-inspect dtk-plot; do ln -sf "$tools/$p/$p" "$dir/$p"; done
-  for p in psgd-train shampoo-train fsdp-train comm-bench; do
-    printf '#!/bin/sh\n# %s with the options a documentation test appends ($DTK_DOC_APPEND)\nexec %q "$@" $DTK_DOC_APPEND\n' \
-      "$p" "$tools/$p/$p" >"$dir/$p"
-    chmod +x "$dir/$p"
+  list=$(programs "$tools/..") || return 1
+  for p in $list; do
+    case $p in
+      psgd-train|shampoo-train|fsdp-train|comm-bench)
+        printf '#!/bin/sh\n# %s with the options a documentation test appends ($DTK_DOC_APPEND)\nexec %q "$@" $DTK_DOC_APPEND\n' \
+          "$p" "$tools/$p/$p" >"$dir/$p"
+        chmod +x "$dir/$p" ;;
+      *) ln -sf "$tools/$p/$p" "$dir/$p" ;;
+    esac
   done
 }
 

@@ -16,7 +16,10 @@
 set -u
 build=$(realpath "$1")
 . "$(dirname "$0")/check_lib.sh"
-programs=(psgd-train shampoo-train fsdp-train comm-bench shard-inspect data-pack)
+# The programs: tools/CMakeLists.txt's list (BUILD_DIR/programs.txt), compiled ones and scripts.
+mapfile -t programs < <(programs "$build" binary)
+mapfile -t scripts < <(programs "$build" script)
+[ ${#programs[@]} -gt 0 ] || { bad "the list of programs" "$build/programs.txt"; finish; exit 1; }
 
 cd "$build"
 if ! cpack -G DEB -B "$tmp/out" >"$tmp/cpack.log" 2>&1; then
@@ -89,11 +92,12 @@ done
 # ---- contents ----
 outside=$(dpkg-deb -c "$deb" | awk '{ print $6 }' | grep -v -e '^\./$' -e '^\./usr/' || true)
 [ -z "$outside" ] && ok "everything under /usr" || bad "files outside /usr" "$outside"
-want=$(printf '%s\n' "${programs[@]}" dtk-plot | sort)
+want=$(printf '%s\n' "${programs[@]}" "${scripts[@]}" | sort)
 have=$(ls "$bin" | sort)
-[ "$have" = "$want" ] && ok "/usr/bin: the six programs and dtk-plot, nothing else" || bad "/usr/bin" "$have"
+[ "$have" = "$want" ] && ok "/usr/bin: the programs (${programs[*]}) and ${scripts[*]}, nothing else" \
+  || bad "/usr/bin" "$have"
 missing=()
-for p in "${programs[@]}" dtk-plot; do
+for p in "${programs[@]}" "${scripts[@]}"; do
   [ -s "$root/usr/share/man/man1/$p.1" ] || missing+=("man1/$p.1")
   [ -f "$root/usr/share/bash-completion/completions/$p" ] || missing+=("completions/$p")
 done
@@ -106,11 +110,11 @@ for s in psgd-train comm-bench; do [ -s "$root/usr/share/dtk/slurm/$s.sbatch" ] 
   || bad "missing from the package" "${missing[@]}"
 
 # ---- the unpacked programs run ----
-# (the programs' second line names the CUDA backend; dtk-plot, a script, has one line)
-for p in "${programs[@]}" dtk-plot; do
+# (the compiled programs' second line names the CUDA backend; a script, dtk-plot, has one line)
+for p in "${programs[@]}" "${scripts[@]}"; do
   out=$("$bin/$p" --version 2>&1); rc=$?
   [ $rc = 0 ] && [ "$(head -n 1 <<<"$out")" = "$p (dtk) $version" ] \
-    && { [ $p = dtk-plot ] || grep -q '^CUDA: .*GPUs visible: ' <<<"$out"; } \
+    && { [[ " ${scripts[*]} " == *" $p "* ]] || grep -q '^CUDA: .*GPUs visible: ' <<<"$out"; } \
     && ok "$p --version: $(head -n 1 <<<"$out")" || bad "$p --version (exit $rc)" "$out"
 done
 out=$("$bin/psgd-train" --help 2>&1); rc=$?

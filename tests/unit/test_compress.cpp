@@ -8,18 +8,14 @@
 #include <numeric>
 
 #include "../common/compress_util.h"
+#include "../common/test_util.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::testing {
 namespace {
 
-// A config from JSON as every reader takes it (core/json_config.h).
-template <class T>
-T from_json(const nlohmann::json& j) {
-  return read_config<T>(j, "config");
-}
-
 using compress::Config;
+using test_util::from_json;
 using compress::make_compressor;
 
 std::shared_ptr<comm::Communicator> local() {

@@ -20,26 +20,17 @@
 #include "dtk/nn/layers.h"
 #include "dtk/nn/model.h"
 #include "dtk/ops/ops.h"
+#include "../common/test_util.h"
 
 namespace dtk::nn {
 namespace {
 
-// A config from JSON as every reader takes it (core/json_config.h).
-template <class T>
-T from_json(const nlohmann::json& j) {
-  return read_config<T>(j, "config");
-}
-
-using Vec = std::vector<double>;
+using test_util::from_json;
+using test_util::randn;
+using test_util::Vec;
 
 constexpr double kFdStep = 1e-6;
 constexpr double kFdTol = 1e-6;  // relative, with a floor of 1e-3 on the gradient's size
-
-Vec randn(int64_t n, uint64_t seed, double scale = 1.0, double mean = 0.0) {
-  Vec v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = mean + scale * philox::normal(seed, static_cast<uint64_t>(i));
-  return v;
-}
 
 Tensor rand_tensor(const Shape& s, uint64_t seed, double scale = 1.0, double mean = 0.0) {
   return Tensor::from_doubles(randn(shape_numel(s), seed, scale, mean), s, DType::f64);

@@ -12,27 +12,14 @@
 #include "dtk/core/error.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/ops.h"
+#include "../common/test_util.h"
 
 namespace dtk {
 namespace {
 
 using Mat = std::vector<double>;  // row-major
-
-Mat random_values(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> dist(0.0, 1.0);
-  Mat v(n);
-  for (double& x : v) x = dist(gen);
-  return v;
-}
-
-// The values a tensor of dtype t holds when given v (f32 rounds): references start from these.
-Mat rounded(const Mat& v, DType t) {
-  if (t == DType::f64) return v;
-  Mat r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<float>(v[i]));
-  return r;
-}
+using test_util::random_values;
+using test_util::rounded;
 
 // C[m, n] = op(A) op(B), A stored [m, k] or [k, m], B [k, n] or [n, k].
 Mat ref_matmul(bool ta, bool tb, const double* a, const double* b, int64_t m, int64_t n, int64_t k) {
@@ -71,7 +58,7 @@ double rel_err(const Mat& x, const Mat& y) {
   return e / std::max(1.0, max_abs(y));
 }
 
-double tol_for(DType t) { return t == DType::f64 ? 1e-11 : 2e-5; }
+double tol_for(DType t) { return test_util::tol_of(t, 2e-5, 1e-11); }
 
 Mat identity(int64_t n) {
   Mat i(size_t(n * n), 0.0);

@@ -11,46 +11,25 @@
 #include "dtk/core/philox.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/ops.h"
+#include "../common/test_util.h"
 
 namespace dtk {
 namespace {
 
-using Vec = std::vector<double>;
+using test_util::expect_close;
+using test_util::randn;
+using test_util::rounded;
+using test_util::Vec;
 
 const DType kFloats[] = {DType::f32, DType::f64};
 
 // Forwards: f32 computes in double and rounds once (activations compute in f32: a few ulps).
-double tol_of(DType t) { return t == DType::f32 ? 1e-5 : 1e-12; }
+double tol_of(DType t) { return test_util::tol_of(t, 1e-5); }
 // Central differences with h = 1e-6 in f64: truncation ~h^2, cancellation ~1e-16 / h.
 constexpr double kFdStep = 1e-6;
 constexpr double kFdTol = 1e-6;
 
-Vec randn(int64_t n, uint64_t seed, double scale = 1.0) {
-  Vec v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = scale * philox::normal(seed, static_cast<uint64_t>(i));
-  return v;
-}
-
-Vec rounded(const Vec& v, DType t) {
-  if (t == DType::f64) return v;
-  Vec r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<float>(v[i]));
-  return r;
-}
-
 Tensor make(const Vec& v, const Shape& s, DType t = DType::f64) { return Tensor::from_doubles(v, s, t); }
-
-void expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!(std::fabs(got[i] - want[i]) <= tol * std::fmax(1.0, std::fabs(want[i])))) {
-      if (bad < 5) ADD_FAILURE() << what << ": element " << i << " got " << got[i] << ", want " << want[i];
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
 
 double dotv(const Vec& a, const Vec& b) {
   double s = 0;

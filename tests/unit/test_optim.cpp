@@ -12,25 +12,14 @@
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 #include "dtk/optim/optimizer.h"
+#include "../common/test_util.h"
 
 namespace dtk::optim {
 namespace {
 
-// A config from JSON as every reader takes it (core/json_config.h).
-template <class T>
-T from_json(const nlohmann::json& j) {
-  return read_config<T>(j, "config");
-}
-
-using Vec = std::vector<double>;
-
-Vec random_values(size_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> dist(0.0, 1.0);
-  Vec v(n);
-  for (double& x : v) x = dist(gen);
-  return v;
-}
+using test_util::from_json;
+using test_util::random_values;
+using test_util::Vec;
 
 // Two parameters of awkward sizes, values from fixed seeds.
 std::vector<nn::Param> make_params(DType t) {

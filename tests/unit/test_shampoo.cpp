@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/shampoo_reference.h"
+#include "../common/test_util.h"
 #include "dtk/comm/comm.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
@@ -21,13 +22,8 @@
 namespace dtk::optim {
 namespace {
 
-// A config from JSON as every reader takes it (core/json_config.h).
-template <class T>
-T from_json(const nlohmann::json& j) {
-  return read_config<T>(j, "config");
-}
-
 using shampoo_ref::Vec;
+using test_util::from_json;
 
 struct Model {
   std::vector<nn::Param> params;
