@@ -674,5 +674,92 @@ TEST(LinalgInverseRoot, UsageErrors) {
   EXPECT_THROW(ops::inverse_root(a, 2, bad, out), UsageError);
 }
 
+TEST(LinalgInverseRoot, EigenvalueRuleInAnyOrderAndInPlace) {
+  // w = eig(A) + eps in any order: the smallest, -1e-3 + eps < eps, is lifted to eps, the rest
+  // by the same 1e-3.
+  const double eps = 1e-4;
+  std::vector<double> w = {4 + eps, -1e-3 + eps, 1 + eps};
+  ASSERT_TRUE(ops::inverse_root_scales(w.data(), 3, 2, eps, w.data()));  // d may be w
+  EXPECT_NEAR(w[0], 1 / std::sqrt(4 + 1e-3 + eps), 1e-12);
+  EXPECT_NEAR(w[1], 1 / std::sqrt(eps), 1e-9);
+  EXPECT_NEAR(w[2], 1 / std::sqrt(1 + 1e-3 + eps), 1e-12);
+  // No eigenvalue below eps: none changes.
+  const std::vector<double> pos = {2, 0.5};
+  std::vector<double> d(2);
+  ASSERT_TRUE(ops::inverse_root_scales(pos.data(), 2, 1, 0.1, d.data()));
+  EXPECT_EQ(d[0], 0.5);
+  EXPECT_EQ(d[1], 2.0);
+  // Not finite: an eigenvalue (NaN, Inf), or a root (eps = 0 on a singular matrix).
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const std::vector<double> x = {1, bad};
+    EXPECT_FALSE(ops::inverse_root_scales(x.data(), 2, 2, 1e-6, d.data()));
+  }
+  const std::vector<double> singular = {0, 1};
+  EXPECT_FALSE(ops::inverse_root_scales(singular.data(), 2, 2, 0, d.data()));
+}
+
+TEST(LinalgInverseRoots, BatchedMethodsInTheInputDtype) {
+  const int64_t B = 3, n = 9;
+  const double eps = 1e-6;
+  for (DType t : kFloatTypes) {
+    Mat all;
+    std::vector<Mat> each;
+    for (int64_t bi = 0; bi < B; ++bi) {
+      Mat spd = random_spd(n, 1500 + uint64_t(bi));
+      for (int64_t i = 0; i < n; ++i) spd[size_t(i * n + i)] += 0.5;  // well conditioned: computed in t
+      each.push_back(rounded(spd, t));
+      all.insert(all.end(), each.back().begin(), each.back().end());
+    }
+    const Tensor a = Tensor::from_doubles(all, {B, n, n}, t);
+    const double tol = t == DType::f64 ? 1e-9 : 1e-4;
+    Tensor basis = Tensor::zeros({B, n, n}, t);
+    for (ops::RootMethod m : {ops::RootMethod::eigh, ops::RootMethod::newton, ops::RootMethod::qr, ops::RootMethod::qr}) {
+      // qr twice: from no basis (a full eigh), then from the kept one (QR iterations).
+      ops::RootOptions o = root_opts(m, eps, 1e-10);
+      o.qr_max_iterations = 3;
+      o.qr_tolerance = 0;
+      Tensor out = Tensor::empty({B, n, n}, t);
+      const std::vector<char> ok = ops::inverse_roots(a, 2, o, out, m == ops::RootMethod::qr ? &basis : nullptr);
+      ASSERT_EQ(ok, std::vector<char>(size_t(B), 1)) << name_of(m);
+      const Mat x = out.to_doubles();
+      for (int64_t bi = 0; bi < B; ++bi) {
+        const Mat xb(x.begin() + bi * n * n, x.begin() + (bi + 1) * n * n);
+        EXPECT_LT(rel_err(xb, ref_inverse_root(each[size_t(bi)], n, 2, eps)), tol)
+            << name_of(m) << " " << dtype_name(t) << " batch " << bi;
+      }
+    }
+    // The kept bases: orthonormal.
+    const Mat q = basis.to_doubles();
+    for (int64_t bi = 0; bi < B; ++bi) {
+      const Mat qb(q.begin() + bi * n * n, q.begin() + (bi + 1) * n * n);
+      EXPECT_LT(rel_err(matmul(qb, qb, n, n, n, true, false), identity(n)), t == DType::f64 ? 1e-12 : 1e-5);
+    }
+  }
+}
+
+TEST(LinalgInverseRoots, FailuresAndUsage) {
+  const int64_t B = 2, n = 5;
+  Mat all = random_spd(n, 1600);
+  Mat bad = random_spd(n, 1601);
+  bad[0] = std::nan("");
+  all.insert(all.end(), bad.begin(), bad.end());
+  const Tensor a = Tensor::from_doubles(all, {B, n, n}, DType::f64);
+  Tensor out = Tensor::empty({B, n, n}, DType::f64);
+  // The batched eigh fails as a whole: every matrix fails.
+  EXPECT_EQ(ops::inverse_roots(a, 2, ops::RootOptions{}, out), std::vector<char>(size_t(B), 0));
+  // newton retries one matrix at a time: only the bad one fails.
+  EXPECT_EQ(ops::inverse_roots(a, 2, root_opts(ops::RootMethod::newton, 1e-6), out), (std::vector<char>{1, 0}));
+  // qr: a failed matrix's basis is zeroed (its next root starts from a full eigh).
+  Tensor basis = Tensor::from_doubles(Mat(size_t(B * n * n), 0.5), {B, n, n}, DType::f64);
+  ops::RootOptions qr = root_opts(ops::RootMethod::qr, 1e-6);
+  const std::vector<char> ok = ops::inverse_roots(a, 2, qr, out, &basis);
+  EXPECT_EQ(ok[1], 0);
+  for (double x : basis.select(1).to_doubles()) EXPECT_EQ(x, 0.0);
+  EXPECT_THROW(ops::inverse_roots(a, 2, qr, out), UsageError);  // qr needs the bases
+  Tensor a2 = Tensor::zeros({n, n}, DType::f64), o2 = Tensor::empty({n, n}, DType::f64);
+  EXPECT_THROW(ops::inverse_roots(a2, 2, ops::RootOptions{}, o2), UsageError);  // not a batch
+  EXPECT_THROW(ops::inverse_root(a2, 2, qr, o2), UsageError);  // inverse_root has no qr
+}
+
 }  // namespace
 }  // namespace dtk

@@ -162,6 +162,8 @@ bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
       fail_usage("inverse_root: the newton method needs an integer p in [1, 64], got {}", p);
     if (opts.max_iters < 1) fail_usage("inverse_root: max_iters must be >= 1");
     if (!(opts.tolerance > 0)) fail_usage("inverse_root: tolerance must be > 0");
+  } else if (opts.method == RootMethod::qr) {
+    fail_usage("inverse_root: the qr method needs a kept basis (inverse_roots)");
   } else if (opts.method != RootMethod::eigh) {
     fail_usage("inverse_root: unknown method");
   }

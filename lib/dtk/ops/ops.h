@@ -10,7 +10,9 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "dtk/core/enums.h"
 #include "dtk/core/tensor.h"
 
 namespace dtk::ops {
@@ -185,17 +187,48 @@ void orthonormalize_qr(Tensor& a);
 // eigenvectors as the columns of v [n, n] (v[i][j] = component i of vector j). The lower
 // triangle of a is read. Throws Error when the solver does not converge.
 void eigh(const Tensor& a, Tensor& w, Tensor& v);
-enum class RootMethod { eigh, newton };
+// Inverse roots (A + eps I)^(-1/p) of symmetric positive semi-definite A: by eigendecomposition,
+// by the coupled Newton iteration, or (inverse_roots only) by QR iterations warm-started from a
+// kept eigenbasis.
+enum class RootMethod { eigh, newton, qr };
+DTK_ENUM_NAMES(RootMethod, {RootMethod::eigh, "eigh"}, {RootMethod::newton, "newton"}, {RootMethod::qr, "qr"})
 struct RootOptions {
   RootMethod method = RootMethod::eigh;
   double eps = 1e-12;        // added to the diagonal (eigh) / the regularisation (newton)
   int max_iters = 100;       // newton
   double tolerance = 1e-6;   // newton: stop when max |M - I| < tolerance
+  int qr_max_iterations = 1;   // qr: at most this many QR iterations per call
+  double qr_tolerance = 0.01;  // qr: none once ||B - diag B||_F <= qr_tolerance ||B||_F
 };
-// out = (a + eps I)^(-1/p) for symmetric positive semi-definite a [n, n]. eigh: eigenvalues
-// below eps after regularisation are shifted up so the smallest is eps. newton: coupled Newton
-// iteration. Returns false (out untouched) when the method fails: no convergence, NaN or Inf.
+// The eigenvalue rule of every root formed from an eigendecomposition (inverse_root's eigh on
+// both backends, inverse_roots' eigh and qr): with w the eigenvalues of A + eps I (n of them, any
+// order) and w_0 the smallest, when w_0 < eps (A has a negative eigenvalue, in practice rounding
+// of a PSD matrix) every eigenvalue is shifted up by eps - w_0, so the smallest becomes eps;
+// otherwise none is changed. This is Distributed Shampoo's "make positive semidefinite, then add
+// epsilon": lambda - min(lambda_min, 0) + eps. d_j = (w_j + shift)^(-1/p), and the root is
+// V diag(d) V^T. Returns false (d unspecified) when an eigenvalue or a d_j is not finite
+// (eps = 0 on a singular matrix). d may be w.
+bool inverse_root_scales(const double* w, int64_t n, double p, double eps, double* d);
+// out = (a + eps I)^(-1/p) for symmetric positive semi-definite a [n, n] (or each of [B, n, n]),
+// computed in f64. eigh: the eigenvalue rule above. newton: coupled Newton iteration. Returns
+// false (out untouched) when the method fails: no convergence, NaN or Inf. Not the qr method
+// (a UsageError: it needs a basis, inverse_roots).
 bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out);
+// The inverse roots of a batch a [B, n, n] (f32 or f64) in a's own dtype, with batched ops (one
+// batched eigendecomposition for the whole batch); returns ok [B]: 0 where matrix i failed (out[i]
+// then unspecified), which a solver's failure (an Error) gives every matrix of the batch.
+//   eigh: eigh(a) = V, w; the eigenvalue rule on w + eps; out = V diag(d) V^T.
+//   newton: inverse_root on the batch; if that fails, on each matrix alone.
+//   qr: the warm-started eigendecomposition (Distributed Shampoo's QREigendecompositionConfig)
+//     from and into `basis` [B, n, n] (a's dtype; a zero matrix: none yet). A matrix without a
+//     basis gets a full eigh (a batch where only some have none: one matrix at a time). Else,
+//     with A = a + eps I, Q its basis and B = Q^T A Q: while fewer than qr_max_iterations
+//     iterations have run and ||B - diag B||_F > qr_tolerance ||B||_F, Q = qr(A Q)
+//     (Householder) and B = Q^T A Q. The estimates diag B - eps go through the eigenvalue rule,
+//     out = Q diag(d) Q^T, and Q is kept with its columns in descending order of the estimates
+//     (stable). The basis of a matrix that fails is zeroed: its next call starts from a full eigh.
+std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& opts, Tensor& out,
+                                Tensor* basis = nullptr);
 
 // ---------------------------------------------------------------------------- CPU threads
 // The threads the CPU backend's loops and OpenBLAS use (OpenMP's max threads, for this thread).

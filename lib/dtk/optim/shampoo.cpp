@@ -766,21 +766,10 @@ class Shampoo final : public Optimizer {
           Fc = Tensor::empty(F.shape(), fdtype_, device_);
           ops::scale(F, corr, Fc);
         }
-        std::vector<char> ok(static_cast<size_t>(nb), 1);
         Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
-        if (cfg_.root_method == RootMethod::eigh) {
-          root_eigh(Fc, p, out, ok);
-        } else if (cfg_.root_method == RootMethod::qr) {
-          Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-          root_qr(Fc, Q, p, out, ok);
-          for (int64_t i = 0; i < nb; ++i)  // a failed block restarts from a full eigh
-            if (!ok[static_cast<size_t>(i)]) {
-              Tensor Qi = Q.select(i);
-              ops::fill(Qi, 0.0);
-            }
-        } else {
-          root_newton(Fc, p, out, ok);
-        }
+        Tensor Q;  // qr: the kept bases (a failed block's is zeroed: it restarts from a full eigh)
+        if (cfg_.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
+        const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
         Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
         const bool all_ok = std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
         if (all_ok) {
@@ -831,166 +820,16 @@ class Shampoo final : public Optimizer {
     }
   }
 
-  // R = V diag((mu + shift)^(-1/p)) V^T for the batch, eigendecomposed in the factor dtype.
-  void root_eigh(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {
-    const int64_t nb = Fc.dim(0), b = Fc.dim(1);
-    Tensor w = Tensor::empty({nb, b}, fdtype_, device_), V = Tensor::empty({nb, b, b}, fdtype_, device_);
-    if (!solved([&] { ops::eigh(Fc, w, V); }, ok)) return;
-    form_root(V, root_scales(w.to_doubles(), b, p, ok), out, ok);
-  }
-
-  // Runs a batched solver (eigh, QR); false, with every block marked failed (to retry in f64),
-  // when it fails. Usage errors propagate.
-  template <typename F>
-  static bool solved(F&& solve, std::vector<char>& ok) {
-    try {
-      solve();
-      return true;
-    } catch (const UsageError&) {
-      throw;
-    } catch (const Error&) {
-      std::fill(ok.begin(), ok.end(), 0);
-      return false;
-    }
-  }
-
-  // The root's eigenvalues d = (mu + eps + shift)^(-1/p) from the factors' eigenvalues mu (host,
-  // [nb, b], any order) by the shift rule of shampoo.h; a block with a value that is not finite
-  // gets ok 0 (and d 0).
-  std::vector<double> root_scales(const std::vector<double>& mu, int64_t b, double p, std::vector<char>& ok) const {
-    const int64_t nb = static_cast<int64_t>(ok.size());
-    std::vector<double> d(static_cast<size_t>(nb * b), 0.0);
-    const double eps = cfg_.epsilon;
-    for (int64_t i = 0; i < nb; ++i) {
-      const double* m = mu.data() + i * b;
-      double* di = d.data() + i * b;
-      const double m0 = *std::min_element(m, m + b) + eps;
-      bool good = std::isfinite(m0);
-      const double shift = m0 < eps ? eps - m0 : 0.0;
-      for (int64_t j = 0; j < b && good; ++j) {
-        di[j] = std::pow(m[j] + eps + shift, -1.0 / p);
-        good = std::isfinite(m[j]) && std::isfinite(di[j]);
-      }
-      if (!good) {
-        ok[static_cast<size_t>(i)] = 0;
-        std::fill(di, di + b, 0.0);
-      }
-    }
-    return d;
-  }
-
-  // out = V diag(d) V^T for the batch (V's columns the eigenvectors); blocks whose result is
-  // not finite get ok 0.
-  void form_root(const Tensor& V, const std::vector<double>& d, Tensor& out, std::vector<char>& ok) {
-    const int64_t nb = V.dim(0), b = V.dim(1);
-    // V diag(d): the columns of V scaled by d, through Dexp[i] = ones [b, 1] x d_i [1, b] (exact:
-    // one product per element), then R = (V diag(d)) V^T.
-    const Tensor D1 = Tensor::from_doubles(d, {nb, 1, b}, fdtype_, device_);
-    Tensor ones = Tensor::empty({nb, b, 1}, fdtype_, device_);
-    ops::fill(ones, 1.0);
-    Tensor Dexp = Tensor::empty({nb, b, b}, fdtype_, device_);
-    ops::gemm(false, false, 1.0, ones, D1, 0.0, Dexp);
-    Tensor VD = Tensor::empty({nb, b, b}, fdtype_, device_);
-    ops::mul(V, Dexp, VD);
-    ops::gemm(false, true, 1.0, VD, V, 0.0, out);
-    if (ops::count_nonfinite(out) > 0)
-      for (int64_t i = 0; i < nb; ++i)
-        if (ops::count_nonfinite(out.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
-  }
-
-  // The warm-started eigendecomposition (shampoo.h, root_method qr) of the batch Fc, from and
-  // into the bases Q; the root as root_eigh forms it.
-  void root_qr(const Tensor& Fc, Tensor& Q, double p, Tensor& out, std::vector<char>& ok) {
-    const int64_t nb = Fc.dim(0), b = Fc.dim(1);
-    Tensor qn = Tensor::empty({nb}, fdtype_, device_);
-    ops::reduce(ops::Reduce::norm2, ops::Axis::rows, Q.reshape({nb, b * b}), qn);
-    const std::vector<double> qnorm = qn.to_doubles();
-    const auto fresh = std::count(qnorm.begin(), qnorm.end(), 0.0);
-    if (fresh > 0 && fresh < nb) {  // some blocks without a basis (after a failure): one at a time
-      for (int64_t i = 0; i < nb; ++i) {
-        std::vector<char> oki(1, 1);
-        Tensor Qi = Q.slice(i, i + 1), oi = out.slice(i, i + 1);
-        root_qr(Fc.slice(i, i + 1), Qi, p, oi, oki);
-        ok[static_cast<size_t>(i)] = oki[0];
-      }
-      return;
-    }
-    Tensor V = Tensor::empty({nb, b, b}, fdtype_, device_);
-    std::vector<double> mu(static_cast<size_t>(nb * b));
-    if (fresh == nb) {  // no basis yet: a full eigh
-      Tensor w = Tensor::empty({nb, b}, fdtype_, device_);
-      if (!solved([&] { ops::eigh(Fc, w, V); }, ok)) return;
-      mu = w.to_doubles();
-    } else {
-      const double eps = cfg_.epsilon;
-      V.copy_from(Q);
-      // B = Q^T A Q (A = F + eps I) through T = A Q alone: diag B_jj = q_j . (A q_j) and, Q being
-      // orthonormal, ||B||_F = ||A Q||_F; T is also the next power iteration.
-      Tensor T = Tensor::empty({nb, b, b}, fdtype_, device_), P = Tensor::empty({nb, b, b}, fdtype_, device_);
-      Tensor ones = Tensor::empty({nb, 1, b}, fdtype_, device_), dg = Tensor::empty({nb, 1, b}, fdtype_, device_);
-      Tensor fr = Tensor::empty({nb}, fdtype_, device_);
-      ops::fill(ones, 1.0);
-      std::vector<double> diag, frob;
-      const auto estimate = [&] {
-        ops::gemm(false, false, 1.0, Fc, V, 0.0, T);
-        ops::axpy(eps, V, T);
-        ops::mul(V, T, P);
-        ops::gemm(false, false, 1.0, ones, P, 0.0, dg);  // column sums: q_j . (A q_j)
-        ops::reduce(ops::Reduce::norm2, ops::Axis::rows, T.reshape({nb, b * b}), fr);
-        diag = dg.to_doubles();
-        frob = fr.to_doubles();
-      };
-      const auto converged = [&](int64_t i) {
-        double d2 = 0;
-        for (int64_t j = 0; j < b; ++j) d2 += diag[static_cast<size_t>(i * b + j)] * diag[static_cast<size_t>(i * b + j)];
-        const double f2 = frob[static_cast<size_t>(i)] * frob[static_cast<size_t>(i)];
-        return std::sqrt(std::max(0.0, f2 - d2)) <= cfg_.qr_tolerance * std::sqrt(f2);
-      };
-      estimate();
-      for (int it = 0; it < cfg_.qr_max_iterations; ++it) {
-        std::vector<int64_t> todo;
-        for (int64_t i = 0; i < nb; ++i)
-          if (!converged(i)) todo.push_back(i);
-        if (todo.empty()) break;
-        if (!solved([&] { ops::orthonormalize_qr(T); }, ok)) return;  // Q = qr(A Q)
-        if (static_cast<int64_t>(todo.size()) == nb) {
-          V.copy_from(T);
-        } else {
-          for (int64_t i : todo) V.select(i).copy_from(T.select(i));
-        }
-        estimate();
-      }
-      for (size_t e = 0; e < mu.size(); ++e) mu[e] = diag[e] - eps;  // estimates of F's eigenvalues
-    }
-    // The basis kept for the next root step: columns by descending estimate (stable).
-    for (int64_t i = 0; i < nb; ++i) {
-      std::vector<int64_t> order(static_cast<size_t>(b));
-      std::iota(order.begin(), order.end(), int64_t{0});
-      const double* m = mu.data() + i * b;
-      std::stable_sort(order.begin(), order.end(), [m](int64_t x, int64_t y) { return m[x] > m[y]; });
-      const std::vector<double> v = V.select(i).to_doubles();
-      std::vector<double> sorted(v.size());
-      for (int64_t r = 0; r < b; ++r)
-        for (int64_t c = 0; c < b; ++c) sorted[static_cast<size_t>(r * b + c)] = v[static_cast<size_t>(r * b + order[static_cast<size_t>(c)])];
-      Q.select(i).copy_from(Tensor::from_doubles(sorted, {b, b}, fdtype_, device_));
-      std::vector<double> ms(static_cast<size_t>(b));
-      for (int64_t c = 0; c < b; ++c) ms[static_cast<size_t>(c)] = m[order[static_cast<size_t>(c)]];
-      std::copy(ms.begin(), ms.end(), mu.begin() + i * b);
-    }
-    form_root(Q, root_scales(mu, b, p, ok), out, ok);
-  }
-
-  void root_newton(const Tensor& Fc, double p, Tensor& out, std::vector<char>& ok) {
+  // The batched roots of ops::inverse_roots in the factor dtype, by root_method.
+  ops::RootOptions root_options() const {
     ops::RootOptions o;
-    o.method = ops::RootMethod::newton;
+    o.method = cfg_.root_method;
     o.eps = cfg_.epsilon;
     o.max_iters = cfg_.newton_max_iters;
     o.tolerance = cfg_.newton_tolerance;
-    if (ops::inverse_root(Fc, p, o, out)) return;
-    for (int64_t i = 0; i < Fc.dim(0); ++i) {
-      Tensor oi = out.select(i);
-      ok[static_cast<size_t>(i)] = ops::inverse_root(Fc.select(i), p, o, oi) ? 1 : 0;
-    }
+    o.qr_max_iterations = cfg_.qr_max_iterations;
+    o.qr_tolerance = cfg_.qr_tolerance;
+    return o;
   }
 
   static int64_t encode(int block, int k) { return static_cast<int64_t>(block) * 1024 + k; }

@@ -25,7 +25,7 @@
 //
 // Inverse roots by symmetric eigendecomposition (batched over blocks of one size) in the factor
 // dtype: with mu = eig(F) + eps ascending, every mu is shifted up by eps - mu_0 when mu_0 < eps,
-// then R = V diag(mu^(-1/p)) V^T. A block whose computation fails (the solver, or a non-finite
+// then R = V diag(mu^(-1/p)) V^T (ops::inverse_roots; the rule is ops::inverse_root_scales). A block whose computation fails (the solver, or a non-finite
 // result) is retried in f64 (ops::inverse_root); if that fails too it keeps its previous root, with
 // a warning; its fourth consecutive failure is an Error naming the block. A NaN or Inf in a factor
 // is an Error naming the parameter. root_method "newton" uses the coupled Newton iteration instead.
@@ -91,13 +91,14 @@
 #include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/ops/ops.h"
 #include "dtk/optim/optimizer.h"
 
 namespace dtk::optim {
 
-// Inverse roots by eigendecomposition, coupled Newton iteration, or warm-started QR iterations.
-enum class RootMethod { eigh, newton, qr };
-DTK_ENUM_NAMES(RootMethod, {RootMethod::eigh, "eigh"}, {RootMethod::newton, "newton"}, {RootMethod::qr, "qr"})
+// Inverse roots by eigendecomposition, coupled Newton iteration, or warm-started QR iterations
+// (ops::inverse_roots).
+using ops::RootMethod;
 enum class Grafting { none, sgd, adagrad, rmsprop, adam };
 DTK_ENUM_NAMES(Grafting, {Grafting::none, "none"}, {Grafting::sgd, "sgd"}, {Grafting::adagrad, "adagrad"},
                {Grafting::rmsprop, "rmsprop"}, {Grafting::adam, "adam"})

@@ -160,22 +160,15 @@ void reconstruct(int n, const std::vector<double>& v, const std::vector<double>&
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0, vd.data(), n, v.data(), n, 0.0, x, n);
 }
 
-// (A + eps I)^(-1/p) by eigendecomposition. With mu = the eigenvalues of A + eps I, ascending:
-// when mu_0 < eps (A has a negative eigenvalue, in practice rounding of a PSD matrix) every
-// eigenvalue is shifted up by eps - mu_0, so the smallest becomes eps; otherwise none is
-// changed. This is Distributed Shampoo's "make positive semidefinite, then add epsilon":
-// lambda - min(lambda_min, 0) + eps. Then X = V diag(mu^(-1/p)) V^T.
+// (A + eps I)^(-1/p) by eigendecomposition: X = V diag(d) V^T with d from the eigenvalues of
+// A + eps I by the one eigenvalue rule (ops.h, inverse_root_scales).
 bool root_eigh(int n, const std::vector<double>& a, double p, double eps, double* x) {
   std::vector<double> v(a);
   std::vector<double> w(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[size_t(i) * n + i] += eps;
   if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, v.data(), n, w.data()) != 0) return false;
-  const double shift = w[0] < eps ? eps - w[0] : 0.0;
   std::vector<double> d(static_cast<size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    d[j] = std::pow(w[j] + shift, -1.0 / p);
-    if (!std::isfinite(d[j])) return false;  // eps = 0 on a singular matrix
-  }
+  if (!inverse_root_scales(w.data(), n, p, eps, d.data())) return false;
   reconstruct(n, v, d, x);
   return true;
 }

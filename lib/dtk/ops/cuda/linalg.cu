@@ -394,9 +394,8 @@ double read_double(const Tensor& d) {
   return h;
 }
 
-// X = (S)^(-1/p) into w.x by eigendecomposition of S = sym(a) + eps I (in w.s). The same
-// eigenvalue rule as the CPU: with mu ascending, if mu_0 < eps every eigenvalue is shifted up by
-// eps - mu_0 (the smallest becomes eps), else none changes.
+// X = (S)^(-1/p) into w.x by eigendecomposition of S = sym(a) + eps I (in w.s), with the one
+// eigenvalue rule of both backends (ops.h, inverse_root_scales).
 bool root_eigh(int n, double p, double eps, RootWork& w) {
   cublasHandle_t cb = cublas_handle();
   cusolverDnHandle_t h = cusolver_handle();
@@ -412,11 +411,7 @@ bool root_eigh(int n, double p, double eps, RootWork& w) {
   check_cuda(cudaMemcpyAsync(mu.data(), w.d.data(), n * sizeof(double), cudaMemcpyDeviceToHost, stream()),
              "cudaMemcpyAsync");
   dtk::cuda::stream_synchronize(dtk::cuda::current_stream(), "the eigenvalues read back");
-  const double shift = mu[0] < eps ? eps - mu[0] : 0.0;
-  for (double& x : mu) {
-    x = std::pow(x + shift, -1.0 / p);
-    if (!std::isfinite(x)) return false;  // eps = 0 on a singular matrix
-  }
+  if (!inverse_root_scales(mu.data(), n, p, eps, mu.data())) return false;
   // mu is pageable and dies with this function: the copy completes before it returns (a copy
   // queued with cudaMemcpyAsync might still read it after, whatever staging the driver does).
   check_cuda(cudaMemcpyAsync(w.d.data(), mu.data(), n * sizeof(double), cudaMemcpyHostToDevice, stream()),

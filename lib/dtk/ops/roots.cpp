@@ -1,0 +1,228 @@
+// Inverse roots (ops.h): the eigenvalue rule every eigendecomposition-based root uses (the CPU
+// and CUDA backends' inverse_root, inverse_roots' eigh and qr), and inverse_roots, the batched
+// roots in the matrices' own dtype, composed of the public ops (so the same on every backend).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/check.h"
+#include "dtk/ops/ops.h"
+
+namespace dtk::ops {
+using namespace dtk::ops::detail;
+
+bool inverse_root_scales(const double* w, int64_t n, double p, double eps, double* d) {
+  if (n <= 0) return true;
+  const double w0 = *std::min_element(w, w + n);
+  const double shift = w0 < eps ? eps - w0 : 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double wj = w[j];  // d may be w
+    d[j] = std::pow(wj + shift, -1.0 / p);
+    if (!std::isfinite(wj) || !std::isfinite(d[j])) return false;  // eps = 0 on a singular matrix
+  }
+  return true;
+}
+
+namespace {
+
+// Runs a batched solver (eigh, QR); false, with every block marked failed, when it fails. Usage
+// errors propagate.
+template <typename F>
+bool solved(F&& solve, std::vector<char>& ok) {
+  try {
+    solve();
+    return true;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error&) {
+    std::fill(ok.begin(), ok.end(), 0);
+    return false;
+  }
+}
+
+// The root's eigenvalues d = (mu + eps + shift)^(-1/p) (inverse_root_scales) from the
+// eigenvalues mu of the matrices without eps (host, [nb, b], any order); a block whose rule
+// fails gets ok 0 (and d 0).
+std::vector<double> root_scales(const std::vector<double>& mu, int64_t b, double p, double eps, std::vector<char>& ok) {
+  const int64_t nb = static_cast<int64_t>(ok.size());
+  std::vector<double> d(static_cast<size_t>(nb * b), 0.0), w(static_cast<size_t>(b));
+  for (int64_t i = 0; i < nb; ++i) {
+    const double* m = mu.data() + i * b;
+    double* di = d.data() + i * b;
+    for (int64_t j = 0; j < b; ++j) w[static_cast<size_t>(j)] = m[j] + eps;
+    if (!inverse_root_scales(w.data(), b, p, eps, di)) {
+      ok[static_cast<size_t>(i)] = 0;
+      std::fill(di, di + b, 0.0);
+    }
+  }
+  return d;
+}
+
+// out = V diag(d) V^T for the batch (V's columns the eigenvectors); blocks whose result is
+// not finite get ok 0.
+void form_root(const Tensor& V, const std::vector<double>& d, Tensor& out, std::vector<char>& ok) {
+  const int64_t nb = V.dim(0), b = V.dim(1);
+  const DType t = V.dtype();
+  const Device dev = V.device();
+  // V diag(d): the columns of V scaled by d, through Dexp[i] = ones [b, 1] x d_i [1, b] (exact:
+  // one product per element), then R = (V diag(d)) V^T.
+  const Tensor D1 = Tensor::from_doubles(d, {nb, 1, b}, t, dev);
+  Tensor ones = Tensor::empty({nb, b, 1}, t, dev);
+  fill(ones, 1.0);
+  Tensor Dexp = Tensor::empty({nb, b, b}, t, dev);
+  gemm(false, false, 1.0, ones, D1, 0.0, Dexp);
+  Tensor VD = Tensor::empty({nb, b, b}, t, dev);
+  mul(V, Dexp, VD);
+  gemm(false, true, 1.0, VD, V, 0.0, out);
+  if (count_nonfinite(out) > 0)
+    for (int64_t i = 0; i < nb; ++i)
+      if (count_nonfinite(out.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
+}
+
+// V diag(d) V^T with V, d from a batched eigh of a, in a's dtype.
+void roots_eigh(const Tensor& a, double p, double eps, Tensor& out, std::vector<char>& ok) {
+  const int64_t nb = a.dim(0), b = a.dim(1);
+  Tensor w = Tensor::empty({nb, b}, a.dtype(), a.device()), V = Tensor::empty({nb, b, b}, a.dtype(), a.device());
+  if (!solved([&] { eigh(a, w, V); }, ok)) return;
+  form_root(V, root_scales(w.to_doubles(), b, p, eps, ok), out, ok);
+}
+
+// The warm-started eigendecomposition (ops.h, RootMethod::qr) of the batch a, from and into the
+// bases Q; the root as roots_eigh forms it.
+void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Tensor& out, std::vector<char>& ok) {
+  const int64_t nb = a.dim(0), b = a.dim(1);
+  const DType dt = a.dtype();
+  const Device dev = a.device();
+  Tensor qn = Tensor::empty({nb}, dt, dev);
+  reduce(Reduce::norm2, Axis::rows, Q.reshape({nb, b * b}), qn);
+  const std::vector<double> qnorm = qn.to_doubles();
+  const auto fresh = std::count(qnorm.begin(), qnorm.end(), 0.0);
+  if (fresh > 0 && fresh < nb) {  // some blocks without a basis (after a failure): one at a time
+    for (int64_t i = 0; i < nb; ++i) {
+      std::vector<char> oki(1, 1);
+      Tensor Qi = Q.slice(i, i + 1), oi = out.slice(i, i + 1);
+      roots_qr(a.slice(i, i + 1), Qi, p, opts, oi, oki);
+      ok[static_cast<size_t>(i)] = oki[0];
+    }
+    return;
+  }
+  Tensor V = Tensor::empty({nb, b, b}, dt, dev);
+  std::vector<double> mu(static_cast<size_t>(nb * b));
+  if (fresh == nb) {  // no basis yet: a full eigh
+    Tensor w = Tensor::empty({nb, b}, dt, dev);
+    if (!solved([&] { eigh(a, w, V); }, ok)) return;
+    mu = w.to_doubles();
+  } else {
+    const double eps = opts.eps;
+    V.copy_from(Q);
+    // B = Q^T A Q (A = a + eps I) through T = A Q alone: diag B_jj = q_j . (A q_j) and, Q being
+    // orthonormal, ||B||_F = ||A Q||_F; T is also the next power iteration.
+    Tensor T = Tensor::empty({nb, b, b}, dt, dev), P = Tensor::empty({nb, b, b}, dt, dev);
+    Tensor ones = Tensor::empty({nb, 1, b}, dt, dev), dg = Tensor::empty({nb, 1, b}, dt, dev);
+    Tensor fr = Tensor::empty({nb}, dt, dev);
+    fill(ones, 1.0);
+    std::vector<double> diag, frob;
+    const auto estimate = [&] {
+      gemm(false, false, 1.0, a, V, 0.0, T);
+      axpy(eps, V, T);
+      mul(V, T, P);
+      gemm(false, false, 1.0, ones, P, 0.0, dg);  // column sums: q_j . (A q_j)
+      reduce(Reduce::norm2, Axis::rows, T.reshape({nb, b * b}), fr);
+      diag = dg.to_doubles();
+      frob = fr.to_doubles();
+    };
+    const auto converged = [&](int64_t i) {
+      double d2 = 0;
+      for (int64_t j = 0; j < b; ++j) d2 += diag[static_cast<size_t>(i * b + j)] * diag[static_cast<size_t>(i * b + j)];
+      const double f2 = frob[static_cast<size_t>(i)] * frob[static_cast<size_t>(i)];
+      return std::sqrt(std::max(0.0, f2 - d2)) <= opts.qr_tolerance * std::sqrt(f2);
+    };
+    estimate();
+    for (int it = 0; it < opts.qr_max_iterations; ++it) {
+      std::vector<int64_t> todo;
+      for (int64_t i = 0; i < nb; ++i)
+        if (!converged(i)) todo.push_back(i);
+      if (todo.empty()) break;
+      if (!solved([&] { orthonormalize_qr(T); }, ok)) return;  // Q = qr(A Q)
+      if (static_cast<int64_t>(todo.size()) == nb) {
+        V.copy_from(T);
+      } else {
+        for (int64_t i : todo) V.select(i).copy_from(T.select(i));
+      }
+      estimate();
+    }
+    for (size_t e = 0; e < mu.size(); ++e) mu[e] = diag[e] - eps;  // estimates of a's eigenvalues
+  }
+  // The basis kept for the next root step: columns by descending estimate (stable).
+  for (int64_t i = 0; i < nb; ++i) {
+    std::vector<int64_t> order(static_cast<size_t>(b));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    const double* m = mu.data() + i * b;
+    std::stable_sort(order.begin(), order.end(), [m](int64_t x, int64_t y) { return m[x] > m[y]; });
+    const std::vector<double> v = V.select(i).to_doubles();
+    std::vector<double> sorted(v.size());
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t c = 0; c < b; ++c) sorted[static_cast<size_t>(r * b + c)] = v[static_cast<size_t>(r * b + order[static_cast<size_t>(c)])];
+    Q.select(i).copy_from(Tensor::from_doubles(sorted, {b, b}, dt, dev));
+    std::vector<double> ms(static_cast<size_t>(b));
+    for (int64_t c = 0; c < b; ++c) ms[static_cast<size_t>(c)] = m[order[static_cast<size_t>(c)]];
+    std::copy(ms.begin(), ms.end(), mu.begin() + i * b);
+  }
+  form_root(Q, root_scales(mu, b, p, opts.eps, ok), out, ok);
+}
+
+// inverse_root on the whole batch; when that fails, one matrix at a time.
+void roots_newton(const Tensor& a, double p, const RootOptions& opts, Tensor& out, std::vector<char>& ok) {
+  if (inverse_root(a, p, opts, out)) return;
+  for (int64_t i = 0; i < a.dim(0); ++i) {
+    Tensor oi = out.select(i);
+    ok[static_cast<size_t>(i)] = inverse_root(a.select(i), p, opts, oi) ? 1 : 0;
+  }
+}
+
+}  // namespace
+
+std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& opts, Tensor& out, Tensor* basis) {
+  const char* op = "inverse_roots";
+  check_float(op, a, "a");
+  if (a.ndim() != 3 || a.dim(1) != a.dim(2)) fail_usage("inverse_roots: a must be a batch [B, n, n], got " + a.str());
+  check_on(op, a, out, "out");
+  check_type(op, out, a.dtype(), "out");
+  check_shape(op, out, a.shape(), "out");
+  if (!(p > 0) || !std::isfinite(p)) fail_usage("inverse_roots: p must be finite and > 0, got {}", p);
+  if (!(opts.eps >= 0) || !std::isfinite(opts.eps))
+    fail_usage("inverse_roots: eps must be finite and >= 0, got {}", opts.eps);
+  if (opts.method == RootMethod::qr) {
+    if (!basis) fail_usage("inverse_roots: the qr method needs the bases");
+    check_on(op, a, *basis, "basis");
+    check_type(op, *basis, a.dtype(), "basis");
+    check_shape(op, *basis, a.shape(), "basis");
+    if (opts.qr_max_iterations < 0) fail_usage("inverse_roots: qr_max_iterations must be >= 0");
+    if (!(opts.qr_tolerance >= 0 && opts.qr_tolerance <= 1)) fail_usage("inverse_roots: qr_tolerance must be in [0, 1]");
+  }
+  std::vector<char> ok(static_cast<size_t>(a.dim(0)), 1);
+  if (a.dim(0) == 0 || a.dim(1) == 0) return ok;
+  switch (opts.method) {
+    case RootMethod::eigh:
+      roots_eigh(a, p, opts.eps, out, ok);
+      break;
+    case RootMethod::newton:
+      roots_newton(a, p, opts, out, ok);
+      break;
+    case RootMethod::qr:
+      roots_qr(a, *basis, p, opts, out, ok);
+      for (int64_t i = 0; i < a.dim(0); ++i)  // a failed block restarts from a full eigh
+        if (!ok[static_cast<size_t>(i)]) {
+          Tensor Qi = basis->select(i);
+          fill(Qi, 0.0);
+        }
+      break;
+  }
+  return ok;
+}
+
+}  // namespace dtk::ops
