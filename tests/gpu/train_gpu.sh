@@ -21,7 +21,7 @@ if [ "$dev" = cpu ]; then ngpu=1
 else ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 fi
 if [ "$ngpu" = 0 ]; then echo "skipped: no GPU"; exit 77; fi  # ctest: SKIP_RETURN_CODE
-. "$(dirname "$0")/../tools/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 psgd=$bin/psgd-train/psgd-train shampoo=$bin/shampoo-train/shampoo-train fsdp=$bin/fsdp-train/fsdp-train
 si=$bin/shard-inspect/shard-inspect datapack=$bin/data-pack/data-pack
 skip() { echo "skip $1"; }

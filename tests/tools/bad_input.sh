@@ -10,7 +10,7 @@
 #   bad_input.sh MPIEXEC BIN_DIR   (BIN_DIR/<program>/<program>)
 set -u
 mpiexec=$1 bin=$(realpath "$2")
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 psgd=$bin/psgd-train/psgd-train shampoo=$bin/shampoo-train/shampoo-train fsdp=$bin/fsdp-train/fsdp-train
 bench=$bin/comm-bench/comm-bench dp=$bin/data-pack/data-pack si=$bin/shard-inspect/shard-inspect
 # A read-only directory stays removable when the test ends (chattr +i is how root gets one).

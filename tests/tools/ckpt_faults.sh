@@ -7,7 +7,7 @@
 # writer's and another host's stay.
 #   ckpt_faults.sh MPIEXEC PSGD_TRAIN FSDP_TRAIN SHARD_INSPECT CKPT_MAKE
 set -u
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 mpiexec=$1 psgd=$2 fsdp=$3 si=$4 mk=$5
 common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
 # The program's own error lines (mpiexec adds lines of its own about the exit codes).

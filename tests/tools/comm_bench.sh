@@ -5,7 +5,7 @@
 set -u
 mpiexec=$1 bench=$2 n=$3
 run="$mpiexec -n $n $bench"
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 
 # Every op, dtype and reduction, sizes from 0 bytes, checked twice, in place for avg and min.
 for dtype in f32 f64 bf16 f16 i32 i64 u8 u16; do

@@ -5,7 +5,7 @@
 #   data_pack.sh DATA_PACK
 set -u
 dp=$(realpath "$1")
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 cd "$tmp"
 
 # Runs data-pack; $rc, $out (stdout) and $err (stderr) hold what happened.

@@ -2,14 +2,14 @@
 # shard-inspect export of the model alone, loaded into PyTorch as shard-inspect(1)'s EXAMPLES say
 # (issue 30): a llama-tiny checkpoint from psgd-train, exported with the man page's commands; with
 # plain python3, the files hold the model's tensors and no optimizer state; then, with PyTorch
-# (scripts/torch-venv's environment, never installed by this test), the man page's loading
-# snippets into scripts/pytorch_llama.py's Llama with load_state_dict(strict=True).
+# (bench/torch-venv's environment, never installed by this test), the man page's loading
+# snippets into bench/pytorch_llama.py's Llama with load_state_dict(strict=True).
 # Exit 77 (skipped) when the plain checks pass but no PyTorch environment with numpy or
 # safetensors exists: $DTK_TORCH_VENV, else ~/.cache/dtk/torch-$DTK_TORCH_VERSION (2.15.0).
 #   export_pytorch.sh PSGD_TRAIN SHARD_INSPECT SOURCE_DIR
 set -uo pipefail
 psgd=$1 si=$2 src=$3
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 cd "$tmp" || exit 1
 man=$src/man/man1/shard-inspect.1
 
@@ -111,13 +111,13 @@ for fmt in npz safetensors; do
   fi
   ran=1
   block $fmt >load_$fmt.py
-  if "$py" -c "$loader" "$src/scripts" load_$fmt.py model.$fmt >out 2>err; then
+  if "$py" -c "$loader" "$src/bench" load_$fmt.py model.$fmt >out 2>err; then
     ok "PyTorch $("$py" -c 'import torch; print(torch.__version__)'): the man page's $fmt snippet, strict: $(cat out)"
   else
     bad "the man page's $fmt snippet" "$(cat load_$fmt.py out err)"
   fi
   if [ $fmt = npz ]; then  # what model/ is for: everything exported, the strict load refuses the rest
-    if "$py" -c "$loader" "$src/scripts" load_npz.py full.npz >out 2>err; then
+    if "$py" -c "$loader" "$src/bench" load_npz.py full.npz >out 2>err; then
       bad "the export of everything loaded strictly" "$(cat out)"
     else
       grep -q 'Unexpected key(s) in state_dict: "\(optim\|compress\)/' out \

@@ -6,7 +6,7 @@
 #   find_nccl.sh SOURCE_DIR NCCL_INCLUDE_DIR NCCL_LIBRARY
 set -u
 src=$1 inc=$2 lib=$3
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 real=$(readlink -f "$lib")
 
 # A prefix holding nccl.h and libnccl.so.2 only (links to the real files: NCCL is 200 MB).

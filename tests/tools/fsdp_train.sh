@@ -7,7 +7,7 @@
 # shards; bad input.
 #   fsdp_train.sh MPIEXEC FSDP_TRAIN PSGD_TRAIN SHARD_INSPECT SHAMPOO_TRAIN
 set -u
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 mpiexec=$1 fsdp=$2 psgd=$3 si=$4 shampoo=$5
 common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
 exact="--param-dtype f32 --reduce-dtype f32"

@@ -13,7 +13,7 @@
 #   resume.sh MPIEXEC BIN_DIR   (BIN_DIR/<program>/<program>)
 set -u
 mpiexec=$1 bin=$(realpath "$2")
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 psgd=$bin/psgd-train/psgd-train shampoo=$bin/shampoo-train/shampoo-train
 job="$small --global-batch 8 --eval-every 0 --log-level warn"
 # The run's options: a warm-up and a peak learning rate the defaults do not have.

@@ -3,7 +3,7 @@
 # exact resume, resume on another world size (blocks reassigned), bad input.
 #   shampoo_train.sh MPIEXEC SHAMPOO_TRAIN SHARD_INSPECT
 set -u
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 mpiexec=$1 st=$2 si=$3
 common="$small --global-batch 8 --lr 3e-3 --warmup 2 --eval-every 0 --log-level warn --precondition-frequency 3 --max-preconditioner-dim 48 --shampoo-epsilon 1e-6"
 

@@ -5,7 +5,7 @@
 #   shard_inspect.sh SHARD_INSPECT CKPT_MAKE
 set -u
 si=$1 mk=$2
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 check() { local name=$1; shift; if "$@" >"$tmp/chk.log" 2>&1; then ok "$name"; else bad "$name" "$(cat "$tmp/chk.log")"; fi; }
 cd "$tmp"
 

@@ -9,7 +9,7 @@
 #     its last step exits 0 at once.
 #   stop.sh MPIEXEC PSGD_TRAIN SHARD_INSPECT
 set -u
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 mpiexec=$1 psgd=$2 si=$3
 common="$small --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level info --log-every 1"
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The llama of docs/DESIGN.md ("Models") in PyTorch, trained as psgd-train trains it: the baseline
-of scripts/bench-vs-pytorch. Not part of dtk (dtk does not depend on torch).
+of bench/bench-vs-pytorch. Not part of dtk (dtk does not depend on torch).
 
 One process trains alone; under mpiexec (OMPI_COMM_WORLD_RANK/SIZE, MASTER_ADDR/MASTER_PORT) the
 processes form a gloo group and train with DistributedDataParallel (25 MiB buckets), optionally
 with the PowerSGD comm hook, or with --fsdp fully sharded by FSDP2 (fully_shard per block and
-over the rest, parameters resharded after forward), the baseline of scripts/bench-fsdp. The options carry psgd-train's names and defaults (AdamW, clipping
+over the rest, parameters resharded after forward), the baseline of bench/bench-fsdp. The options carry psgd-train's names and defaults (AdamW, clipping
 by global norm, the cosine schedule of lib/dtk/optim), and the metrics are psgd-train's JSON lines
 (step, loss, lr, grad_norm, tokens_per_s, step_time_ms), so the two read alike.
 
-  python3 scripts/pytorch_llama.py --model-config '{"dim": 128, ...}' --tokens TOKENS.bin \\
+  python3 bench/pytorch_llama.py --model-config '{"dim": 128, ...}' --tokens TOKENS.bin \\
       --global-batch 16 --steps 30 --threads 2
 
 --model-config is the model_config of a dtk checkpoint (shard-inspect show --json). --tokens is a

@@ -1,4 +1,4 @@
-// The baseline of scripts/bench-comm: a plain MPI_Allreduce loop, timed exactly as comm-bench
+// The baseline of bench/bench-comm: a plain MPI_Allreduce loop, timed exactly as comm-bench
 // times (warm-up, barrier, back-to-back iterations, mean over ranks), with no dtk code in the path.
 //   mpi-allreduce-loop MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP
 // prints one line per size: bytes time_us algbw_GBps busbw_GBps

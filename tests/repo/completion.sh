@@ -11,7 +11,7 @@
 #   completion.sh BUILD_DIR
 set -u
 build=$(realpath "$1")
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 mapfile -t programs < <(programs "$build")
 [ ${#programs[@]} -gt 0 ] || { bad "the list of programs" "$build/programs.txt"; finish; exit 1; }
 for p in "${programs[@]}"; do PATH=$build/tools/$p:$PATH; done

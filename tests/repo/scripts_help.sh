@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every script a user runs answers --help (and -h) with its usage and exits 0, doing nothing
-# else: the executable files of scripts/ and scripts/experiments/ (the others, env.sh, lib.sh,
-# torch-lib.sh, are sourced; pytorch_llama.py is run by bench-vs-pytorch) and the built
+# else: the executable files of scripts/, scripts/experiments/ and bench/ (the others, env.sh,
+# lib.sh, torch-lib.sh, are sourced; pytorch_llama.py is run by bench-vs-pytorch) and the built
 # dtk-plot. Each prints a line "Usage: [DIR/]NAME ..." on stdout, nothing on stderr, within
 # 20 seconds, and runs none of the commands that would start work: they are stubs on PATH here
 # that record any call (cmake, ninja, ctest, mpiexec, apt-get, sudo, pip, python3, nvidia-smi,
@@ -10,7 +10,7 @@
 #   scripts_help.sh SOURCE_DIR BUILD_DIR
 set -u
 src=$(realpath "$1") build=$(realpath "$2")
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 
 mkdir "$tmp/stub"
 for c in cmake ninja ctest mpiexec mpirun apt-get apt sudo pip pip3 python3 nvidia-smi gnuplot jq; do
@@ -19,7 +19,7 @@ for c in cmake ninja ctest mpiexec mpirun apt-get apt sudo pip pip3 python3 nvid
 done
 
 scripts=()
-for f in "$src"/scripts/* "$src"/scripts/experiments/*; do
+for f in "$src"/scripts/* "$src"/scripts/experiments/* "$src"/bench/*; do
   [ -f "$f" ] && [ -x "$f" ] && scripts+=("$f")
 done
 [ ${#scripts[@]} -ge 10 ] || bad "the scripts found" "${scripts[@]}"

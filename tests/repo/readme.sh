@@ -29,8 +29,8 @@
 set -u
 src=$(realpath "$1") build=$(realpath "$2") only=${3:-}
 readme=$src/README.md
-. "$(dirname "$0")/check_lib.sh"
-. "$(dirname "$0")/doc_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
+. "$(dirname "$0")/../common/doc_lib.sh"
 set -o pipefail
 [ -n "${DTK_README_KEEP:-}" ] && trap 'echo "kept $tmp"' EXIT
 start=$SECONDS

@@ -1,4 +1,4 @@
-// bench-ops: dtk::ops against baselines measured in the same run (scripts/bench-ops).
+// bench-ops: dtk::ops against baselines measured in the same run (bench/bench-ops).
 //   GEMM: dtk::ops::gemm vs OpenBLAS cblas_?gemm called directly (CPU), and vs cuBLAS called
 //         directly (CUDA, f32 and bf16) when a GPU exists; GFLOP/s and the ratio dtk / direct.
 //   Bandwidth: ops::add, scale, axpy, reduce sum and adamw_step as a fraction of a same-size

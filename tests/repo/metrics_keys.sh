@@ -18,7 +18,7 @@ for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", text, re.S):
         print("\n".join(re.findall(r"[A-Za-z0-9_]+", m.group(2))))' "$readme" "$1" | sort -u
 }
 if [ -n "$readme" ]; then readme_words=$(readme_spans all) readme_list=$(readme_spans list); fi
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 mlp="--model mlp-small --data synthetic"
 # Each program's runs between them: llama and a classifier, evaluation steps, and whatever the
 # program's placement adds (a compressor; HSDP).

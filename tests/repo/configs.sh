@@ -13,8 +13,8 @@
 #   configs.sh MPIEXEC SOURCE_DIR BIN_DIR   (BIN_DIR/<program>/<program>)
 set -u
 mpiexec=$1 src=$(realpath "$2") bin=$(realpath "$3") here=$(cd "$(dirname "$0")" && pwd)
-. "$here/train_lib.sh"
-. "$here/doc_lib.sh"
+. "$here/../common/train_lib.sh"
+. "$here/../common/doc_lib.sh"
 set -o pipefail
 configs=$src/share/dtk/configs
 

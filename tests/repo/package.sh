@@ -15,7 +15,7 @@
 #   package.sh BUILD_DIR
 set -u
 build=$(realpath "$1")
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 # The programs: tools/CMakeLists.txt's list (BUILD_DIR/programs.txt), compiled ones and scripts.
 mapfile -t programs < <(programs "$build" binary)
 mapfile -t scripts < <(programs "$build" script)

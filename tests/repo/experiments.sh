@@ -6,7 +6,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export DTK_BUILD_DIR=$1
-. "$(dirname "$0")/check_lib.sh"
+. "$(dirname "$0")/../common/check_lib.sh"
 # check NAME ROWS: the experiment's table has these rows, its plot is a PNG, every run its metrics.
 check() {
   local d=$tmp/$1 rows=$2

@@ -7,7 +7,7 @@
 #   dtk_plot.sh DTK_PLOT PSGD_TRAIN
 set -u
 plot=$(realpath "$1") psgd=$(realpath "$2")
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 mkdir t; export TMPDIR=$tmp/t
 
 # Two real runs: PowerSGD and plain all-reduce, a validation every 3 steps.

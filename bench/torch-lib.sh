@@ -1,5 +1,5 @@
 # Sourced by the benchmarks against PyTorch (bench-vs-pytorch, bench-fsdp): what both sides need
-# of one llama. Needs $py (scripts/torch-venv's python), $tmp, and the built $psgd, $inspect
+# of one llama. Needs $py (bench/torch-venv's python), $tmp, and the built $psgd, $inspect
 # (shard-inspect) and $pack (data-pack).
 #
 # torch_prepare NAME WINDOWS MODEL_ARGS...: under $tmp/NAME.*: dtk's model config (.config, from a
@@ -26,7 +26,7 @@ torch_prepare() {
   case $(h5dump -H -d /tokens "$p.tokens.h5") in *U16LE*) echo uint16 ;; *) echo uint32 ;; esac >"$p.dtype"
   "$psgd" "$@" --init-from "$p.ckpt.h5" --data "$p.check.h5" --global-batch 4 --steps 1 --log-level warn \
     --metrics "$p.check.dtk" >/dev/null
-  "$py" scripts/pytorch_llama.py --model-config "$(cat "$p.config")" --init-from "$p.npz" --tokens "$p.check.bin" \
+  "$py" bench/pytorch_llama.py --model-config "$(cat "$p.config")" --init-from "$p.npz" --tokens "$p.check.bin" \
     --tokens-dtype "$(cat "$p.dtype")" --global-batch 4 --steps 1 --metrics "$p.check.torch"
 }
 
