@@ -12,13 +12,13 @@
 #include <limits>
 
 #include "dtk/core/error.h"
-#include "dtk/data/h5io.h"
+#include "dtk/data/h5.h"
 #include "dtk/data/internal.h"
 
 namespace dtk::data {
 namespace {
 namespace fs = std::filesystem;
-using h5io::Id;
+using h5::Id;
 
 // Writes an HDF5 file under a temporary name in the destination's directory, then renames it
 // into place; on any failure the temporary file is removed and `path` is untouched.
@@ -32,12 +32,12 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
   if (fs::is_directory(p, ec)) fail_usage(path + ": is a directory");
   const fs::path tmp =
       dir / fmt::format(".{}.tmp-{}-{}", p.filename().string(), ::getpid(), counter++);
-  auto g = h5io::lock();
-  h5io::quiet();
+  auto g = h5::lock();
+  h5::quiet();
   try {
-    const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, h5io::file_access());
+    const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, h5::file_access());
     if (f < 0) {
-      const std::string m = h5io::last_error();
+      const std::string m = h5::last_error();
       fail("cannot create " + tmp.string() + (m.empty() ? "" : ": " + m));
     }
     try {
@@ -46,7 +46,7 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
       H5Fclose(f);
       throw;
     }
-    h5io::check_status(H5Fclose(f), "cannot write " + tmp.string());
+    h5::check_status(H5Fclose(f), "cannot write " + tmp.string());
     const int fd = ::open(tmp.c_str(), O_RDONLY);
     if (fd < 0 || ::fsync(fd) != 0) {
       const std::string m = std::strerror(errno);
@@ -70,19 +70,19 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
 // A contiguous dataset with the given file type, written from a buffer of mem_type.
 void write_array(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const std::vector<hsize_t>& dims,
                  const void* data) {
-  Id space(h5io::check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+  Id space(h5::check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                        std::string("dataspace of ") + name));
-  Id dset(h5io::check(H5Dcreate2(file, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+  Id dset(h5::check(H5Dcreate2(file, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                       std::string("create ") + name));
   hsize_t n = 1;
   for (hsize_t d : dims) n *= d;
-  if (n) h5io::check_status(H5Dwrite(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), std::string("write ") + name);
+  if (n) h5::check_status(H5Dwrite(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), std::string("write ") + name);
 }
 
 void write_attrs(hid_t file, const nlohmann::json& attrs) {
   if (attrs.is_null()) return;
   if (!attrs.is_object()) fail_usage("data file attributes must be a JSON object");
-  for (auto it = attrs.begin(); it != attrs.end(); ++it) h5io::write_attr(file, it.key(), it.value());
+  for (auto it = attrs.begin(); it != attrs.end(); ++it) h5::write_attr(file, it.key(), it.value());
 }
 
 void check_labels(const std::string& path, std::span<const int32_t> labels, int64_t n, int64_t classes) {
@@ -102,8 +102,8 @@ void write_classification(const std::string& path, const char* name, hid_t file_
   write_atomically(path, [&](hid_t f) {
     write_array(f, name, file_type, mem_type, dims, data);
     write_array(f, "labels", H5T_STD_I32LE, H5T_NATIVE_INT32, {static_cast<hsize_t>(shape[0])}, labels.data());
-    h5io::write_attr(f, "format", format);
-    h5io::write_attr(f, "classes", classes);
+    h5::write_attr(f, "format", format);
+    h5::write_attr(f, "classes", classes);
     write_attrs(f, attrs);
   });
 }
@@ -134,8 +134,8 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
   const hid_t ft = vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
   write_atomically(path, [&](hid_t f) {
     write_array(f, "tokens", ft, H5T_NATIVE_UINT32, {static_cast<hsize_t>(tokens.size())}, tokens.data());
-    h5io::write_attr(f, "format", "dtk-tokens");
-    h5io::write_attr(f, "vocab_size", vocab_size);
+    h5::write_attr(f, "format", "dtk-tokens");
+    h5::write_attr(f, "vocab_size", vocab_size);
     write_attrs(f, attrs);
   });
 }

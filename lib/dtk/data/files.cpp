@@ -15,13 +15,13 @@
 #include <tuple>
 
 #include "dtk/core/error.h"
-#include "dtk/data/h5io.h"
+#include "dtk/data/h5.h"
 #include "dtk/data/internal.h"
 
 namespace dtk::data {
 namespace {
 namespace fs = std::filesystem;
-using h5io::Id;
+using h5::Id;
 
 std::string type_name(hid_t type) {
   const H5T_class_t c = H5Tget_class(type);
@@ -47,7 +47,7 @@ void for_each_chunk(const Array& a, int64_t n, int64_t chunk, hid_t type, const 
   std::vector<int64_t> off;
   for (int64_t r = 0; r < n; r += chunk) {
     const int64_t rows = std::min(chunk, n - r);
-    h5io::read_ranges(a.dset, static_cast<int>(a.dims.size()), a.dims, {{r, rows}}, type, sizeof(T), buf, off, what);
+    h5::read_ranges(a.dset, static_cast<int>(a.dims.size()), a.dims, {{r, rows}}, type, sizeof(T), buf, off, what);
     f(r, rows, reinterpret_cast<const T*>(buf.data()));
   }
 }
@@ -68,11 +68,11 @@ Array open_array(hid_t file, const char* name, const std::string& path) {
   Array a;
   a.dset = Id(H5Oopen(file, name, H5P_DEFAULT));
   if (!a.dset.valid() || H5Iget_type(a.dset) != H5I_DATASET) {
-    h5io::last_error();
+    h5::last_error();
     fail_usage(path + ": `" + name + "` is not a dataset");
   }
-  a.type = Id(h5io::check(H5Dget_type(a.dset), path + ": `" + name + "`"));
-  Id space(h5io::check(H5Dget_space(a.dset), path + ": `" + name + "`"));
+  a.type = Id(h5::check(H5Dget_type(a.dset), path + ": `" + name + "`"));
+  Id space(h5::check(H5Dget_space(a.dset), path + ": `" + name + "`"));
   const int rank = H5Sget_simple_extent_ndims(space);
   if (rank < 0) fail_usage(path + ": `" + name + "` has no simple shape");
   a.dims.resize(static_cast<size_t>(rank));
@@ -90,7 +90,7 @@ Shape chw_of(const std::vector<hsize_t>& dims) {
 
 // An integer attribute on the file's root or, failing that, on a dataset.
 bool int_attr(hid_t file, hid_t dset, const char* name, int64_t* out, const std::string& path) {
-  return h5io::read_int_attr(file, name, out, path) || (dset >= 0 && h5io::read_int_attr(dset, name, out, path));
+  return h5::read_int_attr(file, name, out, path) || (dset >= 0 && h5::read_int_attr(dset, name, out, path));
 }
 
 std::string dims_str(const std::vector<hsize_t>& d) {
@@ -102,7 +102,7 @@ class FileDataset : public Dataset {
  protected:
   FileDataset(std::string path, Id file) : path_(std::move(path)), file_(std::move(file)) {}
   ~FileDataset() override {
-    auto g = h5io::lock();
+    auto g = h5::lock();
     arr_.dset.reset();
     arr_.type.reset();
     file_.reset();
@@ -138,7 +138,7 @@ class TokenFile final : public FileDataset {
       fail_usage("{}: {} tokens are too short for one window of seq_len + 1 = {} tokens", p, n_, seq_ + 1);
     samples_ = (n_ - 1) / seq_;
     double v;
-    if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
+    if (h5::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
   int64_t size() const override { return samples_; }
   nn::Batch get(std::span<const int64_t> indices) const override {
@@ -152,8 +152,8 @@ class TokenFile final : public FileDataset {
     std::vector<unsigned char> buf;
     std::vector<int64_t> off;
     {
-      auto g = h5io::lock();
-      h5io::read_ranges(arr_.dset, 1, arr_.dims, ranges, H5T_NATIVE_UINT32, sizeof(uint32_t), buf, off,
+      auto g = h5::lock();
+      h5::read_ranges(arr_.dset, 1, arr_.dims, ranges, H5T_NATIVE_UINT32, sizeof(uint32_t), buf, off,
                         path_ + ": reading `tokens`");
     }
     const auto* tok = reinterpret_cast<const uint32_t*>(buf.data());
@@ -252,7 +252,7 @@ class ClassFile final : public FileDataset {
       }
     }
     double v;
-    if (h5io::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
+    if (h5::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
   int64_t size() const override { return n_; }
   nn::Batch get(std::span<const int64_t> indices) const override {
@@ -266,8 +266,8 @@ class ClassFile final : public FileDataset {
     std::vector<unsigned char> buf;
     std::vector<int64_t> off;
     {
-      auto g = h5io::lock();
-      h5io::read_ranges(arr_.dset, static_cast<int>(arr_.dims.size()), arr_.dims, ranges,
+      auto g = h5::lock();
+      h5::read_ranges(arr_.dset, static_cast<int>(arr_.dims.size()), arr_.dims, ranges,
                         images_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, images_ ? 1 : sizeof(float), buf, off,
                         path_ + (images_ ? ": reading `images`" : ": reading `features`"));
     }
@@ -349,11 +349,11 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
   if (!fs::exists(path, ec)) fail_usage(path + ": no such file (expected \"synthetic\" or an HDF5 data file)");
   if (fs::is_directory(path, ec)) fail_usage(path + ": is a directory, not an HDF5 data file");
   if (!std::ifstream(path, std::ios::binary)) fail_usage(path + ": cannot be read (permissions?)");
-  auto g = h5io::lock();
-  h5io::quiet();
-  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5io::file_access()));
+  auto g = h5::lock();
+  h5::quiet();
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::file_access()));
   if (!file.valid()) {
-    const std::string m = h5io::last_error();
+    const std::string m = h5::last_error();
     fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
   }
   const bool classify = model.classifier();
@@ -381,9 +381,9 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
 std::vector<int64_t> image_shape(const std::string& spec) {
   std::error_code ec;
   if (spec == "synthetic" || !fs::is_regular_file(spec, ec)) return {};
-  auto g = h5io::lock();
-  h5io::quiet();
-  Id file(H5Fopen(spec.c_str(), H5F_ACC_RDONLY, h5io::file_access()));
+  auto g = h5::lock();
+  h5::quiet();
+  Id file(H5Fopen(spec.c_str(), H5F_ACC_RDONLY, h5::file_access()));
   if (!file.valid() || !exists(file, "images")) return {};
   try {
     const Array a = open_array(file, "images", spec);

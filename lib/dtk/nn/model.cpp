@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "dtk/core/error.h"
-#include "dtk/nn/detail.h"
+#include "dtk/nn/internal.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::nn {

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "dtk/core/error.h"
-#include "dtk/nn/detail.h"
+#include "dtk/nn/internal.h"
 #include "dtk/nn/layers.h"
 #include "dtk/nn/model.h"
 #include "dtk/ops/ops.h"

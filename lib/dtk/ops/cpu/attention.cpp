@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "dtk/ops/backend.h"
-#include "dtk/ops/cpu/common.h"
+#include "dtk/ops/cpu/internal.h"
 
 namespace dtk::ops::cpu {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "dtk/ops/backend.h"
-#include "dtk/ops/cpu/common.h"
+#include "dtk/ops/cpu/internal.h"
 
 namespace dtk::ops::cpu {
 

@@ -13,7 +13,7 @@
 
 #include "dtk/core/h5.h"
 
-namespace dtk::data::h5io {
+namespace dtk::data::h5 {
 
 // core/h5.h: the RAII ids, error handling and attribute helpers.
 using namespace dtk::h5;
@@ -31,4 +31,4 @@ void read_ranges(hid_t dset, int rank, const std::vector<hsize_t>& dims,
                  const std::vector<std::pair<int64_t, int64_t>>& ranges, hid_t mem_type, size_t elem_bytes,
                  std::vector<unsigned char>& out, std::vector<int64_t>& offsets, const std::string& what);
 
-}  // namespace dtk::data::h5io
+}  // namespace dtk::data::h5

@@ -1,10 +1,10 @@
-#include "dtk/data/h5io.h"
+#include "dtk/data/h5.h"
 
 #include <algorithm>
 
 #include "dtk/core/error.h"
 
-namespace dtk::data::h5io {
+namespace dtk::data::h5 {
 
 std::unique_lock<std::recursive_mutex> lock() {
   static std::recursive_mutex m;
@@ -66,4 +66,4 @@ void read_ranges(hid_t dset, int rank, const std::vector<hsize_t>& dims,
   check_status(H5Dread(dset, mem_type, mspace, fspace, H5P_DEFAULT, out.data()), what);
 }
 
-}  // namespace dtk::data::h5io
+}  // namespace dtk::data::h5
