@@ -5,13 +5,13 @@
 
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
+#include "dtk/core/streams.h"
 
 namespace dtk::data {
 
 CropFlip draw_crop_flip(uint64_t seed, int64_t step, int64_t index, int64_t pad) {
-  // Counter (index, step), key the seed with a tag of its own: a stream no other draw uses.
-  constexpr uint64_t kTag = 0x61756741756741ull;  // "AugAug"
-  const auto u = static_cast<uint64_t>(index), s = static_cast<uint64_t>(step), k = seed ^ kTag;
+  // Counter (index, step) under a key of its own (core/streams.h).
+  const auto u = static_cast<uint64_t>(index), s = static_cast<uint64_t>(step), k = streams::augment_key(seed);
   const philox::U4 r = philox::philox4x32_10(
       philox::U4{{static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32), static_cast<uint32_t>(s),
                   static_cast<uint32_t>(s >> 32)}},

@@ -1,4 +1,4 @@
-// Internal to dtk::data: the dataset kinds behind open_dataset, and the Philox key schedule.
+// Internal to dtk::data: the dataset kinds behind open_dataset (their keys: core/streams.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -7,13 +7,6 @@
 #include "dtk/data/dataset.h"
 
 namespace dtk::data::detail {
-
-// Independent Philox keys from one seed: one per purpose (tag), so that the chain, each stream of
-// samples and the sampler never share random numbers.
-uint64_t derive_key(uint64_t seed, uint32_t tag);
-inline constexpr uint32_t kTagChain = 0x100, kTagChainStream = 0x200,  // + stream
-    kTagMixtureMeans = 0x300, kTagMixtureStream = 0x400,               // + stream
-    kTagMixtureBayes = 0x500, kTagSampler = 0x600;
 
 // Uniform in [0, 1) with 53 bits from two words.
 double unit(uint32_t a, uint32_t b);

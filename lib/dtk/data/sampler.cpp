@@ -7,6 +7,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
+#include "dtk/core/streams.h"
 #include "dtk/data/internal.h"
 
 namespace dtk::data {
@@ -59,7 +60,7 @@ Sampler::Sampler(int64_t dataset_size, int64_t global_batch, uint64_t seed)
 std::vector<int64_t> Sampler::global_indices(int64_t step) const {
   if (step < 0) fail_usage("step {} is negative", step);
   if (step > std::numeric_limits<int64_t>::max() / global_batch_ - 1) fail_usage("step {} is too large", step);
-  const uint64_t key = detail::derive_key(seed_, detail::kTagSampler);
+  const uint64_t key = streams::data_key(seed_, streams::kSampler);
   std::vector<int64_t> out(static_cast<size_t>(global_batch_));
   const int64_t first = step * global_batch_;
   int64_t epoch = first / size_, off = first % size_;

@@ -8,23 +8,18 @@
 
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
+#include "dtk/core/streams.h"
 #include "dtk/data/internal.h"
 
 namespace dtk::data {
 namespace detail {
-
-uint64_t derive_key(uint64_t seed, uint32_t tag) {
-  const philox::U4 w = philox::philox4x32_10(philox::U4{{tag, 0x64746b21u /* "dtk!" */, 0u, 0u}},
-                                             static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return (static_cast<uint64_t>(w.x[1]) << 32) | w.x[0];
-}
 
 double unit(uint32_t a, uint32_t b) { return philox::to_unit(a, b); }
 
 }  // namespace detail
 
 namespace {
-using detail::derive_key;
+using streams::data_key;
 using detail::unit;
 
 // Philox of a 128-bit counter (a, b, c, d) under a 64-bit key.
@@ -65,7 +60,7 @@ MarkovChain::MarkovChain(int64_t vocab, uint64_t seed, int successors) : vocab_(
   if (successors < 1) fail_usage("synthetic language: successors must be at least 1");
   k_ = static_cast<int>(std::min<int64_t>(successors, vocab));
   const size_t V = static_cast<size_t>(vocab), K = static_cast<size_t>(k_);
-  const uint64_t key = derive_key(seed, detail::kTagChain);
+  const uint64_t key = data_key(seed, streams::kChain);
 
   // A random cycle through every state (Fisher-Yates with Philox draws): irreducibility.
   std::vector<int32_t> perm(V), cycle_next(V);
@@ -152,7 +147,7 @@ std::span<const double> MarkovChain::probs(int64_t s) const {
 }
 
 void MarkovChain::sample(int stream, uint64_t index, std::span<int32_t> out) const {
-  const uint64_t key = derive_key(seed_, detail::kTagChainStream + static_cast<uint32_t>(stream));
+  const uint64_t key = data_key(seed_, streams::kChainStream + static_cast<uint32_t>(stream));
   const size_t K = static_cast<size_t>(k_);
   philox::U4 w{};
   for (size_t t = 0; t < out.size(); ++t) {
@@ -240,11 +235,11 @@ class MixtureDataset final : public Dataset {
     if (C_ < 2) fail_usage("synthetic classification: the model needs at least 2 classes");
     if (C_ > (int64_t{1} << 20) || C_ * D_ > (int64_t{1} << 31))
       fail_usage("synthetic classification: classes x input_dim is too large");
-    const uint64_t key = derive_key(seed, detail::kTagMixtureMeans);
+    const uint64_t key = data_key(seed, streams::kMixtureMeans);
     const double scale = 3.0 / std::sqrt(2.0 * static_cast<double>(D_));
     means_.resize(static_cast<size_t>(C_ * D_));
     for (size_t i = 0; i < means_.size(); ++i) means_[i] = scale * philox::normal(key, i);
-    key_ = derive_key(seed, detail::kTagMixtureStream + (validation ? 1u : 0u));
+    key_ = data_key(seed, streams::kMixtureStream + (validation ? 1u : 0u));
   }
   int64_t size() const override { return detail::kSyntheticSamples; }
   nn::Batch get(std::span<const int64_t> indices) const override {
@@ -320,7 +315,7 @@ class MixtureDataset final : public Dataset {
         }
       const double work = static_cast<double>(C) * static_cast<double>(r + 1);
       bayes_n_ = static_cast<int64_t>(std::clamp(2e8 / work, 2000.0, 200000.0));
-      const uint64_t key = derive_key(seed_, detail::kTagMixtureBayes);
+      const uint64_t key = data_key(seed_, streams::kMixtureBayes);
       std::vector<double> loss(static_cast<size_t>(bayes_n_));
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < bayes_n_; ++i) {
