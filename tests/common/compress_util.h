@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,21 @@
 namespace dtk::testing {
 
 using Vec = std::vector<double>;
+
+// A communicator of one rank, and PowerSGD's configuration of the tests.
+inline std::shared_ptr<comm::Communicator> local() {
+  static auto c = comm::make_local_communicator();
+  return c;
+}
+
+inline compress::Config psgd(int rank = 2, int64_t start_iter = 0) {
+  compress::Config c;
+  c.kind = compress::Kind::powersgd;
+  c.rank = rank;
+  c.start_iter = start_iter;
+  c.seed = 7;
+  return c;
+}
 
 struct Grads {
   Tensor flat;  // f32 [total] (contiguous layout)

@@ -20,6 +20,7 @@
 #include "dtk/nn/layers.h"
 #include "dtk/nn/model.h"
 #include "dtk/ops/ops.h"
+#include "../common/nn_util.h"
 #include "../common/test_util.h"
 
 namespace dtk::nn {
@@ -28,17 +29,12 @@ namespace {
 using test_util::from_json;
 using test_util::randn;
 using test_util::Vec;
+using namespace test_models;
 
 constexpr double kFdStep = 1e-6;
 constexpr double kFdTol = 1e-6;  // relative, with a floor of 1e-3 on the gradient's size
 
-Tensor rand_tensor(const Shape& s, uint64_t seed, double scale = 1.0, double mean = 0.0) {
-  return Tensor::from_doubles(randn(shape_numel(s), seed, scale, mean), s, DType::f64);
-}
 
-Tensor ids_tensor(const std::vector<int32_t>& v, const Shape& s) {
-  return Tensor::from_host(v.data(), s, DType::i32);
-}
 
 // Records the block hooks as "<event><block>": f/F before/after a training forward, e/E of an
 // evaluation, r/R of a recomputation, b/B before/after backward; on_after_backward runs at B.
@@ -483,17 +479,7 @@ TEST(NnLayers, LinearLoss) {
 
 // ---------------------------------------------------------------------------- models
 
-ModelConfig tiny_llama() { return nn::llama_config(8, 2, 2, 1, 12, 11, 8); }
 
-Batch tiny_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, bool with_ignored = false) {
-  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = static_cast<int32_t>(philox::uniform(seed, i) * static_cast<double>(vocab));
-    y[i] = static_cast<int32_t>(philox::uniform(seed + 1, i) * static_cast<double>(vocab));
-  }
-  if (with_ignored) y[1] = -1;
-  return {ids_tensor(x, {B, T}), ids_tensor(y, {B, T})};
-}
 
 // Random values of a useful size (init's 0.02 would make every gradient tiny).
 void randomize(Model& m, uint64_t seed) {
@@ -582,21 +568,8 @@ std::vector<float> grads_f32(Model& m) {
   return g;
 }
 
-ModelConfig small_llama() {
-  ModelConfig c = tiny_llama();
-  c.dim = 16;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_hidden = 24;
-  c.vocab = 13;
-  c.seq_len = 12;
-  return c;
-}
 
-constexpr Checkpointing kModes[] = {Checkpointing::none, Checkpointing::full, Checkpointing::selective};
 
-std::string mode_str(Checkpointing c) { return "checkpointing " + std::string(name_of(c)); }
 
 TEST(NnLlama, CheckpointingNames) {
   for (Checkpointing c : kModes) EXPECT_EQ(parse_enum<Checkpointing>(name_of(c), "checkpointing"), c);
@@ -876,21 +849,7 @@ TEST(NnLlama, AdamWLearnsAFixedBatch) {
 
 // ---------------------------------------------------------------------------- mlp
 
-ModelConfig tiny_mlp() {
-  ModelConfig c;
-  c.arch = Arch::mlp;
-  c.input_dim = 6;
-  c.hidden = {7, 5};
-  c.classes = 4;
-  return c;
-}
 
-Batch mlp_batch(int64_t B, DType t, uint64_t seed) {
-  std::vector<int32_t> y(static_cast<size_t>(B));
-  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(philox::uniform(seed, i) * 4);
-  Tensor x = Tensor::from_doubles(randn(B * 6, seed + 1), {B, 6}, t);
-  return {x, ids_tensor(y, {B})};
-}
 
 TEST(NnMlp, ParametersAndGradients) {
   auto m = make_model(tiny_mlp(), Device::cpu(), DType::f64);
@@ -936,29 +895,7 @@ TEST(NnMlp, BatchChecksAndF32Training) {
 
 // ---------------------------------------------------------------------------- resnet
 
-// Two stages: a block without and blocks with a downsample shortcut, and one of each kind after
-// a stride; 6x6 images of 2 channels, 3 classes.
-ModelConfig tiny_resnet(const std::string& stem = "cifar") {
-  ModelConfig c = preset("resnet-8");
-  c.input_shape = stem == "cifar" ? std::vector<int64_t>{2, 6, 6} : std::vector<int64_t>{2, 11, 11};
-  c.stage_widths = {3, 4};
-  c.stage_blocks = {1, 2};
-  c.classes = 3;
-  c.stem = stem;
-  return c;
-}
 
-Batch image_batch(const ModelConfig& c, int64_t B, uint64_t seed, DType t = DType::f64) {
-  std::vector<int32_t> y(static_cast<size_t>(B));
-  for (int64_t i = 0; i < B; ++i) y[static_cast<size_t>(i)] = static_cast<int32_t>(i % c.classes);
-  Tensor x = rand_tensor({B, c.input_shape[0], c.input_shape[1], c.input_shape[2]}, seed);
-  if (t != DType::f64) {
-    Tensor x2 = Tensor::empty(x.shape(), t);
-    ops::cast(x, x2);
-    x = x2;
-  }
-  return {x, ids_tensor(y, {B})};
-}
 
 // torchvision's names in its state_dict order, the blocks, the buffers and their initial values.
 TEST(NnResNet, PresetsNamesAndBuffers) {
@@ -1219,121 +1156,6 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
   j["hidden"] = {64, 1.5};
   expect_usage_error([&] { from_json<ModelConfig>(j); }, "hidden");
   expect_usage_error([&] { make_model(preset("llama-tiny"), Device::cpu(), DType::bf16); }, "dtype");
-}
-
-// ---------------------------------------------------------------------------- CUDA (skipped without a GPU)
-
-TEST(NnLlama, CudaMatchesCpu) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  const Device gpu = Device::cuda(0);
-  const ModelConfig c = small_llama();
-  auto cpu_m = make_model(c, Device::cpu()), gpu_m = make_model(c, gpu);
-  cpu_m->init(17);
-  gpu_m->init(17);
-  EXPECT_EQ(cpu_m->values().to_doubles(), gpu_m->values().to_doubles());  // init is device-independent
-  const Batch b = tiny_batch(3, 11, 13, 18, true);
-  cpu_m->zero_grad();
-  gpu_m->zero_grad();
-  const double lc = cpu_m->forward(b);
-  const double lg = gpu_m->forward(b.to(gpu));
-  EXPECT_NEAR(lg, lc, 1e-5 * std::fabs(lc));
-  cpu_m->backward(1.0);
-  gpu_m->backward(1.0);
-  const Vec gc = cpu_m->grads().to_doubles(), gg = gpu_m->grads().to_doubles();
-  double gmax = 0, diff = 0;
-  for (size_t i = 0; i < gc.size(); ++i) {
-    gmax = std::max(gmax, std::fabs(gc[i]));
-    diff = std::max(diff, std::fabs(gc[i] - gg[i]));
-  }
-  EXPECT_LE(diff, 1e-4 * gmax);
-  EXPECT_EQ(gpu_m->evaluate(b.to(gpu)), lg);
-  // Checkpointing is bit-identical on the GPU too.
-  for (Checkpointing mode : {Checkpointing::full, Checkpointing::selective}) {
-    gpu_m->set_activation_checkpointing(mode);
-    gpu_m->zero_grad();
-    EXPECT_EQ(gpu_m->forward(b.to(gpu)), lg) << mode_str(mode);
-    gpu_m->backward(1.0);
-    EXPECT_EQ(gpu_m->grads().to_doubles(), gg) << mode_str(mode);
-  }
-  // The mlp too.
-  auto mc = make_model(tiny_mlp(), Device::cpu()), mg = make_model(tiny_mlp(), gpu);
-  mc->init(5);
-  mg->init(5);
-  const Batch mb = mlp_batch(6, DType::f32, 6);
-  EXPECT_NEAR(mg->forward(mb.to(gpu)), mc->forward(mb), 1e-5);
-}
-
-
-// The loss of each sample of `inputs` against each class c (row-major [B, classes]), from
-// evaluations of the whole batch with one counted target (the rest -1, ignored): the mean loss is
-// then that one sample's, logsumexp(z_i) - z_ic, for the logits z an evaluation of this batch
-// computes whatever its targets. Lower loss, larger logit.
-Vec per_class_losses(Model& m, const Tensor& inputs, int64_t classes) {
-  const int64_t B = inputs.dim(0);
-  Vec out(static_cast<size_t>(B * classes));
-  for (int64_t i = 0; i < B; ++i)
-    for (int64_t c = 0; c < classes; ++c) {
-      std::vector<int32_t> t(static_cast<size_t>(B), -1);
-      t[static_cast<size_t>(i)] = static_cast<int32_t>(c);
-      out[static_cast<size_t>(i * classes + c)] = m.evaluate({inputs, ids_tensor(t, {B}).to(m.device())});
-    }
-  return out;
-}
-
-TEST(NnResNet, CudaMatchesCpu) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  const Device gpu = Device::cuda(0);
-  // Per-sample losses on the two devices differ by f32 rounding in another order (convolutions
-  // of at most 98 products, the imagenet stem's 2 x 7 x 7; batch statistics, pooling, the fc
-  // layer: a few 1e-6 on values of order 1); 1e-4 is the bound, as for the mean evaluation loss.
-  constexpr double kLossTol = 1e-4;
-  for (const char* stem : {"cifar", "imagenet"}) {
-    const ModelConfig c = tiny_resnet(stem);
-    auto cpu_m = make_model(c, Device::cpu()), gpu_m = make_model(c, gpu);
-    cpu_m->init(17);
-    gpu_m->init(17);
-    EXPECT_EQ(cpu_m->values().to_doubles(), gpu_m->values().to_doubles()) << stem;
-    const Batch b = image_batch(c, 6, 18, DType::f32);
-    const double lc = cpu_m->forward(b), lg = gpu_m->forward(b.to(gpu));
-    EXPECT_NEAR(lg, lc, 1e-5 * std::fabs(lc)) << stem;
-    cpu_m->zero_grad();
-    gpu_m->zero_grad();
-    cpu_m->forward(b);
-    gpu_m->forward(b.to(gpu));
-    cpu_m->backward(1.0);
-    gpu_m->backward(1.0);
-    for (const auto& [want, got] : {std::pair{cpu_m->grads().to_doubles(), gpu_m->grads().to_doubles()},
-                                    std::pair{cpu_m->buffer_values().to_doubles(), gpu_m->buffer_values().to_doubles()}}) {
-      double most = 0, diff = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        most = std::max(most, std::fabs(want[i]));
-        diff = std::max(diff, std::fabs(want[i] - got[i]));
-      }
-      EXPECT_LE(diff, 1e-4 * most) << stem;
-    }
-    EXPECT_NEAR(gpu_m->evaluate(b.to(gpu)), cpu_m->evaluate(b), kLossTol) << stem;
-    const int64_t correct_gpu = gpu_m->correct(), correct_cpu = cpu_m->correct();
-    // A sample's argmax can differ between the devices only where the CPU's two largest logits
-    // are close: z_a - z_b = loss_b - loss_a on each device (logsumexp cancels), so the GPU's
-    // margin is the CPU's less at most 2 kLossTol, and less the rounding of the f32 losses (a few
-    // 1e-7), which the third kLossTol covers. Each such near tie can move the count by one.
-    const int64_t classes = c.classes;
-    const Vec pc = per_class_losses(*cpu_m, b.inputs, classes);
-    const Vec pg = per_class_losses(*gpu_m, b.inputs.to(gpu), classes);
-    double worst = 0;
-    int64_t near_ties = 0;
-    for (int64_t i = 0; i < b.samples(); ++i) {
-      Vec row(pc.begin() + i * classes, pc.begin() + (i + 1) * classes);
-      std::sort(row.begin(), row.end());
-      near_ties += row[1] - row[0] <= 3 * kLossTol;
-      for (int64_t k = i * classes; k < (i + 1) * classes; ++k)
-        worst = std::max(worst, std::fabs(pg[static_cast<size_t>(k)] - pc[static_cast<size_t>(k)]));
-    }
-    EXPECT_LE(worst, kLossTol) << stem << ": the per-sample, per-class losses";
-    EXPECT_LE(std::abs(correct_gpu - correct_cpu), near_ties)
-        << stem << ": " << correct_gpu << " correct on the GPU, " << correct_cpu << " on the CPU, " << near_ties
-        << " near ties";
-  }
 }
 
 }  // namespace
