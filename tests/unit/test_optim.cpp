@@ -134,12 +134,12 @@ TEST(Optim, SgdMatchesReference) {
             << "momentum " << c.momentum << " wd " << c.wd << " nesterov " << c.nesterov << " " << dtype_name(t);
       }
       const auto st = opt->state();
-      ASSERT_EQ(st.back().first, "step");
-      EXPECT_EQ(st.back().second.dtype(), DType::i64);
-      EXPECT_EQ(st.back().second.item(), steps);
+      ASSERT_EQ(st.back().name, "step");
+      EXPECT_EQ(st.back().value.dtype(), DType::i64);
+      EXPECT_EQ(st.back().value.item(), steps);
       EXPECT_EQ(st.size(), c.momentum != 0 ? ps.size() + 1 : 1u);
       if (c.momentum != 0) {
-        EXPECT_EQ(st[0].first, "momentum/a.weight");
+        EXPECT_EQ(st[0].name, "momentum/a.weight");
       }
     }
   }
@@ -175,10 +175,10 @@ TEST(Optim, AdamWMatchesReferenceWithBiasCorrection) {
         EXPECT_NEAR(std::fabs(after[k] - before[k] * (1 - 0.01 * wd)), 0.01, 1e-6);
       const auto st = opt->state();
       ASSERT_EQ(st.size(), 2 * ps.size() + 1);
-      EXPECT_EQ(st[0].first, "exp_avg/a.weight");
-      EXPECT_EQ(st[2].first, "exp_avg_sq/a.weight");
-      EXPECT_EQ(st.back().first, "step");
-      EXPECT_EQ(st.back().second.item(), steps);
+      EXPECT_EQ(st[0].name, "exp_avg/a.weight");
+      EXPECT_EQ(st[2].name, "exp_avg_sq/a.weight");
+      EXPECT_EQ(st.back().name, "step");
+      EXPECT_EQ(st.back().value.item(), steps);
     }
   }
 }
@@ -200,7 +200,7 @@ TEST(Optim, StateRoundTripIsBitIdentical) {
     auto opt_b = make_optimizer(cfg, ps_b);
     run_steps(*opt_b, ps_b, 0, 4, 0.02);
     std::vector<std::pair<std::string, Tensor>> saved;
-    for (auto& [n, t] : opt_b->state()) saved.emplace_back(n, t.clone());
+    for (const PlacedTensor& t : opt_b->state()) saved.emplace_back(t.name, t.value.clone());
     std::vector<Tensor> values;
     for (auto& p : ps_b) values.push_back(p.value.clone());
     opt_b.reset();
@@ -211,9 +211,9 @@ TEST(Optim, StateRoundTripIsBitIdentical) {
     auto st = opt_c->state();
     ASSERT_EQ(st.size(), saved.size());
     for (size_t i = 0; i < st.size(); ++i) {
-      EXPECT_EQ(st[i].first, saved[i].first);
-      EXPECT_EQ(opt_c->owner(st[i].first), -1);
-      st[i].second.copy_from(saved[i].second);
+      EXPECT_EQ(st[i].name, saved[i].first);
+      EXPECT_EQ(st[i].placement, Placement::replicated);
+      st[i].value.copy_from(saved[i].second);
     }
     run_steps(*opt_c, ps_c, 4, 7, 0.02);
     for (size_t i = 0; i < ps_a.size(); ++i) EXPECT_EQ(ps_c[i].value.to_doubles(), ps_a[i].value.to_doubles()) << name;

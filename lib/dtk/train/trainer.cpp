@@ -294,7 +294,7 @@ class Trainer {
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
       double bytes = 0;
-      for (auto& [name, t] : optim_->state()) bytes += static_cast<double>(t.bytes());
+      for (const PlacedTensor& t : optim_->state()) bytes += static_cast<double>(t.value.bytes());
       host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
       optim_state_bytes_ = static_cast<int64_t>(bytes);
     }
@@ -459,7 +459,8 @@ class Trainer {
   // The optimizer over what this rank holds; Shampoo splits its blocks over the ranks that hold
   // the same parameters (collective over them).
   std::unique_ptr<optim::Optimizer> make_optimizer() {
-    if (o_.optimizer == optim::Kind::shampoo) return optim::make_shampoo(shampoo_config(o_), par_->params(), par_->optimizer_comm());
+    if (o_.optimizer == optim::Kind::shampoo)
+      return optim::make_shampoo(shampoo_config(o_), par_->params(), par_->optimizer_comm(), par_->param_rows());
     optim::OptimConfig oc;
     oc.name = o_.optimizer;
     if (o_.momentum) oc.momentum = *o_.momentum;
@@ -468,18 +469,18 @@ class Trainer {
     oc.beta2 = o_.beta2;
     oc.eps = o_.eps;
     oc.weight_decay = o_.weight_decay;
-    return optim::make_optimizer(oc, par_->params());
+    return optim::make_optimizer(oc, par_->params(), par_->param_rows());
   }
 
   // ---- checkpoints
-  // The model's entries: the parameters whole (replicated) or this rank's rows (sharded), then
-  // the buffers (batch norm's running statistics), whole: rank 0's (sync_buffers).
-  std::vector<ckpt::StateEntry> model_entries() {
-    std::vector<ckpt::StateEntry> e;
-    auto& ps = par_->params();
-    for (size_t i = 0; i < ps.size(); ++i) e.push_back(entry("model/" + ps[i].name, ps[i].value, par_->rows(i)));
-    for (nn::NamedTensor& b : model_->buffers()) e.push_back({"model/" + b.name, b.value, ckpt::kReplicated});
-    return e;
+  // The model (the parallelism's parameters and buffers) and, unless only the weights are
+  // wanted, the optimizer's and the gradient synchronisation's state: each placed by its owner.
+  std::vector<PlacedTensor> state(bool weights_only = false) {
+    std::vector<PlacedTensor> s = par_->state();
+    if (weights_only) return s;
+    for (PlacedTensor& t : prefixed("optim/", optim_->state())) s.push_back(std::move(t));
+    for (PlacedTensor& t : par_->sync_state()) s.push_back(std::move(t));
+    return s;
   }
 
   // Rank 0's buffers on every rank, as DDP broadcasts them (broadcast_buffers): with per-rank
@@ -490,45 +491,12 @@ class Trainer {
       comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync);
   }
 
-  std::vector<ckpt::StateEntry> state_entries() {
-    std::vector<ckpt::StateEntry> e = model_entries();
-    // Optimizer state named "<kind>/<parameter>" of the parameter's shape is sharded like it.
-    // On shards, the rest that is not replicated is this rank's own (Shampoo's blocks, cut from
-    // its shard: their shapes depend on the shard count).
-    std::map<std::string, size_t> index;
-    for (size_t i = 0; i < par_->params().size(); ++i) index[par_->params()[i].name] = i;
-    for (auto& [name, t] : optim_->state()) {
-      const size_t slash = name.find('/');
-      const auto it = slash == std::string::npos ? index.end() : index.find(name.substr(slash + 1));
-      const bool like_param = it != index.end() && t.shape() == par_->params()[it->second].value.shape();
-      const int owner = optim_->owner(name);
-      if (like_param && par_->rows(it->second)) e.push_back(entry("optim/" + name, t, par_->rows(it->second)));
-      else if (sharded() && owner != ckpt::kReplicated) e.push_back({"optim/" + name, t, ckpt::kPerRank});
-      else e.push_back({"optim/" + name, t, owner});
-      e.back().symmetric = optim_->symmetric(name);
-    }
-    if (compressor_)
-      for (auto& [name, t] : compressor_->state())
-        e.push_back({"compress/" + name, t, compressor_->per_rank(name) ? ckpt::kPerRank : ckpt::kReplicated});
-    return e;
-  }
-
-  static ckpt::StateEntry entry(const std::string& name, const Tensor& t, const parallel::Rows* rows) {
-    if (!rows) return {name, t, ckpt::kReplicated};
-    return {name, t, ckpt::kSharded, rows->shape, rows->offsets, rows->lengths};
-  }
-
   bool sharded() const { return par_->rows(0) != nullptr; }
-  // The rank and world size that checkpoint entries are indexed by: the shard group's when sharded.
-  std::pair<int, int> state_rank() const {
-    if (const parallel::Rows* r = par_->rows(0)) return {r->rank, static_cast<int>(r->offsets.size())};
-    return {rank_, world_};
-  }
 
   // Returns false when per-rank state could not be restored (ckpt::load_state).
-  bool load(const ckpt::Reader& r, std::vector<ckpt::StateEntry>& entries) {
-    const auto [rank, size] = state_rank();
-    return ckpt::load_state(r, entries, rank, size);
+  bool load(const ckpt::Reader& r, const std::vector<PlacedTensor>& state) {
+    const auto [rank, size] = par_->state_rank();
+    return ckpt::load_state(r, state, rank, size);
   }
 
   void save(const fs::path& path, int64_t step) {
@@ -547,15 +515,15 @@ class Trainer {
                    {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
     m.extra = {{"program_config", s_.config}};
     if (compressor_) m.extra["compressor"] = nullptr;
-    m.extra["state_ranks"] = state_rank().second;  // whose per-rank state this is (ckpt::load_state)
+    m.extra["state_ranks"] = par_->state_rank().second;  // whose per-rank state this is (ckpt::load_state)
     m.extra["run_options"] = o_.run_options;        // what a resume keeps (cli::add_options)
     sync_buffers();
-    if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
+    if (!sharded()) return ckpt::save_state(path, state(), m, *host_);
     // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
     // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
-    const auto entries = state_entries();
+    const auto s = state();
     comm::Communicator* c = par_->checkpoint_comm();
-    agreed(c != nullptr, [&] { ckpt::save_sharded_state(path, entries, m, *c); });
+    agreed(c != nullptr, [&] { ckpt::save_sharded_state(path, s, m, *c); });
   }
 
   // Runs f where `mine`; a failure of f on any rank becomes the same AgreedError on every rank.
@@ -575,7 +543,7 @@ class Trainer {
   void resume(const fs::path& path) {
     ckpt::Reader r(path);
     const auto& meta = r.metadata();
-    auto entries = state_entries();
+    const auto entries = state();
     // Every rank loads its part; a checkpoint whose state does not fit this run (another
     // program's, or other options') ends every rank with the same line (exit 2).
     bool complete = true;
@@ -604,7 +572,7 @@ class Trainer {
         optim_ = make_optimizer();
         spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
                      "blocks) cannot be resharded and starts afresh",
-                     path.string(), before, state_rank().second);
+                     path.string(), before, par_->state_rank().second);
       } else {
         spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
                      path.string(), before, world_);
@@ -617,8 +585,7 @@ class Trainer {
 
   void init_from(const fs::path& path) {
     ckpt::Reader r(path);
-    auto e = model_entries();
-    load(r, e);
+    load(r, state(true));
     spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
   }
 
