@@ -220,6 +220,33 @@ TEST(Optim, StateRoundTripIsBitIdentical) {
   }
 }
 
+// State shaped like a parameter is placed like it: sharded with the parameter's rows when the
+// parameters are shards (Parallelism::param_rows()), else replicated; the step is replicated.
+TEST(Optim, StateIsPlacedLikeItsParameter) {
+  for (Kind k : {Kind::adamw, Kind::sgd}) {
+    OptimConfig cfg;
+    cfg.name = k;
+    auto ps = make_params(DType::f32);
+    for (const PlacedTensor& t : make_optimizer(cfg, ps)->state()) EXPECT_EQ(t.placement, Placement::replicated) << t.name;
+    // a.weight is rows [2, 5) of a [6, 5] tensor over 2 ranks; b.bias is whole.
+    std::vector<Rows> rows(2);
+    rows[0] = {{6, 5}, {0, 3}, {3, 3}, 1};
+    size_t sharded = 0;
+    for (const PlacedTensor& t : make_optimizer(cfg, ps, rows)->state()) {
+      const bool a = t.name.find("/a.weight") != std::string::npos;
+      EXPECT_EQ(t.placement, a ? Placement::sharded : Placement::replicated) << t.name;
+      EXPECT_FALSE(t.symmetric);
+      if (!a) continue;
+      ++sharded;
+      EXPECT_EQ(t.rows.shape, (Shape{6, 5}));
+      EXPECT_EQ(t.rows.offsets, (std::vector<int64_t>{0, 3}));
+      EXPECT_EQ(t.rows.rank, 1);
+    }
+    EXPECT_EQ(sharded, k == Kind::adamw ? 2u : 1u);
+    EXPECT_THROW(make_optimizer(cfg, ps, std::vector<Rows>(3)), Error);
+  }
+}
+
 TEST(Optim, ConfigJsonAndValidation) {
   OptimConfig c;
   c.name = Kind::sgd;
