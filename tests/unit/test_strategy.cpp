@@ -48,6 +48,7 @@ TEST(Strategy, ShampooTakesTheCommonOptionsAndIsCheckedOnce) {
   auto world = comm::make_local_communicator();
   auto par = s.parallelism(*model, *world, *world);
   EXPECT_EQ(s.optimizer(*par)->config().at("precondition_frequency"), 7);
+  EXPECT_EQ(s.optimizer_config, nlohmann::json(r));  // what a program records of it
 
   c.trainers_per_group = 3;
   EXPECT_THROW(strategy("test", o, 4, c), UsageError);  // 3 does not divide 4

@@ -82,7 +82,7 @@ cli::Program program(Args& a) {
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
     train::Strategy s = train::strategy("fsdp-train", o, rt.size(), a.shampoo);
     s.config = c;
-    if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = train::shampoo_config(o, a.shampoo);
+    if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = s.optimizer_config;
     // The sharded placement: the model's parameters live in its shards.
     s.storage = nn::Storage::external;
     s.parallelism = [c](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {

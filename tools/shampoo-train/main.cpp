@@ -34,7 +34,7 @@ cli::Program program(Args& a) {
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     train::Options o = train::validate(a.train, rt.size());
     train::Strategy s = train::strategy("shampoo-train", o, rt.size(), a.shampoo);
-    if (o.optimizer == optim::Kind::shampoo) s.config = train::shampoo_config(o, a.shampoo);
+    if (o.optimizer == optim::Kind::shampoo) s.config = s.optimizer_config;
     return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
   };
   return p;

@@ -10,8 +10,8 @@
 // Either is the model's block hooks (nn::Model::set_hooks).
 #pragma once
 #include <cstdint>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "dtk/comm/comm.h"

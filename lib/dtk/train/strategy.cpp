@@ -28,6 +28,7 @@ Strategy strategy(std::string program, const Options& o, int world_size, const o
     c.validate();
     if (c.trainers_per_group > 0 && world_size % c.trainers_per_group != 0)
       fail_usage("--trainers-per-group {} does not divide the {} ranks", c.trainers_per_group, world_size);
+    s.optimizer_config = c;
     // Shampoo splits its blocks over the ranks that hold the same parameters (collective over them).
     s.optimizer = [c](parallel::Parallelism& p) {
       return optim::make_shampoo(c, p.params(), p.optimizer_comm(), p.param_rows());
@@ -42,6 +43,7 @@ Strategy strategy(std::string program, const Options& o, int world_size, const o
   oc.beta2 = o.beta2;
   oc.eps = o.eps;
   oc.weight_decay = o.weight_decay;
+  s.optimizer_config = oc;
   s.optimizer = [oc](parallel::Parallelism& p) { return optim::make_optimizer(oc, p.params(), p.param_rows()); };
   return s;
 }

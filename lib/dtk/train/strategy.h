@@ -34,6 +34,9 @@ struct Strategy {
   // Built over what the parallelism holds (params(), optimizer_comm(), param_rows()); again,
   // afresh, when a resume cannot restore its per-rank state.
   MakeOptimizer optimizer;
+  // The optimizer's configuration as strategy() resolved it (Shampoo's with the common options
+  // applied), for a program to record in `config`.
+  nlohmann::json optimizer_config;
   nlohmann::json config = nlohmann::json::object();  // program options, saved in checkpoints (extra.program_config)
   nlohmann::json extra = nlohmann::json::object();   // more of the checkpoints' extra metadata
 };
