@@ -9,13 +9,13 @@
 #include <tuple>
 
 #include "dtk/ckpt/checkpoint.h"
-#include "dtk/ckpt/state.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 #include "dtk/ops/ops.h"
 #include "dtk/train/metrics.h"
+#include "dtk/train/run_state.h"
 #include "dtk/train/stop.h"
 
 namespace fs = std::filesystem;
@@ -75,7 +75,7 @@ class Trainer {
       optim_state_bytes_ = static_cast<int64_t>(bytes);
     }
     if (const std::string from = resume_from(o); !from.empty()) resume(checkpoint_path(from));
-    else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
+    else if (!o.init_from.empty()) run_state().init_from(checkpoint_path(o.init_from));
     par_->loaded();
     sync_buffers();
     if (!o.checkpoint_dir.empty()) {
@@ -132,7 +132,7 @@ class Trainer {
       if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
         const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
-        agreed(rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
+        agreed(*host_, rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
         written(p);
       }
       if (stopping) {
@@ -232,17 +232,6 @@ class Trainer {
     }
   }
 
-  // ---- checkpoints
-  // The model (the parallelism's parameters and buffers) and, unless only the weights are
-  // wanted, the optimizer's and the gradient synchronisation's state: each placed by its owner.
-  std::vector<PlacedTensor> state(bool weights_only = false) {
-    std::vector<PlacedTensor> s = par_->state();
-    if (weights_only) return s;
-    for (PlacedTensor& t : prefixed("optim/", optim_->state())) s.push_back(std::move(t));
-    for (PlacedTensor& t : par_->sync_state()) s.push_back(std::move(t));
-    return s;
-  }
-
   // Rank 0's buffers on every rank, as DDP broadcasts them (broadcast_buffers): with per-rank
   // batch statistics each rank's running statistics follow its own batches, and rank 0's are the
   // model's. Before every evaluation and checkpoint; training forwards use batch statistics.
@@ -251,102 +240,18 @@ class Trainer {
       comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync);
   }
 
+  // ---- checkpoints (run_state.h)
+  RunState run_state() { return {o_, s_, cfg_, *par_, optim_, *host_}; }
   bool sharded() const { return par_->rows(0) != nullptr; }
 
-  // Returns false when per-rank state could not be restored (ckpt::load_state).
-  bool load(const ckpt::Reader& r, const std::vector<PlacedTensor>& state) {
-    const auto [rank, size] = par_->state_rank();
-    return ckpt::load_state(r, state, rank, size);
-  }
-
   void save(const fs::path& path, int64_t step) {
-    ckpt::Metadata m;
-    m.program = s_.program;
-    m.program_version = DTK_VERSION;
-    m.step = step;
-    m.world_size = world_;
-    m.model_config = cfg_;
-    m.optim_config = optim_->config();
-    m.optim_config["schedule"] = schedule_;
-    m.optim_config["clip"] = o_.clip;
-    m.data_position = {{"step", step}, {"global_batch", o_.global_batch}, {"seed", o_.seed},
-                       {"samples_seen", step * o_.global_batch}, {"data", o_.data}};
-    m.rng_state = {{"generator", "philox4x32-10"}, {"seed", o_.seed},
-                   {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
-    m.extra = {{"program_config", s_.config}};
-    for (const auto& [key, value] : s_.extra.items()) m.extra[key] = value;
-    m.extra["state_ranks"] = par_->state_rank().second;  // whose per-rank state this is (ckpt::load_state)
-    m.extra["run_options"] = o_.run_options;        // what a resume keeps (cli::add_options)
     sync_buffers();
-    if (!sharded()) return ckpt::save_state(path, state(), m, *host_);
-    // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
-    // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
-    const auto s = state();
-    comm::Communicator* c = par_->checkpoint_comm();
-    agreed(c != nullptr, [&] { ckpt::save_sharded_state(path, s, m, *c); });
-  }
-
-  // Runs f where `mine`; a failure of f on any rank becomes the same AgreedError on every rank.
-  template <class F>
-  void agreed(bool mine, F&& f) {
-    std::string err;
-    if (mine) {
-      try {
-        f();
-      } catch (const std::exception& e) {
-        err = *e.what() ? e.what() : "a checkpoint write failed";
-      }
-    }
-    if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 1);
+    run_state().save(path, step, schedule_);
   }
 
   void resume(const fs::path& path) {
-    ckpt::Reader r(path);
-    const auto& meta = r.metadata();
-    const auto entries = state();
-    // Every rank loads its part; a checkpoint whose state does not fit this run (another
-    // program's, or other options') ends every rank with the same line (exit 2).
-    bool complete = true;
-    std::string err;
-    try {
-      complete = load(r, entries);
-    } catch (const std::exception& e) {
-      err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
-                        "or take its weights only with --init-from",
-                        e.what(), meta.program, meta.optim_config.value("name", std::string("?")),
-                        meta.extra.contains("compressor") ? " and a compressor" : "");
-    }
-    if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 2);
-    if (rank_ == 0 && !o_.resume_changes.empty()) {
-      std::string list;
-      for (const Options::Change& c : o_.resume_changes)
-        list += fmt::format("{}{} {} (the checkpoint's: {})", list.empty() ? "" : ", ", c.option, c.value, c.checkpoint_value);
-      spdlog::warn("resuming with options that differ from the checkpoint's: {}", list);
-    } else if (rank_ == 0 && !meta.extra.contains("run_options")) {
-      spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
-                   path.string());
-    }
-    if (!complete) {
-      const int64_t before = meta.extra.value("state_ranks", meta.world_size);
-      if (sharded()) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
-        optim_ = s_.optimizer(*par_);
-        spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
-                     "blocks) cannot be resharded and starts afresh",
-                     path.string(), before, par_->state_rank().second);
-      } else {
-        spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
-                     path.string(), before, world_);
-      }
-    }
-    start_step_ = meta.step;
+    start_step_ = run_state().resume(path);
     resumed_ = true;
-    spdlog::info("resuming from {} at step {}", path.string(), start_step_);
-  }
-
-  void init_from(const fs::path& path) {
-    ckpt::Reader r(path);
-    load(r, state(true));
-    spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
   }
 
   void describe() {
