@@ -83,8 +83,8 @@ inline Vec as_f32(Vec v) {
 }
 
 inline Tensor state_of(compress::Compressor& c, const std::string& name) {
-  for (auto& [n, t] : c.state())
-    if (n == name) return t;
+  for (const PlacedTensor& t : c.state())
+    if (t.name == name) return t.value;
   ADD_FAILURE() << "no state tensor " << name;
   return Tensor::zeros({1}, DType::f32);
 }

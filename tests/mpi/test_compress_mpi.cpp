@@ -86,9 +86,9 @@ Config psgd(int rank, const char* mode, DType wire = DType::f32) {
 
 Vec errors(compress::Compressor& c) {
   Vec out;
-  for (auto& [name, t] : c.state())
-    if (name.rfind("error/", 0) == 0) {
-      const Vec v = t.to_doubles();
+  for (const PlacedTensor& t : c.state())
+    if (t.placement == Placement::per_rank) {
+      const Vec v = t.value.to_doubles();
       out.insert(out.end(), v.begin(), v.end());
     }
   return out;
@@ -402,7 +402,7 @@ TEST(CompressMpi, StateRoundTrip) {
       a->aggregate(ga.params, step);
     }
     auto sa = a->state(), sb = b->state();
-    for (size_t i = 0; i < sa.size(); ++i) sb[i].second.copy_from(sa[i].second);
+    for (size_t i = 0; i < sa.size(); ++i) sb[i].value.copy_from(sa[i].value);
     for (int step = 3; step < 5; ++step) {
       load(ga, contribution(R(), step, total));
       load(gb, contribution(R(), step, total));

@@ -68,8 +68,7 @@ class Recorder final : public compress::Compressor {
   void finish() override { inner_.finish(); }
   const std::vector<compress::ParamRange>& buckets() const override { return inner_.buckets(); }
   compress::Bytes last_bytes() const override { return inner_.last_bytes(); }
-  std::vector<std::pair<std::string, Tensor>> state() override { return inner_.state(); }
-  bool per_rank(const std::string& n) const override { return inner_.per_rank(n); }
+  std::vector<PlacedTensor> state() override { return inner_.state(); }
   std::vector<std::pair<size_t, int>> started;  // (bucket, the last block reported ready then)
 
  private:

@@ -89,10 +89,7 @@ int sum_over_ranks(comm::Communicator& c, int v) {
 std::vector<ckpt::StateEntry> entries(Optimizer& opt, RunState& r) {
   std::vector<ckpt::StateEntry> e;
   for (auto& p : r.params) e.push_back({"model/" + p.name, p.value, ckpt::kReplicated});
-  for (auto& [name, t] : opt.state()) {
-    e.push_back({"optim/" + name, t, opt.owner(name)});
-    e.back().symmetric = opt.symmetric(name);
-  }
+  for (const PlacedTensor& t : prefixed("optim/", opt.state())) e.push_back(ckpt::entry(t));
   return e;
 }
 
@@ -146,15 +143,15 @@ TEST(ShampooMpi, WorldSizeInvariance) {
     }
     // Each block is held by one rank of each group; group 0 writes it.
     int held = 0, written = 0;
-    for (auto& [name, t] : dist->state())
-      if (name.size() > 7 && name.substr(name.size() - 7) == "factor0") {
+    for (const PlacedTensor& t : dist->state())
+      if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "factor0") {
         ++held;
-        if (dist->owner(name) == world->rank()) ++written;
-        else EXPECT_EQ(dist->owner(name), -1) << name;  // a copy in another group
+        if (t.placement == Placement::owned && t.owner == world->rank()) ++written;
+        else EXPECT_EQ(t.placement, Placement::replicated) << t.name;  // a copy in another group
       }
     int blocks = 0;
-    for (auto& [name, t] : one->state())
-      if (name.size() > 7 && name.substr(name.size() - 7) == "factor0") ++blocks;
+    for (const PlacedTensor& t : one->state())
+      if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "factor0") ++blocks;
     const int groups = v.group == 0 ? 1 : n / v.group;
     EXPECT_EQ(sum_over_ranks(*world, held), blocks * groups) << v.label;
     EXPECT_EQ(sum_over_ranks(*world, written), blocks) << v.label;

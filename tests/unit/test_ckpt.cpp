@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "dtk/ckpt/checkpoint.h"
+#include "dtk/ckpt/state.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -204,6 +205,33 @@ TEST_F(Ckpt, DirectoryRetentionAndLatest) {
   EXPECT_TRUE(fs::exists(d.entry(30, false)));
   EXPECT_EQ(d.entry(7, true).filename(), "step-00000007");
   EXPECT_THROW(Directory(dir_, 0), UsageError);
+}
+
+// Placed state becomes the entries that store it (the file layout of StateEntry is unchanged).
+TEST(Checkpoint, PlacedTensorsAsEntries) {
+  const Tensor t = Tensor::zeros({4, 4}, DType::f32);
+  const std::vector<PlacedTensor> placed = {
+      {"model/w", t},
+      {"compress/error/w", t, Placement::per_rank},
+      {"optim/shampoo/w/block0/factor0", t, Placement::owned, 1, true},
+      {"optim/exp_avg/w", t, Placement::sharded, -1, false, Rows{{8, 4}, {0, 4}, {4, 4}, 0}},
+  };
+  const std::vector<StateEntry> e = entries(placed);
+  ASSERT_EQ(e.size(), 4u);
+  EXPECT_EQ(e[0].owner, kReplicated);
+  EXPECT_EQ(e[1].owner, kPerRank);
+  EXPECT_EQ(e[2].owner, 1);
+  EXPECT_TRUE(e[2].symmetric);
+  EXPECT_EQ(e[3].owner, kSharded);
+  EXPECT_EQ(e[3].shape, (Shape{8, 4}));
+  EXPECT_EQ(e[3].offsets, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(e[3].lengths, (std::vector<int64_t>{4, 4}));
+  for (size_t i = 0; i < e.size(); ++i) {
+    EXPECT_EQ(e[i].name, placed[i].name);
+    EXPECT_EQ(e[i].tensor.data(), t.data());  // the same storage: loading restores into it
+  }
+  EXPECT_THROW(entry({"x", t, Placement::owned}), Error);  // owned by no rank
+  EXPECT_THROW(entry({"x", t, Placement::sharded, -1, true}), Error);
 }
 
 }  // namespace

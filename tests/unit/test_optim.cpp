@@ -123,12 +123,12 @@ TEST(Optim, SgdMatchesReference) {
             << "momentum " << c.momentum << " wd " << c.wd << " nesterov " << c.nesterov << " " << dtype_name(t);
       }
       const auto st = opt->state();
-      ASSERT_EQ(st.back().first, "step");
-      EXPECT_EQ(st.back().second.dtype(), DType::i64);
-      EXPECT_EQ(st.back().second.item(), steps);
+      ASSERT_EQ(st.back().name, "step");
+      EXPECT_EQ(st.back().value.dtype(), DType::i64);
+      EXPECT_EQ(st.back().value.item(), steps);
       EXPECT_EQ(st.size(), c.momentum != 0 ? ps.size() + 1 : 1u);
       if (c.momentum != 0) {
-        EXPECT_EQ(st[0].first, "momentum/a.weight");
+        EXPECT_EQ(st[0].name, "momentum/a.weight");
       }
     }
   }
@@ -164,10 +164,10 @@ TEST(Optim, AdamWMatchesReferenceWithBiasCorrection) {
         EXPECT_NEAR(std::fabs(after[k] - before[k] * (1 - 0.01 * wd)), 0.01, 1e-6);
       const auto st = opt->state();
       ASSERT_EQ(st.size(), 2 * ps.size() + 1);
-      EXPECT_EQ(st[0].first, "exp_avg/a.weight");
-      EXPECT_EQ(st[2].first, "exp_avg_sq/a.weight");
-      EXPECT_EQ(st.back().first, "step");
-      EXPECT_EQ(st.back().second.item(), steps);
+      EXPECT_EQ(st[0].name, "exp_avg/a.weight");
+      EXPECT_EQ(st[2].name, "exp_avg_sq/a.weight");
+      EXPECT_EQ(st.back().name, "step");
+      EXPECT_EQ(st.back().value.item(), steps);
     }
   }
 }
@@ -189,7 +189,7 @@ TEST(Optim, StateRoundTripIsBitIdentical) {
     auto opt_b = make_optimizer(cfg, ps_b);
     run_steps(*opt_b, ps_b, 0, 4, 0.02);
     std::vector<std::pair<std::string, Tensor>> saved;
-    for (auto& [n, t] : opt_b->state()) saved.emplace_back(n, t.clone());
+    for (const PlacedTensor& t : opt_b->state()) saved.emplace_back(t.name, t.value.clone());
     std::vector<Tensor> values;
     for (auto& p : ps_b) values.push_back(p.value.clone());
     opt_b.reset();
@@ -200,12 +200,39 @@ TEST(Optim, StateRoundTripIsBitIdentical) {
     auto st = opt_c->state();
     ASSERT_EQ(st.size(), saved.size());
     for (size_t i = 0; i < st.size(); ++i) {
-      EXPECT_EQ(st[i].first, saved[i].first);
-      EXPECT_EQ(opt_c->owner(st[i].first), -1);
-      st[i].second.copy_from(saved[i].second);
+      EXPECT_EQ(st[i].name, saved[i].first);
+      EXPECT_EQ(st[i].placement, Placement::replicated);
+      st[i].value.copy_from(saved[i].second);
     }
     run_steps(*opt_c, ps_c, 4, 7, 0.02);
     for (size_t i = 0; i < ps_a.size(); ++i) EXPECT_EQ(ps_c[i].value.to_doubles(), ps_a[i].value.to_doubles()) << name;
+  }
+}
+
+// State shaped like a parameter is placed like it: sharded with the parameter's rows when the
+// parameters are shards (Parallelism::param_rows()), else replicated; the step is replicated.
+TEST(Optim, StateIsPlacedLikeItsParameter) {
+  for (Kind k : {Kind::adamw, Kind::sgd}) {
+    OptimConfig cfg;
+    cfg.name = k;
+    auto ps = make_params(DType::f32);
+    for (const PlacedTensor& t : make_optimizer(cfg, ps)->state()) EXPECT_EQ(t.placement, Placement::replicated) << t.name;
+    // a.weight is rows [2, 5) of a [6, 5] tensor over 2 ranks; b.bias is whole.
+    std::vector<Rows> rows(2);
+    rows[0] = {{6, 5}, {0, 3}, {3, 3}, 1};
+    size_t sharded = 0;
+    for (const PlacedTensor& t : make_optimizer(cfg, ps, rows)->state()) {
+      const bool a = t.name.find("/a.weight") != std::string::npos;
+      EXPECT_EQ(t.placement, a ? Placement::sharded : Placement::replicated) << t.name;
+      EXPECT_FALSE(t.symmetric);
+      if (!a) continue;
+      ++sharded;
+      EXPECT_EQ(t.rows.shape, (Shape{6, 5}));
+      EXPECT_EQ(t.rows.offsets, (std::vector<int64_t>{0, 3}));
+      EXPECT_EQ(t.rows.rank, 1);
+    }
+    EXPECT_EQ(sharded, k == Kind::adamw ? 2u : 1u);
+    EXPECT_THROW(make_optimizer(cfg, ps, std::vector<Rows>(3)), Error);
   }
 }
 

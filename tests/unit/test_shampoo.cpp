@@ -56,8 +56,8 @@ void set_grads(Model& m, const std::vector<Vec>& g) {
 
 // The state tensor of that name.
 Tensor state_of(Optimizer& opt, const std::string& name) {
-  for (auto& [n, t] : opt.state())
-    if (n == name) return t;
+  for (const PlacedTensor& t : opt.state())
+    if (t.name == name) return t.value;
   ADD_FAILURE() << "no state " << name;
   return {};
 }
@@ -140,7 +140,7 @@ TEST(Shampoo, StateNamesFollowTheBlocks) {
   Model m = make_model({{"w", {40, 107}}, {"conv", {6, 4, 3, 3}}, {"v", {16, 2}}, {"s", {1}}});
   auto opt = make_shampoo(c, m.params, *comm);
   std::map<std::string, Shape> st;
-  for (auto& [name, t] : opt->state()) st[name] = t.shape();
+  for (const PlacedTensor& t : opt->state()) st[t.name] = t.value.shape();
   // 40 x 107 with blocks of 10: 4 x 11 blocks, the last column 7 wide.
   EXPECT_EQ(st.at("shampoo/w/block0/factor0"), (Shape{10, 10}));
   EXPECT_EQ(st.at("shampoo/w/block10/factor1"), (Shape{7, 7}));
@@ -159,8 +159,18 @@ TEST(Shampoo, StateNamesFollowTheBlocks) {
   EXPECT_FALSE(st.count("shampoo/s/block0/factor0"));
   EXPECT_EQ(st.at("shampoo/s/block0/graft"), (Shape{1}));
   EXPECT_EQ(st.at("step"), (Shape{1}));
-  for (auto& [name, t] : opt->state()) EXPECT_EQ(opt->owner(name), name == "step" ? -1 : 0) << name;
-  EXPECT_THROW(opt->owner("shampoo/nothing/block0/factor0"), UsageError);
+  // One rank: every block owned by rank 0, the step replicated; factors and roots symmetric.
+  for (const PlacedTensor& t : opt->state()) {
+    EXPECT_EQ(t.placement, t.name == "step" ? Placement::replicated : Placement::owned) << t.name;
+    EXPECT_EQ(t.owner, t.name == "step" ? -1 : 0) << t.name;
+    const bool sym = t.name.find("/factor") != std::string::npos || t.name.find("/root") != std::string::npos;
+    EXPECT_EQ(t.symmetric, sym && t.name.find("root_failures") == std::string::npos) << t.name;
+  }
+  // Over shards every block is this rank's own (its shapes depend on the shard count).
+  std::vector<Rows> rows(m.params.size());
+  rows[0] = {{80, 107}, {0, 40}, {40, 40}, 0};
+  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state())
+    EXPECT_EQ(t.placement, t.name == "step" ? Placement::replicated : Placement::per_rank) << t.name;
   EXPECT_EQ(opt->config().at("name"), "shampoo");
 }
 
@@ -566,14 +576,14 @@ TEST(Shampoo, StateRoundTripIsBitIdentical) {
     op->step(part.params, 0.05);
   }
   std::map<std::string, Tensor> saved;
-  for (auto& [name, t] : op->state()) saved[name] = t.clone();
+  for (const PlacedTensor& t : op->state()) saved[t.name] = t.value.clone();
   Model resumed = make_model(specs, 99);  // other values: the restore must bring everything
   for (size_t i = 0; i < resumed.params.size(); ++i) resumed.params[i].value.copy_from(part.params[i].value);
   auto orr = make_shampoo(c, resumed.params, *comm);
   size_t restored = 0;
-  for (auto& [name, t] : orr->state()) {
-    ASSERT_TRUE(saved.count(name)) << name;
-    t.copy_from(saved.at(name));
+  for (PlacedTensor& t : orr->state()) {
+    ASSERT_TRUE(saved.count(t.name)) << t.name;
+    t.value.copy_from(saved.at(t.name));
     ++restored;
   }
   EXPECT_EQ(restored, saved.size());

@@ -14,6 +14,7 @@ using namespace dtk;
 struct Args {
   train::Options train;
   parallel::FsdpConfig fsdp;
+  optim::ShampooConfig shampoo;
   double bucket_memory_mb = 0;
   bool no_overlap = false;
 };
@@ -35,7 +36,7 @@ cli::Program program(Args& a) {
     parallel::FsdpConfig& c = a.fsdp;
     cli::add_options(app, o);
     app.remove_option(app.get_option("--bucket-size"));  // the replicated all-reduce's; FSDP buckets by --buckets
-    cli::add_shampoo_options(app, o, false);
+    cli::add_shampoo_options(app, a.shampoo, false);
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
                   {DType::bf16, DType::f32})->group("Precision");
@@ -79,11 +80,12 @@ cli::Program program(Args& a) {
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
     // unless --metrics names a file).
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
-    train::Strategy s;
-    s.program = "fsdp-train";
+    train::Strategy s = train::strategy("fsdp-train", o, rt.size(), a.shampoo);
     s.config = c;
-    if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = train::shampoo_config(o);
-    s.sharded = [c](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
+    if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = s.optimizer_config;
+    // The sharded placement: the model's parameters live in its shards.
+    s.storage = nn::Storage::external;
+    s.parallelism = [c](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
       return std::make_unique<parallel::Fsdp>(model, world, host, c);
     };
     return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };

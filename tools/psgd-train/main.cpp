@@ -2,7 +2,9 @@
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
 #include "dtk/cli/train_options.h"
+#include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
+#include "dtk/parallel/data_parallel.h"
 #include "dtk/train/trainer.h"
 
 namespace {
@@ -53,13 +55,16 @@ cli::Program program(Args& a) {
     c.error_feedback = !a.no_error_feedback;
     c.seed = o.seed;
     c.validate();
-    train::Strategy s;
-    s.program = "psgd-train";
+    train::Strategy s = train::strategy("psgd-train", o, rt.size());
     s.config = c;
-    if (c.kind != compress::Kind::none)
-      s.compressor = [c](comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes) {
-        return compress::make_compressor(c, comm, params, bucket_bytes);
+    if (c.kind != compress::Kind::none) {
+      // The replicated placement with the compressor, its buckets of --bucket-size.
+      s.parallelism = [c, bucket_bytes = o.bucket_bytes](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
+        return std::make_unique<parallel::GradSync>(model, world,
+                                                    compress::make_compressor(c, world, model.params(), bucket_bytes));
       };
+      s.extra["compressor"] = nullptr;  // the checkpoint holds a compressor's state
+    }
     return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
   };
   return p;

@@ -8,7 +8,12 @@
 namespace {
 using namespace dtk;
 
-cli::Program program(train::Options& a) {
+struct Args {
+  train::Options train;
+  optim::ShampooConfig shampoo;
+};
+
+cli::Program program(Args& a) {
   cli::Program p;
   p.name = "shampoo-train";
   p.description =
@@ -23,14 +28,13 @@ cli::Program program(train::Options& a) {
       "Example: mpiexec -n 4 shampoo-train --model llama-tiny --optimizer shampoo --precondition-frequency 20 "
       "--steps 300";
   p.add_options = [&a](CLI::App& app) {
-    cli::add_options(app, a);
-    cli::add_shampoo_options(app, a, true);
+    cli::add_options(app, a.train);
+    cli::add_shampoo_options(app, a.shampoo, true);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
-    train::Options o = train::validate(a, rt.size());
-    train::Strategy s;
-    s.program = "shampoo-train";
-    if (o.optimizer == optim::Kind::shampoo) s.config = train::shampoo_config(o);
+    train::Options o = train::validate(a.train, rt.size());
+    train::Strategy s = train::strategy("shampoo-train", o, rt.size(), a.shampoo);
+    if (o.optimizer == optim::Kind::shampoo) s.config = s.optimizer_config;
     return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
   };
   return p;
@@ -39,7 +43,7 @@ cli::Program program(train::Options& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dtk::train::Options a;
-  a.optimizer = dtk::optim::Kind::shampoo;
+  Args a;
+  a.train.optimizer = dtk::optim::Kind::shampoo;
   return dtk::cli::main(argc, argv, program(a));
 }

@@ -73,6 +73,34 @@ void unpack_symmetric(const Tensor& packed, Tensor& full) {
 
 }  // namespace
 
+StateEntry entry(const PlacedTensor& t) {
+  StateEntry e{t.name, t.value};
+  e.symmetric = t.symmetric;
+  switch (t.placement) {
+    case Placement::replicated: e.owner = kReplicated; break;
+    case Placement::per_rank: e.owner = kPerRank; break;
+    case Placement::owned:
+      if (t.owner < 0) fail("ckpt: " + t.name + " is owned by no rank");
+      e.owner = t.owner;
+      break;
+    case Placement::sharded:
+      if (t.symmetric) fail("ckpt: " + t.name + " is sharded and symmetric");
+      e.owner = kSharded;
+      e.shape = t.rows.shape;
+      e.offsets = t.rows.offsets;
+      e.lengths = t.rows.lengths;
+      break;
+  }
+  return e;
+}
+
+std::vector<StateEntry> entries(const std::vector<PlacedTensor>& state) {
+  std::vector<StateEntry> out;
+  out.reserve(state.size());
+  for (const PlacedTensor& t : state) out.push_back(entry(t));
+  return out;
+}
+
 void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
                 comm::Communicator& comm, WriteOptions opts) {
   const int rank = comm.rank();

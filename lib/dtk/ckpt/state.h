@@ -14,6 +14,7 @@
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/comm/comm.h"
+#include "dtk/core/placed.h"
 
 namespace dtk::ckpt {
 
@@ -34,6 +35,11 @@ struct StateEntry {
   // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.
   bool symmetric = false;
 };
+
+// A placed tensor (core/placed.h) as the entry that stores it: replicated, per rank, owned by
+// its owner, or sharded with its rows.
+StateEntry entry(const PlacedTensor& t);
+std::vector<StateEntry> entries(const std::vector<PlacedTensor>& state);
 
 // Writes a full checkpoint at `path`. Collective over `comm` (a host communicator): every rank
 // passes its entries (replicated and per-rank ones in the same order everywhere; an owned entry
@@ -58,5 +64,20 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
 // the function returns false. Missing tensors and shape or dtype mismatches are UsageErrors
 // naming them.
 bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
+
+// The same for placed state (entries(state)): every piece of state as it declares itself.
+inline void save_state(const std::filesystem::path& path, const std::vector<PlacedTensor>& state, const Metadata& meta,
+                       comm::Communicator& comm, WriteOptions opts = {}) {
+  save_state(path, entries(state), meta, comm, opts);
+}
+inline void save_sharded_state(const std::filesystem::path& path, const std::vector<PlacedTensor>& state,
+                               const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {}) {
+  save_sharded_state(path, entries(state), meta, comm, opts);
+}
+// Restores into the placed tensors' storage.
+inline bool load_state(const Reader& reader, const std::vector<PlacedTensor>& state, int rank, int world_size) {
+  std::vector<StateEntry> e = entries(state);
+  return load_state(reader, e, rank, world_size);
+}
 
 }  // namespace dtk::ckpt

@@ -226,8 +226,7 @@ std::string metrics_help(train::MetricSource added) {
   return s + ".\n";
 }
 
-void add_shampoo_options(CLI::App& app, train::Options& o, bool distribution) {
-  optim::ShampooConfig& c = o.shampoo;
+void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distribution) {
   const char* g = "Shampoo";
   app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
                  "merge dims while their product stays below this, and split dims into blocks of at most it")

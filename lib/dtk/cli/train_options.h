@@ -4,8 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "dtk/optim/shampoo.h"
 #include "dtk/train/metrics.h"
-#include "dtk/train/trainer.h"
+#include "dtk/train/options.h"
 
 namespace dtk::cli {
 
@@ -15,8 +16,9 @@ std::string metrics_help(train::MetricSource added);
 
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, train::Options& o);
-// Registers Shampoo's options (group "Shampoo") into o.shampoo; `distribution` adds the ones that
-// split its work over replicated ranks (--trainers-per-group, --direction-dtype).
-void add_shampoo_options(CLI::App& app, train::Options& o, bool distribution);
+// Registers Shampoo's options (group "Shampoo") into c (train::strategy applies the common options
+// on top); `distribution` adds the ones that split its work over replicated ranks
+// (--trainers-per-group, --direction-dtype).
+void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distribution);
 
 }  // namespace dtk::cli

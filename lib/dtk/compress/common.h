@@ -39,8 +39,7 @@ class Base : public Compressor {
   void finish() final;
   const std::vector<ParamRange>& buckets() const final { return buckets_; }
   Bytes last_bytes() const final { return bytes_; }
-  std::vector<std::pair<std::string, Tensor>> state() override;
-  bool per_rank(const std::string& state_name) const override;
+  std::vector<PlacedTensor> state() override;
 
  protected:
   // A compressed step (step >= start_iter) runs begin_compressed(step, first) in begin(),

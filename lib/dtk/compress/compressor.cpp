@@ -86,15 +86,14 @@ Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Pa
   if (cur.first < cur.last) buckets_.push_back(cur);
 }
 
-std::vector<std::pair<std::string, Tensor>> Base::state() {
-  std::vector<std::pair<std::string, Tensor>> out;
+std::vector<PlacedTensor> Base::state() {
+  std::vector<PlacedTensor> out;
   if (error_.defined())
-    for (const auto& l : layout_) out.emplace_back("error/" + l.name, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape));
-  out.emplace_back("step", step_);
+    for (const auto& l : layout_)
+      out.push_back({"error/" + l.name, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape), Placement::per_rank});
+  out.push_back({"step", step_});
   return out;
 }
-
-bool Base::per_rank(const std::string& state_name) const { return state_name.rfind("error/", 0) == 0; }
 
 Tensor& Base::flat_error() {
   if (!error_.defined()) error_ = Tensor::zeros({total_}, DType::f32, device_);

@@ -47,6 +47,7 @@
 #include "dtk/comm/comm.h"
 #include "dtk/core/enums.h"
 #include "dtk/core/json_config.h"
+#include "dtk/core/placed.h"
 #include "dtk/nn/model.h"
 
 namespace dtk::compress {
@@ -131,11 +132,9 @@ class Compressor {
   // backward makes them final), each closed once its f32 grads reach the bucket size.
   virtual const std::vector<ParamRange>& buckets() const = 0;
   virtual Bytes last_bytes() const = 0;
-  // Named state tensors for checkpoints ("q/<param>", "error/<param>" (per rank), "step"):
-  // allocated at construction; restoring is copy_from into them.
-  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
-  // Which names of state() differ between ranks (saved under ranks/<r>/ in checkpoints).
-  virtual bool per_rank(const std::string& state_name) const = 0;
+  // The state for checkpoints ("q/<param>" and "step" replicated, "error/<param>" per rank:
+  // each rank's own): allocated at construction; restoring is copy_from into them.
+  virtual std::vector<PlacedTensor> state() = 0;
 };
 
 // bucket_bytes: the bucket size (the default: one bucket of everything).

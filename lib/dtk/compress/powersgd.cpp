@@ -129,14 +129,15 @@ class PowerSGD final : public Base {
     draw_q(0);
   }
 
-  std::vector<std::pair<std::string, Tensor>> state() override {
-    std::vector<std::pair<std::string, Tensor>> out;
+  std::vector<PlacedTensor> state() override {
+    std::vector<PlacedTensor> out;
     for (size_t i = 0; i < layout_.size(); ++i)
-      if (slots_[i].group >= 0) out.emplace_back("q/" + layout_[i].name, q_of(i));
+      if (slots_[i].group >= 0) out.push_back({"q/" + layout_[i].name, q_of(i)});
     if (cfg_.error_feedback)
       for (size_t i = 0; i < layout_.size(); ++i)
-        if (slots_[i].group >= 0) out.emplace_back("error/" + layout_[i].name, mat_of(i).reshape(layout_[i].shape));
-    out.emplace_back("step", step_);
+        if (slots_[i].group >= 0)
+          out.push_back({"error/" + layout_[i].name, mat_of(i).reshape(layout_[i].shape), Placement::per_rank});
+    out.push_back({"step", step_});
     return out;
   }
 

@@ -48,8 +48,13 @@ void check_params(const char* who, const std::vector<Shape>& shapes, const std::
 
 class BaseOptimizer : public Optimizer {
  public:
-  BaseOptimizer(OptimConfig cfg, const std::vector<nn::Param>& params) : cfg_(std::move(cfg)) {
+  BaseOptimizer(OptimConfig cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
+      : cfg_(std::move(cfg)) {
     cfg_.validate();
+    if (!rows.empty() && rows.size() != params.size())
+      fail("optimizer: {} parameters, {} placements", params.size(), rows.size());
+    rows_ = rows;
+    rows_.resize(params.size());
     for (const auto& p : params) {
       if (!p.value.defined()) fail_usage("optimizer: parameter " + p.name + " has no value");
       if (p.value.dtype() != DType::f32 && p.value.dtype() != DType::f64)
@@ -68,16 +73,24 @@ class BaseOptimizer : public Optimizer {
     return ++s;
   }
   Tensor zeros_like(const nn::Param& p) { return Tensor::zeros(p.value.shape(), p.value.dtype(), p.value.device()); }
+  // State of parameter i's shape: placed like the parameter.
+  PlacedTensor like_param(const std::string& kind, size_t i, const Tensor& t) const {
+    if (rows_[i].offsets.empty()) return {kind + "/" + names_[i], t};
+    return {kind + "/" + names_[i], t, Placement::sharded, -1, false, rows_[i]};
+  }
+  PlacedTensor step_state() const { return {"step", step_}; }
 
   OptimConfig cfg_;
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;
+  std::vector<Rows> rows_;
   Tensor step_;  // i64 [1] on the host
 };
 
 class Sgd final : public BaseOptimizer {
  public:
-  Sgd(const OptimConfig& cfg, const std::vector<nn::Param>& params) : BaseOptimizer(cfg, params) {
+  Sgd(const OptimConfig& cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
+      : BaseOptimizer(cfg, params, rows) {
     if (cfg_.momentum != 0)
       for (const auto& p : params) buf_.push_back(zeros_like(p));
   }
@@ -89,10 +102,10 @@ class Sgd final : public BaseOptimizer {
       ops::sgd_step(params[i].value, params[i].grad, buf_.empty() ? none : buf_[i], lr, cfg_.momentum, cfg_.weight_decay,
                     cfg_.nesterov);
   }
-  std::vector<std::pair<std::string, Tensor>> state() override {
-    std::vector<std::pair<std::string, Tensor>> s;
-    for (size_t i = 0; i < buf_.size(); ++i) s.emplace_back("momentum/" + names_[i], buf_[i]);
-    s.emplace_back("step", step_);
+  std::vector<PlacedTensor> state() override {
+    std::vector<PlacedTensor> s;
+    for (size_t i = 0; i < buf_.size(); ++i) s.push_back(like_param("momentum", i, buf_[i]));
+    s.push_back(step_state());
     return s;
   }
 
@@ -102,7 +115,8 @@ class Sgd final : public BaseOptimizer {
 
 class AdamW final : public BaseOptimizer {
  public:
-  AdamW(const OptimConfig& cfg, const std::vector<nn::Param>& params) : BaseOptimizer(cfg, params) {
+  AdamW(const OptimConfig& cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
+      : BaseOptimizer(cfg, params, rows) {
     for (const auto& p : params) {
       m_.push_back(zeros_like(p));
       v_.push_back(zeros_like(p));
@@ -115,11 +129,11 @@ class AdamW final : public BaseOptimizer {
       ops::adamw_step(params[i].value, params[i].grad, m_[i], v_[i], lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
                       cfg_.weight_decay, t);
   }
-  std::vector<std::pair<std::string, Tensor>> state() override {
-    std::vector<std::pair<std::string, Tensor>> s;
-    for (size_t i = 0; i < m_.size(); ++i) s.emplace_back("exp_avg/" + names_[i], m_[i]);
-    for (size_t i = 0; i < v_.size(); ++i) s.emplace_back("exp_avg_sq/" + names_[i], v_[i]);
-    s.emplace_back("step", step_);
+  std::vector<PlacedTensor> state() override {
+    std::vector<PlacedTensor> s;
+    for (size_t i = 0; i < m_.size(); ++i) s.push_back(like_param("exp_avg", i, m_[i]));
+    for (size_t i = 0; i < v_.size(); ++i) s.push_back(like_param("exp_avg_sq", i, v_[i]));
+    s.push_back(step_state());
     return s;
   }
 
@@ -129,10 +143,11 @@ class AdamW final : public BaseOptimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params,
+                                          const std::vector<Rows>& rows) {
   cfg.validate();
-  if (cfg.name == Kind::sgd) return std::make_unique<Sgd>(cfg, params);
-  return std::make_unique<AdamW>(cfg, params);
+  if (cfg.name == Kind::sgd) return std::make_unique<Sgd>(cfg, params, rows);
+  return std::make_unique<AdamW>(cfg, params, rows);
 }
 
 // ------------------------------------------------------------------------------ Schedule

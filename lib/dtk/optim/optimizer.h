@@ -1,6 +1,7 @@
 // dtk::optim — optimizers over a model's parameters, learning-rate schedules, gradient clipping.
-// An optimizer updates every Param from its grad; its state is a list of named tensors that
-// checkpoints save and restore (copy_from into them), so a resumed run continues exactly.
+// An optimizer updates every Param from its grad; its state is a list of placed tensors
+// (core/placed.h) that checkpoints save and restore (copy_from into them), so a resumed run
+// continues exactly.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "dtk/core/enums.h"
 #include "dtk/core/json_config.h"
+#include "dtk/core/placed.h"
 #include "dtk/nn/model.h"
 
 namespace dtk::optim {
@@ -35,25 +37,18 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every parameter from its gradient at learning rate lr.
   virtual void step(std::vector<nn::Param>& params, double lr) = 0;
-  // Named state tensors ("exp_avg/<param>", "exp_avg_sq/<param>", "momentum/<param>", "step" as
-  // an i64 [1] tensor), all allocated at construction on the parameters' device.
-  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  // The state as this rank holds it ("exp_avg/<param>", "exp_avg_sq/<param>", "momentum/<param>",
+  // "step" as an i64 [1] tensor), all allocated at construction on the parameters' device, each
+  // with its placement: state shaped like a parameter is placed like it (sharded with its rows,
+  // else replicated), "step" is replicated; Shampoo places its blocks (optim/shampoo.h).
+  virtual std::vector<PlacedTensor> state() = 0;
   virtual nlohmann::json config() const = 0;
-  // The rank that holds a state tensor when state is distributed (Shampoo's blocks); -1 when
-  // every rank holds the same value (replicated). state() lists only what this rank holds.
-  virtual int owner(const std::string& state_name) const {
-    (void)state_name;
-    return -1;
-  }
-  // Whether a state tensor is a symmetric matrix (Shampoo's factors and roots), which
-  // checkpoints store packed (ckpt::StateEntry::symmetric).
-  virtual bool symmetric(const std::string& state_name) const {
-    (void)state_name;
-    return false;
-  }
 };
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params);
+// rows: where each parameter lies over a shard group (Parallelism::param_rows()); empty, or a
+// Rows without offsets: whole on every rank.
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& cfg, const std::vector<nn::Param>& params,
+                                          const std::vector<Rows>& rows = {});
 
 // Learning rate at a step (0-based): linear warm-up from lr/warmup to lr over `warmup` steps,
 // then constant, linear decay, or cosine decay to lr * min_ratio at `total` steps, or step decay

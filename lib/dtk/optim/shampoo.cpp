@@ -236,8 +236,10 @@ Tensor rows(const Tensor& flat, int64_t b, int64_t n) { return flat.slice(0, b *
 
 class Shampoo final : public Optimizer {
  public:
-  Shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params, comm::Communicator& comm)
+  Shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params, comm::Communicator& comm,
+          const std::vector<Rows>& rows)
       : cfg_(cfg) {
+    sharded_ = std::any_of(rows.begin(), rows.end(), [](const Rows& r) { return !r.offsets.empty(); });
     cfg_.validate();
     start_ = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
     fdtype_ = cfg_.factor_dtype;
@@ -268,50 +270,34 @@ class Shampoo final : public Optimizer {
 
   nlohmann::json config() const override { return cfg_; }
 
-  std::vector<std::pair<std::string, Tensor>> state() override {
-    std::vector<std::pair<std::string, Tensor>> s;
+  std::vector<PlacedTensor> state() override {
+    std::vector<PlacedTensor> s;
+    // A block's state: owned by its owner in group 0 (group-local rank = world rank there); a
+    // copy in another group is replicated (restored by name, never written); blocks cut from
+    // shards are per rank (their shapes depend on the shard count).
+    auto placed = [&](std::string name, const Tensor& t, bool symmetric, int owner) {
+      PlacedTensor p{std::move(name), t, Placement::owned, owner, symmetric};
+      if (!in_group0_) p.placement = Placement::replicated, p.owner = -1;
+      else if (sharded_) p.placement = Placement::per_rank, p.owner = -1;
+      s.push_back(std::move(p));
+    };
     for (size_t bi = 0; bi < blocks_.size(); ++bi) {
       const auto& [gi, i] = where_[bi];
       if (gi < 0) continue;
       Group& gr = groups_[static_cast<size_t>(gi)];
       const BlockDesc& b = blocks_[bi];
       const Shape elem = b.dims.empty() ? Shape{1} : b.dims;
-      for (int k = 0; k < gr.order; ++k) s.emplace_back(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i));
-      for (int k = 0; k < gr.order; ++k) s.emplace_back(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i));
+      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i), true, b.owner);
+      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i), true, b.owner);
       for (size_t k = 0; k < gr.basis.size(); ++k)
-        s.emplace_back(fmt::format("{}eigvecs{}", b.prefix, k), gr.basis[k].select(i));
-      if (gr.graft.defined()) s.emplace_back(b.prefix + "graft", gr.graft.select(i).reshape(elem));
-      if (gr.filtered.defined()) s.emplace_back(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem));
-      if (gr.momentum.defined()) s.emplace_back(b.prefix + "momentum", gr.momentum.select(i).reshape(elem));
-      s.emplace_back(b.prefix + "root_failures", gr.failures.slice(i, i + 1));
+        placed(fmt::format("{}eigvecs{}", b.prefix, k), gr.basis[k].select(i), false, b.owner);
+      if (gr.graft.defined()) placed(b.prefix + "graft", gr.graft.select(i).reshape(elem), false, b.owner);
+      if (gr.filtered.defined()) placed(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem), false, b.owner);
+      if (gr.momentum.defined()) placed(b.prefix + "momentum", gr.momentum.select(i).reshape(elem), false, b.owner);
+      placed(b.prefix + "root_failures", gr.failures.slice(i, i + 1), false, b.owner);
     }
-    s.emplace_back("step", step_);
+    s.push_back({"step", step_});
     return s;
-  }
-
-  int owner(const std::string& name) const override {
-    if (name == "step") return -1;
-    const size_t slash = name.rfind('/');
-    const auto it = slash == std::string::npos ? prefix_to_block_.end() : prefix_to_block_.find(name.substr(0, slash + 1));
-    if (it == prefix_to_block_.end()) fail_usage("shampoo: no state tensor named '" + name + "'");
-    const BlockDesc& b = blocks_[static_cast<size_t>(it->second)];
-    // The writer is the owner in group 0 (group-local rank = world rank there); a rank of another
-    // group that holds a copy answers -1 for it: a replica, restored by name, never written.
-    if (!in_group0_ && b.owner == group_rank_) return -1;
-    return b.owner;
-  }
-
-  bool symmetric(const std::string& name) const override {
-    const size_t slash = name.rfind('/');
-    if (slash == std::string::npos) return false;
-    const std::string leaf = name.substr(slash + 1);
-    for (const char* kind : {"factor", "root"}) {
-      const size_t n = std::strlen(kind);
-      if (leaf.size() > n && leaf.compare(0, n, kind) == 0 &&
-          leaf.find_first_not_of("0123456789", n) == std::string::npos)
-        return true;
-    }
-    return false;
   }
 
   void step(std::vector<nn::Param>& params, double lr) override {
@@ -911,6 +897,7 @@ class Shampoo final : public Optimizer {
   comm::Communicator* group_ = nullptr;
   int group_size_ = 1, group_rank_ = 0;
   bool in_group0_ = true;
+  bool sharded_ = false;  // the parameters are shards: the blocks are per rank
   int64_t start_ = 1;
   DType fdtype_ = DType::f32;
   bool bf16_ = false;
@@ -935,8 +922,8 @@ class Shampoo final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
-                                        comm::Communicator& comm) {
-  return std::make_unique<Shampoo>(cfg, params, comm);
+                                        comm::Communicator& comm, const std::vector<Rows>& rows) {
+  return std::make_unique<Shampoo>(cfg, params, comm, rows);
 }
 
 }  // namespace dtk::optim

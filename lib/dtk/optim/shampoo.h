@@ -69,20 +69,21 @@
 // names do not depend on the world size:
 //   shampoo/<param>/block<i>/factor<k>      [b_k, b_k] factor dtype   (k < order)
 //   shampoo/<param>/block<i>/root<k>        [b_k, b_k] f32
-// (factors and roots are exactly symmetric, syrk and ops::symmetrize: symmetric() names them,
-// and checkpoints store them packed, ckpt::StateEntry::symmetric)
+// (factors and roots are exactly symmetric, syrk and ops::symmetrize: their PlacedTensor is
+// marked symmetric, and checkpoints store them packed)
 //   shampoo/<param>/block<i>/eigvecs<k>     [b_k, b_k] factor dtype (root_method qr: Q, columns)
 //   shampoo/<param>/block<i>/graft          block shape, f32 (adagrad, rmsprop, adam grafting)
 //   shampoo/<param>/block<i>/filtered_grad  block shape, f32 (beta1 > 0)
 //   shampoo/<param>/block<i>/momentum       block shape, f32 (momentum > 0)
 //   shampoo/<param>/block<i>/root_failures  i64 [1] on the host (consecutive failed roots)
 //   step                                    i64 [1] on the host, replicated
-// i is the block's index in the row-major grid of the parameter's blocks. owner(name) gives the
-// rank that writes the tensor: for a block, its owner in group 0 (ranks [0, g)); ranks of other
-// groups hold identical copies, for which owner() answers -1 on that rank (a replica: restored by
-// name, never written), so ckpt::save_state writes every tensor once and ckpt::load_state
-// restores every copy. A state saved on any world size restores on any other: the blocking does
-// not depend on it, and each rank reads the blocks it now owns.
+// i is the block's index in the row-major grid of the parameter's blocks. A block's tensors are
+// owned by (written by) its owner in group 0 (ranks [0, g)); ranks of other groups hold
+// identical copies, placed replicated there (restored by name, never written), so
+// ckpt::save_state writes every tensor once and ckpt::load_state restores every copy. A state
+// saved on any world size restores on any other: the blocking does not depend on it, and each
+// rank reads the blocks it now owns. Over sharded parameters (rows given) the blocks are cut
+// from this rank's shards and their tensors are per rank.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -168,7 +169,8 @@ std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks);
 std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64_t spread);
 
 // The optimizer over `params` (f32, all on one device). Collective over comm (it may split it).
+// rows: as make_optimizer's (sharded parameters make the blocks' state per rank).
 std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
-                                        comm::Communicator& comm);
+                                        comm::Communicator& comm, const std::vector<Rows>& rows = {});
 
 }  // namespace dtk::optim

@@ -42,7 +42,12 @@ void broadcast_params(nn::Model& model, comm::Communicator& comm) {
 }
 
 GradSync::GradSync(nn::Model& model, comm::Communicator& comm, compress::Compressor& compressor)
-    : model_(model), comm_(comm), c_(compressor) {
+    : model_(model), comm_(comm), c_(compressor), compressed_(true) {
+  init();
+}
+
+GradSync::GradSync(nn::Model& model, comm::Communicator& comm, std::unique_ptr<compress::Compressor> compressor)
+    : model_(model), comm_(comm), owned_(std::move(compressor)), c_(*owned_), compressed_(true) {
   init();
 }
 
@@ -77,12 +82,17 @@ void GradSync::finish() {
   c_.finish();
 }
 
+std::vector<PlacedTensor> GradSync::sync_state() {
+  if (!compressed_) return {};
+  return prefixed("compress/", c_.state());
+}
+
 double GradSync::clip_grad_norm(double max_norm) { return optim::clip_grad_norm(model_.params(), max_norm); }
 
 void GradSync::metrics(nlohmann::ordered_json& m) const {
   const compress::Bytes b = c_.last_bytes();
   m["comm_bytes"] = b.sent;
-  if (!owned_) {  // a compressor chosen by the program
+  if (compressed_) {  // a compressor chosen by the program
     m["comm_bytes_uncompressed"] = b.uncompressed;
     m["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
   }

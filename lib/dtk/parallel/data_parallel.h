@@ -33,11 +33,15 @@ void check_replicated(const Tensor& t, comm::Communicator& comm, const std::stri
 // after_backward(b) starts the buckets whose blocks are all final. The model has flat storage.
 class GradSync final : public Parallelism {
  public:
-  // With a compressor (owned by the caller), or without: a plain bucketed all-reduce (sum).
+  // With a compressor (owned by the caller, or by this), or without: a plain bucketed all-reduce (sum).
   GradSync(nn::Model& model, comm::Communicator& comm, compress::Compressor& compressor);
+  GradSync(nn::Model& model, comm::Communicator& comm, std::unique_ptr<compress::Compressor> compressor);
   GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
   std::vector<nn::Param>& params() override { return model_.params(); }
   comm::Communicator& optimizer_comm() override { return comm_; }
+  // The model's parameters (replicated) and buffers; a compressor's state (not the plain all-reduce's).
+  std::vector<PlacedTensor> state() override { return model_state(model_); }
+  std::vector<PlacedTensor> sync_state() override;
   void init(uint64_t seed) override { model_.init(seed); }
   void loaded() override { broadcast_params(model_, comm_); }
   void zero_grad() override { model_.zero_grad(); }
@@ -58,6 +62,7 @@ class GradSync final : public Parallelism {
   comm::Communicator& comm_;
   std::unique_ptr<compress::Compressor> owned_;
   compress::Compressor& c_;
+  bool compressed_ = false;  // a compressor chosen by the program (not the plain all-reduce)
   std::vector<int> min_block_;  // per bucket: the lowest block it covers (ready once that block is)
   size_t next_ = 0;             // the next bucket to start
   bool armed_ = false;          // between begin() and finish()

@@ -382,6 +382,8 @@ void Fsdp::metrics(nlohmann::ordered_json& j) const {
 
 comm::Communicator& Fsdp::optimizer_comm() { return *impl_->self; }
 
+std::vector<PlacedTensor> Fsdp::state() { return model_state(impl_->model); }
+
 comm::Communicator* Fsdp::checkpoint_comm() {
   Impl& m = *impl_;
   // One shard group writes (HSDP's groups hold the same shards): group 0, the ranks [0, S).

@@ -111,6 +111,7 @@ class Fsdp final : public Parallelism {
   std::vector<nn::Param>& params() override { return params_; }
   comm::Communicator& optimizer_comm() override;
   const Rows* rows(size_t i) const override { return &rows_.at(i); }
+  std::vector<PlacedTensor> state() override;  // the parameters' shards and the model's buffers
   void init(uint64_t seed) override;
   void loaded() override {}
   void zero_grad() override;

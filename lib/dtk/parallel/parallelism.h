@@ -11,19 +11,17 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/core/placed.h"
 #include "dtk/nn/model.h"
 
 namespace dtk::parallel {
 
-// How a sharded tensor's rows of dim 0 are split over the ranks of a shard group.
-struct Rows {
-  Shape shape;                            // the whole tensor's
-  std::vector<int64_t> offsets, lengths;  // per rank of the shard group
-  int rank = 0;                           // this rank's index in the shard group
-};
+// How a sharded tensor's rows of dim 0 are split over the ranks of a shard group (core/placed.h).
+using Rows = dtk::Rows;
 
 class Parallelism : public nn::BlockHooks {
  public:
@@ -41,6 +39,18 @@ class Parallelism : public nn::BlockHooks {
     (void)i;
     return nullptr;
   }
+  // Every params()[i]'s rows (a Rows without offsets: whole), for the optimizer to place its
+  // state like the parameters (optim::make_optimizer).
+  std::vector<Rows> param_rows();
+  // The model as a checkpoint keeps it, placed (core/placed.h): "model/<param>" for every
+  // parameter (whole and replicated, or this rank's rows, sharded) and "model/<buffer>" for the
+  // model's buffers (replicated: rank 0's).
+  virtual std::vector<PlacedTensor> state() = 0;
+  // The gradient synchronisation's own state, placed: a compressor's ("compress/..."); none by default.
+  virtual std::vector<PlacedTensor> sync_state() { return {}; }
+  // The rank and the number of ranks that per-rank state is indexed by: the shard group's when
+  // sharded (rows(0)), else optimizer_comm()'s (the world).
+  virtual std::pair<int, int> state_rank();
   // The initial values (nn::Model::init_param's): the same model for a seed on any world size.
   virtual void init(uint64_t seed) = 0;
   // After init or a checkpoint load, before the first step (replicated: broadcast from rank 0,
@@ -66,6 +76,10 @@ class Parallelism : public nn::BlockHooks {
   // Sharded states are written by the ranks of this host communicator (one shard group), the
   // others skip the write; null: a full checkpoint through rank 0 of the world.
   virtual comm::Communicator* checkpoint_comm() { return nullptr; }
+
+ protected:
+  // The model's part of state(): params() placed by rows(i), then the model's buffers.
+  std::vector<PlacedTensor> model_state(nn::Model& model);
 };
 
 }  // namespace dtk::parallel

@@ -1,15 +1,10 @@
 #include "dtk/train/trainer.h"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <fmt/format.h>
-#include <map>
 #include <spdlog/spdlog.h>
 #include <tuple>
 
@@ -19,225 +14,13 @@
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 #include "dtk/ops/ops.h"
-#include "dtk/parallel/data_parallel.h"
 #include "dtk/train/metrics.h"
+#include "dtk/train/run_state.h"
 #include "dtk/train/stop.h"
 
 namespace fs = std::filesystem;
 
 namespace dtk::train {
-
-namespace {
-
-// A checkpoint argument: a file, or a checkpoint directory (its latest entry).
-fs::path checkpoint_path(const std::string& arg) {
-  fs::path p(arg);
-  if (fs::is_directory(p) && !fs::exists(p / "index.h5")) {
-    auto latest = ckpt::Directory(p, 1).latest();
-    if (!latest) fail_usage(arg + ": a directory without checkpoints");
-    return *latest;
-  }
-  if (!fs::exists(p)) fail_usage(arg + ": no such checkpoint");
-  return p;
-}
-
-// This rank's CPU threads and why: --threads; OMP_NUM_THREADS; the CPUs the launcher bound the
-// rank to (mpiexec --bind-to, srun --cpus-per-task) when fewer than the node's; else the node's
-// cores shared equally among the ranks on it, so that ranks never run more busy threads than
-// there are cores.
-std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtime& rt) {
-  if (o.threads > 0) return {o.threads, "--threads"};
-  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0)
-    return {std::atoi(env), "OMP_NUM_THREADS"};
-  const int node = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : node;
-  if (bound > 0 && bound < node)
-    return {bound, fmt::format("{} CPUs bound to this rank by the launcher", bound)};
-  const int ranks = std::max(1, rt.local_size());
-  return {std::max(1, node / ranks), fmt::format("{} cores shared by {} rank(s) on this node", node, ranks)};
-}
-
-// Options that shape the state a checkpoint holds: a resume cannot change them.
-constexpr std::string_view kStateOptions[] = {"--optimizer", "--compressor", "--rank", "--max-preconditioner-dim",
-                                              "--factor-dtype", "--no-error-feedback", "--error-mode"};
-
-}  // namespace
-
-nn::ModelConfig resolve_model(const Options& o) {
-  nn::ModelConfig c;
-  const std::string resume = resume_from(o);
-  const std::string& from = !resume.empty() ? resume : o.init_from;
-  if (!from.empty()) {
-    ckpt::Reader r(checkpoint_path(from));
-    c = read_config<nn::ModelConfig>(r.metadata().model_config, "model config");
-    // Options may restate the checkpoint's model, never contradict it.
-    auto same = [&](const char* opt, const std::optional<int64_t>& v, int64_t have) {
-      if (v && *v != have)
-        fail_usage("{} {} contradicts the checkpoint's model ({}); leave the size options out to use the checkpoint's",
-                   opt, *v, have);
-    };
-    if (!o.model.empty() && o.model != c.preset)
-      fail_usage("--model " + o.model + " contradicts the checkpoint's model (" + c.preset + ")");
-    same("--dim", o.dim, c.dim);
-    same("--heads", o.heads, c.n_heads);
-    same("--kv-heads", o.kv_heads, c.n_kv_heads);
-    same("--ffn-hidden", o.ffn_hidden, c.ffn_hidden);
-    same("--vocab", o.vocab, c.vocab);
-    same("--input-dim", o.input_dim, c.input_dim);
-    same("--classes", o.classes, c.classes);
-    if (!o.input_shape.empty() && o.input_shape != c.input_shape)
-      fail_usage("--input-shape " + shape_str(o.input_shape) + " contradicts the checkpoint's model (" +
-                 shape_str(c.input_shape) + ")");
-    if (c.arch == nn::Arch::llama) same("--layers", o.layers, c.n_layers);
-    // seq_len may change between runs of a llama (RoPE has no trained length).
-    if (o.seq_len) c.seq_len = *o.seq_len;
-    c.validate();
-    return c;
-  }
-  c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
-  if (!o.input_shape.empty() && c.arch != nn::Arch::resnet) fail_usage("--input-shape applies to resnet models, not " + c.preset);
-  if (o.sync_batchnorm && c.arch != nn::Arch::resnet)
-    fail_usage("--sync-batchnorm applies to models with batch norm (resnet), not " + c.preset);
-  if (c.arch == nn::Arch::resnet) {
-    if (o.dim || o.layers || o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len || o.input_dim)
-      fail_usage("--dim, --layers, --heads, --kv-heads, --ffn-hidden, --vocab, --seq-len and --input-dim do not apply "
-                 "to " + c.preset + " (its sizes are the preset's; --input-shape and --classes set its input and output)");
-    if (!o.input_shape.empty()) c.input_shape = o.input_shape;
-    else if (const auto s = data::image_shape(o.data); !s.empty()) c.input_shape = s;
-    if (o.classes) c.classes = *o.classes;
-  } else if (c.arch == nn::Arch::llama) {
-    if (o.input_dim || o.classes) fail_usage("--input-dim and --classes apply to mlp models, not " + c.preset);
-    if (o.dim) c.dim = *o.dim;
-    if (o.layers) c.n_layers = *o.layers;
-    if (o.heads) c.n_heads = *o.heads;
-    if (o.kv_heads) c.n_kv_heads = *o.kv_heads;
-    if (o.ffn_hidden) c.ffn_hidden = *o.ffn_hidden;
-    if (o.vocab) c.vocab = *o.vocab;
-    if (o.seq_len) c.seq_len = *o.seq_len;
-  } else {
-    if (o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len)
-      fail_usage("--heads, --kv-heads, --ffn-hidden, --vocab and --seq-len apply to llama models, not " + c.preset);
-    if (o.dim || o.layers) {
-      const int64_t width = o.dim ? *o.dim : (c.hidden.empty() ? 64 : c.hidden[0]);
-      const size_t n = o.layers ? static_cast<size_t>(*o.layers) : c.hidden.size();
-      c.hidden.assign(n, width);
-    }
-    if (o.input_dim) c.input_dim = *o.input_dim;
-    if (o.classes) c.classes = *o.classes;
-  }
-  c.validate();
-  return c;
-}
-
-Options validate(Options o, int world_size) {
-  const nn::ModelConfig c = resolve_model(o);
-  if (o.global_batch < world_size)
-    fail_usage("--global-batch {} gives some of the {} ranks no sample; use at least one sample per rank",
-               o.global_batch, world_size);
-  if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
-  if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
-  // Opening the datasets checks them against the model (vocabulary, shapes).
-  const int64_t samples = data::open_dataset(o.data, c, false, o.seed)->size();
-  if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
-  if (o.epochs > 0 || !o.decay_epochs.empty()) {
-    const double per_epoch = static_cast<double>(samples) / static_cast<double>(o.global_batch);
-    if (o.epochs > 0) {
-      const double s = std::ceil(o.epochs * per_epoch);
-      if (s > 1e15) fail_usage("--epochs {} of {} is beyond any number of steps", o.epochs, o.data);
-      o.steps = std::max<int64_t>(1, static_cast<int64_t>(s));
-      spdlog::info("--epochs {}: {} steps ({} samples, global batch {})", o.epochs, o.steps, samples, o.global_batch);
-    }
-    if (!o.decay_epochs.empty()) {
-      o.decay_steps.clear();
-      for (double e : o.decay_epochs) o.decay_steps.push_back(std::max<int64_t>(1, std::llround(e * per_epoch)));
-    }
-  }
-  if (o.optimizer == optim::Kind::shampoo) {
-    shampoo_config(o).validate();
-    const int g = o.shampoo.trainers_per_group;
-    if (g > 0 && world_size % g != 0)
-      fail_usage("--trainers-per-group {} does not divide the {} ranks", g, world_size);
-  }
-  if (o.warmup > o.steps)
-    fail_usage("--warmup {} is longer than --steps {}", o.warmup, o.steps);
-  const std::string flag = o.decay_epochs.empty() ? "--decay-steps" : "--decay-epochs";
-  const std::string decay = flag + (o.decay_epochs.empty() ? "" : " (in steps)");
-  const bool step_decay = o.schedule == optim::ScheduleKind::step;
-  if (step_decay && o.decay_steps.empty()) fail_usage("--schedule step needs --decay-steps or --decay-epochs");
-  if (!step_decay && !o.decay_steps.empty())
-    fail_usage(flag + " needs --schedule step (the schedule is " + std::string(name_of(o.schedule)) + ")");
-  for (size_t i = 0; i < o.decay_steps.size(); ++i) {
-    if (i > 0 && o.decay_steps[i] <= o.decay_steps[i - 1])
-      fail_usage("{} must increase: {} follows {}", decay, o.decay_steps[i], o.decay_steps[i - 1]);
-    if (o.decay_steps[i] >= o.steps)
-      fail_usage("{} {} is not before --steps {}: that decay would never apply", decay, o.decay_steps[i], o.steps);
-  }
-  const Device d = parse_device(o.device);
-  if (d.is_cuda()) cuda::require_gpu();
-  if (o.backend == comm::Backend::nccl && !d.is_cuda())
-    fail_usage("--backend nccl moves GPU buffers: add --device cuda");
-  if (o.stop_at > o.steps)
-    fail_usage("--stop-at {} is beyond --steps {}", o.stop_at, o.steps);
-  if (o.stop_at > 0 && o.checkpoint_dir.empty() && o.save.empty())
-    fail_usage("--stop-at needs --checkpoint-dir or --save, or the run is lost");
-  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
-    fail_usage("--checkpoint-every needs --checkpoint-dir");
-  // Outputs, checked here on every rank so that a run that cannot write them ends before it starts
-  // (exit 2 everywhere), creating nothing: the run creates --checkpoint-dir, and rank 0 opens
-  // --metrics, only after validation.
-  if (!o.checkpoint_dir.empty()) check_output_dir("--checkpoint-dir", o.checkpoint_dir);
-  if (!o.save.empty()) check_output_file("--save", o.save);
-  if (o.metrics != "-") {
-    check_output_file("--metrics", o.metrics);
-    std::error_code ec;
-    if (fs::is_regular_file(o.metrics, ec) && fs::file_size(o.metrics, ec) > 0 && !o.metrics_append &&
-        resume_from(o).empty())
-      fail_usage("--metrics {}: the file exists (another run's metrics?); --metrics-append adds to it, or remove it",
-                 o.metrics);
-  }
-  if (o.auto_resume && o.checkpoint_dir.empty()) fail_usage("--auto-resume needs --checkpoint-dir");
-  if (const std::string resume = resume_from(o); !resume.empty()) {
-    ckpt::Reader r(checkpoint_path(resume));
-    const int64_t stop = last_step(o);
-    if (r.metadata().step > stop)
-      fail_usage("--resume {} is at step {}, beyond {} {}; raise it to train further", resume, r.metadata().step,
-                 o.stop_at > 0 ? "--stop-at" : "--steps", stop);
-    // Options given again that the checkpoint's state cannot follow (its tensors would not fit).
-    for (const Options::Change& c : o.resume_changes)
-      if (std::find(std::begin(kStateOptions), std::end(kStateOptions), c.option) != std::end(kStateOptions))
-        fail_usage("{} {} differs from the checkpoint's {} ({}): the optimizer and compressor state it holds cannot "
-                   "follow; leave {} out to resume, or start a new run from its weights with --init-from",
-                   c.option, c.value, c.checkpoint_value, resume, c.option);
-  }
-  return o;
-}
-
-int64_t last_step(const Options& o) { return o.stop_at > 0 ? o.stop_at : o.steps; }
-
-std::string resume_from(const Options& o) {
-  if (!o.resume.empty() || !o.auto_resume || o.checkpoint_dir.empty()) return o.resume;
-  if (!fs::is_directory(o.checkpoint_dir) || !ckpt::Directory(o.checkpoint_dir, 1).latest()) return "";
-  return o.checkpoint_dir;
-}
-
-nlohmann::json resumed_run_options(const Options& o) {
-  const std::string from = resume_from(o);
-  if (from.empty()) return nullptr;
-  const nlohmann::json extra = ckpt::Reader(checkpoint_path(from)).metadata().extra;
-  return extra.is_object() ? extra.value("run_options", nlohmann::json()) : nlohmann::json();
-}
-
-optim::ShampooConfig shampoo_config(const Options& o) {
-  optim::ShampooConfig base = o.shampoo;
-  base.beta1 = o.beta1;
-  base.beta2 = o.beta2;
-  base.weight_decay = o.weight_decay;
-  base.nesterov = o.nesterov;
-  base.momentum = o.momentum.value_or(o.nesterov ? 0.9 : 0.0);
-  return base;
-}
 
 // ------------------------------------------------------------------------------------ the loop
 
@@ -259,16 +42,9 @@ class Trainer {
     rank_ = comm_->rank();
     world_ = comm_->size();
 
-    model_ = nn::make_model(cfg_, device_, DType::f32, s.sharded ? nn::Storage::external : nn::Storage::flat);
+    model_ = nn::make_model(cfg_, device_, DType::f32, s.storage);
     model_->set_activation_checkpointing(o.activation_checkpointing);
-    if (s.sharded) {
-      par_ = s.sharded(*model_, *comm_, *host_);
-    } else if (s.compressor) {
-      compressor_ = s.compressor(*comm_, model_->params(), o.bucket_bytes);
-      par_ = std::make_unique<parallel::GradSync>(*model_, *comm_, *compressor_);
-    } else {
-      par_ = std::make_unique<parallel::GradSync>(*model_, *comm_, o.bucket_bytes);
-    }
+    par_ = s.parallelism(*model_, *comm_, *host_);
     model_->set_hooks(par_.get());
     if (o.sync_batchnorm) model_->set_batchnorm_sync([this](Tensor& sums, double& count) {
       comm_->all_reduce(comm::buffer_of(sums), comm::buffer_of(sums), comm::ReduceOp::sum, comm::Mode::sync);
@@ -289,17 +65,17 @@ class Trainer {
     if (val_) val_sampler_ = std::make_unique<data::Sampler>(val_->size(), o.global_batch, o.seed + 1);
     std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
 
-    optim_ = make_optimizer();
+    optim_ = s.optimizer(*par_);
     schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio, o.decay_steps, o.decay_factor};
 
     {  // optimizer state held by this rank; the metrics report the largest over ranks
       double bytes = 0;
-      for (auto& [name, t] : optim_->state()) bytes += static_cast<double>(t.bytes());
+      for (const PlacedTensor& t : optim_->state()) bytes += static_cast<double>(t.value.bytes());
       host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
       optim_state_bytes_ = static_cast<int64_t>(bytes);
     }
     if (const std::string from = resume_from(o); !from.empty()) resume(checkpoint_path(from));
-    else if (!o.init_from.empty()) init_from(checkpoint_path(o.init_from));
+    else if (!o.init_from.empty()) run_state().init_from(checkpoint_path(o.init_from));
     par_->loaded();
     sync_buffers();
     if (!o.checkpoint_dir.empty()) {
@@ -356,7 +132,7 @@ class Trainer {
       if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
         const fs::path p = dir_->entry(step + 1, sharded());
         save(p, step + 1);
-        agreed(rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
+        agreed(*host_, rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
         written(p);
       }
       if (stopping) {
@@ -456,32 +232,6 @@ class Trainer {
     }
   }
 
-  // The optimizer over what this rank holds; Shampoo splits its blocks over the ranks that hold
-  // the same parameters (collective over them).
-  std::unique_ptr<optim::Optimizer> make_optimizer() {
-    if (o_.optimizer == optim::Kind::shampoo) return optim::make_shampoo(shampoo_config(o_), par_->params(), par_->optimizer_comm());
-    optim::OptimConfig oc;
-    oc.name = o_.optimizer;
-    if (o_.momentum) oc.momentum = *o_.momentum;
-    oc.nesterov = o_.nesterov;
-    oc.beta1 = o_.beta1;
-    oc.beta2 = o_.beta2;
-    oc.eps = o_.eps;
-    oc.weight_decay = o_.weight_decay;
-    return optim::make_optimizer(oc, par_->params());
-  }
-
-  // ---- checkpoints
-  // The model's entries: the parameters whole (replicated) or this rank's rows (sharded), then
-  // the buffers (batch norm's running statistics), whole: rank 0's (sync_buffers).
-  std::vector<ckpt::StateEntry> model_entries() {
-    std::vector<ckpt::StateEntry> e;
-    auto& ps = par_->params();
-    for (size_t i = 0; i < ps.size(); ++i) e.push_back(entry("model/" + ps[i].name, ps[i].value, par_->rows(i)));
-    for (nn::NamedTensor& b : model_->buffers()) e.push_back({"model/" + b.name, b.value, ckpt::kReplicated});
-    return e;
-  }
-
   // Rank 0's buffers on every rank, as DDP broadcasts them (broadcast_buffers): with per-rank
   // batch statistics each rank's running statistics follow its own batches, and rank 0's are the
   // model's. Before every evaluation and checkpoint; training forwards use batch statistics.
@@ -490,136 +240,18 @@ class Trainer {
       comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync);
   }
 
-  std::vector<ckpt::StateEntry> state_entries() {
-    std::vector<ckpt::StateEntry> e = model_entries();
-    // Optimizer state named "<kind>/<parameter>" of the parameter's shape is sharded like it.
-    // On shards, the rest that is not replicated is this rank's own (Shampoo's blocks, cut from
-    // its shard: their shapes depend on the shard count).
-    std::map<std::string, size_t> index;
-    for (size_t i = 0; i < par_->params().size(); ++i) index[par_->params()[i].name] = i;
-    for (auto& [name, t] : optim_->state()) {
-      const size_t slash = name.find('/');
-      const auto it = slash == std::string::npos ? index.end() : index.find(name.substr(slash + 1));
-      const bool like_param = it != index.end() && t.shape() == par_->params()[it->second].value.shape();
-      const int owner = optim_->owner(name);
-      if (like_param && par_->rows(it->second)) e.push_back(entry("optim/" + name, t, par_->rows(it->second)));
-      else if (sharded() && owner != ckpt::kReplicated) e.push_back({"optim/" + name, t, ckpt::kPerRank});
-      else e.push_back({"optim/" + name, t, owner});
-      e.back().symmetric = optim_->symmetric(name);
-    }
-    if (compressor_)
-      for (auto& [name, t] : compressor_->state())
-        e.push_back({"compress/" + name, t, compressor_->per_rank(name) ? ckpt::kPerRank : ckpt::kReplicated});
-    return e;
-  }
-
-  static ckpt::StateEntry entry(const std::string& name, const Tensor& t, const parallel::Rows* rows) {
-    if (!rows) return {name, t, ckpt::kReplicated};
-    return {name, t, ckpt::kSharded, rows->shape, rows->offsets, rows->lengths};
-  }
-
+  // ---- checkpoints (run_state.h)
+  RunState run_state() { return {o_, s_, cfg_, *par_, optim_, *host_}; }
   bool sharded() const { return par_->rows(0) != nullptr; }
-  // The rank and world size that checkpoint entries are indexed by: the shard group's when sharded.
-  std::pair<int, int> state_rank() const {
-    if (const parallel::Rows* r = par_->rows(0)) return {r->rank, static_cast<int>(r->offsets.size())};
-    return {rank_, world_};
-  }
-
-  // Returns false when per-rank state could not be restored (ckpt::load_state).
-  bool load(const ckpt::Reader& r, std::vector<ckpt::StateEntry>& entries) {
-    const auto [rank, size] = state_rank();
-    return ckpt::load_state(r, entries, rank, size);
-  }
 
   void save(const fs::path& path, int64_t step) {
-    ckpt::Metadata m;
-    m.program = s_.program;
-    m.program_version = DTK_VERSION;
-    m.step = step;
-    m.world_size = world_;
-    m.model_config = cfg_;
-    m.optim_config = optim_->config();
-    m.optim_config["schedule"] = schedule_;
-    m.optim_config["clip"] = o_.clip;
-    m.data_position = {{"step", step}, {"global_batch", o_.global_batch}, {"seed", o_.seed},
-                       {"samples_seen", step * o_.global_batch}, {"data", o_.data}};
-    m.rng_state = {{"generator", "philox4x32-10"}, {"seed", o_.seed},
-                   {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
-    m.extra = {{"program_config", s_.config}};
-    if (compressor_) m.extra["compressor"] = nullptr;
-    m.extra["state_ranks"] = state_rank().second;  // whose per-rank state this is (ckpt::load_state)
-    m.extra["run_options"] = o_.run_options;        // what a resume keeps (cli::add_options)
     sync_buffers();
-    if (!sharded()) return ckpt::save_state(path, state_entries(), m, *host_);
-    // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
-    // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
-    const auto entries = state_entries();
-    comm::Communicator* c = par_->checkpoint_comm();
-    agreed(c != nullptr, [&] { ckpt::save_sharded_state(path, entries, m, *c); });
-  }
-
-  // Runs f where `mine`; a failure of f on any rank becomes the same AgreedError on every rank.
-  template <class F>
-  void agreed(bool mine, F&& f) {
-    std::string err;
-    if (mine) {
-      try {
-        f();
-      } catch (const std::exception& e) {
-        err = *e.what() ? e.what() : "a checkpoint write failed";
-      }
-    }
-    if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 1);
+    run_state().save(path, step, schedule_);
   }
 
   void resume(const fs::path& path) {
-    ckpt::Reader r(path);
-    const auto& meta = r.metadata();
-    auto entries = state_entries();
-    // Every rank loads its part; a checkpoint whose state does not fit this run (another
-    // program's, or other options') ends every rank with the same line (exit 2).
-    bool complete = true;
-    std::string err;
-    try {
-      complete = load(r, entries);
-    } catch (const std::exception& e) {
-      err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
-                        "or take its weights only with --init-from",
-                        e.what(), meta.program, meta.optim_config.value("name", std::string("?")),
-                        meta.extra.contains("compressor") ? " and a compressor" : "");
-    }
-    if (const std::string e = ckpt::agree(*host_, err); !e.empty()) throw AgreedError(e, 2);
-    if (rank_ == 0 && !o_.resume_changes.empty()) {
-      std::string list;
-      for (const Options::Change& c : o_.resume_changes)
-        list += fmt::format("{}{} {} (the checkpoint's: {})", list.empty() ? "" : ", ", c.option, c.value, c.checkpoint_value);
-      spdlog::warn("resuming with options that differ from the checkpoint's: {}", list);
-    } else if (rank_ == 0 && !meta.extra.contains("run_options")) {
-      spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
-                   path.string());
-    }
-    if (!complete) {
-      const int64_t before = meta.extra.value("state_ranks", meta.world_size);
-      if (sharded()) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
-        optim_ = make_optimizer();
-        spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
-                     "blocks) cannot be resharded and starts afresh",
-                     path.string(), before, state_rank().second);
-      } else {
-        spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
-                     path.string(), before, world_);
-      }
-    }
-    start_step_ = meta.step;
+    start_step_ = run_state().resume(path);
     resumed_ = true;
-    spdlog::info("resuming from {} at step {}", path.string(), start_step_);
-  }
-
-  void init_from(const fs::path& path) {
-    ckpt::Reader r(path);
-    auto e = model_entries();
-    load(r, e);
-    spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
   }
 
   void describe() {
@@ -647,7 +279,6 @@ class Trainer {
   int64_t begin_ = 0, end_ = 0;  // this rank's rows of every global batch
   std::unique_ptr<optim::Optimizer> optim_;
   optim::Schedule schedule_;
-  std::unique_ptr<compress::Compressor> compressor_;
   std::unique_ptr<parallel::Parallelism> par_;
   std::unique_ptr<ckpt::Directory> dir_;
   int64_t start_step_ = 0;

@@ -1,0 +1,49 @@
+// dtk — training state that declares its own placement over the ranks of a job.
+//
+// Every piece of training state (a parallelism's parameters and buffers, an optimizer's moments
+// or Shampoo's blocks, a compressor's error feedback) lists itself as placed tensors: a name, the
+// tensor as this rank holds it, and how it is spread over the ranks. Checkpoints (ckpt/state.h)
+// write and restore what they are given; nothing above this header maps names to placements.
+//   replicated  every rank that lists it holds the same value; rank 0's is written, every rank
+//               restores it by name (also a copy of owned state on a rank that does not write it)
+//   per_rank    every rank holds its own value (PowerSGD's error feedback, Shampoo's blocks cut
+//               from a shard): stored under ranks/<r>/<name>, restored only on as many ranks
+//   owned       one rank, `owner`, holds and writes it (Shampoo's blocks); stored by name, so a
+//               run on another world size reassigns it on load
+//   sharded     every rank of a shard group holds rows of dim 0 (`rows`): fsdp's parameters and
+//               the optimizer state shaped like them; read back by rows on any shard count
+// `symmetric` marks a [d, d] symmetric matrix (Shampoo's factors and roots), stored packed.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtk/core/tensor.h"
+
+namespace dtk {
+
+// How a sharded tensor's rows of dim 0 are split over the ranks of a shard group.
+struct Rows {
+  Shape shape;                            // the whole tensor's
+  std::vector<int64_t> offsets, lengths;  // per rank of the shard group
+  int rank = 0;                           // this rank's index in the shard group
+};
+
+enum class Placement { replicated, per_rank, owned, sharded };
+
+struct PlacedTensor {
+  std::string name;  // unique within its owner's state ("exp_avg/<param>", "error/<param>", "step")
+  Tensor value;      // as this rank holds it: restoring is copy_from into it
+  Placement placement = Placement::replicated;
+  int owner = -1;          // owned: the rank that writes it
+  bool symmetric = false;  // a symmetric [d, d] matrix (not sharded)
+  Rows rows{};             // sharded: value holds rows [rows.offsets[rows.rank], + rows.lengths[rows.rank])
+};
+
+// The same tensors with `prefix` before their names ("optim/", "compress/": their checkpoint group).
+inline std::vector<PlacedTensor> prefixed(const std::string& prefix, std::vector<PlacedTensor> state) {
+  for (PlacedTensor& t : state) t.name = prefix + t.name;
+  return state;
+}
+
+}  // namespace dtk

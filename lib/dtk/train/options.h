@@ -1,0 +1,99 @@
+// dtk::train — the options every *-train program shares, and their resolution: the model a run
+// trains (its preset, sizes, or the checkpoint's), checks that end a bad command line before any
+// work (UsageError naming the option), --epochs into steps, the checkpoint a run resumes, the
+// CPU threads of a rank. The training loop (trainer.h) only reads them.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtk/comm/comm.h"
+#include "dtk/data/augment.h"
+#include "dtk/nn/model.h"
+#include "dtk/optim/optimizer.h"
+
+namespace dtk::train {
+
+// The options every *-train program shares (add_options registers them).
+struct Options {
+  // model
+  std::string model = "llama-tiny";
+  std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len, input_dim, classes;
+  std::vector<int64_t> input_shape;  // resnet: C, H, W (default: the image file's, else the preset's)
+  bool sync_batchnorm = false;       // batch statistics over all ranks (SyncBatchNorm)
+  nn::Checkpointing activation_checkpointing = nn::Checkpointing::none;
+  // data
+  std::string data = "synthetic", val_data;
+  int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once
+  data::Augment augment = data::Augment::none;  // of the training images
+  // optimisation
+  int64_t steps = 300;
+  double epochs = 0;  // > 0: steps from passes over --data (validate resolves it)
+  int64_t stop_at = 0;  // stop after this step (a checkpoint is written), as if interrupted; 0: --steps
+  double lr = 3e-3;
+  optim::ScheduleKind schedule = optim::ScheduleKind::cosine;
+  int64_t warmup = 0;
+  double min_lr_ratio = 0.1;
+  std::vector<int64_t> decay_steps;  // --schedule step
+  std::vector<double> decay_epochs;  // ... given in epochs (validate resolves them into decay_steps)
+  double decay_factor = 0.1;
+  double clip = 1.0;  // 0: no clipping
+  optim::Kind optimizer = optim::Kind::adamw;
+  std::optional<double> momentum;  // unset: SGD 0.9, Shampoo none (0.9 with --nesterov)
+  double weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  bool nesterov = false;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  comm::Backend backend = comm::Backend::automatic;  // of the model's collectives (host values go by MPI)
+  int threads = 0;  // CPU threads of each rank; 0: OMP_NUM_THREADS, else the rank's share of the node's cores
+  size_t bucket_bytes = 25u << 20;
+  // evaluation, output, checkpoints
+  int64_t eval_every = 50, eval_batches = 4, log_every = 10;
+  std::string metrics = "-";
+  bool metrics_append = false;  // add to an existing --metrics file (else refused, or continued on resume)
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep = 3;
+  std::string save, resume, init_from;
+  bool auto_resume = false;  // resume from checkpoint_dir's latest when it has one
+  // The options that define the run (kept_on_resume) as given, {"--lr": ["3e-4"], ...}, the
+  // checkpoint's included when resuming: saved in checkpoints (cli::add_options fills it).
+  nlohmann::json run_options = nlohmann::json::object();
+  // Options given again on resume whose values differ from the checkpoint's.
+  struct Change {
+    std::string option, value, checkpoint_value;
+  };
+  std::vector<Change> resume_changes;
+};
+
+// Resuming: the options given when the checkpoint's run began (Options::run_options, saved in
+// its metadata), null when there is no checkpoint to resume or it predates the record. Reads
+// the checkpoint; throws as validate would on a bad one.
+nlohmann::json resumed_run_options(const Options& o);
+
+// Checks the options (UsageError naming the option) and returns the resolved model config.
+nn::ModelConfig resolve_model(const Options& o);
+// Checks the options (UsageError naming the option) and returns them resolved: --epochs into
+// steps and --decay-epochs into decay_steps (an epoch: the training data's samples /
+// --global-batch steps).
+Options validate(Options o, int world_size);
+
+// The step the run ends at: --stop-at, else --steps.
+int64_t last_step(const Options& o);
+// The checkpoint the run continues from: --resume, or with --auto-resume the checkpoint
+// directory when it holds a checkpoint; empty: a fresh start (or --init-from).
+std::string resume_from(const Options& o);
+
+// A checkpoint argument: a file, or a checkpoint directory (its latest entry); UsageError when
+// there is none.
+std::filesystem::path checkpoint_path(const std::string& arg);
+
+// This rank's CPU threads and why: --threads; OMP_NUM_THREADS; the CPUs the launcher bound the
+// rank to when fewer than the node's; else the node's cores shared equally among its ranks.
+std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtime& rt);
+
+}  // namespace dtk::train

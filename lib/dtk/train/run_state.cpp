@@ -1,0 +1,120 @@
+#include "dtk/train/run_state.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "dtk/ckpt/checkpoint.h"
+#include "dtk/ckpt/state.h"
+#include "dtk/core/error.h"
+
+namespace dtk::train {
+
+namespace {
+
+bool sharded(parallel::Parallelism& par) { return par.rows(0) != nullptr; }
+
+// Returns false when per-rank state could not be restored (ckpt::load_state).
+bool load(const ckpt::Reader& r, parallel::Parallelism& par, const std::vector<PlacedTensor>& state) {
+  const auto [rank, size] = par.state_rank();
+  return ckpt::load_state(r, state, rank, size);
+}
+
+}  // namespace
+
+void agreed(comm::Communicator& host, bool mine, const std::function<void()>& f) {
+  std::string err;
+  if (mine) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      err = *e.what() ? e.what() : "a checkpoint write failed";
+    }
+  }
+  if (const std::string e = ckpt::agree(host, err); !e.empty()) throw AgreedError(e, 1);
+}
+
+std::vector<PlacedTensor> RunState::placed(bool weights_only) const {
+  std::vector<PlacedTensor> s = par.state();
+  if (weights_only) return s;
+  for (PlacedTensor& t : prefixed("optim/", optim->state())) s.push_back(std::move(t));
+  for (PlacedTensor& t : par.sync_state()) s.push_back(std::move(t));
+  return s;
+}
+
+void RunState::save(const std::filesystem::path& path, int64_t step, const optim::Schedule& schedule) const {
+  const Options& o = options;
+  ckpt::Metadata m;
+  m.program = strategy.program;
+  m.program_version = DTK_VERSION;
+  m.step = step;
+  m.world_size = host.size();
+  m.model_config = model_config;
+  m.optim_config = optim->config();
+  m.optim_config["schedule"] = schedule;
+  m.optim_config["clip"] = o.clip;
+  m.data_position = {{"step", step}, {"global_batch", o.global_batch}, {"seed", o.seed},
+                     {"samples_seen", step * o.global_batch}, {"data", o.data}};
+  m.rng_state = {{"generator", "philox4x32-10"}, {"seed", o.seed},
+                 {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
+  m.extra = {{"program_config", strategy.config}};
+  for (const auto& [key, value] : strategy.extra.items()) m.extra[key] = value;
+  m.extra["state_ranks"] = par.state_rank().second;  // whose per-rank state this is (ckpt::load_state)
+  m.extra["run_options"] = o.run_options;            // what a resume keeps (cli::add_options)
+  if (!sharded(par)) return ckpt::save_state(path, placed(), m, host);
+  // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
+  // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
+  const auto s = placed();
+  comm::Communicator* c = par.checkpoint_comm();
+  agreed(host, c != nullptr, [&] { ckpt::save_sharded_state(path, s, m, *c); });
+}
+
+int64_t RunState::resume(const std::filesystem::path& path) const {
+  ckpt::Reader r(path);
+  const auto& meta = r.metadata();
+  const auto state = placed();
+  // Every rank loads its part; a checkpoint whose state does not fit this run (another
+  // program's, or other options') ends every rank with the same line (exit 2).
+  bool complete = true;
+  std::string err;
+  try {
+    complete = load(r, par, state);
+  } catch (const std::exception& e) {
+    err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
+                      "or take its weights only with --init-from",
+                      e.what(), meta.program, meta.optim_config.value("name", std::string("?")),
+                      meta.extra.contains("compressor") ? " and a compressor" : "");
+  }
+  if (const std::string e = ckpt::agree(host, err); !e.empty()) throw AgreedError(e, 2);
+  const bool first = host.rank() == 0;
+  if (first && !options.resume_changes.empty()) {
+    std::string list;
+    for (const Options::Change& c : options.resume_changes)
+      list += fmt::format("{}{} {} (the checkpoint's: {})", list.empty() ? "" : ", ", c.option, c.value, c.checkpoint_value);
+    spdlog::warn("resuming with options that differ from the checkpoint's: {}", list);
+  } else if (first && !meta.extra.contains("run_options")) {
+    spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
+                 path.string());
+  }
+  if (!complete) {
+    const int64_t before = meta.extra.value("state_ranks", meta.world_size);
+    if (sharded(par)) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
+      optim = strategy.optimizer(par);
+      spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
+                   "blocks) cannot be resharded and starts afresh",
+                   path.string(), before, par.state_rank().second);
+    } else {
+      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
+                   path.string(), before, host.size());
+    }
+  }
+  spdlog::info("resuming from {} at step {}", path.string(), meta.step);
+  return meta.step;
+}
+
+void RunState::init_from(const std::filesystem::path& path) const {
+  ckpt::Reader r(path);
+  load(r, par, placed(true));
+  spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
+}
+
+}  // namespace dtk::train

@@ -1,0 +1,55 @@
+#include "dtk/train/strategy.h"
+
+#include "dtk/core/error.h"
+#include "dtk/optim/shampoo.h"
+#include "dtk/parallel/data_parallel.h"
+
+namespace dtk::train {
+
+optim::ShampooConfig shampoo_config(const Options& o, const optim::ShampooConfig& shampoo) {
+  optim::ShampooConfig c = shampoo;
+  c.beta1 = o.beta1;
+  c.beta2 = o.beta2;
+  c.weight_decay = o.weight_decay;
+  c.nesterov = o.nesterov;
+  c.momentum = o.momentum.value_or(o.nesterov ? 0.9 : 0.0);
+  return c;
+}
+
+Strategy strategy(std::string program, const Options& o, int world_size, const optim::ShampooConfig& shampoo) {
+  Strategy s;
+  s.program = std::move(program);
+  const size_t bucket_bytes = o.bucket_bytes;
+  s.parallelism = [bucket_bytes](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
+    return std::make_unique<parallel::GradSync>(model, world, bucket_bytes);
+  };
+  if (o.optimizer == optim::Kind::shampoo) {
+    const optim::ShampooConfig c = shampoo_config(o, shampoo);
+    c.validate();
+    if (c.trainers_per_group > 0 && world_size % c.trainers_per_group != 0)
+      fail_usage("--trainers-per-group {} does not divide the {} ranks", c.trainers_per_group, world_size);
+    s.optimizer_config = c;
+    // Shampoo splits its blocks over the ranks that hold the same parameters (collective over them).
+    s.optimizer = [c](parallel::Parallelism& p) {
+      return optim::make_shampoo(c, p.params(), p.optimizer_comm(), p.param_rows());
+    };
+    return s;
+  }
+  optim::OptimConfig oc;
+  oc.name = o.optimizer;
+  if (o.momentum) oc.momentum = *o.momentum;
+  oc.nesterov = o.nesterov;
+  oc.beta1 = o.beta1;
+  oc.beta2 = o.beta2;
+  oc.eps = o.eps;
+  oc.weight_decay = o.weight_decay;
+  s.optimizer_config = oc;
+  s.optimizer = [oc](parallel::Parallelism& p) { return optim::make_optimizer(oc, p.params(), p.param_rows()); };
+  return s;
+}
+
+Strategy strategy(std::string program, const Options& o, int world_size) {
+  return strategy(std::move(program), o, world_size, optim::ShampooConfig{});
+}
+
+}  // namespace dtk::train

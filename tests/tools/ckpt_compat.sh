@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Older checkpoints keep loading (issue 30: state declares its own placement). The checkpoints in
+# tests/data/ckpt-f8dadf6 were written by the programs of commit f8dadf6, before the change, on 2
+# ranks at step 4 of 8 (their make.sh): PowerSGD's per-rank error feedback with AdamW, Shampoo's
+# owned and packed blocks, and fsdp-train's sharded states with AdamW and with Shampoo (per-rank
+# blocks). Today's programs resume each of them on 2 ranks with no warning (every piece of state,
+# per-rank ones included, found where it is declared, with its shape and dtype), train 2 steps
+# and write a checkpoint with the same tensors (names, shapes, dtypes) as the old one.
+#   ckpt_compat.sh MPIEXEC BIN_DIR FIXTURES   (BIN_DIR/<program>/<program>)
+set -u
+mpiexec=$1 bin=$(realpath "$2") fixtures=$(realpath "$3")
+. "$(dirname "$0")/train_lib.sh"
+# The datasets of an HDF5 file: name, shape, type (h5ls), without the attributes' values.
+layout() { h5ls -r "$1" | sed 's/, *\(H5S_UNLIMITED\|[0-9]*\)\/[0-9A-Z_]*//g' | sort; }
+# A checkpoint's files: one, or a sharded state's index and rank files.
+files() { if [ -d "$1" ]; then (cd "$1" && ls *.h5); else echo .; fi; }
+same_layout() {
+  local old=$1 new=$2 f
+  for f in $(files "$old"); do
+    [ "$f" = . ] && f= || f=/$f
+    [ "$(layout "$old$f")" = "$(layout "$new$f")" ] || { diff <(layout "$old$f") <(layout "$new$f") | head; return 1; }
+  done
+}
+
+for c in psgd-train:psgd.h5 shampoo-train:shampoo.h5 fsdp-train:fsdp fsdp-train:fsdp-shampoo; do
+  prog=${c%%:*} ck=$fixtures/${c#*:}
+  name=$(basename "$ck")
+  run $mpiexec -n 2 "$bin/$prog/$prog" --resume "$ck" --stop-at 6 --threads 1 --log-level warn \
+    --checkpoint-dir "$name.out" --metrics "$name.jsonl"
+  if [ $rc = 0 ] && [ ! -s "$tmp/e" ] && [ "$(jq -c .step "$name.jsonl" | tr '\n' ' ')" = "5 6 " ]; then
+    ok "$prog resumes $name (f8dadf6) with all its state, no warning"
+  else
+    bad "$prog --resume $name (exit $rc)" "$(cat "$tmp/e")"
+    continue
+  fi
+  new=$(ls -d "$name.out"/step-00000006*)
+  if d=$(same_layout "$ck" "$new"); then ok "$prog: its checkpoint at step 6 holds the tensors $name does"
+  else bad "$prog: the tensors of $name and of today's checkpoint differ" "$d"; fi
+done
+finish
