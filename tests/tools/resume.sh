@@ -101,4 +101,10 @@ run $psgd $job --resume ep.h5 --steps 12 --metrics ep.jsonl
 # Another program's checkpoint: the program that wrote it, and what to do.
 expect2 "shampoo-train --resume of psgd-train's checkpoint" "it was written by psgd-train with --optimizer adamw" \
   $shampoo $job --resume cfg.h5 --metrics /dev/null
+# Without --model, --init-from and --resume take the checkpoint's model, whatever it is (the
+# default llama-tiny applies only without a checkpoint).
+run $psgd --model mlp-small --global-batch 8 --eval-every 0 --log-level warn --steps 2 --save mlp.h5 --metrics /dev/null
+[ $rc = 0 ] && run $psgd --global-batch 8 --eval-every 0 --log-level warn --steps 2 --init-from mlp.h5 --metrics /dev/null
+[ $rc = 0 ] && run $psgd --global-batch 8 --eval-every 0 --log-level warn --steps 3 --resume mlp.h5 --metrics /dev/null
+[ $rc = 0 ] && ok "--init-from and --resume of an mlp-small checkpoint without --model" || bad "init-from mlp without --model" "$(cat $tmp/e)"
 finish

@@ -5,7 +5,8 @@
 #include <climits>
 #include <cmath>
 
-#include "dtk/compress/common.h"
+#include "dtk/compress/internal.h"
+#include "dtk/core/streams.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -124,12 +125,12 @@ class TopK final : public Sparse {
 class RandomK final : public Sparse {
  public:
   RandomK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
-      : Sparse(cfg, comm, params, bucket_bytes), key_(stream_key(cfg.seed, kDomainRandomK)) {}
+      : Sparse(cfg, comm, params, bucket_bytes), key_(streams::compressor_key(cfg.seed, streams::kRandomK)) {}
 
   // The coordinates of tensor i at a step: randomk_indices under the step's key, at the
   // tensor's offset in the flat gradient (tensor i draws counters [offset_i, offset_i + k_i)).
   Tensor indices(size_t i, int64_t step) const {
-    return ops::randomk_indices(layout_[i].numel, k_[i], stream_key(key_, static_cast<uint64_t>(step)),
+    return ops::randomk_indices(layout_[i].numel, k_[i], streams::compressor_key(key_, static_cast<uint64_t>(step)),
                                 static_cast<uint64_t>(layout_[i].offset), device_);
   }
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "dtk/compress/common.h"
+#include "dtk/compress/internal.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -35,14 +35,6 @@ std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicato
 }
 
 namespace detail {
-
-uint64_t stream_key(uint64_t seed, uint64_t domain) {
-  // splitmix64 of the seed mixed with the domain: well-spread keys for nearby seeds.
-  uint64_t z = seed ^ (domain * 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 void copy(Tensor& dst, const Tensor& src) { dst.copy_from_async(src, cuda::current_stream()); }
 

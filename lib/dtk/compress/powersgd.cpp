@@ -18,7 +18,8 @@
 #include <map>
 #include <tuple>
 
-#include "dtk/compress/common.h"
+#include "dtk/compress/internal.h"
+#include "dtk/core/streams.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -61,8 +62,8 @@ class PowerSGD final : public Base {
  public:
   PowerSGD(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes)
       : Base(cfg, comm, params, bucket_bytes),
-        q_key_(stream_key(cfg.seed, kDomainQ)),
-        guard_key_(stream_key(cfg.seed, kDomainQGuard)) {
+        q_key_(streams::compressor_key(cfg.seed, streams::kQ)),
+        guard_key_(streams::compressor_key(cfg.seed, streams::kQGuard)) {
     slots_.resize(layout_.size());
     std::vector<int64_t> rank_of(layout_.size(), 0);  // the approximation's rank, 0: uncompressed
     int64_t q_param = 0;

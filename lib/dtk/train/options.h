@@ -21,7 +21,7 @@ namespace dtk::train {
 // The options every *-train program shares (add_options registers them).
 struct Options {
   // model
-  std::string model = "llama-tiny";
+  std::string model;  // a preset; empty: llama-tiny, or the checkpoint's model with --resume/--init-from
   std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len, input_dim, classes;
   std::vector<int64_t> input_shape;  // resnet: C, H, W (default: the image file's, else the preset's)
   bool sync_batchnorm = false;       // batch statistics over all ranks (SyncBatchNorm)

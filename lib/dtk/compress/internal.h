@@ -12,12 +12,8 @@
 
 namespace dtk::compress::detail {
 
-// Philox keys of the shared random streams, derived from Config::seed so that they differ from
-// every other stream drawn from the same seed (model initialisation, data order).
-uint64_t stream_key(uint64_t seed, uint64_t domain);
-inline constexpr uint64_t kDomainQ = 0x5053474451494e49ull;       // Q initialisation and redraws
-inline constexpr uint64_t kDomainQGuard = 0x505347445a45524full;  // Q columns redrawn after a zero
-inline constexpr uint64_t kDomainRandomK = 0x52414e444f4d4bull;   // randomk coordinates
+// The Philox keys of the shared random streams: streams::compressor_key of Config::seed
+// (core/streams.h), apart from every other stream drawn from the same seed.
 
 // The same on the host and the device: a stream-ordered copy (synchronous between host tensors).
 void copy(Tensor& dst, const Tensor& src);
