@@ -8,7 +8,8 @@
 # Usage: layering.sh CXX SOURCE_DIR BUILD_DIR
 set -uo pipefail
 cxx=$1 src=$2 build=$3
-modules=(core ops comm nn data optim compress parallel ckpt train cli)
+mapfile -t modules <"$build/modules/order.txt"  # kDtkModules, as CMake wrote it
+[ ${#modules[@]} -ge 10 ] || { echo "FAIL: $build/modules/order.txt lists ${#modules[@]} modules"; exit 1; }
 fails=0 checks=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 

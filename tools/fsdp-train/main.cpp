@@ -3,7 +3,7 @@
 
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
-#include "dtk/cli/train_options.h"
+#include "dtk/train/command_line.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/fsdp.h"
 #include "dtk/train/trainer.h"
@@ -28,15 +28,15 @@ cli::Program program(Args& a) {
       "default) before it computes and its gradients reduce-scattered after its backward, bucketed and reordered so "
       "that communication hides behind compute.";
   p.footer =
-      cli::metrics_help(train::MetricSource::sharded) +
-      "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + train::kExitStoppedHelp + ".\n"
+      train::metrics_help(train::MetricSource::sharded) +
+      "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 fsdp-train --model llama-small --buckets auto --activation-checkpointing --steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::Options& o = a.train;
     parallel::FsdpConfig& c = a.fsdp;
-    cli::add_options(app, o);
+    train::add_options(app, o);
     app.remove_option(app.get_option("--bucket-size"));  // the replicated all-reduce's; FSDP buckets by --buckets
-    cli::add_shampoo_options(app, a.shampoo, false);
+    train::add_shampoo_options(app, a.shampoo, false);
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
                   {DType::bf16, DType::f32})->group("Precision");

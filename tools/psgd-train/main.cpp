@@ -1,7 +1,7 @@
 // psgd-train: data-parallel training with PowerSGD gradient compression (see man psgd-train).
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
-#include "dtk/cli/train_options.h"
+#include "dtk/train/command_line.h"
 #include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/data_parallel.h"
@@ -23,13 +23,13 @@ cli::Program program(Args& a) {
       "Data-parallel training with PowerSGD gradient compression (Vogels et al., 2019): rank-r power iteration "
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "
       "aggregation as baselines.";
-  p.footer = cli::metrics_help(train::MetricSource::compression) +
-             "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + train::kExitStoppedHelp +
+  p.footer = train::metrics_help(train::MetricSource::compression) +
+             "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp +
              ".\n"
              "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 "
              "--steps 300";
   p.add_options = [&a](CLI::App& app) {
-    cli::add_options(app, a.train);
+    train::add_options(app, a.train);
     compress::Config& c = a.compressor;
     const char* g = "Compression";
     cli::add_enum(app, "--compressor", c.kind, "gradient aggregation (none: bucketed all-reduce)")->group(g);

@@ -1,6 +1,6 @@
 // shampoo-train: data-parallel training with Distributed Shampoo (see man shampoo-train).
 #include "dtk/cli/cli.h"
-#include "dtk/cli/train_options.h"
+#include "dtk/train/command_line.h"
 #include "dtk/core/error.h"
 #include "dtk/optim/shampoo.h"
 #include "dtk/train/trainer.h"
@@ -22,14 +22,14 @@ cli::Program program(Args& a) {
       "blocks, and one all-gather per step shares the directions. AdamW and SGD run in the same loop for "
       "comparison.";
   p.footer =
-      cli::metrics_help(train::MetricSource::loop) +
+      train::metrics_help(train::MetricSource::loop) +
       "Exit status: 0 done, 1 a failure while training (a factor with NaN, four failed roots in a row), 2 bad usage "
-      "or bad input, " + train::kExitStoppedHelp + ".\n"
+      "or bad input, " + cli::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 shampoo-train --model llama-tiny --optimizer shampoo --precondition-frequency 20 "
       "--steps 300";
   p.add_options = [&a](CLI::App& app) {
-    cli::add_options(app, a.train);
-    cli::add_shampoo_options(app, a.shampoo, true);
+    train::add_options(app, a.train);
+    train::add_shampoo_options(app, a.shampoo, true);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     train::Options o = train::validate(a.train, rt.size());

@@ -22,9 +22,16 @@
 
 namespace dtk::cli {
 
+// The exit codes of every dtk program, the same on every rank.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;
-inline constexpr int kExitUsage = 2;
+inline constexpr int kExitFailure = 1;  // a failure while running
+inline constexpr int kExitUsage = 2;    // bad usage or bad input, found before anything is written
+// A *-train run stopped early by a signal (train/stop.h) after its step: with --checkpoint-dir
+// or --save its checkpoint is written and --resume continues it.
+inline constexpr int kExitStopped = 3;
+inline const std::string kExitStoppedHelp =
+    "3 stopped by SIGTERM, SIGINT or SIGUSR1 after the step in progress, its checkpoint written (--resume or "
+    "--auto-resume continues)";
 
 using Work = std::function<int(comm::Runtime&)>;
 

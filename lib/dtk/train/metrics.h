@@ -15,7 +15,7 @@ namespace dtk::train {
 enum class MetricSource { loop, compression, sharded };
 
 // The schema of the metrics lines, in the order a line has them: every key once. The --help
-// footers (cli::metrics_help) are made from it; tests/repo/metrics_keys.sh checks that runs
+// footers (train::metrics_help) are made from it; tests/repo/metrics_keys.sh checks that runs
 // write exactly these keys and that the man pages list them.
 struct MetricKey {
   std::string_view name;

@@ -61,7 +61,7 @@ struct Options {
   std::string save, resume, init_from;
   bool auto_resume = false;  // resume from checkpoint_dir's latest when it has one
   // The options that define the run (kept_on_resume) as given, {"--lr": ["3e-4"], ...}, the
-  // checkpoint's included when resuming: saved in checkpoints (cli::add_options fills it).
+  // checkpoint's included when resuming: saved in checkpoints (train::add_options fills it).
   nlohmann::json run_options = nlohmann::json::object();
   // Options given again on resume whose values differ from the checkpoint's.
   struct Change {

@@ -59,7 +59,7 @@ void RunState::save(const std::filesystem::path& path, int64_t step, const optim
   m.extra = {{"program_config", strategy.config}};
   for (const auto& [key, value] : strategy.extra.items()) m.extra[key] = value;
   m.extra["state_ranks"] = par.state_rank().second;  // whose per-rank state this is (ckpt::load_state)
-  m.extra["run_options"] = o.run_options;            // what a resume keeps (cli::add_options)
+  m.extra["run_options"] = o.run_options;            // what a resume keeps (train::add_options)
   if (!sharded(par)) return ckpt::save_state(path, placed(), m, host);
   // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
   // hold the same shards and learn the outcome: every rank ends with the same AgreedError.

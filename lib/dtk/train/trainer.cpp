@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "dtk/ckpt/checkpoint.h"
+#include "dtk/cli/cli.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
@@ -152,7 +153,7 @@ class Trainer {
       spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", end, stop);
     else
       spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)", end, stop);
-    return kExitStopped;
+    return cli::kExitStopped;
   }
 
  private:

@@ -20,14 +20,7 @@
 
 namespace dtk::train {
 
-// The exit code of a run stopped early by a signal (train/stop.h), on every rank; with
-// --checkpoint-dir or --save its checkpoint is written and --resume continues it.
-inline constexpr int kExitStopped = 3;
-inline const std::string kExitStoppedHelp =
-    "3 stopped by SIGTERM, SIGINT or SIGUSR1 after the step in progress, its checkpoint written (--resume or "
-    "--auto-resume continues)";
-
-// Runs the whole training; returns the exit code: 0, or kExitStopped. Resuming a run that is
+// Runs the whole training; returns the exit code: 0, or cli::kExitStopped. Resuming a run that is
 // already at its last step returns 0 at once (a resubmitted job that had finished).
 int run(const Options& o, const Strategy& s, comm::Runtime& rt);
 

@@ -8,17 +8,17 @@
 #include "dtk/train/metrics.h"
 #include "dtk/train/options.h"
 
-namespace dtk::cli {
+namespace dtk::train {
 
 // The --help footer's line of metrics (train/metrics.h's schema): the loop's own and those of
 // `added`, the program's placement or compressor.
-std::string metrics_help(train::MetricSource added);
+std::string metrics_help(MetricSource added);
 
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
-void add_options(CLI::App& app, train::Options& o);
+void add_options(CLI::App& app, Options& o);
 // Registers Shampoo's options (group "Shampoo") into c (train::strategy applies the common options
 // on top); `distribution` adds the ones that split its work over replicated ranks
 // (--trainers-per-group, --direction-dtype).
 void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distribution);
 
-}  // namespace dtk::cli
+}  // namespace dtk::train

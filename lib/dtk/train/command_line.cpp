@@ -1,4 +1,4 @@
-#include "dtk/cli/train_options.h"
+#include "dtk/train/command_line.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,7 +7,9 @@
 #include "dtk/nn/model.h"
 #include "dtk/train/metrics.h"
 
-namespace dtk::cli {
+namespace dtk::train {
+
+using namespace cli;  // the option helpers: add_enum, add_size, one_of, at_least ...
 namespace {
 
 // The options that define a run, which a resumed run keeps from its checkpoint unless they are
@@ -269,4 +271,4 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distributi
            {DType::f32, DType::bf16})->group(g);
 }
 
-}  // namespace dtk::cli
+}  // namespace dtk::train
