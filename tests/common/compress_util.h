@@ -34,6 +34,19 @@ inline compress::Config psgd(int rank = 2, int64_t start_iter = 0) {
   return c;
 }
 
+// One configuration of each kind (PowerSGD at rank 2 after one plain step, the sparse kinds at
+// ratio 0.1).
+inline std::vector<compress::Config> one_of_each_kind() {
+  std::vector<compress::Config> cfgs;
+  for (compress::Kind kind : enum_values<compress::Kind>()) {
+    compress::Config c = psgd(2, 1);
+    c.kind = kind;
+    c.ratio = 0.1;
+    cfgs.push_back(c);
+  }
+  return cfgs;
+}
+
 struct Grads {
   Tensor flat;  // f32 [total] (contiguous layout)
   std::vector<nn::Param> params;

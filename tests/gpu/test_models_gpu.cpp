@@ -148,13 +148,7 @@ TEST(Compress, CudaMatchesCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
   const std::vector<std::pair<std::string, Shape>> shapes = {
       {"w", {64, 48}}, {"v", {64, 48}}, {"b", {48}}, {"u", {40, 96}}, {"s", {4, 4}}};
-  std::vector<Config> cfgs;
-  for (const char* kind : {"none", "powersgd", "topk", "randomk", "signum"}) {
-    Config c = psgd(2, 1);
-    c.kind = parse_enum<compress::Kind>(kind, "kind");
-    c.ratio = 0.1;
-    cfgs.push_back(c);
-  }
+  std::vector<Config> cfgs = one_of_each_kind();
   Config c = psgd(5, 0);
   c.comm_dtype = DType::bf16;
   c.error_mode = compress::ErrorMode::full;

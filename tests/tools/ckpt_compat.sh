@@ -9,7 +9,7 @@
 #   ckpt_compat.sh MPIEXEC BIN_DIR FIXTURES   (BIN_DIR/<program>/<program>)
 set -u
 mpiexec=$1 bin=$(realpath "$2") fixtures=$(realpath "$3")
-. "$(dirname "$0")/train_lib.sh"
+. "$(dirname "$0")/../common/train_lib.sh"
 # The datasets of an HDF5 file: name, shape, type (h5ls), without the attributes' values.
 layout() { h5ls -r "$1" | sed 's/, *\(H5S_UNLIMITED\|[0-9]*\)\/[0-9A-Z_]*//g' | sort; }
 # A checkpoint's files: one, or a sharded state's index and rank files.

@@ -395,13 +395,7 @@ TEST(Compress, Bf16Wire) {
 
 // Restoring state() into a fresh compressor continues bit-identically.
 TEST(Compress, StateRoundTrip) {
-  std::vector<Config> cfgs;
-  for (const char* kind : {"none", "powersgd", "topk", "randomk", "signum"}) {
-    Config c = psgd(2, 1);
-    c.kind = parse_enum<compress::Kind>(kind, "kind");
-    c.ratio = 0.1;
-    cfgs.push_back(c);
-  }
+  std::vector<Config> cfgs = one_of_each_kind();
   Config c = psgd(3, 1);
   c.error_mode = compress::ErrorMode::full;
   c.comm_dtype = DType::bf16;

@@ -1160,3 +1160,58 @@ TEST(NnConfig, ValidateRejectsInconsistentConfigs) {
 
 }  // namespace
 }  // namespace dtk::nn
+
+namespace dtk::nn {
+namespace {
+
+// The sizes a user gives, applied by each architecture's rules (the programs' --dim, --layers...).
+TEST(NnConfig, SizesGivenFollowTheArchitecture) {
+  SizeOptions s;
+  s.dim = 64, s.layers = 3, s.seq_len = 32;
+  ModelConfig c = with_sizes(preset("llama-tiny"), s);
+  EXPECT_EQ(c.dim, 64);
+  EXPECT_EQ(c.n_layers, 3);
+  EXPECT_EQ(c.seq_len, 32);
+  // mlp: --dim and --layers make the hidden layers.
+  SizeOptions m;
+  m.dim = 32, m.layers = 2, m.input_dim = 10;
+  c = with_sizes(preset("mlp-small"), m);
+  EXPECT_EQ(c.hidden, (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(c.input_dim, 10);
+  // resnet: only --input-shape and --classes.
+  SizeOptions r;
+  r.input_shape = {3, 16, 16}, r.classes = 5;
+  c = with_sizes(preset("resnet-8"), r);
+  EXPECT_EQ(c.input_shape, (std::vector<int64_t>{3, 16, 16}));
+  EXPECT_EQ(c.classes, 5);
+  r.dim = 8;
+  EXPECT_THROW(with_sizes(preset("resnet-8"), r), UsageError);
+  SizeOptions bad;
+  bad.classes = 3;
+  EXPECT_THROW(with_sizes(preset("llama-tiny"), bad), UsageError);
+  bad = {};
+  bad.vocab = 100;
+  EXPECT_THROW(with_sizes(preset("mlp-small"), bad), UsageError);
+  bad = {};
+  bad.input_shape = {1, 28, 28};
+  EXPECT_THROW(with_sizes(preset("mlp-small"), bad), UsageError);
+}
+
+TEST(NnConfig, RestatedSizesMustMatchTheCheckpoint) {
+  const ModelConfig ck = preset("llama-tiny");
+  SizeOptions same;
+  same.dim = ck.dim, same.layers = ck.n_layers;
+  EXPECT_EQ(restated(ck, same), ck);
+  SizeOptions longer;
+  longer.seq_len = ck.seq_len * 2;  // a llama's sequence length may change
+  EXPECT_EQ(restated(ck, longer).seq_len, ck.seq_len * 2);
+  SizeOptions other;
+  other.dim = ck.dim * 2;
+  EXPECT_THROW(restated(ck, other), UsageError);
+  other = {};
+  other.layers = ck.n_layers + 1;
+  EXPECT_THROW(restated(ck, other), UsageError);
+}
+
+}  // namespace
+}  // namespace dtk::nn

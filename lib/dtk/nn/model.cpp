@@ -125,6 +125,63 @@ double ModelConfig::train_flops_per_item() const {
   return 0;
 }
 
+// ---------------------------------------------------------------------------- sizes given
+
+ModelConfig with_sizes(ModelConfig c, const SizeOptions& o) {
+  const std::string& name = c.preset;
+  if (!o.input_shape.empty() && c.arch != Arch::resnet) fail_usage("--input-shape applies to resnet models, not " + name);
+  if (c.arch == Arch::resnet) {
+    if (o.dim || o.layers || o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len || o.input_dim)
+      fail_usage("--dim, --layers, --heads, --kv-heads, --ffn-hidden, --vocab, --seq-len and --input-dim do not apply "
+                 "to " + name + " (its sizes are the preset's; --input-shape and --classes set its input and output)");
+    if (!o.input_shape.empty()) c.input_shape = o.input_shape;
+    if (o.classes) c.classes = *o.classes;
+  } else if (c.arch == Arch::llama) {
+    if (o.input_dim || o.classes) fail_usage("--input-dim and --classes apply to mlp models, not " + name);
+    if (o.dim) c.dim = *o.dim;
+    if (o.layers) c.n_layers = *o.layers;
+    if (o.heads) c.n_heads = *o.heads;
+    if (o.kv_heads) c.n_kv_heads = *o.kv_heads;
+    if (o.ffn_hidden) c.ffn_hidden = *o.ffn_hidden;
+    if (o.vocab) c.vocab = *o.vocab;
+    if (o.seq_len) c.seq_len = *o.seq_len;
+  } else {
+    if (o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len)
+      fail_usage("--heads, --kv-heads, --ffn-hidden, --vocab and --seq-len apply to llama models, not " + name);
+    if (o.dim || o.layers) {
+      const int64_t width = o.dim ? *o.dim : (c.hidden.empty() ? 64 : c.hidden[0]);
+      const size_t n = o.layers ? static_cast<size_t>(*o.layers) : c.hidden.size();
+      c.hidden.assign(n, width);
+    }
+    if (o.input_dim) c.input_dim = *o.input_dim;
+    if (o.classes) c.classes = *o.classes;
+  }
+  c.validate();
+  return c;
+}
+
+ModelConfig restated(ModelConfig c, const SizeOptions& o) {
+  auto same = [&](const char* opt, const std::optional<int64_t>& v, int64_t have) {
+    if (v && *v != have)
+      fail_usage("{} {} contradicts the checkpoint's model ({}); leave the size options out to use the checkpoint's",
+                 opt, *v, have);
+  };
+  same("--dim", o.dim, c.dim);
+  same("--heads", o.heads, c.n_heads);
+  same("--kv-heads", o.kv_heads, c.n_kv_heads);
+  same("--ffn-hidden", o.ffn_hidden, c.ffn_hidden);
+  same("--vocab", o.vocab, c.vocab);
+  same("--input-dim", o.input_dim, c.input_dim);
+  same("--classes", o.classes, c.classes);
+  if (!o.input_shape.empty() && o.input_shape != c.input_shape)
+    fail_usage("--input-shape " + shape_str(o.input_shape) + " contradicts the checkpoint's model (" +
+               shape_str(c.input_shape) + ")");
+  if (c.arch == Arch::llama) same("--layers", o.layers, c.n_layers);
+  if (o.seq_len) c.seq_len = *o.seq_len;
+  c.validate();
+  return c;
+}
+
 // ---------------------------------------------------------------------------- presets
 
 ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,

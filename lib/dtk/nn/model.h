@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -122,6 +123,19 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ModelConfig, arch, preset, dim, 
 // A llama configuration of these sizes (no preset name).
 ModelConfig llama_config(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn_hidden, int64_t vocab,
                          int64_t seq_len, double rope_theta = 10000.0);
+
+// Sizes a user gives for a model (the programs' --dim, --layers, ...), each unset unless given.
+struct SizeOptions {
+  std::optional<int64_t> dim, layers, heads, kv_heads, ffn_hidden, vocab, seq_len, input_dim, classes;
+  std::vector<int64_t> input_shape;  // resnet: C, H, W
+};
+// A preset with the sizes applied by its architecture's rules (llama: every size; mlp: --dim
+// and --layers make the hidden layers, --input-dim, --classes; resnet: --input-shape and
+// --classes). A UsageError names the options that do not apply to the preset.
+ModelConfig with_sizes(ModelConfig preset_cfg, const SizeOptions& s);
+// A checkpoint's config with sizes restated: a UsageError for one that contradicts it; only a
+// llama's seq_len may change (RoPE has no trained length).
+ModelConfig restated(ModelConfig ckpt_cfg, const SizeOptions& s);
 
 // Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist,
 // resnet-8, resnet-20 (He et al.'s CIFAR ResNets, 78K and 272K parameters) and resnet-18 (the

@@ -54,69 +54,25 @@ std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtim
 }
 
 nn::ModelConfig resolve_model(const Options& o) {
-  nn::ModelConfig c;
+  const nn::SizeOptions sizes{o.dim,       o.layers, o.heads,     o.kv_heads, o.ffn_hidden,
+                              o.vocab,     o.seq_len, o.input_dim, o.classes,  o.input_shape};
   const std::string resume = resume_from(o);
   const std::string& from = !resume.empty() ? resume : o.init_from;
   if (!from.empty()) {
-    ckpt::Reader r(checkpoint_path(from));
-    c = read_config<nn::ModelConfig>(r.metadata().model_config, "model config");
     // Options may restate the checkpoint's model, never contradict it.
-    auto same = [&](const char* opt, const std::optional<int64_t>& v, int64_t have) {
-      if (v && *v != have)
-        fail_usage("{} {} contradicts the checkpoint's model ({}); leave the size options out to use the checkpoint's",
-                   opt, *v, have);
-    };
+    ckpt::Reader r(checkpoint_path(from));
+    const auto c = read_config<nn::ModelConfig>(r.metadata().model_config, "model config");
     if (!o.model.empty() && o.model != c.preset)
       fail_usage("--model " + o.model + " contradicts the checkpoint's model (" + c.preset + ")");
-    same("--dim", o.dim, c.dim);
-    same("--heads", o.heads, c.n_heads);
-    same("--kv-heads", o.kv_heads, c.n_kv_heads);
-    same("--ffn-hidden", o.ffn_hidden, c.ffn_hidden);
-    same("--vocab", o.vocab, c.vocab);
-    same("--input-dim", o.input_dim, c.input_dim);
-    same("--classes", o.classes, c.classes);
-    if (!o.input_shape.empty() && o.input_shape != c.input_shape)
-      fail_usage("--input-shape " + shape_str(o.input_shape) + " contradicts the checkpoint's model (" +
-                 shape_str(c.input_shape) + ")");
-    if (c.arch == nn::Arch::llama) same("--layers", o.layers, c.n_layers);
-    // seq_len may change between runs of a llama (RoPE has no trained length).
-    if (o.seq_len) c.seq_len = *o.seq_len;
-    c.validate();
-    return c;
+    return nn::restated(c, sizes);
   }
-  c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
-  if (!o.input_shape.empty() && c.arch != nn::Arch::resnet) fail_usage("--input-shape applies to resnet models, not " + c.preset);
+  nn::ModelConfig c = nn::preset(o.model.empty() ? "llama-tiny" : o.model);
   if (o.sync_batchnorm && c.arch != nn::Arch::resnet)
     fail_usage("--sync-batchnorm applies to models with batch norm (resnet), not " + c.preset);
-  if (c.arch == nn::Arch::resnet) {
-    if (o.dim || o.layers || o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len || o.input_dim)
-      fail_usage("--dim, --layers, --heads, --kv-heads, --ffn-hidden, --vocab, --seq-len and --input-dim do not apply "
-                 "to " + c.preset + " (its sizes are the preset's; --input-shape and --classes set its input and output)");
-    if (!o.input_shape.empty()) c.input_shape = o.input_shape;
-    else if (const auto s = data::image_shape(o.data); !s.empty()) c.input_shape = s;
-    if (o.classes) c.classes = *o.classes;
-  } else if (c.arch == nn::Arch::llama) {
-    if (o.input_dim || o.classes) fail_usage("--input-dim and --classes apply to mlp models, not " + c.preset);
-    if (o.dim) c.dim = *o.dim;
-    if (o.layers) c.n_layers = *o.layers;
-    if (o.heads) c.n_heads = *o.heads;
-    if (o.kv_heads) c.n_kv_heads = *o.kv_heads;
-    if (o.ffn_hidden) c.ffn_hidden = *o.ffn_hidden;
-    if (o.vocab) c.vocab = *o.vocab;
-    if (o.seq_len) c.seq_len = *o.seq_len;
-  } else {
-    if (o.heads || o.kv_heads || o.ffn_hidden || o.vocab || o.seq_len)
-      fail_usage("--heads, --kv-heads, --ffn-hidden, --vocab and --seq-len apply to llama models, not " + c.preset);
-    if (o.dim || o.layers) {
-      const int64_t width = o.dim ? *o.dim : (c.hidden.empty() ? 64 : c.hidden[0]);
-      const size_t n = o.layers ? static_cast<size_t>(*o.layers) : c.hidden.size();
-      c.hidden.assign(n, width);
-    }
-    if (o.input_dim) c.input_dim = *o.input_dim;
-    if (o.classes) c.classes = *o.classes;
-  }
-  c.validate();
-  return c;
+  nn::SizeOptions s = sizes;
+  // A resnet takes its images' shape from the data file unless --input-shape says otherwise.
+  if (c.arch == nn::Arch::resnet && s.input_shape.empty()) s.input_shape = data::image_shape(o.data);
+  return nn::with_sizes(c, s);
 }
 
 Options validate(Options o, int world_size) {

@@ -1,0 +1,127 @@
+// Distributed Shampoo's configuration and its plan (shampoo.h): the options' checks, how a
+// parameter is cut into blocks, which rank owns which block, and which step recomputes which
+// block's roots. Pure functions of the shapes and the world size; the step is shampoo.cpp.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dtk/core/error.h"
+#include "dtk/optim/shampoo.h"
+
+namespace dtk::optim {
+
+// ------------------------------------------------------------------------------ config
+
+void ShampooConfig::validate() const {
+  auto bad = [](std::string_view opt, std::string_view need, const auto& got) {
+    fail_usage("shampoo: {} must be {}, got {}", opt, need, got);
+  };
+  auto num = [](double v) { return nlohmann::json(v).dump(); };
+  if (name != Kind::shampoo) bad("name", "shampoo", std::string(name_of(name)));
+  if (max_preconditioner_dim < 1) bad("max_preconditioner_dim", ">= 1", max_preconditioner_dim);
+  if (!(beta2 >= 0 && beta2 <= 1)) bad("beta2", "in [0, 1]", num(beta2));
+  if (factor_dtype != DType::f32 && factor_dtype != DType::f64) bad("factor_dtype", "f32 or f64", std::string(dtype_name(factor_dtype)));
+  if (!(epsilon >= 0) || !std::isfinite(epsilon)) bad("epsilon", "finite and >= 0", num(epsilon));
+  if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", precondition_frequency);
+  if (start_preconditioning_step < 1 && start_preconditioning_step != -1)
+    bad("start_preconditioning_step", ">= 1 (or -1: precondition_frequency)", start_preconditioning_step);
+  if (start_preconditioning_step != -1 && start_preconditioning_step < precondition_frequency)  // as the reference
+    bad("start_preconditioning_step", fmt::format(">= precondition_frequency ({})", precondition_frequency),
+        start_preconditioning_step);
+  if (!(exponent_override >= 0) || !std::isfinite(exponent_override))
+    bad("exponent_override", "finite and >= 0 (0: 2 * order)", num(exponent_override));
+  if (qr_max_iterations < 0) bad("qr_max_iterations", ">= 0", qr_max_iterations);
+  if (!(qr_tolerance >= 0 && qr_tolerance <= 1)) bad("qr_tolerance", "in [0, 1]", num(qr_tolerance));
+  if (root_spread < 1 || root_spread > precondition_frequency)
+    bad("root_spread", fmt::format("in [1, precondition_frequency ({})]", precondition_frequency), root_spread);
+  if (root_method == RootMethod::newton) {
+    if (exponent_override != 0 && (exponent_override != std::floor(exponent_override) || exponent_override > 64))
+      bad("exponent_override", "an integer in [1, 64] with root_method newton", num(exponent_override));
+    if (newton_max_iters < 1) bad("newton_max_iters", ">= 1", newton_max_iters);
+    if (!(newton_tolerance > 0)) bad("newton_tolerance", "> 0", num(newton_tolerance));
+  }
+  if (!(grafting_beta2 >= 0 && grafting_beta2 < 1)) bad("grafting_beta2", "in [0, 1)", num(grafting_beta2));
+  if (!(grafting_epsilon > 0) || !std::isfinite(grafting_epsilon)) bad("grafting_epsilon", "finite and > 0", num(grafting_epsilon));
+  if (!(beta1 >= 0 && beta1 < 1)) bad("beta1", "in [0, 1)", num(beta1));
+  if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
+  if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) bad("weight_decay", "finite and >= 0", num(weight_decay));
+  if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", trainers_per_group);
+  if (communication_dtype != DType::f32 && communication_dtype != DType::bf16)
+    bad("communication_dtype", "f32 or bf16", std::string(dtype_name(communication_dtype)));
+}
+
+// ------------------------------------------------------------------------------ blocking
+
+ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_dim) {
+  if (max_dim < 1) fail_usage("shampoo: max_preconditioner_dim must be >= 1, got {}", max_dim);
+  ShampooBlocking b;
+  Shape sq;
+  for (int64_t d : shape) {
+    if (d < 0) fail_usage("shampoo: negative dimension in " + shape_str(shape));
+    if (d == 0) return b;  // no elements: no blocks
+    if (d != 1) sq.push_back(d);
+  }
+  // Merge from the last dim backwards while the product stays <= max_dim.
+  for (auto it = sq.rbegin(); it != sq.rend(); ++it) {
+    if (!b.merged.empty() && b.merged.back() <= max_dim / *it)
+      b.merged.back() *= *it;
+    else
+      b.merged.push_back(*it);
+  }
+  std::reverse(b.merged.begin(), b.merged.end());
+  const size_t k = b.merged.size();
+  std::vector<int64_t> grid(k), idx(k, 0);
+  for (size_t i = 0; i < k; ++i) grid[i] = (b.merged[i] + max_dim - 1) / max_dim;
+  while (true) {
+    Shape s(k);
+    std::vector<int64_t> off(k);
+    for (size_t i = 0; i < k; ++i) {
+      off[i] = idx[i] * max_dim;
+      s[i] = std::min(max_dim, b.merged[i] - off[i]);
+    }
+    b.block_shapes.push_back(s);
+    b.offsets.push_back(off);
+    size_t i = k;
+    while (i > 0) {
+      --i;
+      if (++idx[i] < grid[i]) break;
+      idx[i] = 0;
+      if (i == 0) return b;
+    }
+    if (k == 0) return b;
+  }
+}
+
+std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks) {
+  if (ranks < 1) fail_usage("shampoo_assign: ranks must be >= 1");
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> out(sizes.size(), 0);
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[i] = r;
+    load[static_cast<size_t>(r)] += sizes[i];
+  }
+  return out;
+}
+
+std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64_t spread) {
+  if (spread < 1) fail_usage("shampoo_root_phases: spread must be >= 1");
+  std::vector<int64_t> cost;
+  cost.reserve(block_dims.size());
+  for (const Shape& d : block_dims) {
+    int64_t c = 0;
+    for (int64_t b : d) c += b * b * b;
+    cost.push_back(c);
+  }
+  return shampoo_assign(cost, static_cast<int>(spread));
+}
+
+}  // namespace dtk::optim
