@@ -53,4 +53,26 @@ inline void check_type(const char* op, const Tensor& t, DType want, const char* 
     fail_usage(std::string(op) + ": " + name + " must be " + std::string(dtype_name(want)) + ", got " + t.str());
 }
 
+inline void check_matrix_rank(const char* op, const Tensor& t, const char* name) {
+  check_defined(op, t, name);
+  if (t.ndim() != 2 && t.ndim() != 3)
+    fail_usage(std::string(op) + ": " + name + " must be a matrix [m, n] or a batch [B, m, n], got " + t.str());
+}
+
+// Do the byte ranges of two tensors overlap? Views of one storage that do not overlap (two
+// slices of a batch) are fine as gemm's inputs and output; overlapping ones are not.
+inline bool overlaps(const Tensor& x, const Tensor& y) {
+  if (!x.shares_storage(y) || x.bytes() == 0 || y.bytes() == 0) return false;
+  const auto* x0 = static_cast<const char*>(x.data());
+  const auto* y0 = static_cast<const char*>(y.data());
+  return x0 < y0 + y.bytes() && y0 < x0 + x.bytes();
+}
+
+// Square matrix or batch of square matrices.
+inline void check_square(const char* op, const Tensor& a, const char* name) {
+  check_matrix_rank(op, a, name);
+  if (a.dim(-1) != a.dim(-2))
+    fail_usage(std::string(op) + ": " + name + " must be square ([n, n] or [B, n, n]), got " + a.str());
+}
+
 }  // namespace dtk::ops::detail

@@ -1,5 +1,5 @@
-// Public linear algebra (ops.h): gemm, orthonormalisation, symmetric eigendecomposition and
-// inverse roots. Each function checks its arguments completely (a UsageError naming the op and
+// Public linear algebra (ops.h): gemm, orthonormalisation and symmetric eigendecomposition (the
+// inverse roots: roots.cpp). Each function checks its arguments completely (a UsageError naming the op and
 // the tensor), then runs the backend of the tensors' device.
 #include <cmath>
 #include <cstdint>
@@ -10,32 +10,6 @@
 
 namespace dtk::ops {
 using namespace dtk::ops::detail;
-
-namespace {
-
-void check_matrix_rank(const char* op, const Tensor& t, const char* name) {
-  check_defined(op, t, name);
-  if (t.ndim() != 2 && t.ndim() != 3)
-    fail_usage(std::string(op) + ": " + name + " must be a matrix [m, n] or a batch [B, m, n], got " + t.str());
-}
-
-// Do the byte ranges of two tensors overlap? Views of one storage that do not overlap (two
-// slices of a batch) are fine as gemm's inputs and output; overlapping ones are not.
-bool overlaps(const Tensor& x, const Tensor& y) {
-  if (!x.shares_storage(y) || x.bytes() == 0 || y.bytes() == 0) return false;
-  const auto* x0 = static_cast<const char*>(x.data());
-  const auto* y0 = static_cast<const char*>(y.data());
-  return x0 < y0 + y.bytes() && y0 < x0 + x.bytes();
-}
-
-// Square matrix or batch of square matrices.
-void check_square(const char* op, const Tensor& a, const char* name) {
-  check_matrix_rank(op, a, name);
-  if (a.dim(-1) != a.dim(-2))
-    fail_usage(std::string(op) + ": " + name + " must be square ([n, n] or [B, n, n]), got " + a.str());
-}
-
-}  // namespace
 
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
   const char* op = "gemm";
@@ -143,33 +117,6 @@ void eigh(const Tensor& a, Tensor& w, Tensor& v) {
   // v may be a itself: the backends copy a into v before the solver overwrites it.
   if (overlaps(a, v) && a.data() != v.data()) fail_usage("eigh: v must be a itself or not overlap it");
   DTK_DISPATCH(a, eigh(a, w, v));
-}
-
-bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out) {
-  const char* op = "inverse_root";
-  check_square(op, a, "a");
-  check_float(op, a, "a");
-  if (a.dim(-1) > INT32_MAX) fail_usage("inverse_root: n beyond 2^31 - 1 is not supported, got " + a.str());
-  check_on(op, a, out, "out");
-  check_type(op, out, a.dtype(), "out");
-  check_shape(op, out, a.shape(), "out");
-  if (!(p > 0) || !std::isfinite(p)) fail_usage("inverse_root: p must be finite and > 0, got {}", p);
-  if (!(opts.eps >= 0) || !std::isfinite(opts.eps))
-    fail_usage("inverse_root: eps must be finite and >= 0, got {}", opts.eps);
-  if (opts.method == RootMethod::newton) {
-    // The coupled iteration raises M to the p-th power by repeated products.
-    if (p != std::floor(p) || p > 64)
-      fail_usage("inverse_root: the newton method needs an integer p in [1, 64], got {}", p);
-    if (opts.max_iters < 1) fail_usage("inverse_root: max_iters must be >= 1");
-    if (!(opts.tolerance > 0)) fail_usage("inverse_root: tolerance must be > 0");
-  } else if (opts.method == RootMethod::qr) {
-    fail_usage("inverse_root: the qr method needs a kept basis (inverse_roots)");
-  } else if (opts.method != RootMethod::eigh) {
-    fail_usage("inverse_root: unknown method");
-  }
-  // out may be a itself: the backends write out only after the whole computation succeeded.
-  if (overlaps(a, out) && a.data() != out.data()) fail_usage("inverse_root: out must be a itself or not overlap it");
-  return DTK_DISPATCH(a, inverse_root(a, p, opts, out));
 }
 
 }  // namespace dtk::ops

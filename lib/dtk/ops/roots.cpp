@@ -1,6 +1,7 @@
 // Inverse roots (ops.h): the eigenvalue rule every eigendecomposition-based root uses (the CPU
-// and CUDA backends' inverse_root, inverse_roots' eigh and qr), and inverse_roots, the batched
-// roots in the matrices' own dtype, composed of the public ops (so the same on every backend).
+// and CUDA backends' inverse_root, inverse_roots' eigh and qr); inverse_root, one matrix (or a
+// batch) in f64 on the backend; and inverse_roots, the batched roots in the matrices' own dtype,
+// composed of the public ops (so the same on every backend).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "dtk/core/error.h"
+#include "dtk/ops/backend.h"
 #include "dtk/ops/check.h"
 #include "dtk/ops/ops.h"
 
@@ -184,18 +186,42 @@ void roots_newton(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
   }
 }
 
+// What inverse_root and inverse_roots both check: out like a, p, eps, and the Newton
+// iteration's own options.
+void check_root_args(const char* op, const Tensor& a, double p, const RootOptions& opts, const Tensor& out) {
+  check_on(op, a, out, "out");
+  check_type(op, out, a.dtype(), "out");
+  check_shape(op, out, a.shape(), "out");
+  if (!(p > 0) || !std::isfinite(p)) fail_usage("{}: p must be finite and > 0, got {}", op, p);
+  if (!(opts.eps >= 0) || !std::isfinite(opts.eps)) fail_usage("{}: eps must be finite and >= 0, got {}", op, opts.eps);
+  if (opts.method == RootMethod::newton) {
+    // The coupled iteration raises M to the p-th power by repeated products.
+    if (p != std::floor(p) || p > 64) fail_usage("{}: the newton method needs an integer p in [1, 64], got {}", op, p);
+    if (opts.max_iters < 1) fail_usage("{}: max_iters must be >= 1", op);
+    if (!(opts.tolerance > 0)) fail_usage("{}: tolerance must be > 0", op);
+  }
+}
+
 }  // namespace
+
+bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out) {
+  const char* op = "inverse_root";
+  check_square(op, a, "a");
+  check_float(op, a, "a");
+  if (a.dim(-1) > INT32_MAX) fail_usage("inverse_root: n beyond 2^31 - 1 is not supported, got " + a.str());
+  check_root_args(op, a, p, opts, out);
+  if (opts.method == RootMethod::qr) fail_usage("inverse_root: the qr method needs a kept basis (inverse_roots)");
+  if (opts.method != RootMethod::eigh && opts.method != RootMethod::newton) fail_usage("inverse_root: unknown method");
+  // out may be a itself: the backends write out only after the whole computation succeeded.
+  if (overlaps(a, out) && a.data() != out.data()) fail_usage("inverse_root: out must be a itself or not overlap it");
+  return DTK_DISPATCH(a, inverse_root(a, p, opts, out));
+}
 
 std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& opts, Tensor& out, Tensor* basis) {
   const char* op = "inverse_roots";
   check_float(op, a, "a");
   if (a.ndim() != 3 || a.dim(1) != a.dim(2)) fail_usage("inverse_roots: a must be a batch [B, n, n], got " + a.str());
-  check_on(op, a, out, "out");
-  check_type(op, out, a.dtype(), "out");
-  check_shape(op, out, a.shape(), "out");
-  if (!(p > 0) || !std::isfinite(p)) fail_usage("inverse_roots: p must be finite and > 0, got {}", p);
-  if (!(opts.eps >= 0) || !std::isfinite(opts.eps))
-    fail_usage("inverse_roots: eps must be finite and >= 0, got {}", opts.eps);
+  check_root_args(op, a, p, opts, out);
   if (opts.method == RootMethod::qr) {
     if (!basis) fail_usage("inverse_roots: the qr method needs the bases");
     check_on(op, a, *basis, "basis");
