@@ -2,6 +2,7 @@
 # Bad input across the programs (issue 14), each case exit 2 with one line that names the option
 # or file and the problem, on every rank, before any work starts and creating nothing:
 #   non-finite features in a data file (--data, --val-data; data-pack's writer refuses them too);
+#   a token not below the file's vocab_size, found on every rank, not only where it is read;
 #   outputs that cannot be written (--checkpoint-dir through a file or in a read-only directory,
 #   --metrics or --save where nothing can be written, -o of data-pack and shard-inspect), checked
 #   on every rank under mpiexec -n 2; numeric options whose message states the rule
@@ -79,6 +80,29 @@ one_line "-inf in --val-data" 'inf.h5: sample 5 of `features` holds -inf (column
   $psgd $mlp --data good.h5 --val-data inf.h5
 every_rank "NaN in --data, every rank (fsdp-train)" fsdp-train 'nan.h5: sample 37 of `features` holds NaN' \
   $fsdp $mlp --data nan.h5
+
+# ---- out-of-range tokens: a token file (data-pack text, vocab_size 256, tokens stored
+# contiguously) with one token patched to 511; the whole file is checked when it is opened, so
+# every rank refuses it, not only the one whose batch holds the token ----
+python3 -c "open('t.txt', 'w').write('a' * 700)"
+$dp text t.txt -o t.h5 --log-level warn >/dev/null
+offset=$(h5dump -p -H -d /tokens t.h5 | awk '$1 == "OFFSET" { print $2 }')
+python3 - "$offset" <<'PY'
+import sys
+b = bytearray(open('t.h5', 'rb').read())
+at = int(sys.argv[1]) + 2 * 650
+assert b[at:at + 2] == b'a\0', 'tokens not where h5dump says'
+b[at:at + 2] = (511).to_bytes(2, 'little')
+open('badtok.h5', 'wb').write(b)
+PY
+tok="--model llama-tiny --dim 32 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 256 --seq-len 16"
+tok="$tok --global-batch 4 --steps 2 --eval-every 0 --log-level warn"
+msg="badtok.h5: token 511 at position 650 is not below vocab_size 256"
+one_line "token >= vocab_size in --data" "$msg" $psgd $tok --data badtok.h5
+one_line "token >= vocab_size in --val-data" "$msg" $psgd $tok --data t.h5 --val-data badtok.h5
+every_rank "token >= vocab_size, every rank (psgd-train)" psgd-train "$msg" $psgd $tok --data badtok.h5
+every_rank "token >= vocab_size, every rank (shampoo-train)" shampoo-train "$msg" $shampoo $tok --data badtok.h5
+every_rank "token >= vocab_size, every rank (fsdp-train)" fsdp-train "$msg" $fsdp $tok --data badtok.h5
 
 # ---- 2. outputs that cannot be written: exit 2 on every rank, before anything is created ----
 touch afile

@@ -52,16 +52,26 @@ void for_each_chunk(const Array& a, int64_t n, int64_t chunk, hid_t type, const 
   }
 }
 
-// The files whose features this process found finite, as they were then (path, size,
-// modification time): programs open their data once to validate the options and again to
-// train, and the check reads every feature.
+// The files whose every value this process checked (tokens below vocab_size, features finite),
+// as they were then (path, size, modification time): programs open their data once to validate
+// the options (on every rank, so that every rank refuses a bad file alike, before any work) and
+// again to train, and the check reads the whole file.
 using FileVersion = std::tuple<std::string, uintmax_t, int64_t>;
-std::set<FileVersion> g_finite_files;
+std::set<FileVersion> g_checked_files;
 FileVersion file_version(const std::string& path) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
   const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
   return {fs::weakly_canonical(path, ec).string(), size, static_cast<int64_t>(mtime)};
+}
+
+// Runs check() unless the file, as it is now, passed it before in this process.
+template <class F>
+void check_once(const std::string& path, F&& check) {
+  const FileVersion v = file_version(path);
+  if (g_checked_files.contains(v)) return;
+  check();
+  g_checked_files.insert(v);
 }
 
 Array open_array(hid_t file, const char* name, const std::string& path) {
@@ -137,6 +147,7 @@ class TokenFile final : public FileDataset {
     if (n_ < seq_ + 1)
       fail_usage("{}: {} tokens are too short for one window of seq_len + 1 = {} tokens", p, n_, seq_ + 1);
     samples_ = (n_ - 1) / seq_;
+    check_once(path_, [&] { check_tokens(); });
     double v;
     if (h5::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
@@ -183,6 +194,17 @@ class TokenFile final : public FileDataset {
   double optimal_loss() const override { return optimal_; }
 
  private:
+  // Every token is below vocab_size: one pass over the file in chunks of 4 Mi tokens. UsageError
+  // naming the first that is not. (get() checks its tokens again: the file may change under a run.)
+  void check_tokens() const {
+    for_each_chunk<uint32_t>(arr_, n_, int64_t{4} << 20, H5T_NATIVE_UINT32, path_ + ": reading `tokens`",
+                             [&](int64_t r, int64_t rows, const uint32_t* w) {
+      const uint32_t* bad = std::find_if(w, w + rows, [&](uint32_t t) { return t >= static_cast<uint64_t>(vocab_); });
+      if (bad != w + rows)
+        fail_usage("{}: token {} at position {} is not below vocab_size {}", path_, *bad, r + (bad - w), vocab_);
+    });
+  }
+
   int64_t n_ = 0, vocab_ = 0, seq_ = 0, samples_ = 0;
   std::string dtype_;
 };
@@ -244,13 +266,7 @@ class ClassFile final : public FileDataset {
         labels_[static_cast<size_t>(r + i)] = static_cast<int32_t>(v[i]);
       }
     });
-    if (!images_) {
-      const FileVersion v = file_version(path_);
-      if (!g_finite_files.contains(v)) {
-        check_finite_features();
-        g_finite_files.insert(v);
-      }
-    }
+    if (!images_) check_once(path_, [&] { check_finite_features(); });
     double v;
     if (h5::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
