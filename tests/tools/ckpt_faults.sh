@@ -4,7 +4,7 @@
 # checkpoint intact, no temporary left) and during shard-inspect export; a damaged dataset
 # object header (exit 2, one line naming the file, from every reader); rank files of different sharded states mixed (exit 2
 # naming the odd rank file); temporaries of dead writers removed by the next write while a live
-# writer's and another host's stay.
+# writer's and another host's stay; a zombie writer (killed, not reaped) and a pid reused since count as dead.
 #   ckpt_faults.sh MPIEXEC PSGD_TRAIN FSDP_TRAIN SHARD_INSPECT CKPT_MAKE
 set -u
 . "$(dirname "$0")/../common/train_lib.sh"
@@ -125,11 +125,20 @@ left=$(ls -A ck | tr '\n' ' ')
 if [ $rc = 0 ] && [ "$left" = ".step-00000008.h5.tmp-elsewhere-$dead-0 .step-00000009.h5.tmp-$host-$live-0 latest step-00000002.h5 " ]; then
   ok "checkpoint directory: dead writers' temporaries removed, a live one's and another host's kept"
 else bad "checkpoint directory temporaries (exit $rc): $left" "$(cat "$tmp/e")"; fi
-mkdir si && plant si ".out.h5.tmp-$host-$dead-0" ".out.npz.tmp-$host-$dead-7" ".outdir.tmp-$host-$dead-2" ".out.h5.tmp-$host-$live-5"
+# A writer killed but not yet reaped (a zombie: a harness that kills and starts the next command
+# at once leaves one) is dead too, and so is a pid that a process started after the temporary
+# was last written has taken over (the temporary is older than that process: not its writer).
+bash -c 'sleep 600 & echo $! >zombie.pid; kill -9 $!; exec sleep 60' & reaper=$!
+for _ in $(seq 50); do [ -s zombie.pid ] && grep -q ') Z' "/proc/$(cat zombie.pid)/stat" 2>/dev/null && break; sleep 0.1; done
+zombie=$(cat zombie.pid)
+mkdir si && plant si ".out.h5.tmp-$host-$dead-0" ".out.npz.tmp-$host-$dead-7" ".outdir.tmp-$host-$dead-2" ".out.h5.tmp-$host-$live-5" \
+  ".out.h5.tmp-$host-$zombie-1" ".out.h5.tmp-$host-$live-6"
+touch -d '2 hours ago' "si/.out.h5.tmp-$host-$live-6"
 run $si consolidate s2 -o si/out.h5
 left=$(ls -A si | tr '\n' ' ')
-[ $rc = 0 ] && [ "$left" = ".out.h5.tmp-$host-$live-5 out.h5 " ] && ok "shard-inspect output: dead writers' temporaries removed" \
+[ $rc = 0 ] && [ "$left" = ".out.h5.tmp-$host-$live-5 out.h5 " ] \
+  && ok "shard-inspect output: dead, unreaped and pid-reused writers' temporaries removed, a live one's kept" \
   || bad "shard-inspect temporaries (exit $rc): $left" "$(cat "$tmp/e")"
-kill $live
+kill $live $reaper
 
 finish

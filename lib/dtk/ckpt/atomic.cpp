@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -10,6 +11,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/ckpt/internal.h"
@@ -59,7 +63,46 @@ long temp_owner(const std::string& file) {
   return std::stol(pid);
 }
 
-bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
+// The seconds since the epoch when the system booted (/proc/stat's btime); 0 when unknown.
+double boot_time() {
+  static const double t = [] {
+    std::ifstream in("/proc/stat");
+    std::string key;
+    double v = 0;
+    while (in >> key) {
+      if (key == "btime" && in >> v) return v;
+      in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    return 0.0;
+  }();
+  return t;
+}
+
+// Whether the process `pid` that wrote `temp` still runs. A pid that no longer exists, a zombie
+// (killed, not yet reaped by its parent: a harness that kills a writer and starts the next
+// command at once leaves one), and a pid reused by a process started after the temporary was
+// last written (so not its writer) are dead. Without /proc, kill(pid, 0) alone decides.
+bool writer_alive(long pid, const fs::path& temp) {
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  if (!std::getline(in, stat)) return true;  // no /proc: kill() said it exists
+  const size_t close = stat.rfind(')');  // the command name in parentheses may hold anything
+  if (close == std::string::npos) return true;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string state, f;
+  fields >> state;
+  if (state == "Z" || state == "X") return false;
+  for (int i = 0; i < 18 && fields >> f; ++i) {}  // fields 4..21; the start time is field 22
+  double start_ticks = 0;
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  struct stat st {};
+  if (!(fields >> start_ticks) || hz <= 0 || boot_time() == 0 || ::stat(temp.c_str(), &st) != 0) return true;
+  const double started = boot_time() + start_ticks / static_cast<double>(hz);
+  const double written = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
+  return started <= written + 2;  // btime has a resolution of one second
+}
 }  // namespace
 
 int remove_stale_temporaries(const fs::path& dir) {
@@ -67,7 +110,7 @@ int remove_stale_temporaries(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end; !ec && it != end; it.increment(ec)) {
     const long pid = temp_owner(it->path().filename().string());
-    if (pid < 0 || process_alive(pid)) continue;
+    if (pid < 0 || writer_alive(pid, it->path())) continue;
     std::error_code rm;
     if (fs::remove_all(it->path(), rm) > 0 && !rm) {
       spdlog::info("removed {}, a temporary left by a writer that no longer runs (pid {})", it->path().string(), pid);

@@ -246,7 +246,8 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& tex
 // temporary names here.
 std::filesystem::path temp_name(const std::filesystem::path& dest);
 // Removes the temporaries in `dir` whose writer is dead: names of temp_name's form made on this
-// host whose pid no longer exists. A live writer's temporaries, other hosts' (no sound way to
+// host whose pid no longer runs (gone, a zombie not yet reaped, or reused by a process started
+// after the temporary was last written). A live writer's temporaries, other hosts' (no sound way to
 // tell whether their writer lives) and other names are left alone. Returns how many it removed.
 int remove_stale_temporaries(const std::filesystem::path& dir);
 
