@@ -125,6 +125,13 @@ left=$(ls -A ck | tr '\n' ' ')
 if [ $rc = 0 ] && [ "$left" = ".step-00000008.h5.tmp-elsewhere-$dead-0 .step-00000009.h5.tmp-$host-$live-0 latest step-00000002.h5 " ]; then
   ok "checkpoint directory: dead writers' temporaries removed, a live one's and another host's kept"
 else bad "checkpoint directory temporaries (exit $rc): $left" "$(cat "$tmp/e")"; fi
+# A resubmission of the finished run writes nothing, but tidies the directory all the same.
+plant ck ".step-00000002.h5.tmp-$host-$dead-4"
+run $psgd $common --steps 2 --checkpoint-dir ck --auto-resume
+left=$(ls -A ck | tr '\n' ' ')
+if [ $rc = 0 ] && [ "$left" = ".step-00000008.h5.tmp-elsewhere-$dead-0 .step-00000009.h5.tmp-$host-$live-0 latest step-00000002.h5 " ]; then
+  ok "checkpoint directory: a finished run's resubmission removes dead writers' temporaries"
+else bad "finished run's temporaries (exit $rc): $left" "$(cat "$tmp/e")"; fi
 # A writer killed but not yet reaped (a zombie: a harness that kills and starts the next command
 # at once leaves one) is dead too, and so is a pid that a process started after the temporary
 # was last written has taken over (the temporary is older than that process: not its writer).

@@ -293,6 +293,9 @@ class Trainer {
 }  // namespace
 
 int run(const Options& o, const Strategy& s, comm::Runtime& rt) {
+  // Dead writers' temporaries go now, even when this run writes nothing more (below).
+  if (std::error_code ec; rt.rank() == 0 && !o.checkpoint_dir.empty() && fs::is_directory(o.checkpoint_dir, ec))
+    ckpt::remove_stale_temporaries(o.checkpoint_dir);
   // A resubmitted job whose run already ended has nothing to do, and that is success.
   if (const std::string from = resume_from(o); !from.empty()) {
     const fs::path p = checkpoint_path(from);
