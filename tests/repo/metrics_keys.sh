@@ -20,8 +20,8 @@ for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", text, re.S):
 if [ -n "$readme" ]; then readme_words=$(readme_spans all) readme_list=$(readme_spans list); fi
 . "$(dirname "$0")/../common/train_lib.sh"
 mlp="--model mlp-small --data synthetic"
-# Each program's runs between them: llama and a classifier, evaluation steps, and whatever the
-# program's placement adds (a compressor; HSDP).
+# Each program's runs between them: llama and a classifier, evaluation and checkpoint steps, and
+# whatever the program's placement adds (a compressor; HSDP).
 declare -A runs=(
   [psgd-train]="-n 2|$small --compressor powersgd --start-iter 0;-n 2|$mlp --compressor none"
   [shampoo-train]="-n 2|$small;-n 2|$mlp --optimizer adamw"
@@ -34,7 +34,8 @@ for prog in psgd-train shampoo-train fsdp-train; do
   written=""
   IFS=';' read -ra list <<<"${runs[$prog]}"
   for r in "${list[@]}"; do
-    run $mpiexec ${r%%|*} "$bin" ${r#*|} --steps 2 --eval-every 1 --global-batch 8
+    rm -rf "$tmp/ck"  # a checkpoint at each step: the checkpoint keys
+    run $mpiexec ${r%%|*} "$bin" ${r#*|} --steps 2 --eval-every 1 --global-batch 8 --checkpoint-dir "$tmp/ck" --checkpoint-every 1
     [ $rc = 0 ] || { bad "$prog ${r#*|}: exit $rc" "$(cat $tmp/e)"; continue; }
     written+=$'\n'$(python3 -c 'import json,sys; [print(k) for l in open(sys.argv[1]) for k in json.loads(l)]' "$tmp/o")
   done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Checkpoints under faults and bad input (issue 14): a full file system during a checkpoint write
-# (exit 1 on every rank, one line naming the file and "No space left on device", the earlier
-# checkpoint intact, no temporary left) and during shard-inspect export; a damaged dataset
+# Checkpoints under faults and bad input (issue 14): a full file system during a checkpoint write,
+# synchronous or in the background (--async-checkpoint) (exit 1 on every rank, one line naming
+# the file and "No space left on device", the earlier checkpoint intact, no temporary left) and during shard-inspect export; a damaged dataset
 # object header (exit 2, one line naming the file, from every reader); rank files of different sharded states mixed (exit 2
 # naming the odd rank file); temporaries of dead writers removed by the next write while a live
 # writer's and another host's stay; a zombie writer (killed, not reaped) and a pid reused since count as dead.
@@ -52,6 +52,12 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
   full_disk "psgd-train, 2 ranks" step-00000002.h5 $full_bytes $mpiexec -n 2 $psgd $common --steps 4 --checkpoint-every 2
   full_disk "fsdp-train (sharded), 2 ranks" step-00000002 $sharded_bytes \
     $mpiexec -n 2 $fsdp $common --steps 4 --checkpoint-every 2
+  # The step-4 checkpoint written in the background (--async-checkpoint, the default; step 5 is
+  # the last): its failure reaches every rank as the same line and exit 1.
+  full_disk "psgd-train, 2 ranks, in the background" step-00000002.h5 $full_bytes \
+    $mpiexec -n 2 $psgd $common --steps 5 --checkpoint-every 2
+  full_disk "fsdp-train (sharded), 2 ranks, in the background" step-00000002 $sharded_bytes \
+    $mpiexec -n 2 $fsdp $common --steps 5 --checkpoint-every 2
   # shard-inspect export into a file system too small for the file (npz through libzip's
   # callbacks, safetensors directly): exit 1, one line, no file and no temporary left.
   for format in npz safetensors; do

@@ -9,7 +9,9 @@
 #  - --metrics refuses an existing file on a fresh run (exit 2, the file untouched) unless
 #    --metrics-append; stdout carries the metric lines alone (`| jq` parses every line), and with
 #    --metrics FILE it carries the checkpoint paths;
-#  - another program's checkpoint is refused with a line naming the program that wrote it.
+#  - another program's checkpoint is refused with a line naming the program that wrote it;
+#  - checkpoints written in the background (--async-checkpoint) equal synchronous ones, bit for
+#    bit, for every trainer and kind of checkpoint, and a resume from one is exact.
 #   resume.sh MPIEXEC BIN_DIR   (BIN_DIR/<program>/<program>)
 set -u
 mpiexec=$1 bin=$(realpath "$2")
@@ -97,6 +99,46 @@ run $psgd $job --resume ep.h5 --steps 12 --metrics ep.jsonl
 [ $rc = 0 ] && [ "$(jq -s 'last.step' ep.jsonl)" = 12 ] && grep -qF -- "--steps 12 (the checkpoint's: --epochs 1)" "$tmp/e" \
   && ok "--steps given on resume over the run's --epochs, and named" \
   || bad "--epochs then --steps (exit $rc)" "$(cat "$tmp/e")"
+
+# Checkpoints written in the background (--async-checkpoint, the default) hold what synchronous
+# ones hold, bit for bit (those of steps 3, 6 and 9, written while training went on, and the
+# last), for each trainer and kind: a full file with per-rank state (PowerSGD's error feedback),
+# owned state (Shampoo's blocks), sharded states (fsdp-train, HSDP); `latest` names the last; the
+# checkpoint steps report checkpoint_blocked_ms and the writes checkpoint_write_ms; a resume
+# from a checkpoint written in the background ends as the uninterrupted run.
+fsdp=$bin/fsdp-train/fsdp-train si=$bin/shard-inspect/shard-inspect
+async_cases=("psgd|2|$psgd --compressor powersgd --rank 2 --start-iter 2"
+             "shampoo|2|$shampoo --precondition-frequency 2"
+             "fsdp|2|$fsdp --optimizer adamw"
+             "hsdp|4|$fsdp --optimizer shampoo --replicate 2")
+for c in "${async_cases[@]}"; do
+  IFS='|' read -r name n cmd <<<"$c"
+  a="$mpiexec -n $n $cmd $job --steps 12 --checkpoint-every 3 --keep 4"
+  run $a --no-async-checkpoint --checkpoint-dir as-$name-sync --metrics as-$name-sync.jsonl
+  rs=$rc
+  run $a --checkpoint-dir as-$name --metrics as-$name.jsonl
+  ra=$rc
+  same=1
+  for st in 3 6 9 12; do
+    e=$(cd as-$name && ls -d step-$(printf %08d $st)* 2>/dev/null)
+    [ -n "$e" ] && $si diff as-$name-sync/$e as-$name/$e --rtol 0 --atol 0 >/dev/null 2>&1 || same=0
+  done
+  # 4 checkpoint steps; a write completed at each of them, or after it (the last step may complete
+  # the one before it and its own: it reports its own)
+  blocked=$(jq -s '[.[] | select(.checkpoint_blocked_ms)] | length' as-$name.jsonl)
+  writes=$(jq -s '[.[] | select(.checkpoint_write_ms)] | length' as-$name.jsonl)
+  counts="$blocked blocked, $writes writes"
+  if [ $rs = 0 ] && [ $ra = 0 ] && [ $same = 1 ] && [ "$(cat as-$name/latest)" = "$(cat as-$name-sync/latest)" ] \
+     && [ "$blocked" = 4 ] && [ "$writes" -ge 3 ]; then
+    ok "$name: checkpoints in the background equal synchronous ones bit for bit, steps 3 to 12"
+  else bad "$name: async checkpoints (exit $rs/$ra, equal $same, counts $counts)" "$(cat "$tmp/e")"; fi
+  e=$(cd as-$name && ls -d step-00000006*)
+  run $a --resume as-$name/$e --checkpoint-dir as-$name-r --metrics as-$name-r.jsonl
+  e=$(cd as-$name && ls -d step-00000012*)
+  [ $rc = 0 ] && run $si diff as-$name/$e as-$name-r/$e --rtol 0 --atol 0
+  [ $rc = 0 ] && ok "$name: resumed from a checkpoint written in the background == uninterrupted, bit for bit" \
+    || bad "$name: resume from an async checkpoint (exit $rc)" "$(cat "$tmp/o" "$tmp/e")"
+done
 
 # Another program's checkpoint: the program that wrote it, and what to do.
 expect2 "shampoo-train --resume of psgd-train's checkpoint" "it was written by psgd-train with --optimizer adamw" \

@@ -167,6 +167,10 @@ class ShardedWriter {
   // every rank passes the shape and dtype).
   void write_whole(const std::string& name, const Shape& shape, DType t, int owner, const Tensor& data);
   void set_metadata(const Metadata& m);
+  // This rank's part of commit() alone, without communication (a write in the background runs it
+  // on a thread of its own, after set_metadata): its file completed and renamed into the
+  // temporary directory. commit() does it when it has not been done.
+  void commit_mine();
   // Collective: every rank passes its own error from the writes above ("" when they succeeded);
   // when any rank failed, every rank removes its temporaries and throws AgreedError(message of
   // the lowest failing rank, 1).
@@ -179,6 +183,7 @@ class ShardedWriter {
   std::filesystem::path dir_, tmp_dir_;
   comm::Communicator& comm_;
   std::unique_ptr<FileWriter> mine_;
+  bool mine_committed_ = false;
   std::vector<TensorInfo> index_;
   Metadata meta_;
   std::string id_;  // state_id, rank 0's, the same on every rank

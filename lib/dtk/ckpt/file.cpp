@@ -24,6 +24,7 @@ namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;   // target HDF5 chunk size
 constexpr size_t kStageBytes = 64 << 20;  // host staging for device tensors and streaming
+constexpr size_t kLockBytes = 4 << 20;    // written per hold of the HDF5 lock (core/h5.h)
 
 Shape dims_of(hid_t space) {
   const int nd = H5Sget_simple_extent_ndims(space);
@@ -192,6 +193,7 @@ FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)
   if (opts_.gzip < 0 || opts_.gzip > 9) fail_usage("gzip level must be 0..9, got {}", opts_.gzip);
   tmp_ = temp_name(path_);
   as_output(path_, [&] {
+    const auto g = h5::lock();
     impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
   });
 }
@@ -204,6 +206,7 @@ FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)
 // memory file: the closing writes land there and the close succeeds.
 FileWriter::~FileWriter() {
   if (!impl_) return;
+  auto g = h5::lock();
   if (!impl_->committed && impl_->file.valid()) {
     void* handle = nullptr;
     if (H5Fget_vfd_handle(impl_->file, H5P_DEFAULT, &handle) >= 0 && handle) {
@@ -215,6 +218,7 @@ FileWriter::~FileWriter() {
     }
   }
   impl_->file.reset();
+  g.unlock();
   if (!impl_->committed && !tmp_.empty()) {
     std::error_code ec;
     fs::remove(tmp_, ec);
@@ -223,6 +227,7 @@ FileWriter::~FileWriter() {
 
 void FileWriter::create(const std::string& name, const Shape& shape, DType t) {
   as_output(path_, [&] {
+    const auto g = h5::lock();
     const Shape s = stored_shape(shape);
     h5::make_parents(impl_->file, name);
     std::vector<hsize_t> dims(s.begin(), s.end()), maxdims = dims, chunk = dims;
@@ -255,10 +260,14 @@ void FileWriter::create(const std::string& name, const Shape& shape, DType t) {
 
 void FileWriter::write_rows(const std::string& name, int64_t row0, const Tensor& rows) {
   as_output(path_, [&] {
-    Id ds(check(H5Dopen2(impl_->file, name.c_str(), uncached()), "open dataset " + name));
-    Id fspace(H5Dget_space(ds));
-    const Shape full = dims_of(fspace);
-    const DType t = h5::dtype_of(Id(H5Dget_type(ds)), name);
+    Shape full;
+    DType t;
+    {
+      const auto g = h5::lock();
+      Id ds(check(H5Dopen2(impl_->file, name.c_str(), uncached()), "open dataset " + name));
+      full = dims_of(Id(H5Dget_space(ds)));
+      t = h5::dtype_of(Id(H5Dget_type(ds)), name);
+    }
     if (rows.dtype() != t) fail_usage("write " + name + ": " + rows.str() + " into a " + std::string(dtype_name(t)) + " dataset");
     for_host_rows(rows, [&](int64_t r, const Tensor& host) {
       const Shape hs = host.ndim() == 0 ? Shape{1} : host.shape();
@@ -267,12 +276,22 @@ void FileWriter::write_rows(const std::string& name, int64_t row0, const Tensor&
         fail_usage("write {}: rows {} at row {} do not fit the dataset's shape {}", name, shape_str(hs), row0 + r,
                    shape_str(full));
       if (hs[0] == 0) return;
-      std::vector<hsize_t> start(full.size(), 0), count(hs.begin(), hs.end());
-      start[0] = static_cast<hsize_t>(row0 + r);
-      Id fs_sel(H5Scopy(fspace));
-      H5Sselect_hyperslab(fs_sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-      Id mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-      check_status(H5Dwrite(ds, h5::memory_type(t), mspace, fs_sel, H5P_DEFAULT, host.data()), "write " + name);
+      // kLockBytes at a time, each under the HDF5 lock: another thread's reads (the training
+      // loop's data) wait for one piece at most.
+      const size_t row_bytes = static_cast<size_t>(std::max<int64_t>(1, row_elems(hs))) * dtype_size(t);
+      const int64_t piece = std::max<int64_t>(1, static_cast<int64_t>(kLockBytes / row_bytes));
+      for (int64_t p = 0; p < hs[0]; p += piece) {
+        std::vector<hsize_t> start(full.size(), 0), count(hs.begin(), hs.end());
+        start[0] = static_cast<hsize_t>(row0 + r + p);
+        count[0] = static_cast<hsize_t>(std::min(piece, hs[0] - p));
+        const auto g = h5::lock();
+        Id ds(check(H5Dopen2(impl_->file, name.c_str(), uncached()), "open dataset " + name));
+        Id fs_sel(H5Dget_space(ds));
+        H5Sselect_hyperslab(fs_sel, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+        Id mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+        const char* src = static_cast<const char*>(host.data()) + static_cast<size_t>(p) * row_bytes;
+        check_status(H5Dwrite(ds, h5::memory_type(t), mspace, fs_sel, H5P_DEFAULT, src), "write " + name);
+      }
     });
   });
 }
@@ -284,25 +303,36 @@ void FileWriter::write(const std::string& name, const Tensor& t) {
 
 void FileWriter::set_attrs(const std::string& name, const std::map<std::string, std::vector<int64_t>>& attrs) {
   as_output(path_, [&] {
+    const auto g = h5::lock();
     Id obj(check(H5Oopen(impl_->file, name.c_str(), H5P_DEFAULT), "open " + name));
     for (const auto& [k, v] : attrs) h5::set_attr(obj, k.c_str(), v);
   });
 }
 
 void FileWriter::set_metadata(const Metadata& m) {
-  as_output(path_, [&] { write_metadata(impl_->file, m); });
+  as_output(path_, [&] {
+    const auto g = h5::lock();
+    write_metadata(impl_->file, m);
+  });
 }
 
 void FileWriter::set_root_attr(const char* name, int64_t value) {
-  as_output(path_, [&] { h5::set_attr(impl_->file, name, value); });
+  as_output(path_, [&] {
+    const auto g = h5::lock();
+    h5::set_attr(impl_->file, name, value);
+  });
 }
 
 void FileWriter::set_root_attr(const char* name, const std::string& value) {
-  as_output(path_, [&] { h5::set_attr(impl_->file, name, value); });
+  as_output(path_, [&] {
+    const auto g = h5::lock();
+    h5::set_attr(impl_->file, name, value);
+  });
 }
 
 void FileWriter::create_virtual(const std::string& name, const Shape& shape, DType t, const std::vector<Source>& sources) {
   as_output(path_, [&] {
+    const auto g = h5::lock();
     const Shape s = stored_shape(shape);
     h5::make_parents(impl_->file, name);
     std::vector<hsize_t> dims(s.begin(), s.end());
@@ -326,8 +356,11 @@ void FileWriter::create_virtual(const std::string& name, const Shape& shape, DTy
 
 void FileWriter::commit() {
   as_output(path_, [&] {
-    check_status(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flush");
-    check_status(impl_->file.close(), "close");
+    {
+      const auto g = h5::lock();
+      check_status(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flush");
+      check_status(impl_->file.close(), "close");
+    }
     fsync_path(tmp_, false);
     std::error_code ec;
     fs::rename(tmp_, path_, ec);

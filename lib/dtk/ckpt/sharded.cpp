@@ -163,12 +163,17 @@ void ShardedWriter::set_metadata(const Metadata& m) {
   }
 }
 
+void ShardedWriter::commit_mine() {
+  mine_->set_metadata(meta_);
+  mine_->set_root_attr(kStateId, id_);
+  mine_->commit();
+  mine_committed_ = true;
+}
+
 void ShardedWriter::commit() {
   std::string err;
   try {
-    mine_->set_metadata(meta_);
-    mine_->set_root_attr(kStateId, id_);
-    mine_->commit();
+    if (!mine_committed_) commit_mine();
   } catch (const std::exception& e) {
     err = e.what();
   }

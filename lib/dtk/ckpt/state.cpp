@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -101,106 +102,170 @@ std::vector<StateEntry> entries(const std::vector<PlacedTensor>& state) {
   return out;
 }
 
-void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
-                comm::Communicator& comm, WriteOptions opts) {
-  const int rank = comm.rank();
-  if (rank != 0) {
-    // Announce the entries this rank contributes, then send them one by one.
-    nlohmann::json list = nlohmann::json::array();
-    std::vector<Tensor> sent;
-    for (const auto& e : entries)
-      if (e.owner != kReplicated && mine(e, rank)) {
-        sent.push_back(stored_form(e));
-        list.push_back({{"name", stored_name(e, rank)}, {"shape", sent.back().shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
-      }
-    send_bytes(comm, list.dump());
-    for (const Tensor& h : sent)
-      if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync);
+// ------------------------------------------------------------------------------ Snapshot
+
+Snapshot::~Snapshot() { release(); }
+
+void Snapshot::release() {
+  if (pinned_) cuda::host_unregister(block_.data());
+  pinned_ = false;
+  block_ = Tensor();
+}
+
+std::vector<Tensor> Snapshot::copy(const std::vector<Tensor>& tensors) {
+  constexpr size_t kAlign = 64;  // each copy where a host tensor of its own would start
+  auto rounded = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  size_t total = 0;
+  bool device = false;
+  for (const Tensor& t : tensors) {
+    total += rounded(t.bytes());
+    device = device || t.is_cuda();
   }
-  int ok = 1;
-  std::string err;
-  if (rank == 0) {
-    // Rank 0 always drains every message, even after a write error, so no rank is left blocked.
-    std::unique_ptr<FileWriter> w;
-    try {
-      w = std::make_unique<FileWriter>(path, opts);
-    } catch (const std::exception& e) {
-      ok = 0;
-      err = e.what();
+  if (!block_.defined() || total > block_.bytes() || (device && !pinned_)) {
+    release();
+    block_ = Tensor::empty({static_cast<int64_t>(std::max<size_t>(total, kAlign))}, DType::u8);
+    if (device) {
+      cuda::host_register(block_.data(), block_.bytes());
+      pinned_ = true;
     }
-    auto write = [&](const std::string& name, const Tensor& t) {
-      if (!ok) return;
-      try {
-        w->write(name, t);
-      } catch (const std::exception& e) {
-        ok = 0;
-        err = e.what();
-      }
-    };
+  }
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  size_t off = 0;
+  for (const Tensor& t : tensors) {
+    Tensor dst = t.bytes() == 0 ? Tensor::empty(t.shape(), t.dtype())
+                                : block_.slice(static_cast<int64_t>(off), static_cast<int64_t>(off + t.bytes()))
+                                      .view(t.dtype())
+                                      .reshape(t.shape());
+    if (t.is_cuda()) dst.copy_from_async(t, cuda::current_stream());
+    else dst.copy_from(t);
+    off += rounded(t.bytes());
+    out.push_back(std::move(dst));
+  }
+  if (device) cuda::stream_synchronize(cuda::current_stream(), "the checkpoint's copy of the state");
+  return out;
+}
+
+// ------------------------------------------------------------------------------ StateWrite
+
+StateWrite::StateWrite(std::filesystem::path path, const std::vector<StateEntry>& entries, const Metadata& meta,
+                       comm::Communicator& comm, bool sharded, Snapshot* snapshot, WriteOptions opts)
+    : path_(std::move(path)), meta_(meta), comm_(comm), sharded_(sharded), opts_(opts) {
+  const int rank = comm.rank();
+  std::vector<size_t> live;  // items that are this rank's state itself, not a copy (the snapshot's)
+  auto take = [&](Item item, bool is_live) {
+    if (is_live) live.push_back(writes_.size());
+    writes_.push_back(std::move(item));
+  };
+  if (!sharded) {
+    if (rank != 0) {
+      // Announce the entries this rank contributes, then send them one by one.
+      nlohmann::json list = nlohmann::json::array();
+      std::vector<Tensor> sent;
+      for (const auto& e : entries)
+        if (e.owner != kReplicated && mine(e, rank)) {
+          sent.push_back(stored_form(e));
+          list.push_back({{"name", stored_name(e, rank)}, {"shape", sent.back().shape()}, {"dtype", dtype_name(e.tensor.dtype())}});
+        }
+      send_bytes(comm, list.dump());
+      for (const Tensor& h : sent)
+        if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync);
+      return;
+    }
     for (const auto& e : entries)
-      if (mine(e, 0)) write(stored_name(e, 0), e.symmetric ? stored_form(e) : e.tensor);
+      if (mine(e, 0)) take({stored_name(e, 0), e.symmetric ? stored_form(e) : e.tensor}, !e.symmetric);
     for (int r = 1; r < comm.size(); ++r) {
       const auto list = nlohmann::json::parse(recv_bytes(comm, r));
       for (const auto& item : list) {
         Tensor h = Tensor::empty(item["shape"].get<Shape>(), parse_dtype(item["dtype"].get<std::string>()));
         if (h.numel() > 0) comm.recv(comm::buffer_of(h), r, 0, comm::Mode::sync);
-        write(item["name"].get<std::string>(), h);
+        take({item["name"].get<std::string>(), h}, false);
       }
     }
-    if (ok) {
-      try {
-        w->set_metadata(meta);
-        w->commit();
-      } catch (const std::exception& e) {
-        ok = 0;
-        err = e.what();
+  } else {
+    sw_ = std::make_unique<ShardedWriter>(path_, comm, opts);
+    // Per-rank entries differ in names and shapes between ranks: rank 0, which writes the
+    // index, learns the others'.
+    if (rank != 0) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& e : entries)
+        if (e.owner == kPerRank)
+          list.push_back({{"name", stored_name(e, rank)}, {"shape", stored_shape(e)}, {"dtype", dtype_name(e.tensor.dtype())}});
+      send_bytes(comm, list.dump());
+    } else {
+      for (int r = 1; r < comm.size(); ++r)
+        for (const auto& item : nlohmann::json::parse(recv_bytes(comm, r)))
+          sw_->write_whole(item["name"].get<std::string>(), item["shape"].get<Shape>(),
+                           parse_dtype(item["dtype"].get<std::string>()), r, Tensor());
+    }
+    for (const auto& e : entries) {
+      if (e.owner == kSharded) {
+        take({e.name, e.tensor, kSharded, e.shape, e.offsets, e.lengths}, true);
+      } else if (e.owner == kReplicated && rank != 0) {
+        sw_->write_whole(e.name, stored_shape(e), e.tensor.dtype(), 0, Tensor());  // in rank 0's file
+      } else if (e.owner == kReplicated || e.owner == kPerRank) {
+        take({stored_name(e, rank), e.symmetric ? stored_form(e) : e.tensor, e.owner, stored_shape(e)}, !e.symmetric);
+      } else if (error_.empty()) {
+        error_ = "save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated "
+                 "and per-rank state";
       }
     }
+    sw_->set_metadata(meta_);
   }
-  const std::string e = agree(comm, ok ? std::string() : err.empty() ? "cannot write " + path.string() : err);
-  if (!e.empty()) throw AgreedError(e, 1);
+  if (snapshot && !live.empty()) {
+    std::vector<Tensor> from;
+    for (size_t i : live) from.push_back(writes_[i].tensor);
+    std::vector<Tensor> copies = snapshot->copy(from);
+    for (size_t k = 0; k < live.size(); ++k) writes_[live[k]].tensor = std::move(copies[k]);
+  }
+}
+
+StateWrite::~StateWrite() = default;
+
+std::string StateWrite::write() noexcept {
+  if (!error_.empty()) return error_;
+  try {
+    if (!sharded_) {
+      if (comm_.rank() != 0) return {};
+      FileWriter w(path_, opts_);
+      for (const Item& item : writes_) w.write(item.name, item.tensor);
+      w.set_metadata(meta_);
+      w.commit();
+      return {};
+    }
+    for (const Item& item : writes_) {
+      if (item.kind == kSharded) sw_->write_shard(item.name, item.shape, item.tensor, item.offsets, item.lengths);
+      else sw_->write_whole(item.name, item.shape, item.tensor.dtype(), item.kind == kPerRank ? comm_.rank() : 0, item.tensor);
+    }
+    sw_->commit_mine();
+    return {};
+  } catch (const std::exception& e) {
+    return *e.what() ? e.what() : "cannot write " + path_.string();
+  } catch (...) {
+    return "cannot write " + path_.string();
+  }
+}
+
+void StateWrite::commit(const std::string& error) {
+  if (!sharded_) {
+    const std::string e = agree(comm_, error);
+    if (!e.empty()) throw AgreedError(e, 1);
+    return;
+  }
+  sw_->settle(error);  // every rank's file is written, or every rank throws
+  sw_->commit();
+}
+
+void save_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries, const Metadata& meta,
+                comm::Communicator& comm, WriteOptions opts) {
+  StateWrite w(path, entries, meta, comm, false, nullptr, opts);
+  w.commit(w.write());
 }
 
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts) {
-  ShardedWriter w(path, comm, opts);
-  const int rank = comm.rank();
-  // Per-rank entries differ in names and shapes between ranks: rank 0, which writes the
-  // index, learns the others'.
-  if (rank != 0) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& e : entries)
-      if (e.owner == kPerRank)
-        list.push_back({{"name", stored_name(e, rank)}, {"shape", stored_shape(e)}, {"dtype", dtype_name(e.tensor.dtype())}});
-    send_bytes(comm, list.dump());
-  } else {
-    for (int r = 1; r < comm.size(); ++r)
-      for (const auto& item : nlohmann::json::parse(recv_bytes(comm, r)))
-        w.write_whole(item["name"].get<std::string>(), item["shape"].get<Shape>(),
-                      parse_dtype(item["dtype"].get<std::string>()), r, Tensor());
-  }
-  int ok = 1;
-  std::string err;
-  try {
-    for (const auto& e : entries) {
-      if (e.owner == kSharded) {
-        w.write_shard(e.name, e.shape, e.tensor.to(Device::cpu()), e.offsets, e.lengths);
-      } else if (e.owner == kReplicated) {
-        w.write_whole(e.name, stored_shape(e), e.tensor.dtype(), 0, rank == 0 ? stored_form(e) : Tensor());
-      } else if (e.owner == kPerRank) {
-        w.write_whole(stored_name(e, rank), stored_shape(e), e.tensor.dtype(), rank, stored_form(e));
-      } else {
-        fail("save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated and "
-             "per-rank state");
-      }
-    }
-  } catch (const std::exception& e) {
-    ok = 0;
-    err = e.what();
-  }
-  w.settle(ok ? std::string() : err.empty() ? "cannot write " + path.string() : err);
-  w.set_metadata(meta);
-  w.commit();
+  StateWrite w(path, entries, meta, comm, true, nullptr, opts);
+  w.commit(w.write());
 }
 
 bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {

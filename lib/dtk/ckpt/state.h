@@ -9,6 +9,7 @@
 // reads its own rows from a full checkpoint or from a sharded state of any shard count.
 #pragma once
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,72 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
 // no temporary left), before or at the commit.
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {});
+
+// Host memory for snapshots of state (StateWrite's): one block, pinned (page-locked) when the
+// state lives on a GPU so that the copies run at the bus's speed, grown when a snapshot needs
+// more and reused by the next one (whose write must not begin before the previous one's ended).
+class Snapshot {
+ public:
+  Snapshot() = default;
+  ~Snapshot();
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+  // Host copies of `tensors`, views of the block: the copies from a GPU are queued on the
+  // current stream and waited for (watched) before it returns.
+  std::vector<Tensor> copy(const std::vector<Tensor>& tensors);
+  size_t bytes() const { return block_.bytes(); }
+
+ private:
+  void release();
+  Tensor block_;
+  bool pinned_ = false;
+};
+
+// A checkpoint write (full or sharded) in three parts, so that the second, the HDF5 files, can
+// run on a thread of its own while training goes on (train's --async-checkpoint):
+//   the constructor  collective over `comm`, on the caller's thread: what this rank writes is
+//                    gathered in host memory: a full checkpoint's entries reach rank 0 from
+//                    their owners, and with a Snapshot every entry this rank writes from its own
+//                    state is copied into it, so that training may change the state at once
+//                    (without one, the entries are written from where they live, as the caller
+//                    waits). A sharded state's temporary directory and rank files are made.
+//   write()          this rank alone, no communication: its files, renamed into place (a full
+//                    checkpoint) or into the temporary directory (a sharded state). Returns ""
+//                    or the error; at most once.
+//   commit(error)    collective over `comm`, on the caller's thread again: the ranks agree on
+//                    the errors (AgreedError(the lowest failing rank's, 1) on every rank, no
+//                    temporary left), then a sharded state's index is written and its directory
+//                    renamed into place.
+// save_state and save_sharded_state are the three in a row.
+class StateWrite {
+ public:
+  StateWrite(std::filesystem::path path, const std::vector<StateEntry>& entries, const Metadata& meta,
+             comm::Communicator& comm, bool sharded, Snapshot* snapshot = nullptr, WriteOptions opts = {});
+  ~StateWrite();
+  StateWrite(const StateWrite&) = delete;
+  StateWrite& operator=(const StateWrite&) = delete;
+  std::string write() noexcept;
+  void commit(const std::string& error);
+  bool writes() const { return sharded_ || comm_.rank() == 0; }  // this rank has files to write
+  bool sharded() const { return sharded_; }
+
+ private:
+  struct Item {
+    std::string name;
+    Tensor tensor;  // as stored (symmetric packed), on the host or the device
+    int kind = kReplicated;  // full: unused; sharded: kSharded, kReplicated (rank 0) or kPerRank
+    Shape shape{};
+    std::vector<int64_t> offsets{}, lengths{};
+  };
+  std::filesystem::path path_;
+  Metadata meta_;
+  comm::Communicator& comm_;
+  bool sharded_;
+  WriteOptions opts_;
+  std::vector<Item> writes_;  // what this rank writes, in order
+  std::unique_ptr<ShardedWriter> sw_;
+  std::string error_;  // found while gathering: write() returns it
+};
 
 // Restores this rank's entries from a checkpoint: replicated and owned ones by name, per-rank
 // ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. Per-rank

@@ -41,6 +41,9 @@ void* malloc_device(size_t bytes);
 void free_device(void* p);
 void* malloc_pinned(size_t bytes);
 void free_pinned(void* p);
+// Pins (page-locks) existing host memory for fast copies from the device, and unpins it.
+void host_register(void* p, size_t bytes);
+void host_unregister(void* p);
 // "GPU-<uuid>", as nvidia-smi -L prints it: tells apart two indices that name one physical GPU
 // (each rank of a host may see its own CUDA_VISIBLE_DEVICES).
 std::string device_uuid(int index);

@@ -1,10 +1,17 @@
 // Thin RAII over the HDF5 C API, shared by the modules that read and write HDF5 files (data,
 // ckpt): owned ids closed with the right H5?close, HDF5's own error printing silenced, and
 // failures as dtk::Error carrying the innermost message of HDF5's error stack.
+//
+// The HDF5 library dtk links (Debian's) is not built thread-safe, and two threads may use it: the
+// training loop (data files) and a checkpoint written in the background (train's
+// --async-checkpoint). Every HDF5 call of the data module and of ckpt's FileWriter runs under
+// lock(), held briefly (a batch's rows, a few MiB of a dataset), so that neither waits long for
+// the other.
 #pragma once
 #include <hdf5.h>
 
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -39,6 +46,9 @@ class Id {
  private:
   hid_t id_ = H5I_INVALID_HID;
 };
+
+// The one lock over the HDF5 library (recursive: a locked helper may call another).
+std::unique_lock<std::recursive_mutex> lock();
 
 // Silences HDF5's own printing of errors (once per process); failures become exceptions.
 void quiet();

@@ -6,11 +6,6 @@
 
 namespace dtk::data::h5 {
 
-std::unique_lock<std::recursive_mutex> lock() {
-  static std::recursive_mutex m;
-  return std::unique_lock<std::recursive_mutex>(m);
-}
-
 Id file_access() {
   Id fapl(check(H5Pcreate(H5P_FILE_ACCESS), "file access properties"));
 #if H5_VERSION_GE(1, 10, 7)

@@ -1,11 +1,10 @@
 // Internal to dtk::data: HDF5 helpers for the dataset files, over core/h5.h's RAII ids and error
-// handling. Every HDF5 call of the data module runs under lock(): the HDF5 library dtk links is not built thread-safe, and the
-// training loop may assemble batches on a thread of its own.
+// handling. Every HDF5 call of the data module runs under core/h5.h's lock(): the HDF5 library
+// dtk links is not built thread-safe, and a checkpoint may be written on a thread of its own.
 #pragma once
 #include <hdf5.h>
 
 #include <cstdint>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -17,8 +16,6 @@ namespace dtk::data::h5 {
 
 // core/h5.h: the RAII ids, error handling and attribute helpers.
 using namespace dtk::h5;
-
-std::unique_lock<std::recursive_mutex> lock();
 
 // File access properties for data files: the default driver, with file locking where the file
 // system supports it and none where it does not (Lustre, some NFS mounts), instead of an error.

@@ -204,6 +204,10 @@ void add_options(CLI::App& app, train::Options& o) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
       ->group(g)->check(cli::at_least(0));
   app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
+  app.add_flag("--async-checkpoint,!--no-async-checkpoint", o.async_checkpoint,
+               "write --checkpoint-dir's checkpoints in the background: the step waits only for a copy of the "
+               "state in host memory, the next checkpoint (and the end) for the write (the default; "
+               "--no-async-checkpoint or --async-checkpoint=false: the step waits for the write)")->group(g);
   app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
   auto* r = app.add_option("--resume", o.resume,
                            "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest): the "

@@ -49,6 +49,8 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"arena_bytes", MetricSource::sharded, ""},
     {"val_loss", MetricSource::loop, "evaluation steps"},
     {"val_accuracy", MetricSource::loop, "evaluation steps of classifiers"},
+    {"checkpoint_write_ms", MetricSource::loop, "steps that complete a checkpoint: from its start to its files written"},
+    {"checkpoint_blocked_ms", MetricSource::loop, "checkpoint steps: the time the step was held by checkpointing"},
 };
 
 class Metrics {

@@ -58,6 +58,9 @@ struct Options {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep = 3;
+  // Checkpoints before the last written in the background (run_state.h's PendingSave): the step
+  // waits only for a copy of the state in host memory.
+  bool async_checkpoint = true;
   std::string save, resume, init_from;
   bool auto_resume = false;  // resume from checkpoint_dir's latest when it has one
   // The options that define the run (kept_on_resume) as given, {"--lr": ["3e-4"], ...}, the

@@ -1,10 +1,12 @@
 #include "dtk/train/run_state.h"
 
 #include <fmt/format.h>
+#include <chrono>
 #include <spdlog/spdlog.h>
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/ckpt/state.h"
+#include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
 
 namespace dtk::train {
@@ -41,7 +43,55 @@ std::vector<PlacedTensor> RunState::placed(bool weights_only) const {
   return s;
 }
 
+namespace {
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+PendingSave::PendingSave(std::filesystem::path path, int64_t step, comm::Communicator& host)
+    : path_(std::move(path)), step_(step), host_(host), begun_(now_s()) {}
+
+PendingSave::~PendingSave() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void PendingSave::start(bool background) {
+  auto work = [this] {
+    if (error_.empty() && write_ && write_->writes()) error_ = write_->write();
+    write_s_ = now_s() - begun_;
+    done_.store(true, std::memory_order_release);
+  };
+  if (background && error_.empty() && write_ && write_->writes()) thread_ = std::thread(work);
+  else if (!background) work();
+  else done_.store(true, std::memory_order_release);  // nothing of this rank's to write
+}
+
+void PendingSave::finish() {
+  const comm::watchdog::Patient waiting;
+  if (thread_.joinable()) thread_.join();
+  std::string err = error_;
+  if (write_ && !write_->sharded()) {  // a full checkpoint: host is its communicator
+    write_->commit(err);
+    return;
+  }
+  // Sharded: the ranks of one shard group wrote it; HSDP's other groups hold the same shards and
+  // learn the outcome: every rank ends with the same AgreedError.
+  if (write_) {
+    try {
+      write_->commit(err);
+    } catch (const std::exception& e) {
+      err = *e.what() ? e.what() : "a checkpoint write failed";
+    }
+  }
+  if (const std::string e = ckpt::agree(host_, err); !e.empty()) throw AgreedError(e, 1);
+}
+
 void RunState::save(const std::filesystem::path& path, int64_t step, const optim::Schedule& schedule) const {
+  begin_save(path, step, schedule, nullptr, false)->finish();
+}
+
+std::unique_ptr<PendingSave> RunState::begin_save(const std::filesystem::path& path, int64_t step,
+                                                  const optim::Schedule& schedule, ckpt::Snapshot* snapshot,
+                                                  bool background) const {
   const Options& o = options;
   ckpt::Metadata m;
   m.program = strategy.program;
@@ -60,12 +110,21 @@ void RunState::save(const std::filesystem::path& path, int64_t step, const optim
   for (const auto& [key, value] : strategy.extra.items()) m.extra[key] = value;
   m.extra["state_ranks"] = par.state_rank().second;  // whose per-rank state this is (ckpt::load_state)
   m.extra["run_options"] = o.run_options;            // what a resume keeps (train::add_options)
-  if (!sharded(par)) return ckpt::save_state(path, placed(), m, host);
-  // Sharded: the ranks of one shard group write their rows in parallel; HSDP's other groups
-  // hold the same shards and learn the outcome: every rank ends with the same AgreedError.
-  const auto s = placed();
-  comm::Communicator* c = par.checkpoint_comm();
-  agreed(host, c != nullptr, [&] { ckpt::save_sharded_state(path, s, m, *c); });
+  auto p = std::make_unique<PendingSave>(path, step, host);
+  const std::vector<ckpt::StateEntry> entries = ckpt::entries(placed());
+  if (!sharded(par)) {
+    p->write_ = std::make_unique<ckpt::StateWrite>(path, entries, m, host, false, snapshot);
+  } else if (comm::Communicator* c = par.checkpoint_comm()) {
+    // Sharded: the ranks of one shard group write their rows in parallel (an AgreedError among
+    // them here is carried to every rank by finish()).
+    try {
+      p->write_ = std::make_unique<ckpt::StateWrite>(path, entries, m, *c, true, snapshot);
+    } catch (const std::exception& e) {
+      p->error_ = *e.what() ? e.what() : "a checkpoint write failed";
+    }
+  }
+  p->start(background);
+  return p;
 }
 
 int64_t RunState::resume(const std::filesystem::path& path) const {

@@ -2,12 +2,16 @@
 // model and synchronisation state, the optimizer's), every piece placed by its owner
 // (core/placed.h), with the run's metadata, as a full checkpoint or a sharded state.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "dtk/ckpt/state.h"
 #include "dtk/comm/comm.h"
 #include "dtk/core/placed.h"
 #include "dtk/nn/model.h"
@@ -17,6 +21,41 @@
 #include "dtk/train/strategy.h"
 
 namespace dtk::train {
+
+// A checkpoint on its way to disk (RunState::begin_save). Its files are written on this rank's
+// own thread in the background, or by finish() when it is not one; that thread touches HDF5
+// (under core/h5.h's lock) and never communicates, so the training thread's collectives meet
+// no other. The ranks learn that every writer is done, or that one failed, from done() and
+// failed() carried in a collective of the training thread (the step's all-reduce), and complete
+// the checkpoint together in finish().
+class PendingSave {
+ public:
+  PendingSave(std::filesystem::path path, int64_t step, comm::Communicator& host);
+  ~PendingSave();  // waits for the thread; the checkpoint stays incomplete (`latest` is not moved)
+  PendingSave(const PendingSave&) = delete;
+  PendingSave& operator=(const PendingSave&) = delete;
+  bool done() const { return done_.load(std::memory_order_acquire); }  // this rank's files written (or none to write)
+  bool failed() const { return done() && !error_.empty(); }
+  // Collective over host: waits for this rank's files (the watchdog's Patient: others may be
+  // waiting for the slowest writer), then the ranks agree and the checkpoint is completed, or
+  // every rank throws the same AgreedError(1) and nothing is left behind.
+  void finish();
+  const std::filesystem::path& path() const { return path_; }
+  int64_t step() const { return step_; }
+  double write_s() const { return write_s_; }  // from begin_save to this rank's files written
+
+ private:
+  friend struct RunState;
+  void start(bool background);
+  std::filesystem::path path_;
+  int64_t step_;
+  comm::Communicator& host_;
+  std::unique_ptr<ckpt::StateWrite> write_;  // null where this rank takes no part in the write (HSDP's other groups)
+  std::string error_;                        // of the gathering, or of write()
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+  double begun_ = 0, write_s_ = 0;
+};
 
 // The parts of a running job that its checkpoints keep. Every call is collective over `host`.
 struct RunState {
@@ -34,6 +73,12 @@ struct RunState {
   // state by the ranks of the parallelism's checkpoint_comm(). A failure is the same
   // AgreedError (exit 1) on every rank.
   void save(const std::filesystem::path& path, int64_t step, const optim::Schedule& schedule) const;
+  // The same in parts: the state is gathered in host memory (copied into `snapshot`) before it
+  // returns, and with `background` the files are written on a thread while training goes on;
+  // PendingSave::finish() completes it (and must, before the next checkpoint begins).
+  std::unique_ptr<PendingSave> begin_save(const std::filesystem::path& path, int64_t step,
+                                          const optim::Schedule& schedule, ckpt::Snapshot* snapshot,
+                                          bool background) const;
   // Restores a checkpoint and returns its step. State that does not fit this run is the same
   // AgreedError (exit 2) on every rank; per-rank state of another number of ranks starts afresh
   // (a warning says so).

@@ -127,15 +127,24 @@ class Trainer {
         if (cfg_.classifier()) m["val_accuracy"] = val_acc;
         else val_acc = NAN;
       }
+      {
+        const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
+        // A write in the background that every rank has finished, or that failed on one
+        // (learnt in the step's all-reduce, the same on every rank), is completed now.
+        if (pending_ && (writers_done_ || writer_failed_)) complete_checkpoint(m);
+        if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
+          const auto t_ckpt = Clock::now();
+          if (pending_) complete_checkpoint(m);  // the previous one first
+          // The last checkpoint (the run's end, a stop) is waited for anyway: written at once.
+          const bool background = o_.async_checkpoint && !last && !stopping;
+          sync_buffers();
+          pending_ = run_state().begin_save(dir_->entry(step + 1, sharded()), step + 1, schedule_, &snapshot_, background);
+          if (!background) complete_checkpoint(m);
+          m["checkpoint_blocked_ms"] = seconds_since(t_ckpt) * 1e3;
+        }
+      }
       metrics.write(m);
       progress.update(step + 1, loss, val, lr, dt, val_acc);
-      const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
-      if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
-        const fs::path p = dir_->entry(step + 1, sharded());
-        save(p, step + 1);
-        agreed(*host_, rank_ == 0, [&] { dir_->finish(p); });  // `latest`, pruning
-        written(p);
-      }
       if (stopping) {
         end = step + 1;
         break;
@@ -157,6 +166,16 @@ class Trainer {
   }
 
  private:
+  // Completes the checkpoint in flight (collective; AgreedError(1) on every rank when its write
+  // failed): `latest` and pruning, its path written, its write time in the step's metrics.
+  void complete_checkpoint(nlohmann::ordered_json& m) {
+    const std::unique_ptr<PendingSave> p = std::move(pending_);
+    p->finish();
+    agreed(*host_, rank_ == 0, [&] { dir_->finish(p->path()); });  // `latest`, pruning
+    written(p->path());
+    m["checkpoint_write_ms"] = p->write_s() * 1e3;
+  }
+
   // A checkpoint written: its path on stdout for pipelines (| xargs shard-inspect ...), unless the
   // metrics go there: stdout then carries them alone, and the path is logged.
   void written(const fs::path& p) const {
@@ -191,9 +210,14 @@ class Trainer {
     sync_s_ = seconds_since(t_sync);
     // The loss (and a classifier's correct predictions) over ranks and, in the same all-reduce,
     // whether a stop signal reached any rank: every rank then finishes this step and stops after it.
-    double v[3] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct};
-    host_->all_reduce({v, 3, DType::f64, {}}, {v, 3, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    // And, while a checkpoint is written in the background, how many ranks have written their
+    // part and how many failed (run_state.h's PendingSave): the writer threads never communicate.
+    double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, pending_ && pending_->done() ? 1.0 : 0.0,
+                   pending_ && pending_->failed() ? 1.0 : 0.0};
+    host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
     accuracy_ = v[2] / static_cast<double>(o_.global_batch);
+    writers_done_ = v[3] == static_cast<double>(host_->size());
+    writer_failed_ = v[4] > 0;
     if (v[1] > 0 && !stop_requested_) {
       stop_requested_ = true;
       const int sig = signals_.received();
@@ -282,6 +306,9 @@ class Trainer {
   optim::Schedule schedule_;
   std::unique_ptr<parallel::Parallelism> par_;
   std::unique_ptr<ckpt::Directory> dir_;
+  ckpt::Snapshot snapshot_;  // host memory for the copy of the state a checkpoint in the background writes
+  std::unique_ptr<PendingSave> pending_;  // that checkpoint (--async-checkpoint); destroyed first: joins its thread
+  bool writers_done_ = false, writer_failed_ = false;  // of pending_, agreed in the step's all-reduce
   int64_t start_step_ = 0;
   bool resumed_ = false;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks

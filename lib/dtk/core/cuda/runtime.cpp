@@ -69,6 +69,8 @@ void* malloc_pinned(size_t bytes) {
   return p;
 }
 void free_pinned(void* p) { cudaFreeHost(p); }
+void host_register(void* p, size_t bytes) { check(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister"); }
+void host_unregister(void* p) { cudaHostUnregister(p); }
 
 std::string device_uuid(int index) {
   cudaDeviceProp p{};

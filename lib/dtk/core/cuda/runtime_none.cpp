@@ -20,6 +20,8 @@ void* malloc_device(size_t) { no_cuda(); }
 void free_device(void*) {}
 void* malloc_pinned(size_t) { no_cuda(); }
 void free_pinned(void*) {}
+void host_register(void*, size_t) { no_cuda(); }
+void host_unregister(void*) {}
 std::string device_uuid(int) { no_cuda(); }
 void memcpy(void*, const void*, size_t) { no_cuda(); }
 void set_wait_hook(WaitHook) {}
