@@ -4,7 +4,9 @@
 # the file and "No space left on device", the earlier checkpoint intact, no temporary left) and during shard-inspect export; a damaged dataset
 # object header (exit 2, one line naming the file, from every reader); rank files of different sharded states mixed (exit 2
 # naming the odd rank file); temporaries of dead writers removed by the next write while a live
-# writer's and another host's stay; a zombie writer (killed, not reaped) and a pid reused since count as dead.
+# writer's and another host's stay, while a zombie writer (killed, not reaped) and a pid reused
+# since count as dead; SIGKILL while a checkpoint is written in the background (the
+# latest checkpoint intact, --auto-resume exact).
 #   ckpt_faults.sh MPIEXEC PSGD_TRAIN FSDP_TRAIN SHARD_INSPECT CKPT_MAKE
 set -u
 . "$(dirname "$0")/../common/train_lib.sh"
@@ -74,6 +76,42 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
 else
   echo "skip full-disk cases: they need root and unshare -m"
 fi
+
+# ---- killed (SIGKILL) while a checkpoint is written in the background ----
+# A checkpoint every step, each written in the background (--async-checkpoint) while the next
+# step runs: the kill lands when a checkpoint's temporary exists. `latest` names a complete
+# checkpoint, every entry present verifies, and --auto-resume continues (the dead writer's
+# temporaries removed) to the uninterrupted run's weights, bit for bit.
+bigger="--model llama-tiny --global-batch 8 --lr 1e-3 --eval-every 0 --log-level warn"
+run $psgd $bigger --steps 20 --save kref.h5 --metrics /dev/null
+caught=0
+for try in 1 2 3 4 5; do
+  rm -rf kck
+  $psgd $bigger --steps 20 --checkpoint-every 1 --checkpoint-dir kck --metrics /dev/null 2>kill.log &
+  pid=$!
+  while kill -0 $pid 2>/dev/null; do  # steps 1-19: written in the background (20, the last, is not)
+    if compgen -G "kck/.step-000000[01][0-9].h5.tmp-*" >/dev/null && [ -f kck/latest ]; then
+      kill -KILL $pid; caught=1; break
+    fi
+    sleep 0.01
+  done
+  wait $pid 2>/dev/null
+  [ $caught = 1 ] && break
+done
+if [ $caught = 1 ]; then
+  latest=$(cat kck/latest) all=1
+  for e in kck/step-*; do $si verify "$e" >/dev/null 2>&1 || all=0; done
+  run $si verify kck
+  if [ $rc = 0 ] && [ $all = 1 ] && [ -e "kck/$latest" ]; then
+    ok "SIGKILL during a write in the background: $latest intact and latest, every entry verifies"
+  else bad "SIGKILL during an async write (verify exit $rc, all $all, latest $latest)" "$(ls -A kck)"; fi
+  run $psgd $bigger --steps 20 --checkpoint-every 1 --checkpoint-dir kck --auto-resume --save kres.h5 --metrics /dev/null
+  run2=$rc left=$(ls -A kck | grep -c tmp)
+  run $si diff kres.h5 kref.h5 --rtol 0 --atol 0
+  [ $run2 = 0 ] && [ $rc = 0 ] && [ "$left" = 0 ] \
+    && ok "--auto-resume after it: temporaries removed, == uninterrupted, bit for bit" \
+    || bad "resume after SIGKILL during an async write (exit $run2, diff $rc, temporaries $left)" "$(cat $tmp/e)"
+else bad "no checkpoint write in flight seen in 5 tries" "$(cat kill.log)"; fi
 
 # ---- a damaged dataset object header: bad input, exit 2, one line naming the file ----
 $mk full full.h5 || { echo "ckpt-make failed"; exit 1; }

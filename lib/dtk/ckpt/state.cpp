@@ -112,23 +112,36 @@ void Snapshot::release() {
   block_ = Tensor();
 }
 
-std::vector<Tensor> Snapshot::copy(const std::vector<Tensor>& tensors) {
-  constexpr size_t kAlign = 64;  // each copy where a host tensor of its own would start
-  auto rounded = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+namespace {
+constexpr size_t kAlign = 64;  // each copy where a host tensor of its own would start
+size_t rounded(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+void Snapshot::ensure(size_t bytes, bool pinned) {
+  if (block_.defined() && bytes <= block_.bytes() && (pinned_ || !pinned)) return;
+  release();
+  block_ = Tensor::empty({static_cast<int64_t>(std::max(bytes, kAlign))}, DType::u8);
+  std::memset(block_.data(), 0, block_.bytes());  // its pages, now
+  if (pinned) {
+    cuda::host_register(block_.data(), block_.bytes());
+    pinned_ = true;
+  }
+}
+
+void Snapshot::reserve(const std::vector<Tensor>& tensors) {
   size_t total = 0;
   bool device = false;
   for (const Tensor& t : tensors) {
     total += rounded(t.bytes());
     device = device || t.is_cuda();
   }
-  if (!block_.defined() || total > block_.bytes() || (device && !pinned_)) {
-    release();
-    block_ = Tensor::empty({static_cast<int64_t>(std::max<size_t>(total, kAlign))}, DType::u8);
-    if (device) {
-      cuda::host_register(block_.data(), block_.bytes());
-      pinned_ = true;
-    }
-  }
+  ensure(total, device);
+}
+
+std::vector<Tensor> Snapshot::copy(const std::vector<Tensor>& tensors) {
+  reserve(tensors);
+  bool device = false;
+  for (const Tensor& t : tensors) device = device || t.is_cuda();
   std::vector<Tensor> out;
   out.reserve(tensors.size());
   size_t off = 0;

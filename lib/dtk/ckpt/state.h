@@ -70,10 +70,14 @@ class Snapshot {
   // Host copies of `tensors`, views of the block: the copies from a GPU are queued on the
   // current stream and waited for (watched) before it returns.
   std::vector<Tensor> copy(const std::vector<Tensor>& tensors);
+  // Makes room for copies of `tensors` now, its pages touched, so that the first copy (a
+  // checkpoint step) does not pay for the allocation.
+  void reserve(const std::vector<Tensor>& tensors);
   size_t bytes() const { return block_.bytes(); }
 
  private:
   void release();
+  void ensure(size_t bytes, bool pinned);
   Tensor block_;
   bool pinned_ = false;
 };

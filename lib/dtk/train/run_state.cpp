@@ -127,6 +127,14 @@ std::unique_ptr<PendingSave> RunState::begin_save(const std::filesystem::path& p
   return p;
 }
 
+void RunState::reserve(ckpt::Snapshot& snapshot) const {
+  // A full checkpoint is rank 0's to write; a sharded state the checkpoint group's.
+  if (sharded(par) ? par.checkpoint_comm() == nullptr : host.rank() != 0) return;
+  std::vector<Tensor> mine;
+  for (const PlacedTensor& t : placed()) mine.push_back(t.value);
+  snapshot.reserve(mine);
+}
+
 int64_t RunState::resume(const std::filesystem::path& path) const {
   ckpt::Reader r(path);
   const auto& meta = r.metadata();

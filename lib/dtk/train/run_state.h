@@ -79,6 +79,8 @@ struct RunState {
   std::unique_ptr<PendingSave> begin_save(const std::filesystem::path& path, int64_t step,
                                           const optim::Schedule& schedule, ckpt::Snapshot* snapshot,
                                           bool background) const;
+  // Makes room in `snapshot` for what this rank writes of its own state (begin_save's copy).
+  void reserve(ckpt::Snapshot& snapshot) const;
   // Restores a checkpoint and returns its step. State that does not fit this run is the same
   // AgreedError (exit 2) on every rank; per-rank state of another number of ranks starts afresh
   // (a warning says so).

@@ -82,6 +82,9 @@ class Trainer {
     if (!o.checkpoint_dir.empty()) {
       if (rank_ == 0) fs::create_directories(o.checkpoint_dir);
       dir_ = std::make_unique<ckpt::Directory>(o.checkpoint_dir, o.keep);
+      // Checkpoints in the background copy the state: room for it now, not at the first one.
+      if (o.async_checkpoint && o.checkpoint_every > 0 && o.checkpoint_every < last_step(o))
+        run_state().reserve(snapshot_);
     }
   }
 
