@@ -76,6 +76,7 @@ void unpack_symmetric(const Tensor& packed, Tensor& full) {
 StateEntry entry(const PlacedTensor& t) {
   StateEntry e{t.name, t.value};
   e.symmetric = t.symmetric;
+  e.resize = t.resize;
   switch (t.placement) {
     case Placement::replicated: e.owner = kReplicated; break;
     case Placement::per_rank: e.owner = kPerRank; break;
@@ -203,22 +204,50 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
   w.commit();
 }
 
-bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
+namespace {
+
+void check_stored(const Reader& reader, const std::string& name, const TensorInfo& ti, DType dtype, const Shape& shape) {
+  if (ti.shape != shape || ti.dtype != dtype)
+    fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
+               ", this run needs " + std::string(dtype_name(dtype)) + shape_str(shape));
+}
+
+// Per-rank state of `ranks` other ranks as its mean (Resize::mean): every rank sums the same
+// tensors in the same order in f64, so every rank gets the same bits.
+void load_mean(const Reader& reader, StateEntry& e, int64_t ranks) {
+  if (e.symmetric) fail("ckpt: " + e.name + " is per rank and symmetric: its mean over ranks is not defined");
+  std::vector<double> sum(static_cast<size_t>(e.tensor.numel()), 0.0);
+  for (int64_t r = 0; r < ranks; ++r) {
+    const std::string name = stored_name(e, static_cast<int>(r));
+    check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.tensor.shape());
+    const std::vector<double> v = reader.read(name).to_doubles();
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  for (double& x : sum) x /= static_cast<double>(ranks);
+  e.tensor.copy_from(Tensor::from_doubles(sum, e.tensor.shape(), e.tensor.dtype()));
+}
+
+}  // namespace
+
+Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
   const Metadata& meta = reader.metadata();
-  const bool same_world = meta.extra.value("state_ranks", meta.world_size) == world_size;
-  bool all = true;
+  const int64_t ranks = meta.extra.value("state_ranks", meta.world_size);
+  const bool same_world = ranks == world_size;
+  Restored out = Restored::exact;
   for (auto& e : entries) {
     if (e.owner == kPerRank && !same_world) {
-      all = false;
+      if (e.resize == Resize::fresh) {
+        out = Restored::fresh;
+        continue;
+      }
+      load_mean(reader, e, ranks);
+      if (e.resize == Resize::mean_approximate && out == Restored::exact) out = Restored::approximate;
       continue;
     }
     if (e.owner >= 0 && e.owner != rank) continue;
     const std::string name = stored_name(e, rank);
     if (e.owner == kSharded) {
-      const TensorInfo& ti = reader.info(name);
-      if (ti.shape != e.shape || ti.dtype != e.tensor.dtype())
-        fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
-                   ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.shape));
+      check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.shape);
       if (e.tensor.numel() == 0) continue;
       if (e.tensor.is_cuda()) {
         Tensor h = Tensor::empty(e.tensor.shape(), e.tensor.dtype());
@@ -236,16 +265,14 @@ bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank
       e.tensor.copy_from(full);
       continue;
     }
-    if (ti.shape != e.tensor.shape() || ti.dtype != e.tensor.dtype())
-      fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
-                 ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.tensor.shape()));
+    check_stored(reader, name, ti, e.tensor.dtype(), e.tensor.shape());
     if (e.tensor.is_cuda()) {
       e.tensor.copy_from(reader.read(name));
     } else {
       reader.read_into(name, e.tensor);
     }
   }
-  return all;
+  return out;
 }
 
 }  // namespace dtk::ckpt

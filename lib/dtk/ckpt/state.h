@@ -34,7 +34,14 @@ struct StateEntry {
   // upper triangle row by row, a vector of d (d + 1) / 2 elements. load_state reads it back as
   // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.
   bool symmetric = false;
+  Resize resize = Resize::fresh;  // kPerRank: restored on another number of ranks how (core/placed.h)
 };
+
+// How completely load_state restored a state: every entry as saved (or, per-rank state on
+// another number of ranks, by its exact Resize::mean); some per-rank state carried over by
+// a mean that is not exact (Resize::mean_approximate); some per-rank state left as it was
+// (Resize::fresh). The worst over the entries.
+enum class Restored { exact, approximate, fresh };
 
 // A placed tensor (core/placed.h) as the entry that stores it: replicated, per rank, owned by
 // its owner, or sharded with its rows.
@@ -58,12 +65,13 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
                         const Metadata& meta, comm::Communicator& comm, WriteOptions opts = {});
 
 // Restores this rank's entries from a checkpoint: replicated and owned ones by name, per-rank
-// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. Per-rank
-// entries are restored only when the checkpoint's per-rank state is of world_size ranks (its
-// metadata's extra.state_ranks, else its world_size); otherwise they are left as they are and
-// the function returns false. Missing tensors and shape or dtype mismatches are UsageErrors
-// naming them.
-bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
+// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. When the
+// checkpoint's per-rank state is of another number of ranks N than world_size (its metadata's
+// extra.state_ranks, else its world_size), a per-rank entry follows its `resize`: the mean of
+// ranks/<0..N-1>/<name> (summed in f64 in rank order, so every rank gets the same bits), or
+// left as it is (fresh). Returns how completely it restored (Restored). Missing tensors and
+// shape or dtype mismatches are UsageErrors naming them.
+Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
 
 // The same for placed state (entries(state)): every piece of state as it declares itself.
 inline void save_state(const std::filesystem::path& path, const std::vector<PlacedTensor>& state, const Metadata& meta,
@@ -75,7 +83,7 @@ inline void save_sharded_state(const std::filesystem::path& path, const std::vec
   save_sharded_state(path, entries(state), meta, comm, opts);
 }
 // Restores into the placed tensors' storage.
-inline bool load_state(const Reader& reader, const std::vector<PlacedTensor>& state, int rank, int world_size) {
+inline Restored load_state(const Reader& reader, const std::vector<PlacedTensor>& state, int rank, int world_size) {
   std::vector<StateEntry> e = entries(state);
   return load_state(reader, e, rank, world_size);
 }

@@ -7,7 +7,8 @@
 //   replicated  every rank that lists it holds the same value; rank 0's is written, every rank
 //               restores it by name (also a copy of owned state on a rank that does not write it)
 //   per_rank    every rank holds its own value (PowerSGD's error feedback, Shampoo's blocks cut
-//               from a shard): stored under ranks/<r>/<name>, restored only on as many ranks
+//               from a shard): stored under ranks/<r>/<name>; restored on as many ranks as wrote
+//               it, and on another number of ranks as its `resize` says (below)
 //   owned       one rank, `owner`, holds and writes it (Shampoo's blocks); stored by name, so a
 //               run on another world size reassigns it on load
 //   sharded     every rank of a shard group holds rows of dim 0 (`rows`): fsdp's parameters and
@@ -31,6 +32,16 @@ struct Rows {
 
 enum class Placement { replicated, per_rank, owned, sharded };
 
+// Per-rank state restored on another number of ranks than wrote it (ckpt::load_state):
+//   fresh             left as the owner made it (it starts afresh): nothing can carry it over
+//                     (Shampoo's blocks cut from a shard of another shard count)
+//   mean              every rank takes the mean over the ranks that wrote it. Exact where the
+//                     state enters the computation only through that mean, at this step and every
+//                     later one: PowerSGD's and randomk's error feedback (compress/compressor.h)
+//   mean_approximate  the same where it is not exact (topk's and signum's error feedback: each
+//                     rank compresses its own M_r); ckpt::load_state reports it
+enum class Resize { fresh, mean, mean_approximate };
+
 struct PlacedTensor {
   std::string name;  // unique within its owner's state ("exp_avg/<param>", "error/<param>", "step")
   Tensor value;      // as this rank holds it: restoring is copy_from into it
@@ -38,6 +49,7 @@ struct PlacedTensor {
   int owner = -1;          // owned: the rank that writes it
   bool symmetric = false;  // a symmetric [d, d] matrix (not sharded)
   Rows rows{};             // sharded: value holds rows [rows.offsets[rows.rank], + rows.lengths[rows.rank])
+  Resize resize = Resize::fresh;  // per_rank: on another number of ranks
 };
 
 // The same tensors with `prefix` before their names ("optim/", "compress/": their checkpoint group).

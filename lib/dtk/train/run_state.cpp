@@ -13,8 +13,8 @@ namespace {
 
 bool sharded(parallel::Parallelism& par) { return par.rows(0) != nullptr; }
 
-// Returns false when per-rank state could not be restored (ckpt::load_state).
-bool load(const ckpt::Reader& r, parallel::Parallelism& par, const std::vector<PlacedTensor>& state) {
+// How completely this rank's state was restored (ckpt::load_state).
+ckpt::Restored load(const ckpt::Reader& r, parallel::Parallelism& par, const std::vector<PlacedTensor>& state) {
   const auto [rank, size] = par.state_rank();
   return ckpt::load_state(r, state, rank, size);
 }
@@ -74,10 +74,10 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
   const auto state = placed();
   // Every rank loads its part; a checkpoint whose state does not fit this run (another
   // program's, or other options') ends every rank with the same line (exit 2).
-  bool complete = true;
+  ckpt::Restored restored = ckpt::Restored::exact;
   std::string err;
   try {
-    complete = load(r, par, state);
+    restored = load(r, par, state);
   } catch (const std::exception& e) {
     err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
                       "or take its weights only with --init-from",
@@ -95,16 +95,23 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
     spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
                  path.string());
   }
-  if (!complete) {
+  // Per-rank state of another number of ranks: carried over exactly (PowerSGD's and randomk's
+  // error feedback, by their mean: no warning), approximately (topk, signum) or not at all.
+  if (restored != ckpt::Restored::exact) {
     const int64_t before = meta.extra.value("state_ranks", meta.world_size);
-    if (sharded(par)) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
+    const int now = par.state_rank().second;
+    if (restored == ckpt::Restored::approximate) {
+      spdlog::warn("{} was written by {} ranks, this job has {}: {}'s per-rank error feedback is carried over as its "
+                   "mean over ranks, which does not continue it exactly ({} compresses each rank's own gradient)",
+                   path.string(), before, now, strategy.config.value("kind", std::string("the compressor")),
+                   strategy.config.value("kind", std::string("it")));
+    } else if (sharded(par)) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
       optim = strategy.optimizer(par);
       spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
                    "blocks) cannot be resharded and starts afresh",
-                   path.string(), before, par.state_rank().second);
+                   path.string(), before, now);
     } else {
-      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
-                   path.string(), before, host.size());
+      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state starts afresh", path.string(), before, now);
     }
   }
   spdlog::info("resuming from {} at step {}", path.string(), meta.step);
