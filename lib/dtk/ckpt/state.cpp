@@ -77,6 +77,7 @@ StateEntry entry(const PlacedTensor& t) {
   StateEntry e{t.name, t.value};
   e.symmetric = t.symmetric;
   e.resize = t.resize;
+  e.legacy = t.legacy;
   switch (t.placement) {
     case Placement::replicated: e.owner = kReplicated; break;
     case Placement::per_rank: e.owner = kPerRank; break;
@@ -171,7 +172,7 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
   if (rank != 0) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& e : entries)
-      if (e.owner == kPerRank)
+      if (e.owner == kPerRank || e.owner == rank)
         list.push_back({{"name", stored_name(e, rank)}, {"shape", stored_shape(e)}, {"dtype", dtype_name(e.tensor.dtype())}});
     send_bytes(comm, list.dump());
   } else {
@@ -188,11 +189,10 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
         w.write_shard(e.name, e.shape, e.tensor.to(Device::cpu()), e.offsets, e.lengths);
       } else if (e.owner == kReplicated) {
         w.write_whole(e.name, stored_shape(e), e.tensor.dtype(), 0, rank == 0 ? stored_form(e) : Tensor());
-      } else if (e.owner == kPerRank) {
+      } else if (e.owner == kPerRank || e.owner == rank) {
         w.write_whole(stored_name(e, rank), stored_shape(e), e.tensor.dtype(), rank, stored_form(e));
       } else {
-        fail("save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated and "
-             "per-rank state");
+        fail("save_sharded_state: {} is owned by rank {}, not by rank {} that lists it", e.name, e.owner, rank);
       }
     }
   } catch (const std::exception& e) {
@@ -245,7 +245,16 @@ Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int 
       continue;
     }
     if (e.owner >= 0 && e.owner != rank) continue;
-    const std::string name = stored_name(e, rank);
+    std::string name = stored_name(e, rank);
+    if (e.owner >= 0 && !reader.contains(name)) {
+      const std::string old = fmt::format("ranks/{}/{}", rank, e.legacy);
+      if (!e.legacy.empty() && same_world && reader.contains(old)) {
+        name = old;  // written before it was named by what it covers, as this rank's own state
+      } else if (e.resize == Resize::if_present && !same_world) {
+        out = Restored::fresh;
+        continue;
+      }
+    }
     if (e.owner == kSharded) {
       check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.shape);
       if (e.tensor.numel() == 0) continue;

@@ -40,7 +40,12 @@ enum class Placement { replicated, per_rank, owned, sharded };
 //                     later one: PowerSGD's and randomk's error feedback (compress/compressor.h)
 //   mean_approximate  the same where it is not exact (topk's and signum's error feedback: each
 //                     rank compresses its own M_r); ckpt::load_state reports it
-enum class Resize { fresh, mean, mean_approximate };
+// and owned state that exists only on some numbers of ranks:
+//   if_present        restored by name where the checkpoint holds it; a checkpoint of another
+//                     number of ranks without it leaves it as it is (Shampoo's blocks cut from
+//                     shards: a block is in it when that shard count cut the same block)
+// (Owned state otherwise must be in the checkpoint, on any number of ranks.)
+enum class Resize { fresh, mean, mean_approximate, if_present };
 
 struct PlacedTensor {
   std::string name;  // unique within its owner's state ("exp_avg/<param>", "error/<param>", "step")
@@ -49,12 +54,18 @@ struct PlacedTensor {
   int owner = -1;          // owned: the rank that writes it
   bool symmetric = false;  // a symmetric [d, d] matrix (not sharded)
   Rows rows{};             // sharded: value holds rows [rows.offsets[rows.rank], + rows.lengths[rows.rank])
-  Resize resize = Resize::fresh;  // per_rank: on another number of ranks
+  Resize resize = Resize::fresh;  // per_rank, owned: on another number of ranks
+  // owned: the name it had as per-rank state in checkpoints written before it was named by what
+  // it covers (read from ranks/<r>/<legacy> when the checkpoint lacks `name`); "" for none.
+  std::string legacy{};
 };
 
 // The same tensors with `prefix` before their names ("optim/", "compress/": their checkpoint group).
 inline std::vector<PlacedTensor> prefixed(const std::string& prefix, std::vector<PlacedTensor> state) {
-  for (PlacedTensor& t : state) t.name = prefix + t.name;
+  for (PlacedTensor& t : state) {
+    t.name = prefix + t.name;
+    if (!t.legacy.empty()) t.legacy = prefix + t.legacy;
+  }
   return state;
 }
 

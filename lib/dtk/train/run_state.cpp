@@ -95,23 +95,25 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
     spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
                  path.string());
   }
-  // Per-rank state of another number of ranks: carried over exactly (PowerSGD's and randomk's
-  // error feedback, by their mean: no warning), approximately (topk, signum) or not at all.
+  // State of another number of ranks: carried over exactly (PowerSGD's and randomk's error
+  // feedback, by their mean; Shampoo's blocks that both shard counts cut alike: no warning),
+  // approximately (topk's and signum's error feedback) or not at all.
   if (restored != ckpt::Restored::exact) {
     const int64_t before = meta.extra.value("state_ranks", meta.world_size);
     const int now = par.state_rank().second;
-    if (restored == ckpt::Restored::approximate) {
-      spdlog::warn("{} was written by {} ranks, this job has {}: {}'s per-rank error feedback is carried over as its "
-                   "mean over ranks, which does not continue it exactly ({} compresses each rank's own gradient)",
-                   path.string(), before, now, strategy.config.value("kind", std::string("the compressor")),
-                   strategy.config.value("kind", std::string("it")));
-    } else if (sharded(par)) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
-      optim = strategy.optimizer(par);
-      spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
-                   "blocks) cannot be resharded and starts afresh",
-                   path.string(), before, now);
+    const std::string sizes = fmt::format("{} was written by {} rank{}, this job has {}", path.string(), before,
+                                          before == 1 ? "" : "s", now);
+    const std::string kind = strategy.config.value("kind", std::string("the compressor"));
+    if (restored == ckpt::Restored::fresh && sharded(par)) optim = strategy.optimizer(par);
+    if (!first) {
+    } else if (restored == ckpt::Restored::approximate) {
+      spdlog::warn("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
+                   "it exactly ({} compresses each rank's own gradient)", sizes, kind, kind);
+    } else if (sharded(par)) {
+      spdlog::warn("{}: the optimizer's blocks cut from those shards are not all blocks of this job's shards "
+                   "(see dtk-checkpoint(5)), so Shampoo starts afresh", sizes);
     } else {
-      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state starts afresh", path.string(), before, now);
+      spdlog::warn("{}: per-rank state starts afresh", sizes);
     }
   }
   spdlog::info("resuming from {} at step {}", path.string(), meta.step);
