@@ -145,7 +145,7 @@ resize_check() {
     run $mpiexec -n $m $prog --resume "$(ls -d $name$n/step-00000003*)" --save $name-r$n$m.ckpt --metrics /dev/null \
       --log-level warn
     if [ $rc = 0 ] && ! grep -q warning "$tmp/e" && run $si diff $name-full$m.ckpt $name-r$n$m.ckpt model/ $tol && [ $rc = 0 ]; then
-      ok "$name: $n -> $m ranks continues as $m ranks throughout, no warning"
+      ok "$name: $n -> $m rank(s) continues as $m rank(s) throughout, no warning"
     else
       bad "$name: $n -> $m ranks (exit $rc)" "$(cat "$tmp/e" "$tmp/o")"
     fi
@@ -156,6 +156,30 @@ resize_check none $psgd $small --data rtok.h5 --micro-batch 1
 resize_check shampoo $shampoo $sh
 resize_check fsdp-adamw $fsdp --model mlp-mnist --data rimg.h5 --augment crop-flip --micro-batch 2
 resize_check fsdp-shampoo $fsdp $sh --optimizer shampoo
+# shard-inspect keeps the blocks by name: a 4-rank state resharded for 2 ranks, or consolidated
+# into one file, resumes as the 4-rank state does.
+run $si reshard fsdp-shampoo4/step-00000003 -n 2 -o fs-2 && [ $rc = 0 ] \
+  && run $mpiexec -n 2 $fsdp --resume fs-2 --save fs-r2.ckpt --metrics /dev/null --log-level warn && [ $rc = 0 ] \
+  && ! grep -q warning "$tmp/e" && run $si diff fsdp-shampoo-full2.ckpt fs-r2.ckpt model/ $tol && [ $rc = 0 ] \
+  && ok "fsdp-shampoo: resharded 4 -> 2 by shard-inspect, resumed on 2 ranks, no warning" \
+  || bad "fsdp-shampoo: reshard then resume (exit $rc)" "$(cat "$tmp/e" "$tmp/o")"
+run $si consolidate fsdp-shampoo4/step-00000003 -o fs-1.h5 && [ $rc = 0 ] \
+  && run $fsdp --resume fs-1.h5 --save fs-r1.ckpt --metrics /dev/null --log-level warn && [ $rc = 0 ] \
+  && ! grep -q warning "$tmp/e" && run $si diff fsdp-shampoo-full1.ckpt fs-r1.ckpt model/ $tol && [ $rc = 0 ] \
+  && ok "fsdp-shampoo: consolidated, resumed on 1 rank, no warning" \
+  || bad "fsdp-shampoo: consolidate then resume (exit $rc)" "$(cat "$tmp/e" "$tmp/o")"
+# What cannot continue exactly says so, in one line: topk's error feedback (each rank sends its
+# own largest entries), and Shampoo on shards that the new shard count cuts otherwise (the
+# default blocks merge a shard's rows and columns: 2 shards cut [512] blocks, 1 shard [1024]).
+run $mpiexec -n 2 $psgd $small $rz --compressor topk --compress-ratio 0.1 --start-iter 1 --stop-at 3 --save topk.h5 --metrics /dev/null
+run $psgd --resume topk.h5 --log-level warn --metrics /dev/null
+[ $rc = 0 ] && [ "$(grep -c warning "$tmp/e")" = 1 ] \
+  && grep -qF "topk.h5 was written by 2 ranks, this job has 1: topk's per-rank error feedback is carried over as its mean" "$tmp/e" \
+  && ok "topk on another number of ranks: one warning, the mean carried over" || bad "topk 2 -> 1 (exit $rc)" "$(cat "$tmp/e")"
+run $mpiexec -n 2 $fsdp $small $rz --optimizer shampoo --precondition-frequency 3 --stop-at 3 --save fs.ckpt --metrics /dev/null
+run $fsdp --resume fs.ckpt --log-level warn --metrics /dev/null
+[ $rc = 0 ] && [ "$(grep -c warning "$tmp/e")" = 1 ] && grep -qF "so Shampoo starts afresh" "$tmp/e" \
+  && ok "fsdp-train Shampoo on shards cut otherwise: one warning, the optimizer afresh" || bad "fsdp shampoo 2 -> 1 (exit $rc)" "$(cat "$tmp/e")"
 # The tolerance tells a real change: the 4 -> 2 resume with a learning rate 1% higher fails it.
 run $mpiexec -n 2 $psgd --resume powersgd4/step-00000003.h5 --lr 1.01e-2 --save lr.ckpt --metrics /dev/null --log-level warn
 run $si diff powersgd-full2.ckpt lr.ckpt model/ $tol

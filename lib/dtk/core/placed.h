@@ -6,11 +6,11 @@
 // write and restore what they are given; nothing above this header maps names to placements.
 //   replicated  every rank that lists it holds the same value; rank 0's is written, every rank
 //               restores it by name (also a copy of owned state on a rank that does not write it)
-//   per_rank    every rank holds its own value (PowerSGD's error feedback, Shampoo's blocks cut
-//               from a shard): stored under ranks/<r>/<name>; restored on as many ranks as wrote
-//               it, and on another number of ranks as its `resize` says (below)
-//   owned       one rank, `owner`, holds and writes it (Shampoo's blocks); stored by name, so a
-//               run on another world size reassigns it on load
+//   per_rank    every rank holds its own value (the compressors' error feedback): stored under
+//               ranks/<r>/<name>; restored on as many ranks as wrote it, and on another number
+//               of ranks as its `resize` says (below)
+//   owned       one rank, `owner`, holds and writes it (Shampoo's blocks, also those cut from a
+//               shard); stored by name, so a run on another world size reassigns it on load
 //   sharded     every rank of a shard group holds rows of dim 0 (`rows`): fsdp's parameters and
 //               the optimizer state shaped like them; read back by rows on any shard count
 // `symmetric` marks a [d, d] symmetric matrix (Shampoo's factors and roots), stored packed.
@@ -34,7 +34,6 @@ enum class Placement { replicated, per_rank, owned, sharded };
 
 // Per-rank state restored on another number of ranks than wrote it (ckpt::load_state):
 //   fresh             left as the owner made it (it starts afresh): nothing can carry it over
-//                     (Shampoo's blocks cut from a shard of another shard count)
 //   mean              every rank takes the mean over the ranks that wrote it. Exact where the
 //                     state enters the computation only through that mean, at this step and every
 //                     later one: PowerSGD's and randomk's error feedback (compress/compressor.h)
