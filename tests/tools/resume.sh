@@ -116,11 +116,13 @@ run $psgd --model mlp-small --global-batch 8 --eval-every 0 --log-level warn --s
 # read on any shard count). The data order is part of it: the synthetic language, a token file
 # and an image file (with --augment), with micro-batches of 1 and 2 samples on any rank count.
 # Ranks add in another order, so 1, 2 and 4 uninterrupted ranks end apart; the resumed runs are
-# as far from the M-rank run as the N-rank run is (measured, docs: README "Resuming on another
-# number of ranks"). The tolerance is above that spread and far below a 1% change of the
-# learning rate after the resume (checked to fail below).
+# as far from the M-rank run as the N-rank run is. Measured (largest weight difference, these
+# runs, RelWithDebInfo): none 1.2e-7 to 2.7e-7, powersgd 3.7e-6 to 5.0e-6, shampoo 1.7e-6 to
+# 2.1e-6, fsdp-adamw 7.0e-6 to 1.0e-5, fsdp-shampoo 1.8e-5 to 3.0e-5; a 1% higher learning rate
+# after the resume moves the weights by 1.7e-4 (none) and 2.5e-4 (fsdp-shampoo). atol 6e-5 is
+# twice the largest spread and fails the 1% change (checked below).
 fsdp=$bin/fsdp-train/fsdp-train si=$bin/shard-inspect/shard-inspect
-tol="--rtol 1e-4 --atol 3e-5"
+tol="--rtol 1e-4 --atol 6e-5"
 rz="--global-batch 8 --eval-every 0 --log-level warn --steps 6 --lr 1e-2 --seed 3"
 # Shampoo on shards: blocks of 8 and every weight's rows a multiple of 8 on every shard count
 # (--kv-heads 4), so that 1, 2 and 4 shards cut the same blocks (fsdp-train(1), CHECKPOINTS).
