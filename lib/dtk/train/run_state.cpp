@@ -97,24 +97,25 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
   }
   // State of another number of ranks: carried over exactly (PowerSGD's and randomk's error
   // feedback, by their mean; Shampoo's blocks that both shard counts cut alike: no warning),
-  // approximately (topk's and signum's error feedback) or not at all.
-  if (restored != ckpt::Restored::exact) {
+  // approximately (topk's and signum's error feedback) or not at all. The worst over the ranks,
+  // so that every rank rebuilds the optimizer alike and rank 0 says so.
+  int64_t worst = static_cast<int64_t>(restored);
+  host.all_reduce({&worst, 1, DType::i64, {}}, {&worst, 1, DType::i64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+  restored = static_cast<ckpt::Restored>(worst);
+  if (restored == ckpt::Restored::fresh && sharded(par)) optim = strategy.optimizer(par);  // Shampoo afresh
+  if (first && restored != ckpt::Restored::exact) {
     const int64_t before = meta.extra.value("state_ranks", meta.world_size);
-    const int now = par.state_rank().second;
     const std::string sizes = fmt::format("{} was written by {} rank{}, this job has {}", path.string(), before,
-                                          before == 1 ? "" : "s", now);
+                                          before == 1 ? "" : "s", par.state_rank().second);
     const std::string kind = strategy.config.value("kind", std::string("the compressor"));
-    if (restored == ckpt::Restored::fresh && sharded(par)) optim = strategy.optimizer(par);
-    if (!first) {
-    } else if (restored == ckpt::Restored::approximate) {
+    if (restored == ckpt::Restored::approximate)
       spdlog::warn("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
                    "it exactly ({} compresses each rank's own gradient)", sizes, kind, kind);
-    } else if (sharded(par)) {
+    else if (sharded(par))
       spdlog::warn("{}: the optimizer's blocks cut from those shards are not all blocks of this job's shards "
                    "(see dtk-checkpoint(5)), so Shampoo starts afresh", sizes);
-    } else {
+    else
       spdlog::warn("{}: per-rank state starts afresh", sizes);
-    }
   }
   spdlog::info("resuming from {} at step {}", path.string(), meta.step);
   return meta.step;
