@@ -1,10 +1,12 @@
 // Training state spread over ranks (replicated, owned by one rank, per rank) saved to one full
 // checkpoint by rank 0 and restored: every rank gets its own values back; owned state can be
-// restored by another owner; per-rank state is restored only on the same world size. Sharded
+// restored by another owner; per-rank state is restored as it was on the same world size, and
+// on another as its Resize says (the mean over the ranks that wrote it, or left alone). Sharded
 // states: every rank writes its rows and its own per-rank tensors (names and shapes differing
 // between ranks, as Shampoo's blocks cut from shards do); a reader of any shard count gets its rows.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -61,7 +63,7 @@ TEST(CkptState, SaveAndLoadAcrossRanks) {
   // Ownership reassigned: rank (b + 1) % n now owns block b.
   for (int b = 0; b < 3; ++b)
     if ((b + 1) % n == rank) back.push_back({"optim/block" + std::to_string(b), Tensor::zeros({b + 1, 2}, DType::f64), (b + 1) % n});
-  EXPECT_TRUE(load_state(r, back, rank, n));
+  EXPECT_EQ(load_state(r, back, rank, n), Restored::exact);
   expect_same(back[0].tensor, filled({5, 3}, DType::f32, 1));
   expect_same(back[1].tensor, filled({5, 3}, DType::f32, 100 + rank));
   for (size_t i = 2; i < back.size(); ++i) {
@@ -72,9 +74,30 @@ TEST(CkptState, SaveAndLoadAcrossRanks) {
   // Another world size: per-rank state is not restored (and says so), the rest is.
   std::vector<StateEntry> other{{"model/w", Tensor::zeros({5, 3}, DType::f32), kReplicated},
                                 {"compress/error/w", Tensor::zeros({5, 3}, DType::f32), kPerRank}};
-  EXPECT_FALSE(load_state(r, other, 0, n + 1));
+  EXPECT_EQ(load_state(r, other, 0, n + 1), Restored::fresh);
   expect_same(other[0].tensor, filled({5, 3}, DType::f32, 1));
   EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, other[1].tensor), 0.0);
+  // ... unless it says how: the mean over the ranks that wrote it, on every rank of any count,
+  // reported as approximate where the owner says so.
+  std::vector<double> mean(15, 0.0);
+  for (int q = 0; q < n; ++q) {
+    const std::vector<double> v = filled({5, 3}, DType::f32, 100 + q).to_doubles();
+    for (size_t i = 0; i < mean.size(); ++i) mean[i] += v[i] / n;
+  }
+  for (const int m : {1, n + 1, 2 * n}) {
+    for (const Resize how : {Resize::mean, Resize::mean_approximate}) {
+      StateEntry e{"compress/error/w", Tensor::zeros({5, 3}, DType::f32), kPerRank};
+      e.resize = how;
+      std::vector<StateEntry> resized{e};
+      const Restored got = load_state(r, resized, std::min(rank, m - 1), m);
+      EXPECT_EQ(got, m == n ? Restored::exact : how == Resize::mean ? Restored::exact : Restored::approximate) << m;
+      const std::vector<double> v = resized[0].tensor.to_doubles();
+      for (size_t i = 0; i < mean.size(); ++i) {
+        if (m == n) continue;
+        EXPECT_NEAR(v[i], mean[i], 1e-6 * (1 + std::abs(mean[i]))) << "m=" << m << " i=" << i;
+      }
+    }
+  }
 
   // A shape that does not match is an error naming the tensor.
   std::vector<StateEntry> wrong{{"model/w", Tensor::zeros({3, 5}, DType::f32), kReplicated}};
@@ -126,7 +149,7 @@ TEST(CkptState, SymmetricMatricesStoredPacked) {
   // Packed row by row from the diagonal: the first row whole, then the second from column 1.
   const std::vector<double> stored = r.read("optim/f0").to_doubles(), want = symmetric(3, DType::f64, 20).to_doubles();
   EXPECT_EQ(stored, (std::vector<double>{want[0], want[1], want[2], want[4], want[5], want[8]}));
-  EXPECT_TRUE(load_state(r, back, rank, n));
+  EXPECT_EQ(load_state(r, back, rank, n), Restored::exact);
   for (const auto& e : back) expect_same(e.tensor, symmetric(e.tensor.dim(0), DType::f64, 20 + e.tensor.dim(0) - 3));
 
   // Sharded state: each rank's own matrix, per rank.
@@ -135,7 +158,7 @@ TEST(CkptState, SymmetricMatricesStoredPacked) {
   Reader rs(dir / "sharded");
   EXPECT_EQ(rs.info("ranks/" + std::to_string(rank) + "/optim/f" + std::to_string(rank)).shape,
             (Shape{(3 + rank) * (4 + rank) / 2}));
-  EXPECT_TRUE(load_state(rs, own_back, rank, n));
+  EXPECT_EQ(load_state(rs, own_back, rank, n), Restored::exact);
   expect_same(own_back[0].tensor, symmetric(3 + rank, DType::f64, 20 + rank));
 
   // Stored whole (not packed): read as it is.
@@ -146,7 +169,7 @@ TEST(CkptState, SymmetricMatricesStoredPacked) {
     auto local = comm::make_local_communicator();
     save_state(dir / "whole.h5", whole, meta, *local);
     std::vector<StateEntry> in{entry(0, true, 0)};
-    EXPECT_TRUE(load_state(Reader(dir / "whole.h5"), in, 0, 1));
+    EXPECT_EQ(load_state(Reader(dir / "whole.h5"), in, 0, 1), Restored::exact);
     expect_same(in[0].tensor, symmetric(3, DType::f64, 20));
   }
   comm->barrier();
@@ -187,7 +210,7 @@ TEST(CkptState, ShardedStateWithPerRankEntriesOfDifferentShapes) {
       EXPECT_EQ(ti.owner, q);
     }
   auto back = entries(rank, true);
-  EXPECT_TRUE(load_state(r, back, rank, n));
+  EXPECT_EQ(load_state(r, back, rank, n), Restored::exact);
   const auto want = entries(rank, false);
   for (size_t i = 0; i < back.size(); ++i) expect_same(back[i].tensor, want[i].tensor);
 
@@ -197,7 +220,7 @@ TEST(CkptState, ShardedStateWithPerRankEntriesOfDifferentShapes) {
   std::vector<StateEntry> one{{"model/w", Tensor::zeros({7, 3}, DType::f32), kSharded, {7, 3}, off1, len1},
                               {"optim/block0", Tensor::zeros({1, 2}, DType::f32), kPerRank}};
   if (n > 1) {
-    EXPECT_FALSE(load_state(r, one, 0, 1));
+    EXPECT_EQ(load_state(r, one, 0, 1), Restored::fresh);
     expect_same(one[0].tensor, whole);
     EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, one[1].tensor), 0.0);
   }

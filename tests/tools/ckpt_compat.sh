@@ -5,13 +5,22 @@
 # owned and packed blocks, and fsdp-train's sharded states with AdamW and with Shampoo (per-rank
 # blocks). Today's programs resume each of them on 2 ranks with no warning (every piece of state,
 # per-rank ones included, found where it is declared, with its shape and dtype), train 2 steps
-# and write a checkpoint with the same tensors (names, shapes, dtypes) as the old one.
+# and write a checkpoint with the same tensors (names, shapes, dtypes) as the old one, except
+# fsdp-train's Shampoo blocks: named by parameter and block since issue 31 (dtk-checkpoint(5)),
+# they must be the same blocks (shapes, dtypes) in the same rank files under their new names.
+# (Older checkpoints hold them as ranks/<r>/optim/shampoo/<param>/block<i>/..., i by shard.)
 #   ckpt_compat.sh MPIEXEC BIN_DIR FIXTURES   (BIN_DIR/<program>/<program>)
 set -u
 mpiexec=$1 bin=$(realpath "$2") fixtures=$(realpath "$3")
 . "$(dirname "$0")/../common/train_lib.sh"
 # The datasets of an HDF5 file: name, shape, type (h5ls), without the attributes' values.
-layout() { h5ls -r "$1" | sed 's/, *\(H5S_UNLIMITED\|[0-9]*\)\/[0-9A-Z_]*//g' | sort; }
+# Shampoo's block names without what says which block (ranks/<r>/, rows<a>-<b>/, block<i>);
+# groups left out (the datasets name them).
+layout() {
+  h5ls -r "$1" | grep -v ' Group$' | sed 's/, *\(H5S_UNLIMITED\|[0-9]*\)\/[0-9A-Z_]*//g' \
+    | sed -E 's#^/ranks/[0-9]+/optim/shampoo/#/optim/shampoo/#; s#/rows[0-9]+-[0-9]+/block[0-9]+/#/block/#; s#/optim/shampoo/(.*)/block[0-9]+/#/optim/shampoo/\1/block/#' \
+    | sort
+}
 # A checkpoint's files: one, or a sharded state's index and rank files.
 files() { if [ -d "$1" ]; then (cd "$1" && ls *.h5); else echo .; fi; }
 same_layout() {

@@ -166,11 +166,30 @@ TEST(Shampoo, StateNamesFollowTheBlocks) {
     const bool sym = t.name.find("/factor") != std::string::npos || t.name.find("/root") != std::string::npos;
     EXPECT_EQ(t.symmetric, sym && t.name.find("root_failures") == std::string::npos) << t.name;
   }
-  // Over shards every block is this rank's own (its shapes depend on the shard count).
+  // Over shards every block is owned by this rank of the shard group, restored where a
+  // checkpoint holds it (Resize::if_present), and named as the whole parameter's block when it
+  // is one: w's rows [40, 80) of [80, 107] are blocks 44..87 of the whole w's 8 x 11 grid.
   std::vector<Rows> rows(m.params.size());
-  rows[0] = {{80, 107}, {0, 40}, {40, 40}, 0};
-  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state())
-    EXPECT_EQ(t.placement, t.name == "step" ? Placement::replicated : Placement::per_rank) << t.name;
+  rows[0] = {{80, 107}, {0, 40}, {40, 40}, 1};
+  std::map<std::string, Shape> sh;
+  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state()) {
+    sh[t.name] = t.value.shape();
+    EXPECT_EQ(t.placement, t.name == "step" ? Placement::replicated : Placement::owned) << t.name;
+    if (t.name == "step") continue;
+    EXPECT_EQ(t.owner, 1) << t.name;
+    EXPECT_EQ(t.resize, Resize::if_present) << t.name;
+  }
+  EXPECT_EQ(sh.at("shampoo/w/block44/factor0"), (Shape{10, 10}));
+  EXPECT_EQ(sh.at("shampoo/w/block87/graft"), (Shape{10, 7}));
+  EXPECT_FALSE(sh.count("shampoo/w/block43/graft"));
+  EXPECT_EQ(sh.at("shampoo/conv/block0/factor2"), (Shape{9, 9}));  // not sharded: its own names
+  // Rows [35, 75): their blocks start off the whole grid, so they are named by the rows.
+  rows[0] = {{75, 107}, {0, 35}, {35, 40}, 1};
+  sh.clear();
+  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state()) sh[t.name] = t.value.shape();
+  EXPECT_EQ(sh.at("shampoo/w/rows35-75/block0/factor0"), (Shape{10, 10}));
+  EXPECT_EQ(sh.at("shampoo/w/rows35-75/block43/graft"), (Shape{10, 7}));
+  EXPECT_FALSE(sh.count("shampoo/w/block0/graft"));
   EXPECT_EQ(opt->config().at("name"), "shampoo");
 }
 

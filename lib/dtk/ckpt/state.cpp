@@ -77,6 +77,8 @@ void unpack_symmetric(const Tensor& packed, Tensor& full) {
 StateEntry entry(const PlacedTensor& t) {
   StateEntry e{t.name, t.value};
   e.symmetric = t.symmetric;
+  e.resize = t.resize;
+  e.legacy = t.legacy;
   switch (t.placement) {
     case Placement::replicated: e.owner = kReplicated; break;
     case Placement::per_rank: e.owner = kPerRank; break;
@@ -202,7 +204,7 @@ StateWrite::StateWrite(std::filesystem::path path, const std::vector<StateEntry>
     if (rank != 0) {
       nlohmann::json list = nlohmann::json::array();
       for (const auto& e : entries)
-        if (e.owner == kPerRank)
+        if (e.owner == kPerRank || e.owner == rank)
           list.push_back({{"name", stored_name(e, rank)}, {"shape", stored_shape(e)}, {"dtype", dtype_name(e.tensor.dtype())}});
       send_bytes(comm, list.dump());
     } else {
@@ -216,11 +218,10 @@ StateWrite::StateWrite(std::filesystem::path path, const std::vector<StateEntry>
         take({e.name, e.tensor, kSharded, e.shape, e.offsets, e.lengths}, true);
       } else if (e.owner == kReplicated && rank != 0) {
         sw_->write_whole(e.name, stored_shape(e), e.tensor.dtype(), 0, Tensor());  // in rank 0's file
-      } else if (e.owner == kReplicated || e.owner == kPerRank) {
+      } else if (e.owner == kReplicated || e.owner == kPerRank || e.owner == rank) {
         take({stored_name(e, rank), e.symmetric ? stored_form(e) : e.tensor, e.owner, stored_shape(e)}, !e.symmetric);
       } else if (error_.empty()) {
-        error_ = "save_sharded_state: " + e.name + " is owned by one rank; sharded states take sharded, replicated "
-                 "and per-rank state";
+        error_ = fmt::format("save_sharded_state: {} is owned by rank {}, not by rank {} that lists it", e.name, e.owner, rank);
       }
     }
     sw_->set_metadata(meta_);
@@ -248,7 +249,7 @@ std::string StateWrite::write() noexcept {
     }
     for (const Item& item : writes_) {
       if (item.kind == kSharded) sw_->write_shard(item.name, item.shape, item.tensor, item.offsets, item.lengths);
-      else sw_->write_whole(item.name, item.shape, item.tensor.dtype(), item.kind == kPerRank ? comm_.rank() : 0, item.tensor);
+      else sw_->write_whole(item.name, item.shape, item.tensor.dtype(), item.kind == kReplicated ? 0 : comm_.rank(), item.tensor);
     }
     sw_->commit_mine();
     return {};
@@ -281,22 +282,59 @@ void save_sharded_state(const std::filesystem::path& path, const std::vector<Sta
   w.commit(w.write());
 }
 
-bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
+namespace {
+
+void check_stored(const Reader& reader, const std::string& name, const TensorInfo& ti, DType dtype, const Shape& shape) {
+  if (ti.shape != shape || ti.dtype != dtype)
+    fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
+               ", this run needs " + std::string(dtype_name(dtype)) + shape_str(shape));
+}
+
+// Per-rank state of `ranks` other ranks as its mean (Resize::mean): every rank sums the same
+// tensors in the same order in f64, so every rank gets the same bits.
+void load_mean(const Reader& reader, StateEntry& e, int64_t ranks) {
+  if (e.symmetric) fail("ckpt: " + e.name + " is per rank and symmetric: its mean over ranks is not defined");
+  std::vector<double> sum(static_cast<size_t>(e.tensor.numel()), 0.0);
+  for (int64_t r = 0; r < ranks; ++r) {
+    const std::string name = stored_name(e, static_cast<int>(r));
+    check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.tensor.shape());
+    const std::vector<double> v = reader.read(name).to_doubles();
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  for (double& x : sum) x /= static_cast<double>(ranks);
+  e.tensor.copy_from(Tensor::from_doubles(sum, e.tensor.shape(), e.tensor.dtype()));
+}
+
+}  // namespace
+
+Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size) {
   const Metadata& meta = reader.metadata();
-  const bool same_world = meta.extra.value("state_ranks", meta.world_size) == world_size;
-  bool all = true;
+  const int64_t ranks = meta.extra.value("state_ranks", meta.world_size);
+  const bool same_world = ranks == world_size;
+  Restored out = Restored::exact;
   for (auto& e : entries) {
     if (e.owner == kPerRank && !same_world) {
-      all = false;
+      if (e.resize == Resize::fresh) {
+        out = Restored::fresh;
+        continue;
+      }
+      load_mean(reader, e, ranks);
+      if (e.resize == Resize::mean_approximate && out == Restored::exact) out = Restored::approximate;
       continue;
     }
     if (e.owner >= 0 && e.owner != rank) continue;
-    const std::string name = stored_name(e, rank);
+    std::string name = stored_name(e, rank);
+    if (e.owner >= 0 && !reader.contains(name)) {
+      const std::string old = fmt::format("ranks/{}/{}", rank, e.legacy);
+      if (!e.legacy.empty() && same_world && reader.contains(old)) {
+        name = old;  // written before it was named by what it covers, as this rank's own state
+      } else if (e.resize == Resize::if_present && !same_world) {
+        out = Restored::fresh;
+        continue;
+      }
+    }
     if (e.owner == kSharded) {
-      const TensorInfo& ti = reader.info(name);
-      if (ti.shape != e.shape || ti.dtype != e.tensor.dtype())
-        fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
-                   ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.shape));
+      check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.shape);
       if (e.tensor.numel() == 0) continue;
       if (e.tensor.is_cuda()) {
         Tensor h = Tensor::empty(e.tensor.shape(), e.tensor.dtype());
@@ -314,16 +352,14 @@ bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank
       e.tensor.copy_from(full);
       continue;
     }
-    if (ti.shape != e.tensor.shape() || ti.dtype != e.tensor.dtype())
-      fail_usage(reader.path().string() + ": " + name + " is " + std::string(dtype_name(ti.dtype)) + shape_str(ti.shape) +
-                 ", this run needs " + std::string(dtype_name(e.tensor.dtype())) + shape_str(e.tensor.shape()));
+    check_stored(reader, name, ti, e.tensor.dtype(), e.tensor.shape());
     if (e.tensor.is_cuda()) {
       e.tensor.copy_from(reader.read(name));
     } else {
       reader.read_into(name, e.tensor);
     }
   }
-  return all;
+  return out;
 }
 
 }  // namespace dtk::ckpt

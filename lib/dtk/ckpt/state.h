@@ -35,7 +35,16 @@ struct StateEntry {
   // upper triangle row by row, a vector of d (d + 1) / 2 elements. load_state reads it back as
   // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.
   bool symmetric = false;
+  Resize resize = Resize::fresh;  // kPerRank: restored on another number of ranks how (core/placed.h)
+  std::string legacy{};           // owned: PlacedTensor::legacy
 };
+
+// How completely load_state restored a state: every entry as saved (or, per-rank state on
+// another number of ranks, by its exact Resize::mean); some per-rank state carried over by
+// a mean that is not exact (Resize::mean_approximate); some per-rank state left as it was
+// (Resize::fresh), or owned state not in a checkpoint of another number of ranks
+// (Resize::if_present). The worst over the entries.
+enum class Restored { exact, approximate, fresh };
 
 // A placed tensor (core/placed.h) as the entry that stores it: replicated, per rank, owned by
 // its owner, or sharded with its rows.
@@ -52,7 +61,8 @@ void save_state(const std::filesystem::path& path, const std::vector<StateEntry>
 // Writes a sharded state (a directory: rank files and index.h5, checkpoint.h) at `path`, every
 // rank of `comm` writing its own file in parallel: sharded entries as rows, replicated ones in
 // rank 0's file, per-rank ones (which may differ in names and shapes between ranks) whole in
-// their rank's file under ranks/<r>/ (owned entries are not taken). Collective; a write that
+// their rank's file under ranks/<r>/, owned ones (listed by their owner, this rank) whole in
+// their owner's file under their own names. Collective; a write that
 // fails on any rank fails it on every rank (AgreedError(the lowest failing rank's message, 1),
 // no temporary left), before or at the commit.
 void save_sharded_state(const std::filesystem::path& path, const std::vector<StateEntry>& entries,
@@ -114,7 +124,7 @@ class StateWrite {
   struct Item {
     std::string name;
     Tensor tensor;  // as stored (symmetric packed), on the host or the device
-    int kind = kReplicated;  // full: unused; sharded: kSharded, kReplicated (rank 0) or kPerRank
+    int kind = kReplicated;  // full: unused; sharded: kSharded, kReplicated (rank 0), kPerRank or the owning rank
     Shape shape{};
     std::vector<int64_t> offsets{}, lengths{};
   };
@@ -129,12 +139,14 @@ class StateWrite {
 };
 
 // Restores this rank's entries from a checkpoint: replicated and owned ones by name, per-rank
-// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. Per-rank
-// entries are restored only when the checkpoint's per-rank state is of world_size ranks (its
-// metadata's extra.state_ranks, else its world_size); otherwise they are left as they are and
-// the function returns false. Missing tensors and shape or dtype mismatches are UsageErrors
-// naming them.
-bool load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
+// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. When the
+// checkpoint's per-rank state is of another number of ranks N than world_size (its metadata's
+// extra.state_ranks, else its world_size), a per-rank entry follows its `resize`: the mean of
+// ranks/<0..N-1>/<name> (summed in f64 in rank order, so every rank gets the same bits), or
+// left as it is (fresh); an owned Resize::if_present entry the checkpoint does not hold is left
+// as it is (fresh) there. Returns how completely it restored (Restored). Missing tensors and
+// shape or dtype mismatches are UsageErrors naming them.
+Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
 
 // The same for placed state (entries(state)): every piece of state as it declares itself.
 inline void save_state(const std::filesystem::path& path, const std::vector<PlacedTensor>& state, const Metadata& meta,
@@ -146,7 +158,7 @@ inline void save_sharded_state(const std::filesystem::path& path, const std::vec
   save_sharded_state(path, entries(state), meta, comm, opts);
 }
 // Restores into the placed tensors' storage.
-inline bool load_state(const Reader& reader, const std::vector<PlacedTensor>& state, int rank, int world_size) {
+inline Restored load_state(const Reader& reader, const std::vector<PlacedTensor>& state, int rank, int world_size) {
   std::vector<StateEntry> e = entries(state);
   return load_state(reader, e, rank, world_size);
 }

@@ -60,9 +60,14 @@ Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Pa
 
 std::vector<PlacedTensor> Base::state() {
   std::vector<PlacedTensor> out;
+  // On another number of ranks the error buffers are carried over as their mean (compressor.h):
+  // exactly for randomk, whose step depends on them only through it; topk and signum compress
+  // each rank's own M_r, so no redistribution continues them exactly.
+  const Resize resize = cfg_.kind == Kind::randomk ? Resize::mean : Resize::mean_approximate;
   if (error_.defined())
     for (const auto& l : layout_)
-      out.push_back({"error/" + l.name, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape), Placement::per_rank});
+      out.push_back({"error/" + l.name, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape), Placement::per_rank,
+                     -1, false, Rows{}, resize});
   out.push_back({"step", step_});
   return out;
 }

@@ -32,7 +32,19 @@
 //             feedback (EF-signSGD) error_r = M_r - (||M_r||_1 / n) sign(M_r), the rank's own
 //             compression error. Sent: sum of n * (1, 2 or 4) + 4.
 // Steps before start_iter are plain all-reduces (every kind), and error buffers are zero when
-// compression begins. Every kind gives the same result however the grads are bucketed.
+// compression begins.
+// Resuming on another number of ranks (ckpt::load_state, Resize in core/placed.h): every new
+// rank's error buffer is the mean of the old ranks'. For powersgd and randomk that continues the
+// run exactly, as if it had had the new number of ranks throughout (up to f32 summation order):
+// their aggregate depends on the buffers only through mean_r(M_r) = g + mean_r(error_r) (g the
+// global-batch mean gradient, the same on any world size), and so does the next mean error
+// (powersgd projection: mean_r(M_r - P^ P^T M_r) = (I - P^ P^T) mean M; full: mean M - P^ Q^T;
+// randomk: mean M with the sent coordinates zeroed), so by induction every later step depends
+// on the buffers only through their mean. Each rank's own buffer then differs from what an
+// uninterrupted run's would hold, but no later result depends on that. topk and signum compress
+// each rank's own M_r (its largest entries, its signs), so their aggregate depends on every
+// rank's buffer and on the world size itself: the mean is the best carry-over, not an exact one,
+// and a resume on another number of ranks says so in a warning. Every kind gives the same result however the grads are bucketed.
 // Bytes::sent counts payload put into collectives, not the algorithm's internal traffic (a ring
 // all-reduce moves about 2 (W - 1) / W of it each way).
 #pragma once

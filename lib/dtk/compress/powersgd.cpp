@@ -137,7 +137,8 @@ class PowerSGD final : public Base {
     if (cfg_.error_feedback)
       for (size_t i = 0; i < layout_.size(); ++i)
         if (slots_[i].group >= 0)
-          out.push_back({"error/" + layout_[i].name, mat_of(i).reshape(layout_[i].shape), Placement::per_rank});
+          out.push_back({"error/" + layout_[i].name, mat_of(i).reshape(layout_[i].shape), Placement::per_rank, -1, false,
+                         Rows{}, Resize::mean});
     out.push_back({"step", step_});
     return out;
   }

@@ -6,10 +6,11 @@
 // write and restore what they are given; nothing above this header maps names to placements.
 //   replicated  every rank that lists it holds the same value; rank 0's is written, every rank
 //               restores it by name (also a copy of owned state on a rank that does not write it)
-//   per_rank    every rank holds its own value (PowerSGD's error feedback, Shampoo's blocks cut
-//               from a shard): stored under ranks/<r>/<name>, restored only on as many ranks
-//   owned       one rank, `owner`, holds and writes it (Shampoo's blocks); stored by name, so a
-//               run on another world size reassigns it on load
+//   per_rank    every rank holds its own value (the compressors' error feedback): stored under
+//               ranks/<r>/<name>; restored on as many ranks as wrote it, and on another number
+//               of ranks as its `resize` says (below)
+//   owned       one rank, `owner`, holds and writes it (Shampoo's blocks, also those cut from a
+//               shard); stored by name, so a run on another world size reassigns it on load
 //   sharded     every rank of a shard group holds rows of dim 0 (`rows`): fsdp's parameters and
 //               the optimizer state shaped like them; read back by rows on any shard count
 // `symmetric` marks a [d, d] symmetric matrix (Shampoo's factors and roots), stored packed.
@@ -31,6 +32,20 @@ struct Rows {
 
 enum class Placement { replicated, per_rank, owned, sharded };
 
+// Per-rank state restored on another number of ranks than wrote it (ckpt::load_state):
+//   fresh             left as the owner made it (it starts afresh): nothing can carry it over
+//   mean              every rank takes the mean over the ranks that wrote it. Exact where the
+//                     state enters the computation only through that mean, at this step and every
+//                     later one: PowerSGD's and randomk's error feedback (compress/compressor.h)
+//   mean_approximate  the same where it is not exact (topk's and signum's error feedback: each
+//                     rank compresses its own M_r); ckpt::load_state reports it
+// and owned state that exists only on some numbers of ranks:
+//   if_present        restored by name where the checkpoint holds it; a checkpoint of another
+//                     number of ranks without it leaves it as it is (Shampoo's blocks cut from
+//                     shards: a block is in it when that shard count cut the same block)
+// (Owned state otherwise must be in the checkpoint, on any number of ranks.)
+enum class Resize { fresh, mean, mean_approximate, if_present };
+
 struct PlacedTensor {
   std::string name;  // unique within its owner's state ("exp_avg/<param>", "error/<param>", "step")
   Tensor value;      // as this rank holds it: restoring is copy_from into it
@@ -38,11 +53,18 @@ struct PlacedTensor {
   int owner = -1;          // owned: the rank that writes it
   bool symmetric = false;  // a symmetric [d, d] matrix (not sharded)
   Rows rows{};             // sharded: value holds rows [rows.offsets[rows.rank], + rows.lengths[rows.rank])
+  Resize resize = Resize::fresh;  // per_rank, owned: on another number of ranks
+  // owned: the name it had as per-rank state in checkpoints written before it was named by what
+  // it covers (read from ranks/<r>/<legacy> when the checkpoint lacks `name`); "" for none.
+  std::string legacy{};
 };
 
 // The same tensors with `prefix` before their names ("optim/", "compress/": their checkpoint group).
 inline std::vector<PlacedTensor> prefixed(const std::string& prefix, std::vector<PlacedTensor> state) {
-  for (PlacedTensor& t : state) t.name = prefix + t.name;
+  for (PlacedTensor& t : state) {
+    t.name = prefix + t.name;
+    if (!t.legacy.empty()) t.legacy = prefix + t.legacy;
+  }
   return state;
 }
 

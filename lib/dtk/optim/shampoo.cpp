@@ -130,6 +130,7 @@ class Shampoo final : public Optimizer {
           const std::vector<Rows>& rows)
       : cfg_(cfg) {
     sharded_ = std::any_of(rows.begin(), rows.end(), [](const Rows& r) { return !r.offsets.empty(); });
+    if (sharded_) rows_ = rows;
     cfg_.validate();
     start_ = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
     fdtype_ = cfg_.factor_dtype;
@@ -163,12 +164,20 @@ class Shampoo final : public Optimizer {
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;
     // A block's state: owned by its owner in group 0 (group-local rank = world rank there); a
-    // copy in another group is replicated (restored by name, never written); blocks cut from
-    // shards are per rank (their shapes depend on the shard count).
-    auto placed = [&](std::string name, const Tensor& t, bool symmetric, int owner) {
-      PlacedTensor p{std::move(name), t, Placement::owned, owner, symmetric};
-      if (!in_group0_) p.placement = Placement::replicated, p.owner = -1;
-      else if (sharded_) p.placement = Placement::per_rank, p.owner = -1;
+    // copy in another group is replicated (restored by name, never written). Blocks cut from
+    // shards are owned by this rank of the shard group, under names that say which elements they
+    // cover (build_blocks), and exist only for some shard counts: Resize::if_present.
+    auto placed = [&](std::string name, const Tensor& t, bool symmetric, const BlockDesc& b) {
+      PlacedTensor p{std::move(name), t, Placement::owned, b.owner, symmetric};
+      if (sharded_) {
+        p.owner = shard_rank_;
+        p.resize = Resize::if_present;
+        // Before block names, a shard's blocks were per rank, by their index in the shard.
+        p.legacy = fmt::format("shampoo/{}/block{}/{}", names_[static_cast<size_t>(b.param)], b.index,
+                               p.name.substr(b.prefix.size()));
+      } else if (!in_group0_) {
+        p.placement = Placement::replicated, p.owner = -1;
+      }
       s.push_back(std::move(p));
     };
     for (size_t bi = 0; bi < blocks_.size(); ++bi) {
@@ -177,14 +186,14 @@ class Shampoo final : public Optimizer {
       Group& gr = groups_[static_cast<size_t>(gi)];
       const BlockDesc& b = blocks_[bi];
       const Shape elem = b.dims.empty() ? Shape{1} : b.dims;
-      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i), true, b.owner);
-      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i), true, b.owner);
+      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i), true, b);
+      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i), true, b);
       for (size_t k = 0; k < gr.basis.size(); ++k)
-        placed(fmt::format("{}eigvecs{}", b.prefix, k), gr.basis[k].select(i), false, b.owner);
-      if (gr.graft.defined()) placed(b.prefix + "graft", gr.graft.select(i).reshape(elem), false, b.owner);
-      if (gr.filtered.defined()) placed(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem), false, b.owner);
-      if (gr.momentum.defined()) placed(b.prefix + "momentum", gr.momentum.select(i).reshape(elem), false, b.owner);
-      placed(b.prefix + "root_failures", gr.failures.slice(i, i + 1), false, b.owner);
+        placed(fmt::format("{}eigvecs{}", b.prefix, k), gr.basis[k].select(i), false, b);
+      if (gr.graft.defined()) placed(b.prefix + "graft", gr.graft.select(i).reshape(elem), false, b);
+      if (gr.filtered.defined()) placed(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem), false, b);
+      if (gr.momentum.defined()) placed(b.prefix + "momentum", gr.momentum.select(i).reshape(elem), false, b);
+      placed(b.prefix + "root_failures", gr.failures.slice(i, i + 1), false, b);
     }
     s.push_back({"step", step_});
     return s;
@@ -246,6 +255,19 @@ class Shampoo final : public Optimizer {
     for (size_t pi = 0; pi < params.size(); ++pi) {
       const ShampooBlocking bl = shampoo_blocking(shapes_[pi], cfg_.max_preconditioner_dim);
       merged_.push_back(bl.merged);
+      const bool shard = sharded_ && !rows_[pi].offsets.empty();
+      if (shard) shard_rank_ = rows_[pi].rank;
+      ShampooBlocking whole;
+      std::unordered_map<int64_t, size_t> whole_at;  // the whole parameter's blocks by first element
+      if (shard) {
+        whole = shampoo_blocking(rows_[pi].shape, cfg_.max_preconditioner_dim);
+        const Shape st = strides_of(whole.merged);
+        for (size_t i = 0; i < whole.block_shapes.size(); ++i) {
+          int64_t start = 0;
+          for (size_t d = 0; d < whole.offsets[i].size(); ++d) start += whole.offsets[i][d] * st[d];
+          whole_at.emplace(start, i);
+        }
+      }
       for (size_t i = 0; i < bl.block_shapes.size(); ++i) {
         BlockDesc b;
         b.param = static_cast<int>(pi);
@@ -267,6 +289,7 @@ class Shampoo final : public Optimizer {
           const Shape st = strides_of(bl.merged);
           for (size_t d = 0; d < k; ++d) b.start += b.offset[d] * st[d];
         }
+        if (shard) b.prefix = shard_block_prefix(params[pi].name, rows_[pi], bl.merged, b, whole, whole_at);
         if (!prefix_to_block_.emplace(b.prefix, static_cast<int>(blocks_.size())).second)
           fail_usage("shampoo: two parameters are named '" + params[pi].name + "'");
         sizes.push_back(b.numel);
@@ -291,6 +314,29 @@ class Shampoo final : public Optimizer {
         blocks_[members[m]].phase = j;
       }
     }
+  }
+
+  // The name of a block cut from this rank's rows [o, o + l) of a parameter (shampoo.h): the
+  // whole parameter's "shampoo/<param>/block<I>/" when it is that block of the whole parameter's
+  // blocking (the same dims over the same elements in the same order: the same preconditioner
+  // as on any shard count that cuts it, and as the replicated optimizer's), else
+  // "shampoo/<param>/rows<o>-<o+l>/block<i>/", i its index in the shard's own blocking.
+  static std::string shard_block_prefix(const std::string& name, const Rows& r, const Shape& merged, const BlockDesc& b,
+                                        const ShampooBlocking& whole,
+                                        const std::unordered_map<int64_t, size_t>& whole_at) {
+    const int64_t o = r.offsets[static_cast<size_t>(r.rank)], l = r.lengths[static_cast<size_t>(r.rank)];
+    const int64_t row = r.shape.empty() || r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
+    if (const auto it = whole_at.find(o * row + b.start); it != whole_at.end() && whole.block_shapes[it->second] == b.dims) {
+      BlockDesc w;
+      w.dims = b.dims;
+      w.offset = whole.offsets[it->second];
+      std::vector<int64_t> mine, theirs;
+      block_elements(merged, b, mine);
+      block_elements(whole.merged, w, theirs);
+      for (int64_t& e : mine) e += o * row;
+      if (mine == theirs) return fmt::format("shampoo/{}/block{}/", name, it->second);
+    }
+    return fmt::format("shampoo/{}/rows{}-{}/block{}/", name, o, o + l, b.index);
   }
 
   // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
@@ -787,7 +833,9 @@ class Shampoo final : public Optimizer {
   comm::Communicator* group_ = nullptr;
   int group_size_ = 1, group_rank_ = 0;
   bool in_group0_ = true;
-  bool sharded_ = false;  // the parameters are shards: the blocks are per rank
+  bool sharded_ = false;  // the parameters are shards (rows_): blocks cut from them, owned by shard_rank_
+  std::vector<Rows> rows_;
+  int shard_rank_ = 0;
   int64_t start_ = 1;
   DType fdtype_ = DType::f32;
   bool bf16_ = false;

@@ -83,7 +83,14 @@
 // ckpt::save_state writes every tensor once and ckpt::load_state restores every copy. A state
 // saved on any world size restores on any other: the blocking does not depend on it, and each
 // rank reads the blocks it now owns. Over sharded parameters (rows given) the blocks are cut
-// from this rank's shards and their tensors are per rank.
+// from this rank's shards and owned by this rank of the shard group (Rows::rank). A block that
+// is a block of the whole parameter's blocking (the same dims over the same elements in the
+// same order) has that block's name above, so a shard count that cuts it too restores it
+// exactly; any other is shampoo/<param>/rows<a>-<b>/block<i>/..., i its index in the blocking
+// of rows [a, b). Both are Resize::if_present (core/placed.h): a checkpoint of another shard
+// count that lacks one leaves it fresh (and fsdp-train starts the optimizer afresh). Each also
+// carries the name older dtk gave it as per-rank state (PlacedTensor::legacy:
+// ranks/<r>/shampoo/<param>/block<i>/..., i by shard), so those checkpoints still load.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -212,7 +212,9 @@ void add_options(CLI::App& app, train::Options& o) {
   auto* r = app.add_option("--resume", o.resume,
                            "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest): the "
                            "options of groups Data, Optimization, Shampoo, Compression and Precision are the "
-                           "checkpoint's unless given again (a warning names those that differ)")->group(g);
+                           "checkpoint's unless given again (a warning names those that differ); on another number "
+                           "of ranks it continues as if the run had had them throughout (a warning names what cannot)")
+               ->group(g);
   auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
   r->excludes(i);
   app.add_flag("--auto-resume", o.auto_resume,

@@ -15,8 +15,8 @@ namespace {
 
 bool sharded(parallel::Parallelism& par) { return par.rows(0) != nullptr; }
 
-// Returns false when per-rank state could not be restored (ckpt::load_state).
-bool load(const ckpt::Reader& r, parallel::Parallelism& par, const std::vector<PlacedTensor>& state) {
+// How completely this rank's state was restored (ckpt::load_state).
+ckpt::Restored load(const ckpt::Reader& r, parallel::Parallelism& par, const std::vector<PlacedTensor>& state) {
   const auto [rank, size] = par.state_rank();
   return ckpt::load_state(r, state, rank, size);
 }
@@ -141,10 +141,10 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
   const auto state = placed();
   // Every rank loads its part; a checkpoint whose state does not fit this run (another
   // program's, or other options') ends every rank with the same line (exit 2).
-  bool complete = true;
+  ckpt::Restored restored = ckpt::Restored::exact;
   std::string err;
   try {
-    complete = load(r, par, state);
+    restored = load(r, par, state);
   } catch (const std::exception& e) {
     err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
                       "or take its weights only with --init-from",
@@ -162,17 +162,27 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
     spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
                  path.string());
   }
-  if (!complete) {
+  // State of another number of ranks: carried over exactly (PowerSGD's and randomk's error
+  // feedback, by their mean; Shampoo's blocks that both shard counts cut alike: no warning),
+  // approximately (topk's and signum's error feedback) or not at all. The worst over the ranks,
+  // so that every rank rebuilds the optimizer alike and rank 0 says so.
+  int64_t worst = static_cast<int64_t>(restored);
+  host.all_reduce({&worst, 1, DType::i64, {}}, {&worst, 1, DType::i64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+  restored = static_cast<ckpt::Restored>(worst);
+  if (restored == ckpt::Restored::fresh && sharded(par)) optim = strategy.optimizer(par);  // Shampoo afresh
+  if (first && restored != ckpt::Restored::exact) {
     const int64_t before = meta.extra.value("state_ranks", meta.world_size);
-    if (sharded(par)) {  // Shampoo's blocks follow the shards: a new shard count starts it afresh
-      optim = strategy.optimizer(par);
-      spdlog::warn("{} was written by {} shard ranks, this job has {}: the optimizer's per-shard state (Shampoo's "
-                   "blocks) cannot be resharded and starts afresh",
-                   path.string(), before, par.state_rank().second);
-    } else {
-      spdlog::warn("{} was written by {} ranks, this job has {}: per-rank state (error feedback) starts from zero",
-                   path.string(), before, host.size());
-    }
+    const std::string sizes = fmt::format("{} was written by {} rank{}, this job has {}", path.string(), before,
+                                          before == 1 ? "" : "s", par.state_rank().second);
+    const std::string kind = strategy.config.value("kind", std::string("the compressor"));
+    if (restored == ckpt::Restored::approximate)
+      spdlog::warn("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
+                   "it exactly ({} compresses each rank's own gradient)", sizes, kind, kind);
+    else if (sharded(par))
+      spdlog::warn("{}: the optimizer's blocks cut from those shards are not all blocks of this job's shards "
+                   "(see dtk-checkpoint(5)), so Shampoo starts afresh", sizes);
+    else
+      spdlog::warn("{}: per-rank state starts afresh", sizes);
   }
   spdlog::info("resuming from {} at step {}", path.string(), meta.step);
   return meta.step;
