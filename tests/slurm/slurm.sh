@@ -138,7 +138,7 @@ t1=$(now)
 kill -CONT "$victim" 2>/dev/null || true
 elapsed=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
 [ "$(grep -c "collective timeout" "stopped-$j.out")" = 1 ] || fail "job $j: not one line naming the stopped rank"
-grep -q "collective timeout (5.0 s): rank 1 never reached [a-z_]* #[0-9]* ([^)]*, world), where 1 of 2 ranks wait; it does not answer" \
+grep -Eq "collective timeout \(5.0 s\): rank 1 never reached [a-z_]+ #[0-9]+ \([^)]*, world\), where 1 of 2 ranks wait; it does not answer" \
   "stopped-$j.out" || fail "job $j: the line does not name rank 1"
 python3 -c "assert $t1 - $t0 <= 7" || fail "job $j: the line came $elapsed s after SIGSTOP (limit 5 + 2 s)"
 [ -s dbg/flight-rank-00000.json ] && [ ! -e dbg/flight-rank-00001.json ] || fail "job $j: --debug-dir holds $(ls dbg)"

@@ -125,6 +125,16 @@ TEST(Flight, DiagnosisOfAnExitedRankAndOfACollectiveEveryoneReached) {
             "complete; a broken network, or a step longer than --comm-timeout");
 }
 
+TEST(Flight, DiagnosisOfARankStoppedInsideACollective) {
+  // Rank 2 stopped inside all_reduce #16 after its part reached ranks 1 and 3 (recursive
+  // doubling), which completed it and wait in #17; rank 0 still waits in #16.
+  Report ahead1 = waiting_rank(1, 17), ahead3 = waiting_rank(3, 17), behind = waiting_rank(0, 16);
+  for (Report* r : {&ahead1, &ahead3, &behind}) r->ops.front().bytes = r->ops.back().bytes = 24;
+  EXPECT_EQ(diagnose({behind, ahead1, ahead3}, {2}, {}, 4, 3),
+            "collective timeout (3.0 s): all_reduce #16 (24 B, world) did not complete on 1 of 4 ranks (2 "
+            "completed it); rank 2 does not answer (stopped, or its process is hung)");
+}
+
 TEST(Flight, NoDiagnosisWithoutAnOpenCollective) {
   Report gpu;  // waits for the GPU, no collective open
   gpu.rank = 0;

@@ -223,22 +223,28 @@ std::string to_json(const Report& r) {
 
 std::string diagnose(const std::vector<Report>& answered, const std::vector<int>& silent,
                      const std::vector<int>& exited, int world_size, double timeout_s) {
-  // The collective that most waiting ranks are blocked in (the oldest open operation of each).
-  std::map<std::pair<std::string, uint64_t>, std::vector<int>> waiting;
-  std::map<std::pair<std::string, uint64_t>, const Op*> what;
+  // The collective that blocks: the communicator that most waiting ranks are blocked on (the
+  // oldest open collective of each; ties: the longest wait), and there the lowest number among
+  // them (what program order waits for: a rank ahead completed what the others wait in).
+  std::map<std::string, std::pair<const Op*, int>> lowest;  // communicator -> (lowest, waiting ranks)
   for (const Report& r : answered) {
     if (r.waits.empty()) continue;
     if (const Op* o = oldest_open(r, false)) {
-      waiting[{o->comm, o->seq}].push_back(r.rank);
-      what[{o->comm, o->seq}] = o;
+      auto& [l, n] = lowest[o->comm];
+      ++n;
+      if (!l || o->seq < l->seq || (o->seq == l->seq && o->issued_ago > l->issued_ago)) l = o;
     }
   }
-  if (waiting.empty()) return "";
-  auto target = waiting.begin();
-  for (auto it = waiting.begin(); it != waiting.end(); ++it)
-    if (it->second.size() > target->second.size()) target = it;
-  const auto& [label, seq] = target->first;
-  const Op& op = *what[target->first];
+  if (lowest.empty()) return "";
+  const Op* target = nullptr;
+  int most = 0;
+  for (const auto& [label, on] : lowest)
+    if (!target || on.second > most || (on.second == most && on.first->issued_ago > target->issued_ago)) {
+      target = on.first;
+      most = on.second;
+    }
+  const std::string label = target->comm;
+  const uint64_t seq = target->seq;
 
   // Its members: as any report knows them; otherwise every rank that has the communicator or
   // did not answer.
@@ -256,6 +262,21 @@ std::string diagnose(const std::vector<Report>& answered, const std::vector<int>
   for (const Report& r : answered) by_rank[r.rank] = &r;
   const std::set<int> silent_set(silent.begin(), silent.end()), exited_set(exited.begin(), exited.end());
 
+  // Which answering members wait in it, and which completed it already (then every member
+  // reached it: a rank completes a collective only with every member's part).
+  int waiters = 0, completed = 0;
+  for (int m : members) {
+    auto it = by_rank.find(m);
+    if (it == by_rank.end()) continue;
+    const Report& r = *it->second;
+    const Comm* c = find_comm(r, label);
+    if (c && c->completed >= seq) {
+      ++completed;
+    } else if (!r.waits.empty() && c && c->issued >= seq) {
+      ++waiters;
+    }
+  }
+
   // The previous operation of the communicator, as a waiting rank recorded it.
   std::string previous;
   for (const Report& r : answered)
@@ -270,7 +291,8 @@ std::string diagnose(const std::vector<Report>& answered, const std::vector<int>
       w = "has exited (its process is gone)";
     } else if (silent_set.count(m)) {
       w = "does not answer (stopped, or its process is hung)";
-      if (!previous.empty()) w += fmt::format("; the collective before on {} was {}", label, previous);
+      if (!previous.empty() && completed == 0)
+        w += fmt::format("; the collective before on {} was {}", label, previous);
     } else if (auto it = by_rank.find(m); it != by_rank.end()) {
       const Report& r = *it->second;
       const Comm* c = find_comm(r, label);
@@ -300,14 +322,20 @@ std::string diagnose(const std::vector<Report>& answered, const std::vector<int>
     where.push_back(std::move(w));
   }
 
-  const std::string target_text = op_text(op.kind, seq, op.bytes, label);
-  const int waiters = static_cast<int>(target->second.size());
+  const std::string target_text = op_text(target->kind, seq, target->bytes, label);
   if (culprits.empty())
-    return fmt::format("collective timeout ({:.1f} s): every rank of {} reached {} and it did not complete; a "
+    return fmt::format("collective timeout ({:.1f} s): every rank of {} reached {} and it did not complete{}; a "
                        "broken network, or a step longer than --comm-timeout",
-                       timeout_s, label, target_text);
+                       timeout_s, label, target_text,
+                       completed ? fmt::format(" on {} of {} ranks", waiters, world_size) : std::string());
   std::string line;
-  if (culprits.size() == 1) {
+  if (completed) {  // every member reached it; some completed it, the culprits hold the others back
+    line = fmt::format("collective timeout ({:.1f} s): {} did not complete on {} of {} ranks ({} completed it)",
+                       timeout_s, target_text, waiters, world_size, completed);
+    constexpr size_t kShown = 8;
+    for (size_t i = 0; i < culprits.size() && i < kShown; ++i)
+      line += fmt::format("; rank {} {}", culprits[i], where[i]);
+  } else if (culprits.size() == 1) {
     line = fmt::format("collective timeout ({:.1f} s): rank {} never reached {}, where {} of {} ranks wait; it {}",
                        timeout_s, culprits[0], target_text, waiters, world_size, where[0]);
   } else {

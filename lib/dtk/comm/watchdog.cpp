@@ -206,6 +206,10 @@ std::vector<int> other_ranks() {
 
 // Ends the job when a hurried wait finds a peer whose process is gone (see hurry()).
 [[noreturn]] void expire_dead(const Slot& s, const std::vector<int>& exited) {
+  if (g_queried || g_printed) {  // the job is ending after a reported timeout: nothing to add
+    write_records();
+    end_job();
+  }
   const char* what = s.what.load();
   std::string ranks;
   for (size_t i = 0; i < exited.size(); ++i) ranks += (i ? ", " : "") + std::to_string(exited[i]);
