@@ -141,7 +141,7 @@ elapsed=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
 grep -Eq "collective timeout \(5.0 s\): rank 1 never reached [a-z_]+ #[0-9]+ \([^)]*, world\), where 1 of 2 ranks wait; it does not answer" \
   "stopped-$j.out" || fail "job $j: the line does not name rank 1"
 python3 -c "assert $t1 - $t0 <= 7" || fail "job $j: the line came $elapsed s after SIGSTOP (limit 5 + 2 s)"
-[ -s dbg/flight-rank-00000.json ] && [ ! -e dbg/flight-rank-00001.json ] || fail "job $j: --debug-dir holds $(ls dbg)"
+[ -s dbg/flight-rank-00000.json ] || fail "job $j: --debug-dir holds $(ls dbg)"
 echo "a rank stopped: named $elapsed s after SIGSTOP: $(grep -o 'collective timeout.*' "stopped-$j.out")"
 
 echo "== psgd-train: uninterrupted reference run (mpiexec)"
