@@ -79,8 +79,10 @@ constexpr double kReportS = 3.0;   // how long a rank that was asked waits for t
 constexpr double kProbeS = 0.2;    // how long a peer has to accept a connection when probed
 std::mutex g_dir_mu;
 std::string g_debug_dir;
+constexpr double kStoppedGapS = 2.0;  // the watchdog thread did not run this long: the process was stopped
 std::atomic<bool> g_queried{false};  // another rank gathered the records: it reports
 std::atomic<bool> g_printed{false};  // this process printed the report
+bool g_was_stopped = false;          // the watchdog thread's: its ticks had a gap of kStoppedGapS
 
 std::vector<flight::Wait> current_waits() {
   std::vector<flight::Wait> out;
@@ -168,7 +170,10 @@ std::vector<int> other_ranks() {
     print_once(mine);
     end_job();
   }
-  if (g_queried) {  // another rank gathers the records and reports: leave it the time to
+  // The process was stopped (SIGSTOP) and runs again, as a launcher ending the job lets it: it
+  // is the culprit, and the others have reported; or another rank gathers the records and
+  // reports: leave it the time to.
+  if (g_queried || g_was_stopped) {
     write_records();
     const auto until = Clock::now() + std::chrono::duration<double>(kReportS);
     while (Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -198,8 +203,11 @@ std::vector<int> other_ranks() {
   if (line.empty()) line = mine;  // no collective open anywhere (a wait for the GPU alone)
   if (lowest == g_rank) {
     print_once(line);
-  } else if (side::ask({lowest}, 'P', line, kAskS)[0].state != side::State::answered) {
-    print_once(line);
+    // Another rank that timed out at the same moment may be sending its line here: answer it
+    // (the line is printed once) rather than leave it to print its own.
+    std::this_thread::sleep_for(std::chrono::duration<double>(2 * kAskS));
+  } else if (side::ask({lowest}, 'P', line, kAskS)[0].state == side::State::silent) {
+    print_once(line);  // (exited: it answered a moment ago, and has ended after its own report)
   }
   end_job();
 }
@@ -222,13 +230,15 @@ std::vector<int> other_ranks() {
 
 void loop() {
   std::unique_lock lock(g_mu);
-  long long last_probe = 0;
+  long long last_probe = 0, last_tick = now_ns();
   while (!g_stop) {
     const long long timeout = g_timeout_ns.load();
     const auto period = std::chrono::nanoseconds(std::clamp(timeout / 20, 10'000'000LL, 250'000'000LL));
     g_cv.wait_for(lock, period, [] { return g_stop; });
     if (g_stop) break;
     const long long now = now_ns(), hurry = g_hurry_ns.load();
+    if (now - last_tick > kStoppedGapS * 1e9) g_was_stopped = true;
+    last_tick = now;
     const int used = std::min(g_used.load(), kSlots);
     for (int i = 0; i < used; ++i) {
       const Slot& s = g_slots[i];
