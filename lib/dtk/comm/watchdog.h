@@ -10,8 +10,9 @@
 // watchdog fires first gathers the flight records (flight.h) of every rank over the side channel
 // (side_channel.h), where each rank's answer comes from a thread of its own, and the lowest rank
 // that answered prints one line naming the rank(s) that never reached the collective and where
-// they are (flight::diagnose); the others end quietly, all with exit status 1. Without a side
-// channel (one rank, or no socket) each rank says what it waited for, as before.
+// they are (flight::diagnose); the others end quietly, all with exit status 1 (a rank that
+// was stopped and runs again, as a launcher's SIGCONT before its kill lets it, ends quietly
+// too). Without a side channel (one rank, or no socket) each rank says what it waited for.
 #pragma once
 #include <cstddef>
 #include <string>
