@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "dtk/cli/cli.h"
+#include "dtk/comm/side_channel.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
 
@@ -32,6 +33,17 @@ int main(int argc, char** argv) {
     if (culprit && mode == "die") raise(SIGKILL);
     if (culprit && mode == "hang") sleep(120);
     if (culprit && mode == "fail-on-one") dtk::fail("a failure on the last rank only");
+    // After a stop request, a peer whose process is gone (its side channel closed, as at its
+    // death) ends the wait at once; a peer that is only stopped does not, and the stop's grace
+    // of 5 s applies.
+    if (mode == "gone-at-stop" || mode == "stopped-at-stop") {
+      if (culprit && mode == "gone-at-stop") {
+        dtk::comm::side::stop();
+        sleep(60);
+      }
+      if (culprit) raise(SIGSTOP);
+      dtk::comm::watchdog::hurry();
+    }
     // A GPU that never finishes: the host's wait for it (the hook that cuda::wait_event takes)
     // must end the job as a hung collective does, after running the expiry hook (NCCL's aborts).
     if (!culprit && mode == "device-hang") sleep(1);  // the culprit's watchdog speaks first
@@ -56,7 +68,7 @@ int main(int argc, char** argv) {
   p.name = "comm-fault";
   p.description = "test program: one rank misbehaves";
   p.add_options = [](CLI::App& app) {
-    app.add_option("--mode", mode, "die, hang, device-hang, overlapping-waits, usage-on-one, fail-on-one or ok")->required();
+    app.add_option("--mode", mode, "die, hang, device-hang, overlapping-waits, gone-at-stop, stopped-at-stop, usage-on-one, fail-on-one or ok")->required();
   };
   p.validate = [&run](dtk::comm::Runtime& rt) -> dtk::cli::Work {
     if (mode == "usage-on-one" && rt.rank() == rt.size() - 1) dtk::fail_usage("bad input seen on the last rank only");

@@ -7,8 +7,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "dtk/cli/checks.h"
+#include "dtk/comm/watchdog.h"
+#include "dtk/core/checks.h"
 #include "dtk/cli/parse.h"
 #include "dtk/core/error.h"
 
@@ -23,6 +26,7 @@ struct Common {
   std::string log_level = "info";
   bool log_all_ranks = false;
   double comm_timeout = 600;
+  std::string debug_dir;
 };
 
 void setup_logging(const std::string& name, const Common& c, int rank) {
@@ -98,6 +102,11 @@ int main(int argc, char** argv, const Program& p) {
                  "seconds a collective may take before the job is ended as hung")
       ->check(positive())
       ->group("Common");
+  app.add_option("--debug-dir", common.debug_dir,
+                 "write each rank's flight records (its last collectives: dtk-flight(5)) to "
+                 "DIR/flight-rank-NNNNN.json when it ends and when a collective times out")
+      ->type_name("DIR")
+      ->group("Common");
   if (p.add_options) p.add_options(app);
 
   const std::vector<std::string> args(argv + 1, argv + argc);
@@ -129,7 +138,11 @@ int main(int argc, char** argv, const Program& p) {
 
   // Phase 1: validation, no communication; every rank learns the worst outcome.
   Work work;
-  code = guarded([&] { work = p.validate(*rt); return 0; }, message);
+  code = guarded([&] {
+    if (!common.debug_dir.empty()) check_output_dir("--debug-dir", common.debug_dir);
+    work = p.validate(*rt);
+    return 0;
+  }, message);
   const int worst = rt->max_over_ranks(code);
   if (worst != kExitOk) {
     const int rank0 = rt->broadcast_int(code, 0);
@@ -137,6 +150,12 @@ int main(int argc, char** argv, const Program& p) {
       spdlog::error("{}", message);
     spdlog::default_logger()->flush();
     return worst;
+  }
+
+  if (!common.debug_dir.empty()) {
+    std::error_code ec;  // every rank creates it; a rank that finds it made already is fine
+    std::filesystem::create_directories(common.debug_dir, ec);
+    comm::watchdog::set_debug_dir(common.debug_dir);
   }
 
   // Phase 2: the work. An error every rank raised together ends them all normally (rank 0 says

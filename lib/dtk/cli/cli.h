@@ -1,5 +1,6 @@
 // What every dtk program shares: CLI11 set-up (--help, --version, --config FILE), logging on
-// stderr (rank 0 unless --log-all-ranks), --comm-timeout, and exit codes that every rank agrees on.
+// stderr (rank 0 unless --log-all-ranks), --comm-timeout, --debug-dir (the flight records,
+// comm/watchdog.h), and exit codes that every rank agrees on.
 //
 // A program runs in two phases. validate() checks options and inputs without communicating and
 // returns the work, holding what it resolved (the options stay as parsed); any rank's

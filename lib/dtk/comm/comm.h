@@ -232,6 +232,7 @@ class Runtime {
   Launcher launcher_;
   bool mpi_ = false;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int runtime_comm_ = -1;  // the flight recorder's id of the runtime's own calls (flight.h)
   std::shared_ptr<Communicator> mpi_world_, nccl_world_, local_world_;
   int* argc_;
   char*** argv_;

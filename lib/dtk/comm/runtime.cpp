@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/comm/flight.h"
 #include "dtk/comm/mpi/mpi_comm.h"
+#include "dtk/comm/side_channel.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
 #include "dtk/core/tensor.h"
@@ -67,7 +69,7 @@ Runtime::Runtime(int* argc, char*** argv, Options opts)
   if (g_runtime) fail("dtk::comm::Runtime: only one runtime per process");
   g_runtime = this;
   if (launcher_ != Launcher::singleton && !(launcher_ == Launcher::srun && srun_without_pmix())) init_mpi();
-  watchdog::start(opts_.timeout_s, rank_);
+  watchdog::start(opts_.timeout_s, rank_, size_);
   cuda::set_wait_hook(&wait_for_device);
 }
 
@@ -118,6 +120,19 @@ void Runtime::init_mpi() {
       ++local_size_;
     }
   mpi_types_init();
+  // The runtime's own calls on MPI_COMM_WORLD, numbered apart from the communicators'.
+  std::vector<int> all(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) all[r] = r;
+  runtime_comm_ = flight::enrol("runtime", all);
+  // The watchdog's side channel (watchdog.h): every rank's host and port.
+  if (size_ > 1) {
+    const int port = watchdog::open_side_channel();
+    std::vector<int> ports(static_cast<size_t>(size_));
+    MPI_Allgather(&port, 1, MPI_INT, ports.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    std::vector<std::string> hosts;
+    for (int r = 0; r < size_; ++r) hosts.emplace_back(names.data() + static_cast<size_t>(r) * kName);
+    side::set_peers(hosts, ports, rank_);
+  }
 }
 
 void Runtime::check_launch() const {
@@ -157,7 +172,7 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
       if (!mpi_world_) {  // a duplicate: its communication thread never meets the runtime's own calls
         MPI_Comm dup;
         MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-        mpi_world_ = make_mpi_communicator(dup, true);
+        mpi_world_ = make_mpi_communicator(dup, true, "world");
       }
       return mpi_world_;
     case Backend::nccl:
@@ -218,16 +233,20 @@ std::string shared_gpu_problem(const std::vector<GpuPlacement>& placements) {
 
 int Runtime::max_over_ranks(int v) {
   if (!mpi_ || size_ == 1) return v;
+  const flight::Ticket t = flight::issue(runtime_comm_, "exit-code agreement", sizeof(int));
   watchdog::Scope scope("exit-code agreement", sizeof(int));
   int out = v;
   MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  flight::complete(t);
   return out;
 }
 
 int Runtime::broadcast_int(int v, int root) {
   if (!mpi_ || size_ == 1) return v;
+  const flight::Ticket t = flight::issue(runtime_comm_, "broadcast of an int", sizeof(int));
   watchdog::Scope scope("broadcast of an int", sizeof(int));
   MPI_Bcast(&v, 1, MPI_INT, root, MPI_COMM_WORLD);
+  flight::complete(t);
   return v;
 }
 
@@ -236,8 +255,10 @@ std::vector<std::string> Runtime::gather_strings(const std::string& mine) {
   std::vector<char> send(kLen, 0), recv(kLen * size_, 0);
   mine.copy(send.data(), kLen - 1);
   if (mpi_ && size_ > 1) {
+    const flight::Ticket t = flight::issue(runtime_comm_, "gather of rank names", recv.size());
     watchdog::Scope scope("gather of rank names", recv.size());
     MPI_Allgather(send.data(), kLen, MPI_CHAR, recv.data(), kLen, MPI_CHAR, MPI_COMM_WORLD);
+    flight::complete(t);
   } else {
     recv = send;
   }

@@ -49,6 +49,7 @@
 #include <thread>
 #include <utility>
 
+#include "dtk/comm/flight.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
 
@@ -358,6 +359,7 @@ struct MpiWork final : Work::State {
   const char* what = "";
   size_t bytes = 0;
   Staging staging;
+  flight::Ticket ticket;
 
   bool test() override {
     int flag = 0;
@@ -373,6 +375,7 @@ struct MpiWork final : Work::State {
     finish();
   }
   void finish() {
+    flight::complete(ticket);
     auto steps = std::move(staging.on_done);
     staging.on_done.clear();
     for (auto& f : steps) f();
@@ -382,9 +385,19 @@ struct MpiWork final : Work::State {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  MpiCommunicator(MPI_Comm comm, bool owned, const std::string& label) : comm_(comm), owned_(owned) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // Its ranks in the world, for the flight recorder.
+    std::vector<int> mine(static_cast<size_t>(size_)), world(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) mine[i] = i;
+    MPI_Group g, w;
+    MPI_Comm_group(comm_, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &w);
+    MPI_Group_translate_ranks(g, size_, mine.data(), w, world.data());
+    MPI_Group_free(&g);
+    MPI_Group_free(&w);
+    flight_ = flight::enrol(label, world);
     MPI_Comm node;
     MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank_);
@@ -612,7 +625,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "split");
-    return make_mpi_communicator(sub, true);
+    return make_mpi_communicator(sub, true, flight::split_label(flight_, color));
   }
 
  private:
@@ -646,9 +659,11 @@ class MpiCommunicator final : public Communicator {
   // the latter on the communication thread when there is one.
   template <typename Call>
   Work launch(const char* what, size_t bytes, Mode mode, Staging st, Call call) {
-    if (mode == Mode::sync) return now(what, bytes, st, [&] { check_mpi(call(st, nullptr), what); });
+    const std::string_view kind(what);  // send, recv, send_recv: point to point
+    const flight::Ticket t = flight::issue(flight_, what, bytes, kind == "send" || kind == "recv" || kind == "send_recv");
+    if (mode == Mode::sync) return now(t, what, bytes, st, [&] { check_mpi(call(st, nullptr), what); });
     if (threaded(st))
-      return run(what, bytes, mode, std::move(st), [what, call](Staging& s, WaitFn wait) {
+      return queue(t, what, bytes, std::move(st), [what, call](Staging& s, WaitFn wait) {
         MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         check_mpi(call(s, r), what);
         wait(r, 2, what);
@@ -656,6 +671,7 @@ class MpiCommunicator final : public Communicator {
     auto w = std::make_shared<MpiWork>();
     w->what = what;
     w->bytes = bytes;
+    w->ticket = t;
     w->staging = std::move(st);
     check_mpi(call(w->staging, w->req), what);
     return Work(std::move(w));
@@ -665,9 +681,16 @@ class MpiCommunicator final : public Communicator {
   // on the communication thread with polling waits (async; the caller checks threaded() first).
   template <typename Body>
   Work run(const char* what, size_t bytes, Mode mode, Staging st, Body body) {
-    if (mode == Mode::sync) return now(what, bytes, st, [&] { body(st, &block); });
-    return Work(thread_->submit(what, bytes, [st = std::move(st), body]() mutable {
+    const flight::Ticket t = flight::issue(flight_, what, bytes);
+    if (mode == Mode::sync) return now(t, what, bytes, st, [&] { body(st, &block); });
+    return queue(t, what, bytes, std::move(st), std::move(body));
+  }
+  // An operation issued (numbered) already, to the communication thread.
+  template <typename Body>
+  Work queue(flight::Ticket t, const char* what, size_t bytes, Staging st, Body body) {
+    return Work(thread_->submit(what, bytes, [st = std::move(st), body, t]() mutable {
       body(st, &poll);
+      flight::complete(t);
       for (auto& f : st.on_done) f();
     }));
   }
@@ -675,12 +698,13 @@ class MpiCommunicator final : public Communicator {
   // A sync operation: once everything queued has completed (program order), f() on this thread
   // under the watchdog, then the staging's completion steps.
   template <typename F>
-  Work now(const char* what, size_t bytes, Staging& st, F f) {
+  Work now(flight::Ticket t, const char* what, size_t bytes, Staging& st, F f) {
     if (thread_) thread_->drain(what, bytes);
     {
       watchdog::Scope scope(what, bytes);
       f();
     }
+    flight::complete(t);
     for (auto& step : st.on_done) step();
     return Work();
   }
@@ -715,6 +739,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   bool owned_;
+  int flight_ = -1;  // this communicator in the flight recorder
   std::unique_ptr<CommThread> thread_;  // null: async operations are MPI's nonblocking calls
   std::vector<char> ring_scratch_;  // ring_reduce_scatter's (used by one operation at a time: program order)
 };
@@ -739,9 +764,9 @@ void mpi_select_algorithms() {
   if (automatic_algorithms()) setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
 }
 
-std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned) {
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned, const std::string& label) {
   mpi_types_init();
-  return std::make_shared<MpiCommunicator>(comm, owned);
+  return std::make_shared<MpiCommunicator>(comm, owned, label);
 }
 
 }  // namespace dtk::comm

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "dtk/comm/comm.h"
 
@@ -12,6 +13,7 @@ namespace dtk::comm {
 // DTK_ALLREDUCE_ALGO=mpi or the user chose one.
 void mpi_select_algorithms();
 void mpi_types_init();  // after MPI_Init: the bf16 / f16 datatypes and reduction ops
-std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned);
+// label: its name in the flight recorder (flight.h), "world" for the world's duplicate.
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, bool owned, const std::string& label);
 
 }  // namespace dtk::comm

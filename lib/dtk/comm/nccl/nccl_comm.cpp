@@ -25,8 +25,10 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <string_view>
 #include <vector>
 
+#include "dtk/comm/flight.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
 #include "dtk/core/tensor.h"
@@ -154,6 +156,7 @@ struct NcclWork final : Work::State {
   size_t bytes = 0;
   std::shared_ptr<void> keep;  // scratch memory of the operation, used on the lane
   bool ordered = false;        // the current stream waits for the event (or the host did)
+  flight::Ticket ticket;       // completed when the host sees the event (flight.h)
 
   ~NcclWork() override {
     // Scratch goes back to the caching allocator, which hands it out in the current stream's
@@ -169,6 +172,7 @@ struct NcclWork final : Work::State {
     }
     check_cuda(e, what);
     ordered = true;
+    flight::complete(ticket);
     return true;
   }
   // The current stream waits for completion; the host goes on.
@@ -180,6 +184,7 @@ struct NcclWork final : Work::State {
   void synchronize() override {
     cuda::wait_event(event, what, bytes);
     ordered = true;
+    flight::complete(ticket);
   }
 };
 
@@ -207,8 +212,11 @@ struct Lane {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int local_rank, int local_size, std::shared_ptr<Lane> lane)
-      : comm_(comm), handle_(enrol(comm)), lane_(std::move(lane)), stream_(lane_->stream) {
+  // label and members: its name and world ranks in the flight recorder (flight.h).
+  NcclCommunicator(ncclComm_t comm, int local_rank, int local_size, std::shared_ptr<Lane> lane,
+                   const std::string& label, std::vector<int> members)
+      : comm_(comm), handle_(enrol(comm)), lane_(std::move(lane)), stream_(lane_->stream),
+        flight_(flight::enrol(label, std::move(members))) {
     int n = 0, r = 0;
     check_nccl(ncclCommCount(comm_, &n), "comm count");
     check_nccl(ncclCommUserRank(comm_, &r), "comm rank");
@@ -354,7 +362,8 @@ class NcclCommunicator final : public Communicator {
       watchdog::Scope scope("NCCL communicator split", 0);
       check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "split");
     }
-    return std::make_shared<NcclCommunicator>(sub, local_rank_, local_size_, lane_);
+    return std::make_shared<NcclCommunicator>(sub, local_rank_, local_size_, lane_,
+                                              flight::split_label(flight_, color), std::vector<int>{});
   }
 
  private:
@@ -362,8 +371,11 @@ class NcclCommunicator final : public Communicator {
   Work enqueue(const char* what, size_t bytes, Mode mode, Call call, std::shared_ptr<void> keep = {}) {
     check_cuda(cudaEventRecord(lane_->ready, compute_stream()), "event record");  // the inputs' producers
     check_cuda(cudaStreamWaitEvent(stream_, lane_->ready, 0), "stream wait");
+    const std::string_view kind(what);  // send, recv, send_recv: point to point
+    const flight::Ticket t = flight::issue(flight_, what, bytes, kind == "send" || kind == "recv" || kind == "send_recv");
     check_nccl(call(), what);
     auto w = std::make_shared<NcclWork>();
+    w->ticket = t;
     w->pool = lane_->events;
     w->what = what;
     w->bytes = bytes;
@@ -388,6 +400,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Handle> handle_;
   std::shared_ptr<Lane> lane_;
   cudaStream_t stream_;
+  int flight_;
   Tensor scratch_;  // the barrier's
 };
 
@@ -414,7 +427,10 @@ std::shared_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, bool mpi_ini
     watchdog::Scope scope("NCCL communicator set-up", 0);
     check_nccl(ncclCommInitRank(&c, size, id, rank), "init");
   }
-  return std::make_shared<NcclCommunicator>(c, local_rank, local_size, std::make_shared<Lane>());
+  std::vector<int> members(static_cast<size_t>(size));  // comm is MPI_COMM_WORLD (Runtime::world)
+  for (int r = 0; r < size; ++r) members[r] = r;
+  return std::make_shared<NcclCommunicator>(c, local_rank, local_size, std::make_shared<Lane>(), "nccl world",
+                                            std::move(members));
 }
 
 std::string nccl_version() {
