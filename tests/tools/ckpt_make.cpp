@@ -9,11 +9,14 @@
 //                                time (the export's zip64 and memory checks)
 //   ckpt-make chunk FILE NAME    prints the file offset of the first chunk of dataset NAME
 //   ckpt-make header FILE NAME   prints the file offset of dataset NAME's object header
-//   ckpt-make hostile OUT_DIR    well-formed HDF5 checkpoints whose content lies (seeds and
-//                                regressions of tests/fuzz): scalar-2d.h5 (the 0-d marker on a
-//                                [2, 3] dataset), huge.h5 (a [2^40, 2^40] dataset, no chunk
+//   ckpt-make hostile OUT_DIR    well-formed HDF5 files whose content lies (seeds and
+//                                regressions of tests/fuzz): checkpoints scalar-2d.h5 (the 0-d
+//                                marker on a [2, 3] dataset), huge.h5 (a [2^40, 2^40] dataset),
+//                                unwritten.h5 (a [2^20, 2^20] dataset, 4 TiB, no chunk
 //                                written), shards.h5 (shard_offsets and shard_lengths that
-//                                disagree, negative)
+//                                disagree, negative); data files images-wrap.h5 (images whose
+//                                H * W * C wraps to 4) and tokens-unwritten.h5 (2^40 tokens,
+//                                none written)
 #include <hdf5.h>
 
 #include <algorithm>
@@ -191,12 +194,12 @@ hid_t base_for_hostile(const std::string& path) {
 }
 
 // A chunked f32 dataset of `dims` (chunks of one element), zeros written when `fill`.
-hid_t hostile_dataset(hid_t f, const char* name, std::vector<hsize_t> dims, bool fill = true) {
+hid_t hostile_dataset(hid_t f, const char* name, std::vector<hsize_t> dims, bool fill = true, hid_t type = H5T_IEEE_F32LE) {
   const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
   const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
   std::vector<hsize_t> chunk(dims.size(), 1);
   H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
-  const hid_t d = H5Dcreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  const hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
   H5Pclose(dcpl);
   H5Sclose(space);
   if (d < 0) fail(std::string("cannot create ") + name);
@@ -234,6 +237,23 @@ void hostile(const std::string& dir) {
   {
     const hid_t f = base_for_hostile(dir + "/unwritten.h5");
     H5Dclose(hostile_dataset(f, "model/unwritten", {hsize_t{1} << 20, hsize_t{1} << 20}, false));
+    H5Fclose(f);
+  }
+  // Data files (data-pack's layout, tests/fuzz/token_file and image_file).
+  {
+    const hid_t f = H5Fcreate((dir + "/images-wrap.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    // [1, 2^62 + 1, 4, 1]: H * W * C wraps to 4 in 64 bits, an mlp of input_dim 4's sample size
+    H5Dclose(hostile_dataset(f, "images", {1, (hsize_t{1} << 62) + 1, 4, 1}, false, H5T_STD_U8LE));
+    const hid_t l = hostile_dataset(f, "labels", {1}, false, H5T_STD_I64LE);
+    const int64_t zero = 0;
+    H5Dwrite(l, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &zero);
+    H5Dclose(l);
+    H5Fclose(f);
+  }
+  {
+    const hid_t f = H5Fcreate((dir + "/tokens-unwritten.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dclose(hostile_dataset(f, "tokens", {hsize_t{1} << 40}, false, H5T_STD_U16LE));
+    int_attr(f, "vocab_size", {256});
     H5Fclose(f);
   }
   {

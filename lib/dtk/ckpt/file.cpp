@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <limits>
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/ckpt/h5.h"
@@ -153,30 +152,6 @@ void as_output(const fs::path& file, F&& f) {
 }
 
 // A file's state_id ("" when it has none: written before state_id existed, or a full checkpoint).
-// What a dataset's header claims, checked before anything is allocated for it: a size that
-// fits in memory's numbers, and, for a dataset stored in chunks (not a sharded index's virtual
-// one), every chunk present: dtk writes each one, so a missing chunk is a truncated or forged
-// file, whose unwritten rows HDF5 would otherwise return as zeros.
-void check_stored(hid_t ds, const TensorInfo& ti, const std::string& where) {
-  int64_t numel = 1;
-  for (int64_t d : ti.shape)
-    if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > std::numeric_limits<int64_t>::max() / 8)
-      fail_usage("{}: {} has shape {}, more elements than any tensor can hold", where, ti.name, shape_str(ti.shape));
-  Id dcpl(H5Dget_create_plist(ds));
-  if (numel == 0 || H5Pget_layout(dcpl) != H5D_CHUNKED) return;
-  const int nd = H5Pget_chunk(dcpl, 0, nullptr);
-  if (nd != static_cast<int>(ti.shape.size())) fail_usage("{}: {}: its chunks do not match its shape", where, ti.name);
-  std::vector<hsize_t> chunk(static_cast<size_t>(nd));
-  H5Pget_chunk(dcpl, nd, chunk.data());
-  hsize_t expected = 1, stored = 0;
-  for (size_t i = 0; i < chunk.size(); ++i) {
-    if (chunk[i] == 0) fail_usage("{}: {}: a chunk dimension is 0", where, ti.name);
-    expected *= (static_cast<hsize_t>(ti.shape[i]) + chunk[i] - 1) / chunk[i];  // <= numel, no overflow
-  }
-  if (H5Dget_num_chunks(ds, Id(H5Dget_space(ds)), &stored) < 0 || stored != expected)
-    fail_usage("{}: {} holds {} of its {} chunks (truncated or damaged)", where, ti.name, stored, expected);
-}
-
 std::string state_id(hid_t file) { return h5::has_attr(file, kStateId) ? h5::get_attr_string(file, kStateId) : ""; }
 
 }  // namespace
@@ -421,8 +396,11 @@ void Reader::open(const fs::path& path) {
     TensorInfo ti;
     ti.name = name;
     ti.dtype = h5::dtype_of(Id(H5Dget_type(ds)), where + ": " + name);
-    ti.shape = dims_of(Id(H5Dget_space(ds)));
-    check_stored(ds, ti, where);
+    Id space(H5Dget_space(ds));
+    std::vector<hsize_t> dims(static_cast<size_t>(std::max(H5Sget_simple_extent_ndims(space), 0)));
+    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    h5::check_stored(ds, dims, dtype_size(ti.dtype), where + ": " + name);
+    ti.shape = dims_of(space);
     if (h5::has_attr(ds, "dtk_scalar")) {
       if (ti.shape != Shape{1}) fail_usage("{}: {} is marked 0-d (dtk_scalar) but has shape {}", where, name, shape_str(ti.shape));
       ti.shape = {};

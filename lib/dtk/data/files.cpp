@@ -77,6 +77,7 @@ Array open_array(hid_t file, const char* name, const std::string& path) {
   if (rank < 0) fail_usage(path + ": `" + name + "` has no simple shape");
   a.dims.resize(static_cast<size_t>(rank));
   H5Sget_simple_extent_dims(space, a.dims.data(), nullptr);
+  h5::check_stored(a.dset, a.dims, H5Tget_size(a.type), path + ": `" + name + "`");
   return a;
 }
 
