@@ -194,8 +194,38 @@ std::string closest_option(const CLI::App& app, const std::string& name) {
   return closest(names, name);
 }
 
+namespace {
+
+// The line of a ParseError, before one_line.
+std::pair<std::string, bool> error_line(const CLI::App& app, const CLI::ParseError& e, const std::vector<std::string>& args,
+                                        const TomlConfig* config);
+
+// Control characters (a TOML key or value may hold "\n") as escapes: the error stays one line.
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::pair<std::string, bool> parse_error_line(const CLI::App& app, const CLI::ParseError& e,
                                               const std::vector<std::string>& args, const TomlConfig* config) {
+  auto [line, help] = error_line(app, e, args, config);
+  return {one_line(line), help};
+}
+
+namespace {
+
+std::pair<std::string, bool> error_line(const CLI::App& app, const CLI::ParseError& e, const std::vector<std::string>& args,
+                                        const TomlConfig* config) {
   std::string m = e.what();
   // A value that broke a rule of checks.h: "--steps: must be at least 1" as a sentence.
   const bool rule = dynamic_cast<const CLI::ValidationError*>(&e) != nullptr;
@@ -260,5 +290,7 @@ std::pair<std::string, bool> parse_error_line(const CLI::App& app, const CLI::Pa
   }
   return {m, true};
 }
+
+}  // namespace
 
 }  // namespace dtk::cli

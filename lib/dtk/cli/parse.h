@@ -42,7 +42,8 @@ std::shared_ptr<TomlConfig> use_toml_config(CLI::App& app);
 // is a CLI::ArgumentMismatch. Throws CLI::ParseError (parse_error_line says it in one line).
 void parse_args(CLI::App& app, int argc, char** argv);
 
-// The line that says what went wrong in app.parse(args), and whether "--help" would tell more:
+// The line that says what went wrong in app.parse(args), and whether "--help" would tell more
+// (one line: control characters from the file, a key "a\nb", are shown as escapes):
 //  - a value that broke a rule: CLI11's "--steps: must be at least 1" as "--steps must be at
 //    least 1"; when the value came from the --config file, the file, the line and the key first;
 //  - a --config file that is missing, is not TOML, or sets a key no option takes (with the
