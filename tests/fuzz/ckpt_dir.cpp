@@ -1,7 +1,7 @@
 // Fuzz target: a checkpoint directory (ckpt::Directory, as --resume DIR and --auto-resume find
 // its latest entry). The input is text: its first line is the `latest` file's content, each
 // further line the name of an entry made in the directory (a file, or a directory when the name
-// ends in '/'); names with a '/' inside, ".", ".." and empty ones are skipped. Then the
+// ends in '/'); names with a '/' inside, ".", "..", empty ones and repeats are skipped. Then the
 // directory's latest entry is looked up and opened by ckpt::Reader.
 #include <filesystem>
 #include <sstream>
@@ -28,6 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         name.find('/') != std::string::npos || name.find('\0') != std::string::npos)
       continue;
     std::error_code ec;
+    if (fs::exists(dir / name, ec)) continue;  // named twice
     if (is_dir)
       fs::create_directory(dir / name, ec);
     else

@@ -53,7 +53,8 @@ void Directory::finish(const fs::path& entry) {
 std::optional<fs::path> Directory::latest() const {
   std::ifstream in(dir_ / "latest");
   std::string name;
-  if (in && std::getline(in, name) && !name.empty() && fs::exists(dir_ / name)) return dir_ / name;
+  // Only an entry's name (step-NNNNNNNN[.h5]: no path, not "." or "..") is taken from the file.
+  if (in && std::getline(in, name) && step_of(name) >= 0 && fs::exists(dir_ / name)) return dir_ / name;
   std::optional<fs::path> best;
   int64_t best_step = -1;
   if (!fs::is_directory(dir_)) return best;

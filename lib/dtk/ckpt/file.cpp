@@ -361,6 +361,8 @@ void Reader::open(const fs::path& path) {
     if (!fs::exists(path / "index.h5")) {  // a --checkpoint-dir: its latest checkpoint
       const auto latest = Directory(path, 1).latest();
       if (!latest) fail_usage("neither a sharded state (no index.h5) nor a checkpoint directory with checkpoints");
+      if (fs::is_directory(*latest) && !fs::exists(*latest / "index.h5"))  // no second checkpoint directory inside
+        fail_usage(latest->string() + ": a directory entry that is not a sharded state (no index.h5)");
       path_ = *latest;
       return open(*latest);
     }
