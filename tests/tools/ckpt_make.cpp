@@ -9,6 +9,14 @@
 //                                time (the export's zip64 and memory checks)
 //   ckpt-make chunk FILE NAME    prints the file offset of the first chunk of dataset NAME
 //   ckpt-make header FILE NAME   prints the file offset of dataset NAME's object header
+//   ckpt-make hostile OUT_DIR    well-formed HDF5 files whose content lies (seeds and
+//                                regressions of tests/fuzz): checkpoints scalar-2d.h5 (the 0-d
+//                                marker on a [2, 3] dataset), huge.h5 (a [2^40, 2^40] dataset),
+//                                unwritten.h5 (a [2^20, 2^20] dataset, 4 TiB, no chunk
+//                                written), shards.h5 (shard_offsets and shard_lengths that
+//                                disagree, negative); data files images-wrap.h5 (images whose
+//                                H * W * C wraps to 4) and tokens-unwritten.h5 (2^40 tokens,
+//                                none written)
 #include <hdf5.h>
 
 #include <algorithm>
@@ -172,6 +180,92 @@ int header(const char* file, const char* name) {
   return 0;
 }
 
+// A small valid checkpoint at `path`, reopened for writing: the HDF5 file id.
+hid_t base_for_hostile(const std::string& path) {
+  {
+    ckpt::FileWriter w(path);
+    w.write("model/x", Tensor::from_doubles({1, 2, 3}, {3}, DType::f32));
+    w.set_metadata(meta());
+    w.commit();
+  }
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (f < 0) fail("cannot reopen " + path);
+  return f;
+}
+
+// A chunked f32 dataset of `dims` (chunks of one element), zeros written when `fill`.
+hid_t hostile_dataset(hid_t f, const char* name, std::vector<hsize_t> dims, bool fill = true, hid_t type = H5T_IEEE_F32LE) {
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  const hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  if (d < 0) fail(std::string("cannot create ") + name);
+  if (fill) {
+    hsize_t n = 1;
+    for (hsize_t x : dims) n *= x;
+    const std::vector<float> zeros(n, 0.0f);
+    H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, zeros.data());
+  }
+  return d;
+}
+
+void int_attr(hid_t obj, const char* name, const std::vector<int64_t>& v) {
+  const hsize_t n = v.size();
+  const hid_t space = H5Screate_simple(1, &n, nullptr);
+  const hid_t a = H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, v.data());
+  H5Aclose(a);
+  H5Sclose(space);
+}
+
+void hostile(const std::string& dir) {
+  {
+    const hid_t f = base_for_hostile(dir + "/scalar-2d.h5");
+    const hid_t d = hostile_dataset(f, "model/s", {2, 3});
+    int_attr(d, "dtk_scalar", {1});
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  {
+    const hid_t f = base_for_hostile(dir + "/huge.h5");
+    H5Dclose(hostile_dataset(f, "model/huge", {hsize_t{1} << 40, hsize_t{1} << 40}, false));
+    H5Fclose(f);
+  }
+  {
+    const hid_t f = base_for_hostile(dir + "/unwritten.h5");
+    H5Dclose(hostile_dataset(f, "model/unwritten", {hsize_t{1} << 20, hsize_t{1} << 20}, false));
+    H5Fclose(f);
+  }
+  // Data files (data-pack's layout, tests/fuzz/token_file and image_file).
+  {
+    const hid_t f = H5Fcreate((dir + "/images-wrap.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    // [1, 2^62 + 1, 4, 1]: H * W * C wraps to 4 in 64 bits, an mlp of input_dim 4's sample size
+    H5Dclose(hostile_dataset(f, "images", {1, (hsize_t{1} << 62) + 1, 4, 1}, false, H5T_STD_U8LE));
+    const hid_t l = hostile_dataset(f, "labels", {1}, false, H5T_STD_I64LE);
+    const int64_t zero = 0;
+    H5Dwrite(l, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &zero);
+    H5Dclose(l);
+    H5Fclose(f);
+  }
+  {
+    const hid_t f = H5Fcreate((dir + "/tokens-unwritten.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dclose(hostile_dataset(f, "tokens", {hsize_t{1} << 40}, false, H5T_STD_U16LE));
+    int_attr(f, "vocab_size", {256});
+    H5Fclose(f);
+  }
+  {
+    const hid_t f = base_for_hostile(dir + "/shards.h5");
+    const hid_t d = hostile_dataset(f, "model/sh", {4});
+    int_attr(d, "shard_offsets", {0, 7, -3});
+    int_attr(d, "shard_lengths", {1});
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,8 +277,9 @@ int main(int argc, char** argv) {
     else if (cmd == "large" && argc == 4) large(argv[2], std::stoll(argv[3]));
     else if (cmd == "chunk" && argc == 4) return chunk(argv[2], argv[3]);
     else if (cmd == "header" && argc == 4) return header(argv[2], argv[3]);
+    else if (cmd == "hostile" && argc == 3) hostile(argv[2]);
     else {
-      std::fprintf(stderr, "usage: ckpt-make full|changed OUT.h5 | sharded DIR | version OUT.h5 V | chunk FILE NAME | header FILE NAME\n");
+      std::fprintf(stderr, "usage: ckpt-make full|changed OUT.h5 | sharded DIR | version OUT.h5 V | chunk FILE NAME | header FILE NAME | hostile DIR\n");
       return 2;
     }
   } catch (const std::exception& e) {

@@ -32,6 +32,10 @@ for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
   tag=${opt##* }
   run $psgd $common $opt --steps 20 --compressor none --save ref.h5
   [ $rc = 0 ] || bad "psgd-train reference $opt (exit $rc)" "$(cat $tmp/e)"
+  # the negative control of $same_run (train_lib.sh): lr 1% larger is another run
+  run $psgd $common $opt --lr 1.01e-2 --steps 20 --compressor none --save ref-lr.h5
+  [ $rc = 0 ] && run $si diff ref-lr.h5 ref.h5 model/ optim/ $same_run
+  [ $rc = 1 ] && ok "$tag: lr 1% larger differs beyond \$same_run ($same_run)" || bad "$tag: lr 1% larger passes $same_run (exit $rc)" "$(cat $tmp/o)"
   cfgs=("1|"
         "2|"
         "4|"
@@ -50,7 +54,7 @@ for opt in "--optimizer adamw" "--optimizer sgd --momentum 0.9"; do
     n=${c%%|*} extra=${c#*|}
     run $mpiexec -n $n $fsdp $common $opt $exact --steps 20 $extra --save f.ckpt
     if [ $rc != 0 ]; then bad "$tag on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; fi
-    run $si diff ref.h5 f.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+    run $si diff ref.h5 f.ckpt model/ optim/ $same_run
     [ $rc = 0 ] && ok "$tag: $n ranks $extra == psgd-train" || bad "$tag: $n ranks $extra differs" "$(cat $tmp/o)"
     rm -rf f.ckpt
   done
@@ -60,7 +64,7 @@ done
 mlp="--model mlp-small --global-batch 16 --lr 1e-2 --optimizer sgd --log-level warn --eval-every 10 --steps 20"
 run $psgd $mlp --compressor none --save mref.h5
 run $mpiexec -n 2 $fsdp $mlp $exact --save m.ckpt
-[ $rc = 0 ] && run $si diff mref.h5 m.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+[ $rc = 0 ] && run $si diff mref.h5 m.ckpt model/ optim/ $same_run
 [ $rc = 0 ] && ok "mlp on 2 ranks == psgd-train" || bad "mlp differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
 
 # ---- a resnet: stem, residual blocks and head are the blocks; with --sync-batchnorm the batch
@@ -69,7 +73,7 @@ run $mpiexec -n 2 $fsdp $mlp $exact --save m.ckpt
 rn="--model resnet-8 --input-shape 3,12,12 --global-batch 8 --lr 0.05 --optimizer sgd --nesterov --log-level warn --steps 4 --sync-batchnorm"
 run $psgd $rn --compressor none --save rref.h5
 run $mpiexec -n 2 $fsdp $rn $exact --activation-checkpointing selective --save r.ckpt
-[ $rc = 0 ] && run $si diff rref.h5 r.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+[ $rc = 0 ] && run $si diff rref.h5 r.ckpt model/ optim/ $same_run
 [ $rc = 0 ] && ok "resnet with --sync-batchnorm on 2 sharded ranks == psgd-train on 1" || bad "resnet differs (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
 
 # ---- resume: exact on the same world, continues on another ----
@@ -84,7 +88,7 @@ if [ $rc = 0 ] && [ -f ck/step-00000010/index.h5 ]; then
     n=${c%%|*} extra=${c#*|}
     rm -rf other.ckpt; run $mpiexec -n $n $fsdp $common $exact --steps 20 --resume ck $extra --save other.ckpt
     [ $rc = 0 ] || { bad "resume on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; }
-    run $si diff full.ckpt other.ckpt model/ optim/ --rtol 1e-4 --atol 1e-6
+    run $si diff full.ckpt other.ckpt model/ optim/ $same_run
     [ $rc = 0 ] && ok "resume of a 2-rank state on $n ranks $extra continues the run" || bad "resume on $n $extra" "$(cat $tmp/o)"
   done
 else bad "stop at 10 (exit $rc)" "$(cat $tmp/e)"; fi
@@ -150,7 +154,7 @@ run $mpiexec -n 2 $fsdp $common $exact --steps 6 --buckets 2 --save b.ckpt
 run $si diff a.ckpt b.ckpt
 [ $rc = 0 ] && ok "a saved plan gives the run of the plan it saved" || bad "plan file run" "$(cat $tmp/o)"
 run $mpiexec -n 2 $fsdp $common $exact --steps 6 --buckets auto --save auto.ckpt
-run $si diff b.ckpt auto.ckpt model/ --rtol 1e-4 --atol 1e-6
+run $si diff b.ckpt auto.ckpt model/ $same_run
 [ $rc = 0 ] && ok "--buckets auto trains the same model" || bad "auto plan" "$(cat $tmp/o)" "$(cat $tmp/e)"
 
 # ---- Shampoo on shards: each rank's blocks are cut from its own rows ----
@@ -163,7 +167,7 @@ for c in "1|" "2|" "4|" "4|--replicate 2 --buckets param"; do
   n=${c%%|*} extra=${c#*|}
   rm -rf s.ckpt; run $mpiexec -n $n $fsdp $common $sh $exact --steps 20 $extra --save s.ckpt
   [ $rc = 0 ] || { bad "shampoo on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; }
-  run $si diff sref.h5 s.ckpt model/ --rtol 1e-4 --atol 1e-6
+  run $si diff sref.h5 s.ckpt model/ $same_run
   [ $rc = 0 ] && ok "shampoo: $n ranks $extra == shampoo-train" || bad "shampoo: $n ranks $extra differs" "$(cat $tmp/o)"
 done
 # Default blocks (whole shards, merged dims): exact resume; each rank's blocks in its rank file,

@@ -111,13 +111,17 @@ void expect_bad(const std::string& file, const nn::ModelConfig& m, const std::st
   }
 }
 
-// A raw HDF5 file with one dataset of the given type and shape (zeros unless data is given).
+// A raw HDF5 file with one dataset of the given type and shape (zeros, written, unless data is
+// given: a dataset never written is refused as truncated).
 void raw_file(const std::string& p, const char* name, hid_t type, std::vector<hsize_t> dims,
               const void* data = nullptr, hid_t mem = -1) {
   hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   hid_t s = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
   hid_t d = H5Dcreate2(f, name, type, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (data) H5Dwrite(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  size_t n = 1;
+  for (hsize_t x : dims) n *= x;
+  const std::vector<unsigned char> zeros(n * H5Tget_size(type), 0);
+  H5Dwrite(d, data ? mem : type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data ? data : zeros.data());
   H5Dclose(d);
   H5Sclose(s);
   H5Fclose(f);

@@ -1,5 +1,6 @@
 // A checkpoint directory with retention (checkpoint.h: Directory).
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 
 #include "dtk/ckpt/checkpoint.h"
@@ -19,14 +20,17 @@ fs::path Directory::entry(int64_t step, bool sharded) const {
 }
 
 namespace {
-// step-NNNNNNNN or step-NNNNNNNN.h5 -> NNNNNNNN, or -1
+// step-NNNNNNNN or step-NNNNNNNN.h5 -> NNNNNNNN, or -1 (also for a number beyond int64: no
+// entry of ours)
 int64_t step_of(const fs::path& p) {
   std::string n = p.filename().string();
   if (n.size() > 3 && n.ends_with(".h5")) n.resize(n.size() - 3);
   if (!n.starts_with("step-") || n.size() == 5) return -1;
   for (size_t i = 5; i < n.size(); ++i)
     if (n[i] < '0' || n[i] > '9') return -1;
-  return std::stoll(n.substr(5));
+  int64_t step = -1;
+  const auto [end, ec] = std::from_chars(n.data() + 5, n.data() + n.size(), step);
+  return ec == std::errc() && end == n.data() + n.size() ? step : -1;
 }
 }  // namespace
 
@@ -49,7 +53,8 @@ void Directory::finish(const fs::path& entry) {
 std::optional<fs::path> Directory::latest() const {
   std::ifstream in(dir_ / "latest");
   std::string name;
-  if (in && std::getline(in, name) && !name.empty() && fs::exists(dir_ / name)) return dir_ / name;
+  // Only an entry's name (step-NNNNNNNN[.h5]: no path, not "." or "..") is taken from the file.
+  if (in && std::getline(in, name) && step_of(name) >= 0 && fs::exists(dir_ / name)) return dir_ / name;
   std::optional<fs::path> best;
   int64_t best_step = -1;
   if (!fs::is_directory(dir_)) return best;

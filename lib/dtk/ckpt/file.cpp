@@ -394,6 +394,8 @@ void Reader::open(const fs::path& path) {
     if (!fs::exists(path / "index.h5")) {  // a --checkpoint-dir: its latest checkpoint
       const auto latest = Directory(path, 1).latest();
       if (!latest) fail_usage("neither a sharded state (no index.h5) nor a checkpoint directory with checkpoints");
+      if (fs::is_directory(*latest) && !fs::exists(*latest / "index.h5"))  // no second checkpoint directory inside
+        fail_usage(latest->string() + ": a directory entry that is not a sharded state (no index.h5)");
       path_ = *latest;
       return open(*latest);
     }
@@ -429,8 +431,15 @@ void Reader::open(const fs::path& path) {
     TensorInfo ti;
     ti.name = name;
     ti.dtype = h5::dtype_of(Id(H5Dget_type(ds)), where + ": " + name);
-    ti.shape = dims_of(Id(H5Dget_space(ds)));
-    if (h5::has_attr(ds, "dtk_scalar")) ti.shape = {};
+    Id space(H5Dget_space(ds));
+    std::vector<hsize_t> dims(static_cast<size_t>(std::max(H5Sget_simple_extent_ndims(space), 0)));
+    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    h5::check_stored(ds, dims, dtype_size(ti.dtype), where + ": " + name);
+    ti.shape = dims_of(space);
+    if (h5::has_attr(ds, "dtk_scalar")) {
+      if (ti.shape != Shape{1}) fail_usage("{}: {} is marked 0-d (dtk_scalar) but has shape {}", where, name, shape_str(ti.shape));
+      ti.shape = {};
+    }
     if (h5::has_attr(ds, "shard_offsets")) {
       ti.shard_offsets = h5::get_attr_ints(ds, "shard_offsets");
       ti.shard_lengths = h5::get_attr_ints(ds, "shard_lengths");

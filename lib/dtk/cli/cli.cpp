@@ -85,14 +85,7 @@ int main(int argc, char** argv, const Program& p) {
   CLI::App app{p.description, p.name};
   app.footer(p.footer);
   app.set_version_flag("--version", std::function<std::string()>([&p] { return version_string(p.name) + "\n" + build_info(); }));
-  app.set_config("--config", "", "read options from a TOML file: one long option per line without its dashes, "
-                 "`steps = 300`; options on the command line win (*.ini: CLI11's INI format)");
-  const auto toml_config = std::make_shared<TomlConfig>(&app);
-  app.config_formatter(toml_config);
-  app.allow_config_extras(CLI::config_extras_mode::error);  // a key that no option takes is a mistake
-  app.option_defaults()->always_capture_default();
-  // A repeated option takes its last value, as in most Unix tools (a script can override a default).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  const auto toml_config = use_toml_config(app);
   Common common;
   app.add_option("--log-level", common.log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
@@ -111,16 +104,7 @@ int main(int argc, char** argv, const Program& p) {
 
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    // CLI11 picks its reader before it reads: a *.ini file gets its INI reader.
-    for (size_t i = 0; i < args.size(); ++i)
-      if ((args[i] == "--config" && i + 1 < args.size() && args[i + 1].ends_with(".ini")) ||
-          (args[i].starts_with("--config=") && args[i].ends_with(".ini")))
-        app.config_formatter(std::make_shared<CLI::ConfigINI>());
-    app.parse(argc, argv);
-    // CLI11 lets a config file's array give fewer values than an option takes (input-shape = [1, 2]).
-    for (const CLI::Option* o : app.get_options())
-      if (const int n = o->get_expected_min(); n > 1 && o->count() > 0 && o->results().size() % static_cast<size_t>(n))
-        throw CLI::ArgumentMismatch(o->get_name(), n, o->results().size());
+    parse_args(app, argc, argv);
   } catch (const CLI::ParseError& e) {
     // Every rank parses the same arguments; rank 0 speaks. --help and --version exit 0.
     if (rank == 0) {

@@ -134,6 +134,32 @@ bool given_on_command_line(const std::vector<std::string>& args, const std::stri
 
 }  // namespace
 
+std::shared_ptr<TomlConfig> use_toml_config(CLI::App& app) {
+  app.set_config("--config", "", "read options from a TOML file: one long option per line without its dashes, "
+                 "`steps = 300`; options on the command line win (*.ini: CLI11's INI format)");
+  auto config = std::make_shared<TomlConfig>(&app);
+  app.config_formatter(config);
+  app.allow_config_extras(CLI::config_extras_mode::error);  // a key that no option takes is a mistake
+  app.option_defaults()->always_capture_default();
+  // A repeated option takes its last value, as in most Unix tools (a script can override a default).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  return config;
+}
+
+void parse_args(CLI::App& app, int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  // CLI11 picks its reader before it reads: a *.ini file gets its INI reader.
+  for (size_t i = 0; i < args.size(); ++i)
+    if ((args[i] == "--config" && i + 1 < args.size() && args[i + 1].ends_with(".ini")) ||
+        (args[i].starts_with("--config=") && args[i].ends_with(".ini")))
+      app.config_formatter(std::make_shared<CLI::ConfigINI>());
+  app.parse(argc, argv);
+  // CLI11 lets a config file's array give fewer values than an option takes (input-shape = [1, 2]).
+  for (const CLI::Option* o : app.get_options())
+    if (const int n = o->get_expected_min(); n > 1 && o->count() > 0 && o->results().size() % static_cast<size_t>(n))
+      throw CLI::ArgumentMismatch(o->get_name(), n, o->results().size());
+}
+
 std::string TomlConfig::to_config(const CLI::App* app, bool default_also, bool write_description,
                                   std::string prefix) const {
   return CLI::ConfigTOML().to_config(app, default_also, write_description, std::move(prefix));
@@ -168,8 +194,38 @@ std::string closest_option(const CLI::App& app, const std::string& name) {
   return closest(names, name);
 }
 
+namespace {
+
+// The line of a ParseError, before one_line.
+std::pair<std::string, bool> error_line(const CLI::App& app, const CLI::ParseError& e, const std::vector<std::string>& args,
+                                        const TomlConfig* config);
+
+// Control characters (a TOML key or value may hold "\n") as escapes: the error stays one line.
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::pair<std::string, bool> parse_error_line(const CLI::App& app, const CLI::ParseError& e,
                                               const std::vector<std::string>& args, const TomlConfig* config) {
+  auto [line, help] = error_line(app, e, args, config);
+  return {one_line(line), help};
+}
+
+namespace {
+
+std::pair<std::string, bool> error_line(const CLI::App& app, const CLI::ParseError& e, const std::vector<std::string>& args,
+                                        const TomlConfig* config) {
   std::string m = e.what();
   // A value that broke a rule of checks.h: "--steps: must be at least 1" as a sentence.
   const bool rule = dynamic_cast<const CLI::ValidationError*>(&e) != nullptr;
@@ -234,5 +290,7 @@ std::pair<std::string, bool> parse_error_line(const CLI::App& app, const CLI::Pa
   }
   return {m, true};
 }
+
+}  // namespace
 
 }  // namespace dtk::cli

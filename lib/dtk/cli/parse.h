@@ -8,6 +8,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,7 +32,18 @@ class TomlConfig : public CLI::Config {
   mutable std::map<std::string, std::string> where_;
 };
 
-// The line that says what went wrong in app.parse(args), and whether "--help" would tell more:
+// Sets up `app` as every dtk program's: --config FILE read by a TomlConfig (returned), a key no
+// option takes an error, defaults captured, a repeated option taking its last value. Options
+// added later inherit the defaults. (cli::main; tests/fuzz/config.cpp.)
+std::shared_ptr<TomlConfig> use_toml_config(CLI::App& app);
+
+// app.parse(argc, argv) as every dtk program parses (cli::main): a --config FILE named *.ini is
+// read by CLI11's INI reader, and an array in the file with fewer values than its option takes
+// is a CLI::ArgumentMismatch. Throws CLI::ParseError (parse_error_line says it in one line).
+void parse_args(CLI::App& app, int argc, char** argv);
+
+// The line that says what went wrong in app.parse(args), and whether "--help" would tell more
+// (one line: control characters from the file, a key "a\nb", are shown as escapes):
 //  - a value that broke a rule: CLI11's "--steps: must be at least 1" as "--steps must be at
 //    least 1"; when the value came from the --config file, the file, the line and the key first;
 //  - a --config file that is missing, is not TOML, or sets a key no option takes (with the

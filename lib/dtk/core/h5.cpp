@@ -1,8 +1,11 @@
 #include "dtk/core/h5.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -210,6 +213,40 @@ void write_attr(hid_t obj, const std::string& name, const nlohmann::json& v) {
     return check_status(H5Awrite(a, H5T_NATIVE_DOUBLE, &x), "attribute " + name);
   }
   set_attr(obj, n, v.is_string() ? v.get<std::string>() : v.dump());
+}
+
+void check_stored(hid_t dset, const std::vector<hsize_t>& dims, size_t elem_bytes, const std::string& what) {
+  int64_t numel = 1;
+  for (hsize_t d : dims)
+    if (d > static_cast<hsize_t>(std::numeric_limits<int64_t>::max()) ||
+        __builtin_mul_overflow(numel, static_cast<int64_t>(d), &numel) ||
+        numel > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(std::max<size_t>(1, elem_bytes)))
+      fail_usage("{} has shape [{}], more than any tensor can hold", what, fmt::join(dims, ", "));
+  if (numel == 0) return;
+  Id dcpl(H5Dget_create_plist(dset));
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (layout == H5D_CONTIGUOUS) {
+    if (H5Dget_storage_size(dset) < static_cast<hsize_t>(numel) * elem_bytes)
+      fail_usage("{} holds {} of its {} bytes (truncated or damaged)", what, H5Dget_storage_size(dset),
+                 static_cast<hsize_t>(numel) * elem_bytes);
+    return;
+  }
+  if (layout != H5D_CHUNKED) return;
+  const int nd = H5Pget_chunk(dcpl, 0, nullptr);
+  if (nd != static_cast<int>(dims.size())) fail_usage("{}: its chunks do not match its shape", what);
+  std::vector<hsize_t> chunk(dims.size());
+  H5Pget_chunk(dcpl, nd, chunk.data());
+  hsize_t expected = 1, stored = 0;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (chunk[i] == 0) fail_usage("{}: a chunk dimension is 0", what);
+    expected *= (dims[i] + chunk[i] - 1) / chunk[i];  // <= numel: no overflow
+  }
+  Id space(H5Dget_space(dset));
+  if (H5Dget_num_chunks(dset, space, &stored) < 0) {
+    const std::string m = last_error();
+    fail_usage("{}: its chunks cannot be listed ({})", what, m);
+  }
+  if (stored != expected) fail_usage("{} holds {} of its {} chunks (truncated or damaged)", what, stored, expected);
 }
 
 }  // namespace dtk::h5

@@ -80,4 +80,11 @@ bool read_int_attr(hid_t obj, const char* name, int64_t* out, const std::string&
 // A number attribute (one float or integer): false when absent or not one number.
 bool read_double_attr(hid_t obj, const char* name, double* out);
 
+// What a dataset's header claims, checked before a reader allocates for it or trusts it
+// (UsageError "<what> ..."): its elements of `elem_bytes` each fit in int64 bytes, and its data
+// is all there: every chunk of a chunked dataset present (dtk's writers write every one; a
+// missing chunk is a truncated or forged file, whose rows HDF5 would return as fill values), a
+// contiguous one's storage allocated. Virtual and compact datasets pass.
+void check_stored(hid_t dset, const std::vector<hsize_t>& dims, size_t elem_bytes, const std::string& what);
+
 }  // namespace dtk::h5

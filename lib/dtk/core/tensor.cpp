@@ -37,7 +37,7 @@ int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) {
     if (d < 0) fail_usage("negative dimension in shape " + shape_str(s));
-    n *= d;
+    if (__builtin_mul_overflow(n, d, &n)) fail_usage("shape " + shape_str(s) + " has more elements than an int64 counts");
   }
   return n;
 }

@@ -90,6 +90,12 @@ Array open_array(hid_t file, const char* name, const std::string& path) {
   return a;
 }
 
+// After its type and shape are checked, before anything is read: its data is all there and its
+// size fits (core/h5.h).
+void check_stored(const Array& a, const std::string& path, const char* name) {
+  h5::check_stored(a.dset, a.dims, H5Tget_size(a.type), path + ": `" + name + "`");
+}
+
 bool exists(hid_t file, const char* name) { return H5Lexists(file, name, H5P_DEFAULT) > 0; }
 
 // C, H, W of images stored [N, H, W, C] (or [N, H, W]: one channel).
@@ -134,6 +140,7 @@ class TokenFile final : public FileDataset {
     if (H5Tget_class(t) != H5T_INTEGER || H5Tget_sign(t) != H5T_SGN_NONE ||
         (H5Tget_size(t) != 2 && H5Tget_size(t) != 4))
       fail_usage(p + ": `tokens` must be u16 or u32 (it is " + type_name(t) + ")");
+    check_stored(arr_, p, "tokens");
     dtype_ = H5Tget_size(t) == 2 ? "u16" : "u32";
     n_ = static_cast<int64_t>(arr_.dims[0]);
     if (!int_attr(file_, arr_.dset, "vocab_size", &vocab_, p))
@@ -227,6 +234,7 @@ class ClassFile final : public FileDataset {
       if (H5Tget_class(t) != H5T_FLOAT) fail_usage(p + ": `features` must be f32 (it is " + type_name(t) + ")");
       if (arr_.dims.size() != 2) fail_usage(p + ": `features` must be [N, D] (it is " + dims_str(arr_.dims) + ")");
     }
+    check_stored(arr_, p, name);
     n_ = static_cast<int64_t>(arr_.dims[0]);
     d_ = 1;
     for (size_t i = 1; i < arr_.dims.size(); ++i) d_ *= static_cast<int64_t>(arr_.dims[i]);
@@ -246,6 +254,7 @@ class ClassFile final : public FileDataset {
     if (H5Tget_class(lab.type) != H5T_INTEGER) fail_usage(p + ": `labels` must be integers (it is " + type_name(lab.type) + ")");
     if (lab.dims.size() != 1 || static_cast<int64_t>(lab.dims[0]) != n_)
       fail_usage("{}: `labels` must be [{}] like `{}` (it is {})", p, n_, name, dims_str(lab.dims));
+    check_stored(lab, p, "labels");
     int64_t attr_classes = 0;
     classes_ = m.classes;
     if (int_attr(file_, lab.dset, "classes", &attr_classes, p)) {

@@ -58,7 +58,9 @@ void read_ranges(hid_t dset, int rank, const std::vector<hsize_t>& dims,
   }
   const hsize_t n = static_cast<hsize_t>(total) * row_elems;
   Id mspace(check(H5Screate_simple(1, &n, nullptr), what));
-  check_status(H5Dread(dset, mem_type, mspace, fspace, H5P_DEFAULT, out.data()), what);
+  // The data of a file that opened cannot be read: the file is damaged or truncated (bad input).
+  if (H5Dread(dset, mem_type, mspace, fspace, H5P_DEFAULT, out.data()) < 0)
+    fail_usage(what + ": the data cannot be read (damaged or truncated?): " + last_error());
 }
 
 }  // namespace dtk::data::h5

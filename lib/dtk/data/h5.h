@@ -24,6 +24,7 @@ Id file_access();
 // Rows of dim 0 of a dataset, many ranges at once. Each range is (first row, rows); the union of
 // the ranges is read in one H5Dread (file order), and `offsets[k]` says where range k starts in
 // `out` (in rows). row_elems is the number of elements per row; mem_type the buffer's type.
+// Data that cannot be read (a damaged file) is a UsageError naming `what`.
 void read_ranges(hid_t dset, int rank, const std::vector<hsize_t>& dims,
                  const std::vector<std::pair<int64_t, int64_t>>& ranges, hid_t mem_type, size_t elem_bytes,
                  std::vector<unsigned char>& out, std::vector<int64_t>& offsets, const std::string& what);
