@@ -4,8 +4,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 
 #include "dtk/cli/checks.h"
@@ -57,6 +61,25 @@ int guarded(F&& f, std::string& message, bool* agreed = nullptr) {
     message = e.what();
     return kExitFailure;
   }
+}
+
+// From the moment a rank knows how it ends, a stop signal (SIGTERM, SIGINT, SIGUSR1) ends it at
+// once with that exit code instead of by the signal: first with the rank's own code, then with
+// the one agreed over the ranks. Under `srun --kill-on-bad-exit=1` the first rank to exit with a
+// status other than 0 (3 after a graceful stop, 2 after bad input) makes srun send SIGTERM to
+// the others, which may still be in the agreement or in MPI_Finalize; killed there, they turned
+// the job's status into 143 and a requeue chain of psgd-train.sbatch ended FAILED (seen on the
+// test cluster in 2 of 10 requeues). train::StopSignals handles the signals while training.
+volatile std::sig_atomic_t g_exit_code = 0;
+extern "C" void exit_with_code(int) { _exit(g_exit_code); }
+
+int exit_on_stop_signal(int code) {
+  g_exit_code = code;
+  struct sigaction sa {};
+  sa.sa_handler = exit_with_code;
+  sigemptyset(&sa.sa_mask);
+  for (const int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  return code;
 }
 
 }  // namespace
@@ -122,7 +145,7 @@ int main(int argc, char** argv, const Program& p) {
       else
         std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), line.c_str());
     }
-    return rt->max_over_ranks(e.get_exit_code() == 0 ? kExitOk : kExitUsage);
+    return exit_on_stop_signal(rt->max_over_ranks(exit_on_stop_signal(e.get_exit_code() == 0 ? kExitOk : kExitUsage)));
   }
   rt->set_timeout(common.comm_timeout);
   setup_logging(p.name, common, rank);
@@ -130,8 +153,10 @@ int main(int argc, char** argv, const Program& p) {
   // Phase 1: validation, no communication; every rank learns the worst outcome.
   Work work;
   code = guarded([&] { work = p.validate(*rt); return 0; }, message);
+  if (code != kExitOk) exit_on_stop_signal(code);
   const int worst = rt->max_over_ranks(code);
   if (worst != kExitOk) {
+    exit_on_stop_signal(worst);
     const int rank0 = rt->broadcast_int(code, 0);
     if (code != kExitOk && (rank == 0 || rank0 == kExitOk || common.log_all_ranks))
       spdlog::error("{}", message);
@@ -142,12 +167,12 @@ int main(int argc, char** argv, const Program& p) {
   // Phase 2: the work. An error every rank raised together ends them all normally (rank 0 says
   // it); any other error on one rank ends the job.
   bool agreed = false;
-  code = guarded([&] { return work(*rt); }, message, &agreed);
+  code = exit_on_stop_signal(guarded([&] { return work(*rt); }, message, &agreed));
   if (agreed) {
     if (rank == 0 || common.log_all_ranks) spdlog::error("{}", message);
     spdlog::default_logger()->flush();
     std::fflush(stdout);
-    return rt->max_over_ranks(code);
+    return exit_on_stop_signal(rt->max_over_ranks(code));
   }
   if (!message.empty()) {
     spdlog::error("{}", message);
@@ -157,7 +182,7 @@ int main(int argc, char** argv, const Program& p) {
     return code;
   }
   std::fflush(stdout);
-  return rt->max_over_ranks(code);
+  return exit_on_stop_signal(rt->max_over_ranks(code));
 }
 
 uint64_t parse_size(std::string_view s) {
