@@ -134,7 +134,7 @@ echo "== comm-bench.sbatch over srun --mpi=pmix, one task per node"
 j=$(sbatch --parsable "${sizes[@]}" --time=2 "$src/share/dtk/slurm/comm-bench.sbatch" \
       --device cpu --backend mpi --op allreduce -b 8 -e 64K)
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 120)" = COMPLETED ] || fail "comm-bench job $j"
-python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["world_size"] == 2, d' "comm-bench-$j.json" \
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["config"]["nranks"] == 2 and d["results"] and d["wrong"] == 0, d' "comm-bench-$j.json" \
   || fail "comm-bench job $j: its JSON"
 ! grep -q "launch failed" "comm-bench-$j.out" || fail "comm-bench job $j: a launch failure reported"
 
@@ -203,22 +203,24 @@ grep -q "SIGTERM received" "limit-$j.out" || fail "job $j: no SIGTERM at the tim
 stop=$(stops_checkpointed "limit-$j.out" ck)
 grep -q "CPU threads per rank: $(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 )) ($(nproc) cores shared by 2 rank" \
   "limit-$j.out" || fail "ranks under srun do not share the host's cores"
-j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=resubmit-%j.out \
+# 10 minutes: the script's warning comes 120 s before the limit, and with other work on the
+# machine (load 15) the remaining 413 steps outlasted the 3 minutes that --time=5 left.
+j=$(sbatch --parsable "${sizes[@]}" --time=10 --output=resubmit-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck --checkpoint-every 100 --save final.h5)
-[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "resubmitted job $j"
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 540)" = COMPLETED ] || fail "resubmitted job $j"
 grep -q "resuming from .* at step $stop" "resubmit-$j.out" || fail "job $j did not resume from step $stop"
 same_weights final.h5 ref.h5
 echo "stopped at step $stop by the time limit; resubmitted, the weights equal the uninterrupted run's"
 
 echo "== psgd-train: warned before its time limit (SIGUSR1 to the batch script), requeued, resumed"
-j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=warned-%j.out \
+j=$(sbatch --parsable "${sizes[@]}" --time=10 --output=warned-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --steps 300 --checkpoint-dir ckw --save warned.h5)
 wait_state "$j" RUNNING 60 > /dev/null
 for _ in $(seq 600); do grep -q 'step 100/' "warned-$j.out" 2>/dev/null && break; sleep 0.2; done
 scancel --batch --signal=USR1 "$j"  # what --signal=B:USR1@120 sends
 wait_requeued "$j" 1 120
 hurry "$j"
-[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "requeued job $j"
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 540)" = COMPLETED ] || fail "requeued job $j"
 grep -q "requeueing job $j" "warned-$j.out" || fail "the script did not say it requeued job $j"
 stop=$(stops_checkpointed "warned-$j.out" ckw)
 same_weights warned.h5 refck/step-00000300.h5
@@ -256,7 +258,7 @@ if [ "\${SLURM_RESTART_COUNT:-0}" -lt "\$CRASH_RUNS" ] && [ "\$SLURM_PROCID" = 1
 exec "$build/tools/psgd-train/psgd-train" "\$@"
 EOF_W
 chmod +x crash/tools/psgd-train/psgd-train
-j=$(DTK_BUILD=$PWD/crash CRASH_RUNS=1 sbatch --parsable "${sizes[@]}" --time=5 --output=launch-%j.out \
+j=$(DTK_BUILD=$PWD/crash CRASH_RUNS=1 sbatch --parsable "${sizes[@]}" --time=10 --output=launch-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --steps 100 --checkpoint-dir ckl --save launch.h5)
 wait_requeued "$j" 1 120
 grep -q "dtk: job $j: the launch failed (srun exit 1[34][0-9], [0-9.]* s after it started): requeueing it (launch failure 1 of at most 3 in a row)" \
@@ -264,7 +266,8 @@ grep -q "dtk: job $j: the launch failed (srun exit 1[34][0-9], [0-9.]* s after i
 [ "$(squeue -h -j "$j" -o %k)" = dtk-launch-failures=1 ] || fail "job $j: Comment $(squeue -h -j "$j" -o %k)"
 hurry "$j"
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "job $j after its failed launch"
-[ -z "$(field "$j" Comment)" ] || fail "job $j: the count of failed launches is not cleared: $(field "$j" Comment)"
+c=$(squeue -h -t all -j "$j" -o %k)
+[[ $c =~ ^(|\(null\))$ ]] || fail "job $j: the count of failed launches is not cleared: Comment $c"
 same_weights launch.h5 refck/step-00000100.h5
 echo "$(grep -o 'the launch failed.*' "launch-$j.out")"
 

@@ -10,7 +10,10 @@
 #include <charconv>
 #include <cmath>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "dtk/cli/checks.h"
 #include "dtk/cli/parse.h"
@@ -83,6 +86,17 @@ int exit_on_stop_signal(int code) {
 }
 
 }  // namespace
+
+void mark_launched(int rank) {
+  static bool marked = false;
+  const char* path = std::getenv("DTK_LAUNCH_MARK");
+  if (marked || rank != 0 || path == nullptr || *path == '\0') return;
+  marked = true;
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr || std::fclose(f) != 0)
+    spdlog::warn("DTK_LAUNCH_MARK {}: cannot create it ({}); a later failure of this job will be taken for a failed "
+                 "launch", path, std::strerror(errno));
+}
 
 std::string version_string(const std::string& program) {
   return program + " (dtk) " DTK_VERSION;
@@ -163,6 +177,8 @@ int main(int argc, char** argv, const Program& p) {
     spdlog::default_logger()->flush();
     return worst;
   }
+
+  if (!p.marks_launch) mark_launched(rank);
 
   // Phase 2: the work. An error every rank raised together ends them all normally (rank 0 says
   // it); any other error on one rank ends the job.

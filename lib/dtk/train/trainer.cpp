@@ -128,6 +128,7 @@ class Trainer {
         else val_acc = NAN;
       }
       metrics.write(m);
+      if (step == start_step_) cli::mark_launched(rank_);  // every rank is through a step: launched
       progress.update(step + 1, loss, val, lr, dt, val_acc);
       const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
       if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
