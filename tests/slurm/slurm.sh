@@ -13,6 +13,7 @@
 #     checkpoint, the script requeues it, and it ends bit-identical too;
 #   - ranks under srun take their share of the host's cores (emulated nodes share one host);
 #   - scancel during training: a checkpoint at the step it stopped at, nothing left behind;
+#     during the start-up: cancelled, not requeued;
 #   - a resubmission after the run finished exits 0 at once;
 #   - a launch that fails (task 1 killed by SIGSEGV at its start, as Open MPI's start-up did once
 #     in a requeued job) is requeued, says so in one line, and the run ends bit-identical; a job
@@ -125,7 +126,7 @@ launch_block() { sed -n '/^# ---- launch failures/,/^# ---- end of the launch-fa
 first=""
 for f in "$src"/share/dtk/slurm/*.sbatch; do
   [ "$(launch_block "$f" | wc -l)" -gt 10 ] || fail "$f has no launch-failure block"
-  grep -q '^launch_started$' "$f" && grep -q '^launch_check "\$status"$' "$f" || fail "$f does not call launch_started and launch_check"
+  grep -q '^launch_started$' "$f" && grep -q 'launch_check "\$status"' "$f" || fail "$f does not call launch_started and launch_check"
   [ -n "$first" ] || first=$f
   [ "$(launch_block "$f")" = "$(launch_block "$first")" ] || fail "the launch-failure blocks of $first and $f differ"
 done
@@ -246,6 +247,16 @@ stop=$(grep -o 'stopped at step [0-9]*' "cancel-$j.out" | awk '{print $4}' | sor
 [ -z "$(ls -A ck2 | grep -v -e '^step-' -e '^latest$')" ] || fail "scancel left debris: $(ls -A ck2)"
 ! grep -q "requeueing" "cancel-$j.out" || fail "a cancelled job was requeued"
 echo "scancel: stopped at step $stop with its checkpoint"
+
+echo "== psgd-train: scancel during the start-up is not taken for a failed launch"
+j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=cancel0-%j.out \
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck3)
+wait_state "$j" RUNNING 60 > /dev/null
+for _ in $(seq 100); do pgrep -f "psgd-train.*ck3" > /dev/null && break; sleep 0.1; done  # srun has started
+scancel "$j"
+s=$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 60)
+[ "$s" = CANCELLED ] && [ "$(field "$j" Restarts)" = 0 ] && ! grep -q "launch failed" "cancel0-$j.out" \
+  || fail "job $j cancelled in its start-up: $s, restarts $(field "$j" Restarts)"
 echo "== psgd-train: a launch that fails is requeued, and the run continues"
 # The program, given to the script through DTK_BUILD: a wrapper whose task 1 dies of SIGSEGV at
 # the start of the job's first run (as Open MPI's start-up did once in a requeued job), then
