@@ -7,10 +7,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <csignal>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -71,8 +71,8 @@ int guarded(F&& f, std::string& message, bool* agreed = nullptr) {
 // the one agreed over the ranks. Under `srun --kill-on-bad-exit=1` the first rank to exit with a
 // status other than 0 (3 after a graceful stop, 2 after bad input) makes srun send SIGTERM to
 // the others, which may still be in the agreement or in MPI_Finalize; killed there, they turned
-// the job's status into 143 and a requeue chain of psgd-train.sbatch ended FAILED (seen on the
-// test cluster in 2 of 10 requeues). train::StopSignals handles the signals while training.
+// the job's status into 143 and a requeue chain of psgd-train.sbatch ended FAILED (on the test
+// cluster, 2 of the first 15 stops). train::StopSignals handles the signals while training.
 volatile std::sig_atomic_t g_exit_code = 0;
 extern "C" void exit_with_code(int) { _exit(g_exit_code); }
 
