@@ -86,11 +86,13 @@ same_weights() {
 # (slurm 22.05) then exits 0, so the job ends COMPLETED without having trained (seen in CI).
 hurry() {
   for _ in $(seq 120); do
-    # (its slurmstepd's sockets, in this cluster's spool directories: other clusters on this
-    # machine number their jobs from 1 too)
+    # (the slurmstepd processes of a step of that id, and their sockets in this cluster's spool
+    # directories: with only the sockets checked, a run hurried about 2 s after the previous one
+    # stopped had task 0 die of SIGSEGV in its start-up, a failed launch the script requeued)
     [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] \
       && ! compgen -G "$scratch/cluster/spool/n*/n*_$1.*" > /dev/null \
-      && ! compgen -G "$scratch/cluster/spool/n*/*pmix.$1.*" > /dev/null && break
+      && ! compgen -G "$scratch/cluster/spool/n*/*pmix.$1.*" > /dev/null \
+      && ! pgrep -f "^slurmstepd: \[$1\." > /dev/null && break
     sleep 0.5
   done
   sleep 1
