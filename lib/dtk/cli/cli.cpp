@@ -159,7 +159,9 @@ int main(int argc, char** argv, const Program& p) {
       else
         std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), line.c_str());
     }
-    return exit_on_stop_signal(rt->max_over_ranks(exit_on_stop_signal(e.get_exit_code() == 0 ? kExitOk : kExitUsage)));
+    const int agreed_code = exit_on_stop_signal(rt->max_over_ranks(exit_on_stop_signal(e.get_exit_code() == 0 ? kExitOk : kExitUsage)));
+    if (agreed_code == kExitOk) mark_launched(rank);  // --help, --version: done, not a failed launch
+    return agreed_code;
   }
   rt->set_timeout(common.comm_timeout);
   setup_logging(p.name, common, rank);
@@ -198,7 +200,9 @@ int main(int argc, char** argv, const Program& p) {
     return code;
   }
   std::fflush(stdout);
-  return exit_on_stop_signal(rt->max_over_ranks(code));
+  const int agreed_code = exit_on_stop_signal(rt->max_over_ranks(code));
+  if (agreed_code == kExitOk) mark_launched(rank);  // done (with nothing to do, too): launched
+  return agreed_code;
 }
 
 uint64_t parse_size(std::string_view s) {

@@ -48,8 +48,9 @@ struct Program {
 
 // share/dtk/slurm/*.sbatch tell a launch that failed (a task killed in its start-up, inside Open
 // MPI, PMIx or SLURM: requeued) from a failure of the program (not requeued) by a file: when the
-// environment names one in DTK_LAUNCH_MARK, rank 0 creates it once the job is past its start-up.
-// Only the first call does anything.
+// environment names one in DTK_LAUNCH_MARK, rank 0 creates it once the job is past its start-up,
+// and at the latest when the ranks agree on exit status 0 (a job that exits 0 without it did not
+// run: srun exits 0 when its tasks failed to launch). Only the first call does anything.
 void mark_launched(int rank);
 
 // The whole main() of a program: `int main(int c, char** v) { return dtk::cli::main(c, v, program()); }`
