@@ -2,7 +2,10 @@
 # The shipped SLURM scripts (share/dtk/slurm/*.sbatch) on a real SLURM cluster started here
 # (tests/slurm/cluster.sh: slurmctld and two slurmd, nodes n1 and n2 of one CPU each), with only
 # sizes, times and the CPU device set on the command line:
-#   - comm-bench over srun --mpi=pmix, one task per node; srun without it: exit 2, one line;
+#   - the launch-failure block is the same in every sbatch script;
+#   - comm-bench.sbatch over srun --mpi=pmix, one task per node; srun without it: exit 2, one line;
+#   - a rank still exiting when srun --kill-on-bad-exit ends it exits with the agreed status
+#     (2 after bad input, 3 after a stop), not killed by srun's SIGTERM (143);
 #   - a rank killed with SIGKILL: srun --kill-on-bad-exit ends the job, the other rank gone
 #     within 3 s (the stop request finds its peer gone over the watchdog's side channel);
 #   - a rank stopped (SIGSTOP): the watchdog names it in one line within --comm-timeout + 2 s,
@@ -13,7 +16,11 @@
 #     checkpoint, the script requeues it, and it ends bit-identical too;
 #   - ranks under srun take their share of the host's cores (emulated nodes share one host);
 #   - scancel during training: a checkpoint at the step it stopped at, nothing left behind;
-#   - a resubmission after the run finished exits 0 at once.
+#     during the start-up: cancelled, not requeued;
+#   - a resubmission after the run finished exits 0 at once;
+#   - a launch that fails (task 1 killed by SIGSEGV at its start, as Open MPI's start-up did once
+#     in a requeued job) is requeued, says so in one line, and the run ends bit-identical; a job
+#     whose launch always fails is requeued DTK_LAUNCH_RETRIES times, then ends FAILED.
 # The daemons are stopped by PID at the end, pass or fail.
 #   tests/slurm/slurm.sh BUILD_DIR
 set -euo pipefail
@@ -76,6 +83,32 @@ same_weights() {
   "$build/tools/shard-inspect/shard-inspect" diff "$1" "$2" model/ --rtol 0 --atol 0 > diff.txt 2>&1 \
     || { head -n 4 diff.txt >&2; tail -n 1 diff.txt >&2; fail "$1 differs from $2"; }
 }
+# SLURM holds a requeued job about 2 minutes; hurry job $1, but only once its previous run's step
+# daemons have gone: the requeued job has the same id, so its step has the same id too, and while
+# the old slurmstepd still holds that step's PMIx socket the new step fails to launch, and srun
+# (slurm 22.05) then exits 0, so the job ends COMPLETED without having trained (seen in CI).
+hurry() {
+  for _ in $(seq 120); do
+    # (the slurmstepd processes of a step of that id, and their sockets in this cluster's spool
+    # directories: with only the sockets checked, a run hurried about 2 s after the previous one
+    # stopped had task 0 die of SIGSEGV in its start-up, a failed launch the script requeued)
+    [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] \
+      && ! compgen -G "$scratch/cluster/spool/n*/n*_$1.*" > /dev/null \
+      && ! compgen -G "$scratch/cluster/spool/n*/*pmix.$1.*" > /dev/null \
+      && ! pgrep -f "^slurmstepd: \[$1\." > /dev/null && break
+    sleep 0.5
+  done
+  sleep 1
+  scontrol update JobId="$1" StartTime=now
+}
+# Waits until job $1 is pending after its $2-th requeue, at most $3 seconds.
+wait_requeued() {
+  for _ in $(seq $(($3 * 2))); do
+    [ "$(state "$1")" = PENDING ] && [ "$(field "$1" Restarts)" = "$2" ] && return 0
+    sleep 0.5
+  done
+  fail "job $1 was not requeued $2 times (state $(state "$1"), restarts $(field "$1" Restarts))"
+}
 # Checks that each stop in log $1 wrote its checkpoint into directory $2; prints the steps.
 stops_checkpointed() {
   local stops s
@@ -92,6 +125,56 @@ rc=$?
 set -e
 [ $rc = 2 ] && [ "$(grep -c 'without PMIx, which Open MPI needs' nopmix.out)" = 2 ] \
   || { cat nopmix.out >&2; fail "srun without --mpi=pmix: exit $rc"; }
+
+echo "== the launch-failure block is the same in every sbatch script"
+launch_block() { sed -n '/^# ---- launch failures/,/^# ---- end of the launch-failure block/p' "$1"; }
+first=""
+for f in "$src"/share/dtk/slurm/*.sbatch; do
+  [ "$(launch_block "$f" | wc -l)" -gt 10 ] || fail "$f has no launch-failure block"
+  grep -q '^launch_started$' "$f" && grep -q 'launch_check "\$status"' "$f" || fail "$f does not call launch_started and launch_check"
+  [ -n "$first" ] || first=$f
+  [ "$(launch_block "$f")" = "$(launch_block "$first")" ] || fail "the launch-failure blocks of $first and $f differ"
+done
+
+echo "== comm-bench.sbatch over srun --mpi=pmix, one task per node"
+j=$(sbatch --parsable "${sizes[@]}" --time=2 "$src/share/dtk/slurm/comm-bench.sbatch" \
+      --device cpu --backend mpi --op allreduce -b 8 -e 64K)
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 120)" = COMPLETED ] || fail "comm-bench job $j"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["config"]["nranks"] == 2 and d["results"] and d["wrong"] == 0, d' "comm-bench-$j.json" \
+  || fail "comm-bench job $j: its JSON"
+! grep -q "launch failed" "comm-bench-$j.out" || fail "comm-bench job $j: a launch failure reported"
+
+echo "== a rank still exiting when srun --kill-on-bad-exit ends it keeps the agreed status"
+# Rank 1 lingers 3 s in MPI_Finalize (a PMPI shim, LD_PRELOAD), so that rank 0 exits first and
+# srun sends it SIGTERM there: it must still exit 2 (bad input) or 3 (stopped), not 143.
+cat > slow_finalize.c <<'EOF_C'
+#include <mpi.h>
+#include <unistd.h>
+int MPI_Finalize(void) {
+  int rank = 0;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 1) sleep(3);
+  return PMPI_Finalize();
+}
+EOF_C
+mpicc -shared -fPIC -o slow_finalize.so slow_finalize.c || fail "cannot build the MPI_Finalize shim"
+slow=(srun --mpi=pmix --kill-on-bad-exit=1 "${sizes[@]}" --export=ALL,LD_PRELOAD=$PWD/slow_finalize.so)
+set +e
+"${slow[@]}" "$build/tools/psgd-train/psgd-train" --device cpu --lr -1 > slowbad.out 2>&1
+rc=$?
+set -e
+[ $rc = 2 ] || { cat slowbad.out >&2; fail "bad input, rank 1 slow to finalize: srun exit $rc, not 2"; }
+"${slow[@]}" "$build/tools/psgd-train/psgd-train" "${train[@]}" --steps 100000 --checkpoint-dir cks > slowstop.out 2>&1 &
+p=$!
+for _ in $(seq 300); do grep -q 'step 50/' slowstop.out && break; sleep 0.2; done
+kill -USR1 $p
+rc=0
+wait $p || rc=$?
+[ $rc = 3 ] && grep -q 'stopped at step' slowstop.out \
+  || { tail -n 8 slowstop.out >&2; fail "stopped, rank 1 slow to finalize: srun exit $rc, not 3"; }
+grep -q 'Exited with exit code 3' slowstop.out && ! grep -q 'task 1: Terminated' slowstop.out \
+  || { tail -n 8 slowstop.out >&2; fail "stopped, rank 1 slow to finalize: a task was killed"; }
+echo "bad input: srun exit 2; stopped: srun exit 3 (rank 1 given SIGTERM in MPI_Finalize)"
 
 # The tasks of this test's jobs (psgd-train processes working in this directory: another
 # cluster on this machine may run the same command lines), as "PID RANK" lines.
@@ -165,35 +248,24 @@ grep -q "SIGTERM received" "limit-$j.out" || fail "job $j: no SIGTERM at the tim
 stop=$(stops_checkpointed "limit-$j.out" ck)
 grep -q "CPU threads per rank: $(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 )) ($(nproc) cores shared by 2 rank" \
   "limit-$j.out" || fail "ranks under srun do not share the host's cores"
-j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=resubmit-%j.out \
+# 10 minutes: the script's warning comes 120 s before the limit, and with other work on the
+# machine (load 15) the remaining 413 steps outlasted the 3 minutes that --time=5 left.
+j=$(sbatch --parsable "${sizes[@]}" --time=10 --output=resubmit-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck --checkpoint-every 100 --save final.h5)
-[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "resubmitted job $j"
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 540)" = COMPLETED ] || fail "resubmitted job $j"
 grep -q "resuming from .* at step $stop" "resubmit-$j.out" || fail "job $j did not resume from step $stop"
 same_weights final.h5 ref.h5
 echo "stopped at step $stop by the time limit; resubmitted, the weights equal the uninterrupted run's"
 
 echo "== psgd-train: warned before its time limit (SIGUSR1 to the batch script), requeued, resumed"
-j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=warned-%j.out \
+j=$(sbatch --parsable "${sizes[@]}" --time=10 --output=warned-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --steps 300 --checkpoint-dir ckw --save warned.h5)
 wait_state "$j" RUNNING 60 > /dev/null
 for _ in $(seq 600); do grep -q 'step 100/' "warned-$j.out" 2>/dev/null && break; sleep 0.2; done
 scancel --batch --signal=USR1 "$j"  # what --signal=B:USR1@120 sends
-for _ in $(seq 240); do
-  [ "$(state "$j")" = PENDING ] && [ "$(field "$j" Restarts)" = 1 ] && break
-  sleep 0.5
-done
-[ "$(field "$j" Restarts)" = 1 ] || fail "job $j was not requeued (state $(state "$j"))"
-# SLURM holds a requeued job about 2 minutes; hurry it, but only once the first run's step
-# daemons have gone: the requeued job has the same id, so its step has the same id too, and while
-# the old slurmstepd still holds that step's PMIx socket the new step fails to launch, and srun
-# (slurm 22.05) then exits 0, so the job ends COMPLETED without having trained (seen in CI).
-for _ in $(seq 120); do
-  [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] && ! pgrep -f "^slurmstepd: \[$j\." > /dev/null && break
-  sleep 0.5
-done
-sleep 1
-scontrol update JobId="$j" StartTime=now
-[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "requeued job $j"
+wait_requeued "$j" 1 120
+hurry "$j"
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 540)" = COMPLETED ] || fail "requeued job $j"
 grep -q "requeueing job $j" "warned-$j.out" || fail "the script did not say it requeued job $j"
 stop=$(stops_checkpointed "warned-$j.out" ckw)
 same_weights warned.h5 refck/step-00000300.h5
@@ -219,4 +291,48 @@ stop=$(grep -o 'stopped at step [0-9]*' "cancel-$j.out" | awk '{print $4}' | sor
 [ -z "$(ls -A ck2 | grep -v -e '^step-' -e '^latest$')" ] || fail "scancel left debris: $(ls -A ck2)"
 ! grep -q "requeueing" "cancel-$j.out" || fail "a cancelled job was requeued"
 echo "scancel: stopped at step $stop with its checkpoint"
+
+echo "== psgd-train: scancel during the start-up is not taken for a failed launch"
+j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=cancel0-%j.out \
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck3)
+wait_state "$j" RUNNING 60 > /dev/null
+for _ in $(seq 100); do pgrep -f "psgd-train.*ck3" > /dev/null && break; sleep 0.1; done  # srun has started
+scancel "$j"
+s=$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 60)
+[ "$s" = CANCELLED ] && [ "$(field "$j" Restarts)" = 0 ] && ! grep -q "launch failed" "cancel0-$j.out" \
+  || fail "job $j cancelled in its start-up: $s, restarts $(field "$j" Restarts)"
+echo "== psgd-train: a launch that fails is requeued, and the run continues"
+# The program, given to the script through DTK_BUILD: a wrapper whose task 1 dies of SIGSEGV at
+# the start of the job's first run (as Open MPI's start-up did once in a requeued job), then
+# runs psgd-train.
+mkdir -p crash/tools/psgd-train
+cat > crash/tools/psgd-train/psgd-train <<EOF_W
+#!/bin/bash
+ulimit -c 0
+if [ "\${SLURM_RESTART_COUNT:-0}" -lt "\$CRASH_RUNS" ] && [ "\$SLURM_PROCID" = 1 ]; then kill -SEGV \$\$; fi
+exec "$build/tools/psgd-train/psgd-train" "\$@"
+EOF_W
+chmod +x crash/tools/psgd-train/psgd-train
+j=$(DTK_BUILD=$PWD/crash CRASH_RUNS=1 sbatch --parsable "${sizes[@]}" --time=10 --output=launch-%j.out \
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --steps 100 --checkpoint-dir ckl --save launch.h5)
+wait_requeued "$j" 1 120
+grep -q "dtk: job $j: the launch failed (srun exit 1[34][0-9], [0-9.]* s after it started): requeueing it (launch failure 1 of at most 3 in a row)" \
+  "launch-$j.out" || fail "job $j: no line saying that its failed launch is requeued"
+[ "$(squeue -h -j "$j" -o %k)" = dtk-launch-failures=1 ] || fail "job $j: Comment $(squeue -h -j "$j" -o %k)"
+hurry "$j"
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 300)" = COMPLETED ] || fail "job $j after its failed launch"
+c=$(squeue -h -t all -j "$j" -o %k)
+[[ $c =~ ^(|\(null\))$ ]] || fail "job $j: the count of failed launches is not cleared: Comment $c"
+same_weights launch.h5 refck/step-00000100.h5
+echo "$(grep -o 'the launch failed.*' "launch-$j.out")"
+
+echo "== psgd-train: a job whose launch always fails ends after DTK_LAUNCH_RETRIES requeues"
+j=$(DTK_BUILD=$PWD/crash CRASH_RUNS=99 DTK_LAUNCH_RETRIES=2 sbatch --parsable "${sizes[@]}" --time=5 \
+      --output=never-%j.out "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ckn)
+for r in 1 2; do wait_requeued "$j" $r 120; hurry "$j"; done
+[ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 120)" = FAILED ] || fail "job $j whose launch always fails"
+[ "$(grep -c 'requeueing it (launch failure [12] of at most 2 in a row)' "never-$j.out")" = 2 ] \
+  && grep -q "the launch failed (srun exit 1[34][0-9], [0-9.]* s after it started), 3 times in a row: not requeueing it again (DTK_LAUNCH_RETRIES=2)" \
+     "never-$j.out" || fail "job $j: not the lines expected"
+[ "$(field "$j" Restarts)" = 2 ] || fail "job $j: restarted $(field "$j" Restarts) times"
 echo "PASS"

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -97,6 +101,24 @@ TEST(Cli, ParseErrorLines) {
   EXPECT_EQ(line({"--step", "5"}), "unknown option --step; did you mean --steps?");
   EXPECT_EQ(line({"--steps", "0", "ls"}), "--steps must be at least 1");
   EXPECT_EQ(line({"--steps", "1.5", "ls"}), "--steps must be a whole number, not 1.5");
+}
+
+// DTK_LAUNCH_MARK (share/dtk/slurm/*.sbatch): rank 0 creates the file, once; other ranks and an
+// unset variable create nothing.
+TEST(Cli, MarkLaunched) {
+  const std::filesystem::path mark = std::filesystem::temp_directory_path() / ("dtk-mark-" + std::to_string(::getpid()));
+  std::filesystem::remove(mark);
+  ::unsetenv("DTK_LAUNCH_MARK");
+  mark_launched(0);  // no variable: nothing, and a later call with one still works
+  ::setenv("DTK_LAUNCH_MARK", mark.c_str(), 1);
+  mark_launched(1);
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "rank 1 created the mark";
+  mark_launched(0);
+  EXPECT_TRUE(std::filesystem::exists(mark));
+  std::filesystem::remove(mark);
+  mark_launched(0);
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "a second call created the mark again";
+  ::unsetenv("DTK_LAUNCH_MARK");
 }
 
 }  // namespace

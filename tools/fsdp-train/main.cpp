@@ -22,6 +22,7 @@ struct Args {
 cli::Program program(Args& a) {
   cli::Program p;
   p.name = "fsdp-train";
+  p.marks_launch = true;  // after the first step (train::run)
   p.description =
       "Fully sharded data-parallel training after SimpleFSDP (Zhang et al., 2024): every rank keeps a dim-0 shard "
       "of each parameter in f32 with its gradient and optimizer state; a bucket of blocks is all-gathered (bf16 by "

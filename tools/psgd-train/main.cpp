@@ -19,6 +19,7 @@ struct Args {
 cli::Program program(Args& a) {
   cli::Program p;
   p.name = "psgd-train";
+  p.marks_launch = true;  // after the first step (train::run)
   p.description =
       "Data-parallel training with PowerSGD gradient compression (Vogels et al., 2019): rank-r power iteration "
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "

@@ -16,6 +16,7 @@ struct Args {
 cli::Program program(Args& a) {
   cli::Program p;
   p.name = "shampoo-train";
+  p.marks_launch = true;  // after the first step (train::run)
   p.description =
       "Data-parallel training with Distributed Shampoo (Shi et al., 2023): blocked Kronecker-factored "
       "preconditioning with grafting; each rank computes the inverse roots and search directions of its own "

@@ -4,10 +4,17 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
+#include <cstring>
 
 #include "dtk/cli/checks.h"
 #include "dtk/comm/watchdog.h"
@@ -63,7 +70,37 @@ int guarded(F&& f, std::string& message, bool* agreed = nullptr) {
   }
 }
 
+// From the moment a rank knows how it ends, a stop signal (SIGTERM, SIGINT, SIGUSR1) ends it at
+// once with that exit code instead of by the signal: first with the rank's own code, then with
+// the one agreed over the ranks. Under `srun --kill-on-bad-exit=1` the first rank to exit with a
+// status other than 0 (3 after a graceful stop, 2 after bad input) makes srun send SIGTERM to
+// the others, which may still be in the agreement or in MPI_Finalize; killed there, they turned
+// the job's status into 143 and a requeue chain of psgd-train.sbatch ended FAILED (on the test
+// cluster, 2 of the first 15 stops). train::StopSignals handles the signals while training.
+volatile std::sig_atomic_t g_exit_code = 0;
+extern "C" void exit_with_code(int) { _exit(g_exit_code); }
+
+int exit_on_stop_signal(int code) {
+  g_exit_code = code;
+  struct sigaction sa {};
+  sa.sa_handler = exit_with_code;
+  sigemptyset(&sa.sa_mask);
+  for (const int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  return code;
+}
+
 }  // namespace
+
+void mark_launched(int rank) {
+  static bool marked = false;
+  const char* path = std::getenv("DTK_LAUNCH_MARK");
+  if (marked || rank != 0 || path == nullptr || *path == '\0') return;
+  marked = true;
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr || std::fclose(f) != 0)
+    spdlog::warn("DTK_LAUNCH_MARK {}: cannot create it ({}); a later failure of this job will be taken for a failed "
+                 "launch", path, std::strerror(errno));
+}
 
 std::string version_string(const std::string& program) {
   return program + " (dtk) " DTK_VERSION;
@@ -115,7 +152,9 @@ int main(int argc, char** argv, const Program& p) {
       else
         std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), line.c_str());
     }
-    return rt->max_over_ranks(e.get_exit_code() == 0 ? kExitOk : kExitUsage);
+    const int agreed_code = exit_on_stop_signal(rt->max_over_ranks(exit_on_stop_signal(e.get_exit_code() == 0 ? kExitOk : kExitUsage)));
+    if (agreed_code == kExitOk) mark_launched(rank);  // --help, --version: done, not a failed launch
+    return agreed_code;
   }
   rt->set_timeout(common.comm_timeout);
   setup_logging(p.name, common, rank);
@@ -127,8 +166,10 @@ int main(int argc, char** argv, const Program& p) {
     work = p.validate(*rt);
     return 0;
   }, message);
+  if (code != kExitOk) exit_on_stop_signal(code);
   const int worst = rt->max_over_ranks(code);
   if (worst != kExitOk) {
+    exit_on_stop_signal(worst);
     const int rank0 = rt->broadcast_int(code, 0);
     if (code != kExitOk && (rank == 0 || rank0 == kExitOk || common.log_all_ranks))
       spdlog::error("{}", message);
@@ -141,16 +182,17 @@ int main(int argc, char** argv, const Program& p) {
     std::filesystem::create_directories(common.debug_dir, ec);
     comm::watchdog::set_debug_dir(common.debug_dir);
   }
+  if (!p.marks_launch) mark_launched(rank);
 
   // Phase 2: the work. An error every rank raised together ends them all normally (rank 0 says
   // it); any other error on one rank ends the job.
   bool agreed = false;
-  code = guarded([&] { return work(*rt); }, message, &agreed);
+  code = exit_on_stop_signal(guarded([&] { return work(*rt); }, message, &agreed));
   if (agreed) {
     if (rank == 0 || common.log_all_ranks) spdlog::error("{}", message);
     spdlog::default_logger()->flush();
     std::fflush(stdout);
-    return rt->max_over_ranks(code);
+    return exit_on_stop_signal(rt->max_over_ranks(code));
   }
   if (!message.empty()) {
     spdlog::error("{}", message);
@@ -160,7 +202,9 @@ int main(int argc, char** argv, const Program& p) {
     return code;
   }
   std::fflush(stdout);
-  return rt->max_over_ranks(code);
+  const int agreed_code = exit_on_stop_signal(rt->max_over_ranks(code));
+  if (agreed_code == kExitOk) mark_launched(rank);  // done (with nothing to do, too): launched
+  return agreed_code;
 }
 
 uint64_t parse_size(std::string_view s) {

@@ -42,7 +42,17 @@ struct Program {
   std::string footer;  // shown after the options in --help (examples, exit codes)
   std::function<void(CLI::App&)> add_options;
   std::function<Work(comm::Runtime&)> validate;
+  // The work calls mark_launched itself (the *-train programs: after their first step); else
+  // main() does, once every rank has validated its options.
+  bool marks_launch = false;
 };
+
+// share/dtk/slurm/*.sbatch tell a launch that failed (a task killed in its start-up, inside Open
+// MPI, PMIx or SLURM: requeued) from a failure of the program (not requeued) by a file: when the
+// environment names one in DTK_LAUNCH_MARK, rank 0 creates it once the job is past its start-up,
+// and at the latest when the ranks agree on exit status 0 (a job that exits 0 without it did not
+// run: srun exits 0 when its tasks failed to launch). Only the first call does anything.
+void mark_launched(int rank);
 
 // The whole main() of a program: `int main(int c, char** v) { return dtk::cli::main(c, v, program()); }`
 int main(int argc, char** argv, const Program& program);

@@ -147,6 +147,7 @@ class Trainer {
         }
       }
       metrics.write(m);
+      if (step == start_step_) cli::mark_launched(rank_);  // every rank is through a step: launched
       progress.update(step + 1, loss, val, lr, dt, val_acc);
       if (stopping) {
         end = step + 1;
