@@ -109,6 +109,28 @@ wait_requeued() {
   done
   fail "job $1 was not requeued $2 times (state $(state "$1"), restarts $(field "$1" Restarts))"
 }
+# Waits until job $1's log $2 shows step $3. A launch that failed on the way (a task killed in
+# its start-up: a SIGSEGV inside Open MPI's start-up was seen here about once in three runs of
+# this test, in a job started seconds after another job's step ended on the same nodes) is
+# requeued by the script: that is reported, Open MPI's lines about it shown, and the requeued
+# run hurried and waited for.
+reach_step() {
+  local j=$1 out=$2 step=$3 handled=0 n
+  for _ in $(seq 1200); do
+    grep -q "step $step/" "$out" 2>/dev/null && return 0
+    n=$(grep -c "dtk: job $j: the launch failed" "$out" 2>/dev/null)
+    if [ "${n:-0}" -gt $handled ]; then
+      handled=$n
+      echo "job $j: $(grep -o 'the launch failed.*' "$out" | tail -n 1); waiting for the requeued run"
+      grep -E '^\[[^]]+:[0-9]+\] ' "$out" | tail -n 12 >&2 || true  # Open MPI's report of the signal
+      wait_requeued "$j" "$handled" 150
+      hurry "$j"
+      wait_state "$j" RUNNING 60 > /dev/null
+    fi
+    sleep 0.2
+  done
+  fail "job $j: no step $step in $out"
+}
 # Checks that each stop in log $1 wrote its checkpoint into directory $2; prints the steps.
 stops_checkpointed() {
   local stops s
@@ -191,7 +213,7 @@ echo "== a rank killed: --kill-on-bad-exit=1 ends the job, the other rank gone w
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=killed-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ckk)
 wait_state "$j" RUNNING 60 > /dev/null
-for _ in $(seq 600); do grep -q 'step 50/' "killed-$j.out" 2>/dev/null && break; sleep 0.2; done
+reach_step "$j" "killed-$j.out" 50
 victim=$(tasks | awk '$2 == 1 {print $1}')
 [ -n "$victim" ] || fail "job $j: no task of rank 1 found"
 t0=$(now)
@@ -210,7 +232,7 @@ echo "== a rank stopped: the watchdog names it within --comm-timeout + 2 s"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=stopped-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir cks --comm-timeout 5 --debug-dir dbg)
 wait_state "$j" RUNNING 60 > /dev/null
-for _ in $(seq 600); do grep -q 'step 50/' "stopped-$j.out" 2>/dev/null && break; sleep 0.2; done
+reach_step "$j" "stopped-$j.out" 50
 victim=$(tasks | awk '$2 == 1 {print $1}')
 [ -n "$victim" ] || fail "job $j: no task of rank 1 found"
 kill -STOP "$victim"
@@ -261,7 +283,7 @@ echo "== psgd-train: warned before its time limit (SIGUSR1 to the batch script),
 j=$(sbatch --parsable "${sizes[@]}" --time=10 --output=warned-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --steps 300 --checkpoint-dir ckw --save warned.h5)
 wait_state "$j" RUNNING 60 > /dev/null
-for _ in $(seq 600); do grep -q 'step 100/' "warned-$j.out" 2>/dev/null && break; sleep 0.2; done
+reach_step "$j" "warned-$j.out" 100
 scancel --batch --signal=USR1 "$j"  # what --signal=B:USR1@120 sends
 wait_requeued "$j" 1 120
 hurry "$j"
@@ -281,7 +303,7 @@ echo "== psgd-train: scancel during training"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=cancel-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck2 --checkpoint-every 0)
 wait_state "$j" RUNNING 60 > /dev/null
-for _ in $(seq 600); do grep -q 'step 50/' "cancel-$j.out" 2>/dev/null && break; sleep 0.2; done
+reach_step "$j" "cancel-$j.out" 50
 scancel "$j"
 s=$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 60)
 [ "$s" = CANCELLED ] || fail "cancelled job $j ended $s"
