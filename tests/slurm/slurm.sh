@@ -118,7 +118,7 @@ reach_step() {
   local j=$1 out=$2 step=$3 handled=0 n
   for _ in $(seq 1200); do
     grep -q "step $step/" "$out" 2>/dev/null && return 0
-    n=$(grep -c "dtk: job $j: the launch failed" "$out" 2>/dev/null)
+    n=$(grep -c "dtk: job $j: the launch failed" "$out" 2>/dev/null || true)
     if [ "${n:-0}" -gt $handled ]; then
       handled=$n
       echo "job $j: $(grep -o 'the launch failed.*' "$out" | tail -n 1); waiting for the requeued run"
@@ -230,7 +230,7 @@ echo "a rank killed: the other gone $elapsed s later"
 
 echo "== a rank stopped: the watchdog names it within --comm-timeout + 2 s"
 j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=stopped-%j.out \
-      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir cks --comm-timeout 5 --debug-dir dbg)
+      "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ckstop --comm-timeout 5 --debug-dir dbg)
 wait_state "$j" RUNNING 60 > /dev/null
 reach_step "$j" "stopped-$j.out" 50
 victim=$(tasks | awk '$2 == 1 {print $1}')

@@ -4,7 +4,7 @@
 #    schedule, the batch, the seed, a --config file's values): the metrics after resume equal an
 #    uninterrupted run's, bit for bit, and --metrics continues its file without repeating a step;
 #  - an option given again with another value is named in one warning line; the same value
-#    written another way (0.0003 for 3e-4) is no change; options the state cannot follow
+#    written another way (0.0003 for 3e-4), or repeated with the same last value, is no change; options the state cannot follow
 #    (--optimizer, --rank) are refused with exit 2 before any work;
 #  - --metrics refuses an existing file on a fresh run (exit 2, the file untouched) unless
 #    --metrics-append; stdout carries the metric lines alone (`| jq` parses every line), and with
@@ -53,6 +53,12 @@ for n in 1 2; do
   run $launch $job --resume $d/ck/step-00000004.h5 --lr 0.0003 --seed 5 --metrics $d/same.jsonl
   [ $rc = 0 ] && ! grep -q warning "$tmp/e" && [ "$(cols $d/same.jsonl)" = "$(cols $d/full.jsonl | tail -4)" ] \
     && ok "$n rank(s): --lr 0.0003 is the checkpoint's 3e-4" || bad "$n: same value (exit $rc)" "$(cat "$tmp/e")"
+  # A repeated option is its last value (a batch script's defaults before the user's arguments):
+  # --compressor given twice is the checkpoint's, not a change that the state cannot follow.
+  run $launch $job --resume $d/ck/step-00000004.h5 --compressor none --compressor powersgd --metrics $d/twice.jsonl
+  [ $rc = 0 ] && ! grep -q warning "$tmp/e" && [ "$(cols $d/twice.jsonl)" = "$(cols $d/full.jsonl | tail -4)" ] \
+    && ok "$n rank(s): --compressor none --compressor powersgd is the checkpoint's powersgd" \
+    || bad "$n: repeated option (exit $rc)" "$(cat "$tmp/e")"
   run $launch $job --resume $d/ck/step-00000004.h5 --lr 1e-3 --warmup 0 --metrics $d/diff.jsonl
   want="warning: resuming with options that differ from the checkpoint's: --lr 1e-3 (the checkpoint's: 3e-4), --warmup 0 (the checkpoint's: 3)"
   if [ $rc = 0 ] && [ "$(grep -c warning "$tmp/e")" = 1 ] && grep -qF -- "$want" "$tmp/e" \

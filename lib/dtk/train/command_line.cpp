@@ -78,9 +78,9 @@ void keep_checkpoint_options(CLI::App& app, train::Options& o) {
           if (const auto xt = then.find(x->get_name()); xt != then.end())
             other = x->get_name() + " " + joined(xt->get<std::vector<std::string>>());
         if (!other.empty())
-          o.resume_changes.push_back({name, joined(opt->results()), other});
-        else if (!same_value(opt->results(), before))
-          o.resume_changes.push_back({name, joined(opt->results()), before.empty() ? "unset" : joined(before)});
+          o.resume_changes.push_back({name, joined(opt->reduced_results()), other});
+        else if (!same_value(opt->reduced_results(), before))
+          o.resume_changes.push_back({name, joined(opt->reduced_results()), before.empty() ? "unset" : joined(before)});
         continue;
       }
       if (it == then.end()) continue;
@@ -94,7 +94,7 @@ void keep_checkpoint_options(CLI::App& app, train::Options& o) {
   }
   o.run_options = nlohmann::json::object();
   for (const CLI::Option* opt : app.get_options())
-    if (kept_on_resume(*opt) && opt->count() > 0) o.run_options[opt->get_name()] = opt->results();
+    if (kept_on_resume(*opt) && opt->count() > 0) o.run_options[opt->get_name()] = opt->reduced_results();  // a repeated option: its last value
 }
 
 }  // namespace
