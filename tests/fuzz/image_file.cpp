@@ -7,7 +7,7 @@
 
 #include "dtk/data/dataset.h"
 #include "dtk/nn/model.h"
-#include "fuzz.h"
+#include "read_dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto path = dtk::fuzz::scratch() / "images.h5";
@@ -27,13 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   for (const dtk::nn::ModelConfig& m : models)
     dtk::fuzz::expect_usage_errors([&] {
-      const auto d = dtk::data::open_dataset(path.string(), m, false, 0);
-      (void)d->describe().dump();
-      (void)d->optimal_loss();
-      if (const int64_t n = d->size(); n > 0) {
-        const int64_t idx[] = {0, n / 2, n - 1};
-        (void)d->get(idx);
-      }
+      dtk::fuzz::read_dataset(path.string(), m);
     });
   return 0;
 }
