@@ -21,7 +21,7 @@
 #   - a launch that fails (task 1 killed by SIGSEGV at its start, as Open MPI's start-up did once
 #     in a requeued job) is requeued, says so in one line, and the run ends bit-identical; a job
 #     whose launch always fails is requeued DTK_LAUNCH_RETRIES times, then ends FAILED.
-# The daemons are stopped by PID at the end, pass or fail.
+# The daemons are stopped by PID at the end, pass or fail, and the jobs' processes left with them.
 #   tests/slurm/slurm.sh BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,9 +29,28 @@ src=$(cd "$here/../.." && pwd)
 build=$(realpath "$1")
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/dtk-slurm.XXXXXX")
 hogs=()  # busy loops that slow a job down (the time-limit case)
+# The processes working under the scratch directory (the tasks and step daemons of this test's
+# jobs) other than this script: stopping the daemons leaves a running job's tasks running.
+strays() {
+  local p
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [ "$p" = $$ ] && continue
+    case "$(readlink "/proc/$p/cwd" 2>/dev/null)" in "$scratch"/*) echo "$p" ;; esac
+  done
+}
 cleanup() {
+  cd /
   [ ${#hogs[@]} = 0 ] || kill "${hogs[@]}" 2>/dev/null || true
   "$here/cluster.sh" down "$scratch/cluster" || true
+  local left
+  left=$(strays)
+  if [ -n "$left" ]; then
+    kill $left 2>/dev/null || true
+    sleep 1
+    left=$(strays)
+    [ -z "$left" ] || kill -9 $left 2>/dev/null || true
+  fi
   rm -rf "$scratch"
 }
 trap cleanup EXIT
