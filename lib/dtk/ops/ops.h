@@ -190,8 +190,12 @@ void eigh(const Tensor& a, Tensor& w, Tensor& v);
 // Inverse roots (A + eps I)^(-1/p) of symmetric positive semi-definite A: by eigendecomposition,
 // by the coupled Newton iteration, or (inverse_roots only) by QR iterations warm-started from a
 // kept eigenbasis.
-enum class RootMethod { eigh, newton, qr };
-DTK_ENUM_NAMES(RootMethod, {RootMethod::eigh, "eigh"}, {RootMethod::newton, "newton"}, {RootMethod::qr, "qr"})
+// pseudo_inverse (inverse_roots only): eigh without eps; eigenvalues at or below the cutoff
+// max(rank_atol, rank_rtol * max(w_max, 0)) get the inverse power 0 (Meta's PseudoInverseConfig,
+// torch.linalg.matrix_rank's rule; rank_rtol < 0: n times the dtype's machine epsilon).
+enum class RootMethod { eigh, newton, qr, pseudo_inverse };
+DTK_ENUM_NAMES(RootMethod, {RootMethod::eigh, "eigh"}, {RootMethod::newton, "newton"}, {RootMethod::qr, "qr"},
+               {RootMethod::pseudo_inverse, "pseudo-inverse"})
 struct RootOptions {
   RootMethod method = RootMethod::eigh;
   double eps = 1e-12;        // added to the diagonal (eigh) / the regularisation (newton)
@@ -199,6 +203,8 @@ struct RootOptions {
   double tolerance = 1e-6;   // newton: stop when max |M - I| < tolerance
   int qr_max_iterations = 1;   // qr: at most this many QR iterations per call
   double qr_tolerance = 0.01;  // qr: none once ||B - diag B||_F <= qr_tolerance ||B||_F
+  double rank_rtol = -1;       // pseudo_inverse: relative cutoff (< 0: n * machine epsilon)
+  double rank_atol = 0;        // pseudo_inverse: absolute cutoff
 };
 // The eigenvalue rule of every root formed from an eigendecomposition (inverse_root's eigh on
 // both backends, inverse_roots' eigh and qr): with w the eigenvalues of A + eps I (n of them, any
@@ -229,6 +235,11 @@ bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
 //     (stable). The basis of a matrix that fails is zeroed: its next call starts from a full eigh.
 std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& opts, Tensor& out,
                                 Tensor* basis = nullptr);
+// The eigenbases of a batch a [B, n, n] (f32 or f64; symmetric) into basis [B, n, n] (columns):
+// method eigh, by eigh (ascending eigenvalues), or qr, warm-started from basis as inverse_roots'
+// qr (a zero basis: a full eigh; columns by descending estimate), eps as there. Returns ok [B]:
+// 0 where the solver failed or the basis is not finite (that basis is zeroed).
+std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis);
 
 // ---------------------------------------------------------------------------- CPU threads
 // The threads the CPU backend's loops and OpenBLAS use (OpenMP's max threads, for this thread).

@@ -85,17 +85,40 @@ void form_root(const Tensor& V, const std::vector<double>& d, Tensor& out, std::
       if (count_nonfinite(out.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
 }
 
-// V diag(d) V^T with V, d from a batched eigh of a, in a's dtype.
-void roots_eigh(const Tensor& a, double p, double eps, Tensor& out, std::vector<char>& ok) {
+// The pseudo-inverse root's eigenvalues (ops.h, RootMethod::pseudo_inverse) from the
+// eigenvalues w of the matrices (host, [nb, b]): w_j^(-1/p) above the cutoff, 0 at or below it.
+std::vector<double> pseudo_scales(const std::vector<double>& w, int64_t b, double p, const RootOptions& o, DType t,
+                                  std::vector<char>& ok) {
+  const int64_t nb = static_cast<int64_t>(ok.size());
+  const double rtol = o.rank_rtol >= 0 ? o.rank_rtol : static_cast<double>(b) * (t == DType::f64 ? 0x1p-52 : 0x1p-23);
+  std::vector<double> d(static_cast<size_t>(nb * b), 0.0);
+  for (int64_t i = 0; i < nb; ++i) {
+    const double* wi = w.data() + i * b;
+    double* di = d.data() + i * b;
+    const double cut = std::max(o.rank_atol, rtol * std::max(0.0, *std::max_element(wi, wi + b)));
+    for (int64_t j = 0; j < b; ++j) {
+      if (!std::isfinite(wi[j])) ok[static_cast<size_t>(i)] = 0;
+      di[j] = wi[j] > cut ? std::pow(wi[j], -1.0 / p) : 0.0;
+    }
+  }
+  return d;
+}
+
+// V diag(d) V^T with V, d from a batched eigh of a, in a's dtype (eps or the pseudo-inverse rule).
+void roots_eigh(const Tensor& a, double p, const RootOptions& o, Tensor& out, std::vector<char>& ok) {
   const int64_t nb = a.dim(0), b = a.dim(1);
   Tensor w = Tensor::empty({nb, b}, a.dtype(), a.device()), V = Tensor::empty({nb, b, b}, a.dtype(), a.device());
   if (!solved([&] { eigh(a, w, V); }, ok)) return;
-  form_root(V, root_scales(w.to_doubles(), b, p, eps, ok), out, ok);
+  const std::vector<double> wd = w.to_doubles();
+  form_root(V, o.method == RootMethod::pseudo_inverse ? pseudo_scales(wd, b, p, o, a.dtype(), ok)
+                                                      : root_scales(wd, b, p, o.eps, ok),
+            out, ok);
 }
 
 // The warm-started eigendecomposition (ops.h, RootMethod::qr) of the batch a, from and into the
-// bases Q; the root as roots_eigh forms it.
-void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Tensor& out, std::vector<char>& ok) {
+// bases Q (columns by descending estimate); returns the estimates of a's eigenvalues in Q's
+// order ([nb, b]; empty when the solver failed: every ok 0).
+std::vector<double> qr_basis(const Tensor& a, Tensor& Q, const RootOptions& opts, std::vector<char>& ok) {
   const int64_t nb = a.dim(0), b = a.dim(1);
   const DType dt = a.dtype();
   const Device dev = a.device();
@@ -104,19 +127,21 @@ void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Ten
   const std::vector<double> qnorm = qn.to_doubles();
   const auto fresh = std::count(qnorm.begin(), qnorm.end(), 0.0);
   if (fresh > 0 && fresh < nb) {  // some blocks without a basis (after a failure): one at a time
+    std::vector<double> all(static_cast<size_t>(nb * b), 0.0);
     for (int64_t i = 0; i < nb; ++i) {
       std::vector<char> oki(1, 1);
-      Tensor Qi = Q.slice(i, i + 1), oi = out.slice(i, i + 1);
-      roots_qr(a.slice(i, i + 1), Qi, p, opts, oi, oki);
+      Tensor Qi = Q.slice(i, i + 1);
+      const std::vector<double> mi = qr_basis(a.slice(i, i + 1), Qi, opts, oki);
       ok[static_cast<size_t>(i)] = oki[0];
+      if (oki[0]) std::copy(mi.begin(), mi.end(), all.begin() + i * b);
     }
-    return;
+    return all;
   }
   Tensor V = Tensor::empty({nb, b, b}, dt, dev);
   std::vector<double> mu(static_cast<size_t>(nb * b));
   if (fresh == nb) {  // no basis yet: a full eigh
     Tensor w = Tensor::empty({nb, b}, dt, dev);
-    if (!solved([&] { eigh(a, w, V); }, ok)) return;
+    if (!solved([&] { eigh(a, w, V); }, ok)) return {};
     mu = w.to_doubles();
   } else {
     const double eps = opts.eps;
@@ -149,7 +174,7 @@ void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Ten
       for (int64_t i = 0; i < nb; ++i)
         if (!converged(i)) todo.push_back(i);
       if (todo.empty()) break;
-      if (!solved([&] { orthonormalize_qr(T); }, ok)) return;  // Q = qr(A Q)
+      if (!solved([&] { orthonormalize_qr(T); }, ok)) return {};  // Q = qr(A Q)
       if (static_cast<int64_t>(todo.size()) == nb) {
         V.copy_from(T);
       } else {
@@ -174,7 +199,14 @@ void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Ten
     for (int64_t c = 0; c < b; ++c) ms[static_cast<size_t>(c)] = m[order[static_cast<size_t>(c)]];
     std::copy(ms.begin(), ms.end(), mu.begin() + i * b);
   }
-  form_root(Q, root_scales(mu, b, p, opts.eps, ok), out, ok);
+  return mu;
+}
+
+// The root from qr_basis's basis and estimates, formed as roots_eigh forms it.
+void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Tensor& out, std::vector<char>& ok) {
+  const std::vector<double> mu = qr_basis(a, Q, opts, ok);
+  if (mu.empty()) return;
+  form_root(Q, root_scales(mu, a.dim(1), p, opts.eps, ok), out, ok);
 }
 
 // inverse_root on the whole batch; when that fails, one matrix at a time.
@@ -200,6 +232,11 @@ void check_root_args(const char* op, const Tensor& a, double p, const RootOption
     if (opts.max_iters < 1) fail_usage("{}: max_iters must be >= 1", op);
     if (!(opts.tolerance > 0)) fail_usage("{}: tolerance must be > 0", op);
   }
+  if (opts.method == RootMethod::pseudo_inverse) {
+    if (opts.eps != 0) fail_usage("{}: the pseudo-inverse takes no eps (its rank cutoff replaces it), got {}", op, opts.eps);
+    if (!(opts.rank_atol >= 0) || !std::isfinite(opts.rank_atol) || !std::isfinite(opts.rank_rtol))
+      fail_usage("{}: rank_atol must be finite and >= 0 and rank_rtol finite", op);
+  }
 }
 
 }  // namespace
@@ -211,10 +248,42 @@ bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
   if (a.dim(-1) > INT32_MAX) fail_usage("inverse_root: n beyond 2^31 - 1 is not supported, got " + a.str());
   check_root_args(op, a, p, opts, out);
   if (opts.method == RootMethod::qr) fail_usage("inverse_root: the qr method needs a kept basis (inverse_roots)");
-  if (opts.method != RootMethod::eigh && opts.method != RootMethod::newton) fail_usage("inverse_root: unknown method");
+  if (opts.method != RootMethod::eigh && opts.method != RootMethod::newton)
+    fail_usage("inverse_root: the {} method needs inverse_roots", name_of(opts.method));
   // out may be a itself: the backends write out only after the whole computation succeeded.
   if (overlaps(a, out) && a.data() != out.data()) fail_usage("inverse_root: out must be a itself or not overlap it");
   return DTK_DISPATCH(a, inverse_root(a, p, opts, out));
+}
+
+std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis) {
+  const char* op = "eigenbases";
+  check_float(op, a, "a");
+  if (a.ndim() != 3 || a.dim(1) != a.dim(2)) fail_usage("eigenbases: a must be a batch [B, n, n], got " + a.str());
+  check_on(op, a, basis, "basis");
+  check_type(op, basis, a.dtype(), "basis");
+  check_shape(op, basis, a.shape(), "basis");
+  if (opts.method != RootMethod::eigh && opts.method != RootMethod::qr)
+    fail_usage("eigenbases: the method must be eigh or qr, got {}", name_of(opts.method));
+  if (!(opts.eps >= 0) || !std::isfinite(opts.eps)) fail_usage("eigenbases: eps must be finite and >= 0, got {}", opts.eps);
+  std::vector<char> ok(static_cast<size_t>(a.dim(0)), 1);
+  const int64_t nb = a.dim(0), b = a.dim(1);
+  if (nb == 0 || b == 0) return ok;
+  if (opts.method == RootMethod::qr) {
+    if (qr_basis(a, basis, opts, ok).empty()) fill(basis, 0.0);
+  } else {
+    // eigh(a): a + eps I has the same eigenvectors in the same (ascending) order.
+    Tensor w = Tensor::empty({nb, b}, a.dtype(), a.device());
+    if (!solved([&] { eigh(a, w, basis); }, ok)) return ok;
+  }
+  if (count_nonfinite(basis) > 0)
+    for (int64_t i = 0; i < nb; ++i)
+      if (count_nonfinite(basis.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
+  for (int64_t i = 0; i < nb; ++i)  // a failed block restarts from a full eigh (qr) / keeps nothing
+    if (!ok[static_cast<size_t>(i)]) {
+      Tensor Qi = basis.select(i);
+      fill(Qi, 0.0);
+    }
+  return ok;
 }
 
 std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& opts, Tensor& out, Tensor* basis) {
@@ -234,7 +303,8 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
   if (a.dim(0) == 0 || a.dim(1) == 0) return ok;
   switch (opts.method) {
     case RootMethod::eigh:
-      roots_eigh(a, p, opts.eps, out, ok);
+    case RootMethod::pseudo_inverse:
+      roots_eigh(a, p, opts, out, ok);
       break;
     case RootMethod::newton:
       roots_newton(a, p, opts, out, ok);

@@ -115,8 +115,23 @@ DTK_ENUM_NAMES(Grafting, {Grafting::none, "none"}, {Grafting::sgd, "sgd"}, {Graf
 enum class WeightDecayType { decoupled, l2 };
 DTK_ENUM_NAMES(WeightDecayType, {WeightDecayType::decoupled, "decoupled"}, {WeightDecayType::l2, "l2"})
 
+// What a block's search direction is made of (shampoo.h, "Preconditioners"): inverse roots of
+// the Kronecker factors (Shampoo), Adam in the factors' eigenbases (eigenvalue-corrected
+// Shampoo, SOAP), or the orthogonalised filtered gradient (spectral descent, Muon).
+enum class Preconditioner { root, eigenvalue_corrected, spectral };
+DTK_ENUM_NAMES(Preconditioner, {Preconditioner::root, "root"},
+               {Preconditioner::eigenvalue_corrected, "eigenvalue-corrected"}, {Preconditioner::spectral, "spectral"})
+// spectral: U V^T by Newton-Schulz iterations (quintic) or exactly (eigh of X^T X in f64).
+enum class SpectralMethod { newton_schulz, exact };
+DTK_ENUM_NAMES(SpectralMethod, {SpectralMethod::newton_schulz, "newton-schulz"}, {SpectralMethod::exact, "exact"})
+// spectral: the orthogonalised block [r, c] times 1 (none), max(1, r/c)^(1/2) (muon, Jordan et
+// al.) or 0.2 sqrt(max(r, c)) (rms, Moonlight: AdamW's update RMS).
+enum class SpectralScale { none, muon, rms };
+DTK_ENUM_NAMES(SpectralScale, {SpectralScale::none, "none"}, {SpectralScale::muon, "muon"}, {SpectralScale::rms, "rms"})
+
 struct ShampooConfig {
   Kind name = Kind::shampoo;  // always shampoo: an optimizer's config() names the optimizer
+  Preconditioner preconditioner = Preconditioner::root;
   // blocking
   int64_t max_preconditioner_dim = 1024;
   // Kronecker factors
@@ -134,6 +149,18 @@ struct ShampooConfig {
   int qr_max_iterations = 1;    // qr: at most this many QR iterations per root step
   double qr_tolerance = 0.01;   // qr: none once ||B - diag B||_F <= tol ||B||_F
   int64_t root_spread = 1;      // root computations spread over this many phases of each period
+  double rank_rtol = -1;        // root_method pseudo-inverse: relative rank cutoff (< 0: n * machine epsilon)
+  double rank_atol = 0;         // root_method pseudo-inverse: absolute rank cutoff
+  int64_t factor_update_every = 1;  // the factors take the gradient of every K-th step only
+  // eigenvalue-corrected
+  double ec_beta2 = -1;    // the corrected second moment's decay (< 0: beta2)
+  double ec_epsilon = -1;  // added to its square root (< 0: epsilon)
+  // spectral
+  SpectralMethod spectral_method = SpectralMethod::newton_schulz;
+  int newton_schulz_steps = 5;
+  SpectralScale spectral_scale = SpectralScale::muon;
+  // parameters whose name contains one of these take the grafting (diagonal) direction only
+  std::vector<std::string> diagonal_params{};
   // grafting
   Grafting grafting = Grafting::adam;
   double grafting_beta2 = 0.95;   // rmsprop, adam
@@ -150,11 +177,13 @@ struct ShampooConfig {
 
   void validate() const;  // UsageError naming the option
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShampooConfig, name, max_preconditioner_dim, beta2, factor_dtype, epsilon,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShampooConfig, name, preconditioner, max_preconditioner_dim, beta2, factor_dtype, epsilon,
                                                 use_bias_correction, precondition_frequency,
                                                 start_preconditioning_step, exponent_override, root_method,
                                                 newton_max_iters, newton_tolerance, qr_max_iterations, qr_tolerance,
-                                                root_spread, grafting, grafting_beta2, grafting_epsilon, beta1,
+                                                root_spread, rank_rtol, rank_atol, factor_update_every, ec_beta2,
+                                                ec_epsilon, spectral_method, newton_schulz_steps, spectral_scale,
+                                                diagonal_params, grafting, grafting_beta2, grafting_epsilon, beta1,
                                                 momentum, nesterov, weight_decay, weight_decay_type,
                                                 trainers_per_group, communication_dtype)
 
