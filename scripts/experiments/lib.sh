@@ -78,19 +78,33 @@ plot() {
   "$build/tools/dtk-plot/dtk-plot" "${files[@]}" --val "$ykey" --title "$title" -o "$out/plot.png"
 }
 
+# optimizer_of METHOD: shampoo-train's --optimizer for a method of compare_optimizers: sgd and
+# adamw are themselves (the baselines); shampoo, soap and muon (and any other name) are Shampoo,
+# its preconditioner in the method's own options (METHOD_args).
+optimizer_of() { case $1 in sgd|adamw) echo "$1" ;; *) echo shampoo ;; esac; }
+
+# seconds_to OUT NAME STEP: the sum of the step times (seconds, validation excluded) of steps
+# 1..STEP of a run; "-" for STEP "-".
+seconds_to() {
+  [ "$3" = - ] && { echo -; return; }
+  jq -s -r --argjson s "$3" '[.[] | select(.step <= $s) | .step_time_ms] | add / 1000' "$1/$2.jsonl"
+}
+
 # compare_optimizers OUT TITLE KEY BETTER RANKS "METHOD:LR,LR,... ..." COMMON_ARGS...: Shampoo
-# against its baselines as the Distributed Shampoo paper measures it. Every METHOD (sgd, adamw,
-# shampoo; their extra options in the variables sgd_args, adamw_args, shampoo_args) trains once
-# per learning rate of its grid (OUT/METHOD-lrLR.jsonl); each method's best run is the one
-# with the best final KEY (val_accuracy with BETTER higher, val_loss with lower). The target is
-# the better baseline's final KEY; the table gives, for each method's best run, the first step
-# at which it reached the target (a validation every 1/20 of the run) and that step over the
-# baseline's, the goal being <= 0.75, and the mean step time (root steps included).
-# OUT/table.txt, OUT/plot.png.
+# and its family against the baselines as the Distributed Shampoo paper measures it. Every METHOD
+# (sgd and adamw, the baselines; shampoo, soap, muon: --optimizer shampoo; each method's extra
+# options in the array METHOD_args, e.g. soap_args) trains once per learning rate of its grid
+# (OUT/METHOD-lrLR.jsonl); each method's best run is the one with the best final KEY
+# (val_accuracy with BETTER higher, val_loss with lower). The target is the better baseline's
+# final KEY; the table gives, for each method's best run, the first step at which it reached the
+# target (a validation every 1/20 of the run) and that step over the baseline's, the goal being
+# <= 0.75, the seconds to that step (the sum of the step times, validation excluded) and their
+# ratio to the baseline's, and the mean step time (root steps included). OUT/table.txt,
+# OUT/plot.png.
 compare_optimizers() {
   local out=$1 title=$2 key=$3 better=$4 n=$5 grids=$6
   shift 6
-  local best=() g m lrs lr name v bv cmp
+  local best=() g m lrs lr name v cmp
   cmp='a > b'
   [ "$better" = lower ] && cmp='a < b'
   for g in $grids; do
@@ -98,31 +112,38 @@ compare_optimizers() {
     local extra_var="${m}_args[@]" top="" topv=""
     for lr in ${lrs//,/ }; do
       name=$m-lr$lr
-      done_already "$out" "$name" || run "$out" "$name" "$n" shampoo-train "$@" --optimizer "$m" --lr "$lr" ${!extra_var+"${!extra_var}"}
+      done_already "$out" "$name" ||
+        run "$out" "$name" "$n" shampoo-train "$@" --optimizer "$(optimizer_of "$m")" --lr "$lr" ${!extra_var+"${!extra_var}"}
       v=$(summary "$out" "$name" "last_$key")
       if [ -z "$top" ] || awk -v a="$v" -v b="$topv" "BEGIN { exit !($cmp) }"; then top=$name topv=$v; fi
     done
     best+=("$top")
   done
-  # The target: the better baseline's final value (the baselines are every method but shampoo).
+  # The target: the better baseline's final value.
   local base="" basev=""
   for name in "${best[@]}"; do
-    [[ $name == shampoo-* ]] && continue
+    [ "$(optimizer_of "${name%-lr*}")" = shampoo ] && continue
     v=$(summary "$out" "$name" "last_$key")
     if [ -z "$base" ] || awk -v a="$v" -v b="$basev" "BEGIN { exit !($cmp) }"; then base=$name basev=$v; fi
   done
-  local base_steps
+  [ -n "$base" ] || { echo "$(basename "$0"): no baseline (sgd or adamw) among the methods" >&2; exit 2; }
+  local base_steps base_secs
   base_steps=$(first_step_at "$out" "$base" "$key" "$basev" "$better")
+  base_secs=$(seconds_to "$out" "$base" "$base_steps")
   {
     echo "# $title: target $key $basev (the final value of $base), $(date +%F), $(nproc) cores"
-    printf "# %-22s %12s %16s %14s %12s\n" "best run" "final $key" "steps to target" "vs $base" "ms/step"
+    printf "# %-22s %12s %16s %10s %12s %10s %10s\n" "best run" "final $key" "steps to target" "vs base" \
+      "s to target" "vs base" "ms/step"
     for name in "${best[@]}"; do
-      local s ms
+      local s ms secs
       s=$(first_step_at "$out" "$name" "$key" "$basev" "$better")
+      secs=$(seconds_to "$out" "$name" "$s")
       ms=$(jq -s '[.[].step_time_ms] | add / length' "$out/$name.jsonl")
       awk -v nm="$name" -v v="$(summary "$out" "$name" "last_$key")" -v s="$s" -v b="$base_steps" -v ms="$ms" \
-        'BEGIN { r = (s == "-") ? "not reached" : sprintf("%.2f", s / b);
-                 printf "  %-22s %12.4f %16s %14s %12.1f\n", nm, v, s, r, ms }'
+        -v t="$secs" -v bt="$base_secs" \
+        'BEGIN { r = (s == "-") ? "-" : sprintf("%.2f", s / b); rt = (t == "-") ? "-" : sprintf("%.2f", t / bt);
+                 st = (t == "-") ? "-" : sprintf("%.1f", t);
+                 printf "  %-22s %12.4f %16s %10s %12s %10s %10.1f\n", nm, v, s, r, st, rt, ms }'
     done
   } | tee "$out/table.txt"
   plot "$out" "$title" "$key" "${best[@]}"
