@@ -99,8 +99,10 @@ seconds_to() {
 # final KEY; the table gives, for each method's best run, the first step at which it reached the
 # target (a validation every 1/20 of the run) and that step over the baseline's, the goal being
 # <= 0.75, the seconds to that step (the sum of the step times, validation excluded) and their
-# ratio to the baseline's, and the mean step time (root steps included). OUT/table.txt,
-# OUT/plot.png.
+# ratio to the baseline's, the mean step time (root steps included) and the steps the run has.
+# OUT/table.txt, OUT/plot.png. With report_only=1 nothing runs: the table and the plot are made
+# from the runs in OUT, whole or cut short (a run cut short has its last validation for its final
+# value, and fewer steps run than --steps).
 compare_optimizers() {
   local out=$1 title=$2 key=$3 better=$4 n=$5 grids=$6
   shift 6
@@ -112,12 +114,16 @@ compare_optimizers() {
     local extra_var="${m}_args[@]" top="" topv=""
     for lr in ${lrs//,/ }; do
       name=$m-lr$lr
-      done_already "$out" "$name" ||
-        run "$out" "$name" "$n" shampoo-train "$@" --optimizer "$(optimizer_of "$m")" --lr "$lr" ${!extra_var+"${!extra_var}"}
+      if [ "${report_only:-0}" = 1 ]; then
+        [ -s "$out/$name.jsonl" ] && [ -n "$(summary "$out" "$name" last_$key)" ] || continue
+      else
+        done_already "$out" "$name" ||
+          run "$out" "$name" "$n" shampoo-train "$@" --optimizer "$(optimizer_of "$m")" --lr "$lr" ${!extra_var+"${!extra_var}"}
+      fi
       v=$(summary "$out" "$name" "last_$key")
       if [ -z "$top" ] || awk -v a="$v" -v b="$topv" "BEGIN { exit !($cmp) }"; then top=$name topv=$v; fi
     done
-    best+=("$top")
+    if [ -n "$top" ]; then best+=("$top"); fi
   done
   # The target: the better baseline's final value.
   local base="" basev=""
@@ -132,18 +138,18 @@ compare_optimizers() {
   base_secs=$(seconds_to "$out" "$base" "$base_steps")
   {
     echo "# $title: target $key $basev (the final value of $base), $(date +%F), $(nproc) cores"
-    printf "# %-22s %12s %16s %10s %12s %10s %10s\n" "best run" "final $key" "steps to target" "vs base" \
-      "s to target" "vs base" "ms/step"
+    printf "# %-22s %12s %16s %10s %12s %10s %10s %10s\n" "best run" "final $key" "steps to target" "vs base" \
+      "s to target" "vs base" "ms/step" "steps run"
     for name in "${best[@]}"; do
       local s ms secs
       s=$(first_step_at "$out" "$name" "$key" "$basev" "$better")
       secs=$(seconds_to "$out" "$name" "$s")
       ms=$(jq -s '[.[].step_time_ms] | add / length' "$out/$name.jsonl")
       awk -v nm="$name" -v v="$(summary "$out" "$name" "last_$key")" -v s="$s" -v b="$base_steps" -v ms="$ms" \
-        -v t="$secs" -v bt="$base_secs" \
+        -v t="$secs" -v bt="$base_secs" -v run="$(summary "$out" "$name" steps)" \
         'BEGIN { r = (s == "-") ? "-" : sprintf("%.2f", s / b); rt = (t == "-") ? "-" : sprintf("%.2f", t / bt);
                  st = (t == "-") ? "-" : sprintf("%.1f", t);
-                 printf "  %-22s %12.4f %16s %10s %12s %10s %10.1f\n", nm, v, s, r, st, rt, ms }'
+                 printf "  %-22s %12.4f %16s %10s %12s %10s %10.1f %10d\n", nm, v, s, r, st, rt, ms, run }'
     done
   } | tee "$out/table.txt"
   plot "$out" "$title" "$key" "${best[@]}"
