@@ -99,7 +99,9 @@ seconds_to() {
 # final KEY; the table gives, for each method's best run, the first step at which it reached the
 # target (a validation every 1/20 of the run) and that step over the baseline's, the goal being
 # <= 0.75, the seconds to that step (the sum of the step times, validation excluded) and their
-# ratio to the baseline's, the mean step time (root steps included) and the steps the run has.
+# ratio to the baseline's, the mean step time (root steps included), the mean of step_time_ms /
+# compute_ms over the baseline's (the step's cost in units of its forward-backward, which the
+# same work for every method: a load that slows a whole run cancels) and the steps the run has.
 # OUT/table.txt, OUT/plot.png. With report_only=1 nothing runs: the table and the plot are made
 # from the runs in OUT, whole or cut short (a run cut short has its last validation for its final
 # value, and fewer steps run than --steps).
@@ -136,10 +138,15 @@ compare_optimizers() {
   local base_steps base_secs
   base_steps=$(first_step_at "$out" "$base" "$key" "$basev" "$better")
   base_secs=$(seconds_to "$out" "$base" "$base_steps")
+  # A step's time over its own forward-backward time (compute_ms: the same work for every
+  # method), the mean over the run: a load that slows a whole run cancels in its ratio.
+  local norm='[.[] | .step_time_ms / .compute_ms] | add / length' base_norm
+  base_norm=$(jq -s "$norm" "$out/$base.jsonl")
   {
     echo "# $title: target $key $basev (the final value of $base), $(date +%F), $(nproc) cores"
-    printf "# %-22s %12s %16s %10s %12s %10s %10s %10s\n" "best run" "final $key" "steps to target" "vs base" \
-      "s to target" "vs base" "ms/step" "steps run"
+    echo "# (-: not reached; step/base*: the mean step time over the forward-backward time, over the baseline's)"
+    printf "# %-22s %12s %16s %10s %12s %10s %10s %12s %10s\n" "best run" "final $key" "steps to target" "vs base" \
+      "s to target" "vs base" "ms/step" "step/base*" "steps run"
     for name in "${best[@]}"; do
       local s ms secs
       s=$(first_step_at "$out" "$name" "$key" "$basev" "$better")
@@ -147,9 +154,10 @@ compare_optimizers() {
       ms=$(jq -s '[.[].step_time_ms] | add / length' "$out/$name.jsonl")
       awk -v nm="$name" -v v="$(summary "$out" "$name" "last_$key")" -v s="$s" -v b="$base_steps" -v ms="$ms" \
         -v t="$secs" -v bt="$base_secs" -v run="$(summary "$out" "$name" steps)" \
+        -v nr="$(jq -s "$norm" "$out/$name.jsonl")" -v bn="$base_norm" \
         'BEGIN { r = (s == "-") ? "-" : sprintf("%.2f", s / b); rt = (t == "-") ? "-" : sprintf("%.2f", t / bt);
                  st = (t == "-") ? "-" : sprintf("%.1f", t);
-                 printf "  %-22s %12.4f %16s %10s %12s %10s %10.1f %10d\n", nm, v, s, r, st, rt, ms, run }'
+                 printf "  %-22s %12.4f %16s %10s %12s %10s %10.1f %12.3f %10d\n", nm, v, s, r, st, rt, ms, nr / bn, run }'
     done
   } | tee "$out/table.txt"
   plot "$out" "$title" "$key" "${best[@]}"
