@@ -96,12 +96,13 @@ seconds_to() {
 # options in the array METHOD_args, e.g. soap_args) trains once per learning rate of its grid
 # (OUT/METHOD-lrLR.jsonl); each method's best run is the one with the best final KEY
 # (val_accuracy with BETTER higher, val_loss with lower). The target is the better baseline's
-# final KEY; the table gives, for each method's best run, the first step at which it reached the
-# target (a validation every 1/20 of the run) and that step over the baseline's, the goal being
-# <= 0.75, the seconds to that step (the sum of the step times, validation excluded) and their
-# ratio to the baseline's, the mean step time (root steps included), the mean of step_time_ms /
-# compute_ms over the baseline's (the step's cost in units of its forward-backward, which the
-# same work for every method: a load that slows a whole run cancels) and the steps the run has.
+# final KEY (of two with the same, the one that reached it in fewer steps); the table gives, for
+# each method's best run, the first step at which it reached the target (a validation every 1/20
+# of the run) and that step over the baseline's, the goal being <= 0.75, the seconds to that
+# step (the sum of the step times, validation excluded) and their ratio to the baseline's, the
+# mean step time (root steps included), step/base* (the mean of step_time_ms / compute_ms over
+# the baseline's: the step's cost in units of its forward-backward, the same work for every
+# method, so that a load that slows a whole run cancels) and the steps the run has.
 # OUT/table.txt, OUT/plot.png. With report_only=1 nothing runs: the table and the plot are made
 # from the runs in OUT, whole or cut short (a run cut short has its last validation for its final
 # value, and fewer steps run than --steps).
@@ -127,12 +128,17 @@ compare_optimizers() {
     done
     if [ -n "$top" ]; then best+=("$top"); fi
   done
-  # The target: the better baseline's final value.
+  # The target: the better baseline's final value; of two baselines with the same, the one that
+  # reached it in fewer steps.
   local base="" basev=""
   for name in "${best[@]}"; do
     [ "$(optimizer_of "${name%-lr*}")" = shampoo ] && continue
     v=$(summary "$out" "$name" "last_$key")
-    if [ -z "$base" ] || awk -v a="$v" -v b="$basev" "BEGIN { exit !($cmp) }"; then base=$name basev=$v; fi
+    if [ -z "$base" ] || awk -v a="$v" -v b="$basev" "BEGIN { exit !($cmp) }" ||
+       { [ "$v" = "$basev" ] && [ "$(first_step_at "$out" "$name" "$key" "$v" "$better")" -lt \
+                                  "$(first_step_at "$out" "$base" "$key" "$v" "$better")" ]; }; then
+      base=$name basev=$v
+    fi
   done
   [ -n "$base" ] || { echo "$(basename "$0"): no baseline (sgd or adamw) among the methods" >&2; exit 2; }
   local base_steps base_secs
