@@ -297,7 +297,7 @@ inline Vec orth_exact(const Vec& M, int r, int c) {
     for (int i = 0; i < m; ++i)
       for (int k = 0; k < n; ++k) O[size_t(i) * n + k] += U[size_t(i) * n + j] * V[size_t(k) * n + j];
   }
-  return tall ? O : transpose(O, n, m);
+  return tall ? O : transpose(O, m, n);
 }
 
 // spectral_method newton-schulz, as Meta's matrix_functions.py newton_schulz (Muon's quintic

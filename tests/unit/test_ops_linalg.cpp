@@ -984,7 +984,9 @@ TEST(LinalgEigenbases, FailuresAndUsage) {
     ASSERT_EQ(ok.size(), 2u);
     EXPECT_EQ(ok[1], 0) << name_of(m);
     for (int64_t bi = 0; bi < 2; ++bi)
-      if (!ok[size_t(bi)]) EXPECT_EQ(max_abs(basis.select(bi).to_doubles()), 0.0) << name_of(m) << " batch " << bi << " failed, not zeroed";
+      if (!ok[size_t(bi)]) {
+        EXPECT_EQ(max_abs(basis.select(bi).to_doubles()), 0.0) << name_of(m) << " batch " << bi << " failed, not zeroed";
+      }
   }
   Tensor basis = Tensor::zeros({2, n, n}, DType::f64);
   EXPECT_THROW(ops::eigenbases(a, root_opts(ops::RootMethod::newton, 1e-6), basis), UsageError);

@@ -5,11 +5,13 @@
 // naming the parameter), state round trip, configs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../common/shampoo_reference.h"
@@ -80,6 +82,212 @@ ShampooConfig every_step_config() {
   c.precondition_frequency = 1;
   c.start_preconditioning_step = 1;
   return c;
+}
+
+// ---------------------------------------------------------------------------- the reference itself
+
+// Checks of the f64 reference's new parts on their own, before the optimizer is compared with it.
+
+// Eigenvalue-corrected before its first basis (Q = I), without grafting: Adam on every block
+// (m, v, bias corrections 1 - beta1^t and 1 - ec_beta2^t, ec_epsilon added to sqrt(v / bc2)).
+TEST(ShampooReference, EigenvalueCorrectedBeforeTheFirstBasisIsAdam) {
+  ShampooConfig c;
+  c.preconditioner = Preconditioner::eigenvalue_corrected;
+  c.grafting = Grafting::none;
+  c.precondition_frequency = 100;  // no basis in these steps
+  c.max_preconditioner_dim = 4;
+  c.beta1 = 0.9;
+  c.ec_beta2 = 0.99;
+  c.ec_epsilon = 1e-8;
+  const std::vector<Shape> shapes = {{6, 4}, {5}, {1}, {2, 3, 4}};
+  shampoo_ref::Reference ref(c, shapes);
+  Model m = make_model({{"a", shapes[0]}, {"b", shapes[1]}, {"c", shapes[2]}, {"d", shapes[3]}});
+  std::vector<Vec> want = m.values, adam = m.values, mom, var;
+  for (const Vec& v : m.values) mom.push_back(Vec(v.size(), 0.0)), var.push_back(Vec(v.size(), 0.0));
+  for (int t = 1; t <= 6; ++t) {
+    const auto g = grads_at(shapes, t);
+    ref.step(want, g, 0.1);
+    for (size_t p = 0; p < g.size(); ++p)
+      for (size_t e = 0; e < g[p].size(); ++e) {
+        mom[p][e] = 0.9 * mom[p][e] + 0.1 * g[p][e];
+        var[p][e] = 0.99 * var[p][e] + 0.01 * g[p][e] * g[p][e];
+        const double mh = mom[p][e] / (1 - std::pow(0.9, t)), vh = var[p][e] / (1 - std::pow(0.99, t));
+        adam[p][e] -= 0.1 * mh / (std::sqrt(vh) + 1e-8);
+      }
+  }
+  for (size_t p = 0; p < want.size(); ++p)
+    for (size_t e = 0; e < want[p].size(); ++e) EXPECT_NEAR(want[p][e], adam[p][e], 1e-12) << p << " " << e;
+}
+
+// The eigenvalue-corrected bases: at the first root step, the eigenvectors of F / bc, columns by
+// ascending eigenvalue (eigh) or descending (qr, whose first basis is a full eigh); after it the
+// rotated second moment is positional in that basis: one step with beta2 = 0 (V = Gr^2) gives
+// V = (Q_0^T G Q_1)^2.
+TEST(ShampooReference, EigenvalueCorrectedBases) {
+  for (const RootMethod method : {RootMethod::eigh, RootMethod::qr}) {
+    ShampooConfig c;
+    c.preconditioner = Preconditioner::eigenvalue_corrected;
+    c.root_method = method;
+    c.precondition_frequency = 3;
+    c.max_preconditioner_dim = 8;
+    c.ec_beta2 = 0;
+    const Shape shape = {5, 7};
+    shampoo_ref::Reference ref(c, {shape});
+    std::vector<Vec> values = {Vec(35, 0.0)};
+    Vec F0(25, 0.0), F1(49, 0.0);
+    Vec g;
+    for (int t = 1; t <= 3; ++t) {
+      g = grads_at({shape}, t)[0];
+      ref.step(values, {g}, 0.1);
+      const Vec gt = shampoo_ref::transpose(g, 5, 7);
+      const Vec l = shampoo_ref::matmul(g, gt, 5, 7, 5), r = shampoo_ref::matmul(gt, g, 7, 5, 7);
+      for (size_t i = 0; i < 25; ++i) F0[i] = 0.95 * F0[i] + 0.05 * l[i];
+      for (size_t i = 0; i < 49; ++i) F1[i] = 0.95 * F1[i] + 0.05 * r[i];
+      if (t < 3) {
+        EXPECT_TRUE(std::all_of(ref.basis(0, 0, 0).begin(), ref.basis(0, 0, 0).end(), [](double x) { return x == 0; }));
+      }
+    }
+    for (size_t i = 0; i < 25; ++i) EXPECT_NEAR(ref.factor(0, 0, 0)[i], F0[i], 1e-15);
+    for (const auto& [k, F, n] : {std::tuple{0, F0, 5}, std::tuple{1, F1, 7}}) {
+      const Vec& Q = ref.basis(0, 0, size_t(k));
+      const Vec B = shampoo_ref::matmul(shampoo_ref::matmul(shampoo_ref::transpose(Q, n, n), F, n, n, n), Q, n, n, n);
+      double off = 0;
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+          if (i != j) off = std::max(off, std::fabs(B[size_t(i * n + j)]));
+      EXPECT_LT(off, 1e-12) << name_of(method) << " factor " << k;
+      for (int i = 0; i + 1 < n; ++i) {
+        const double x = B[size_t(i * n + i)], y = B[size_t((i + 1) * n + i + 1)];
+        EXPECT_TRUE(method == RootMethod::eigh ? x < y : x > y) << name_of(method) << " factor " << k << " column " << i;
+      }
+    }
+    const Vec Gr = shampoo_ref::matmul(shampoo_ref::matmul(shampoo_ref::transpose(ref.basis(0, 0, 0), 5, 5), g, 5, 5, 7),
+                                       ref.basis(0, 0, 1), 5, 7, 7);
+    for (size_t e = 0; e < 35; ++e) EXPECT_NEAR(ref.corrected_second_moment(0, 0)[e], Gr[e] * Gr[e], 1e-12) << name_of(method);
+  }
+}
+
+// Newton-Schulz's output has the input's singular vectors and singular values in about
+// [0.7, 1.2] (Muon's coefficients do not converge to 1 by design); exact is U V^T: orthonormal
+// columns (or rows), and M = (U V^T) H with H = (U V^T)^T M symmetric positive semi-definite
+// (the polar decomposition). Both on tall, wide, square and rank-deficient blocks.
+TEST(ShampooReference, OrthogonalisationByNewtonSchulzAndExactly) {
+  uint64_t seed = 300;
+  for (const auto& [r, c] : std::vector<std::pair<int, int>>{{16, 16}, {16, 8}, {8, 16}, {6, 36}, {2, 4}, {40, 3}}) {
+    const Vec M = shampoo_ref::random_values(size_t(r * c), seed++);
+    const Vec E = shampoo_ref::orth_exact(M, r, c), N = shampoo_ref::newton_schulz(M, r, c, 5);
+    const int k = std::min(r, c);
+    const Vec EtE = r >= c ? shampoo_ref::matmul(shampoo_ref::transpose(E, r, c), E, c, r, c)
+                           : shampoo_ref::matmul(E, shampoo_ref::transpose(E, r, c), r, c, r);
+    for (int i = 0; i < k; ++i)
+      for (int j = 0; j < k; ++j) EXPECT_NEAR(EtE[size_t(i * k + j)], i == j ? 1.0 : 0.0, 1e-12) << r << "x" << c;
+    const Vec H = shampoo_ref::matmul(shampoo_ref::transpose(E, r, c), M, c, r, c);  // [c, c]
+    Vec w, V;
+    shampoo_ref::jacobi_eigh(H, c, w, V);
+    EXPECT_GT(w.front(), -1e-10) << r << "x" << c;
+    for (int i = 0; i < c; ++i)
+      for (int j = 0; j < c; ++j) EXPECT_NEAR(H[size_t(i * c + j)], H[size_t(j * c + i)], 1e-10) << r << "x" << c;
+    const Vec s = shampoo_ref::singular_values(N, r, c);
+    EXPECT_GT(s.back(), 0.68) << r << "x" << c;
+    EXPECT_LT(s.front(), 1.2) << r << "x" << c;
+    // The same singular vectors: E^T N = V diag(phi(s)) V^T, symmetric.
+    const Vec EN = shampoo_ref::matmul(shampoo_ref::transpose(E, r, c), N, c, r, c);
+    for (int i = 0; i < c; ++i)
+      for (int j = 0; j < c; ++j) EXPECT_NEAR(EN[size_t(i * c + j)], EN[size_t(j * c + i)], 1e-10) << r << "x" << c;
+  }
+  // Rank 1: exact keeps the one direction, u v^T; Newton-Schulz gives about the same.
+  const Vec u = {1, 2, 2}, v = {3, 0, 4, 0};  // |u| = 3, |v| = 5
+  Vec M(12);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j) M[size_t(i * 4 + j)] = u[size_t(i)] * v[size_t(j)];
+  const Vec E = shampoo_ref::orth_exact(M, 3, 4);
+  for (size_t e = 0; e < 12; ++e) EXPECT_NEAR(E[e], M[e] / 15, 1e-12);
+}
+
+// The pseudo-inverse root of a rank-deficient factor vanishes on its null space and inverts it
+// on its range (p = 2: R F R is the projector onto the range); its cutoff follows the factor
+// dtype (n eps).
+TEST(ShampooReference, PseudoInverseRoot) {
+  const int n = 7;
+  const Vec g1 = shampoo_ref::random_values(n, 11), g2 = shampoo_ref::random_values(n, 12), z0 = shampoo_ref::random_values(n, 13);
+  Vec F(size_t(n * n));
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) F[size_t(i * n + j)] = g1[size_t(i)] * g1[size_t(j)] + g2[size_t(i)] * g2[size_t(j)];
+  bool ok = false;
+  const Vec R = shampoo_ref::pseudo_inverse_root(F, n, 2, -1, 0, DType::f32, &ok);
+  EXPECT_TRUE(ok);
+  // z: z0 less its projection on span(g1, g2), the factor's range.
+  Vec X(size_t(n * n), 0.0);
+  for (int i = 0; i < n; ++i) {
+    X[size_t(i * n)] = g1[size_t(i)];
+    X[size_t(i * n + 1)] = g2[size_t(i)];
+    for (int j = 2; j < n; ++j) X[size_t(i * n + j)] = i == j ? 1.0 : 0.0;
+  }
+  const Vec range = shampoo_ref::orthonormal_columns(X, n);  // its first two columns span the range
+  Vec z = z0;
+  for (int col = 0; col < 2; ++col) {
+    double d = 0;
+    for (int i = 0; i < n; ++i) d += range[size_t(i * n + col)] * z0[size_t(i)];
+    for (int i = 0; i < n; ++i) z[size_t(i)] -= d * range[size_t(i * n + col)];
+  }
+  EXPECT_LT(shampoo_ref::norm(shampoo_ref::matmul(R, z, n, n, 1)), 1e-10 * shampoo_ref::norm(z));
+  const Vec P = shampoo_ref::matmul(shampoo_ref::matmul(R, F, n, n, n), R, n, n, n);
+  for (const Vec* g : {&g1, &g2}) {
+    const Vec Pg = shampoo_ref::matmul(P, *g, n, n, 1);
+    for (int i = 0; i < n; ++i) EXPECT_NEAR(Pg[size_t(i)], (*g)[size_t(i)], 1e-9);
+  }
+  // An eigenvalue 1e-9 of the largest: kept with f64 factors, cut with f32 ones.
+  const Vec D = {1, 0, 0, 0, 1e-9, 0, 0, 0, 2};
+  EXPECT_NEAR(shampoo_ref::pseudo_inverse_root(D, 3, 2, -1, 0, DType::f64)[4], 1 / std::sqrt(1e-9), 1e-6);
+  EXPECT_EQ(shampoo_ref::pseudo_inverse_root(D, 3, 2, -1, 0, DType::f32)[4], 0.0);
+}
+
+// factor_update_every K: the factors after 7 steps with K = 3 are those after 3 steps with K = 1
+// fed the gradients of steps 1, 4 and 7, and so are the roots (bias correction by the number of
+// updates): the last step (beta1 = 0, no grafting: D = G x_k R_k) moves the weights alike. With
+// K = 1, the reference is the one every existing test compares against.
+TEST(ShampooReference, FactorUpdateEvery) {
+  ShampooConfig c;
+  c.grafting = Grafting::none;
+  c.beta1 = 0;
+  c.max_preconditioner_dim = 8;
+  c.epsilon = 1e-3;
+  ShampooConfig c3 = c, c1 = c;
+  c3.factor_update_every = 3;
+  c3.precondition_frequency = 7;  // roots at 7 only
+  c1.precondition_frequency = 3;  // roots at 3 only
+  const std::vector<Shape> shapes = {{5, 6}, {3, 4, 5}};
+  shampoo_ref::Reference r3(c3, shapes), r1(c1, shapes);
+  std::vector<Vec> v3 = {Vec(30, 0.0), Vec(60, 0.0)}, v1 = v3;
+  std::vector<Vec> last3, last1;
+  for (int t = 1; t <= 7; ++t) {
+    const auto g = grads_at(shapes, t);
+    last3 = v3;
+    r3.step(v3, g, 1.0);
+    if (t % 3 == 1) {
+      last1 = v1;
+      r1.step(v1, g, 1.0);
+    }
+  }
+  for (size_t p = 0; p < shapes.size(); ++p) {
+    for (size_t k = 0; k < shapes[p].size(); ++k) EXPECT_EQ(r3.factor(p, 0, k), r1.factor(p, 0, k)) << p << " " << k;
+    for (size_t e = 0; e < v3[p].size(); ++e) EXPECT_NEAR(v3[p][e] - last3[p][e], v1[p][e] - last1[p][e], 1e-12) << p;
+  }
+}
+
+// The spectral blocking: [d0, the rest], then split; 1-D and scalars as Shampoo's.
+TEST(ShampooReference, SpectralBlocking) {
+  auto b = shampoo_ref::spectral_blocking({6, 4, 3, 3}, 16);
+  EXPECT_EQ(b.merged, (Shape{6, 36}));
+  EXPECT_EQ(b.block_shapes, (std::vector<Shape>{{6, 16}, {6, 16}, {6, 4}}));
+  EXPECT_EQ(b.offsets[2], (std::vector<int64_t>{0, 32}));
+  b = shampoo_ref::spectral_blocking({2, 4}, 32);  // Shampoo would merge it into a vector of 8
+  EXPECT_EQ(b.block_shapes, (std::vector<Shape>{{2, 4}}));
+  b = shampoo_ref::spectral_blocking({40, 24}, 16);
+  EXPECT_EQ(b.block_shapes, (std::vector<Shape>{{16, 16}, {16, 8}, {16, 16}, {16, 8}, {8, 16}, {8, 8}}));
+  EXPECT_EQ(shampoo_ref::spectral_blocking({1, 5, 1, 3}, 16).merged, (Shape{5, 3}));
+  EXPECT_EQ(shampoo_ref::spectral_blocking({20}, 16).block_shapes, (std::vector<Shape>{{16}, {4}}));
+  EXPECT_TRUE(shampoo_ref::spectral_blocking({1}, 16).block_shapes[0].empty());
 }
 
 // ---------------------------------------------------------------------------- blocking
