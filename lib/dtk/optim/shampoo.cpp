@@ -54,6 +54,7 @@ struct BlockDesc {
   int64_t numel = 1;
   int owner = 0;            // rank in the group
   int phase = 0;            // root phase (root_spread)
+  bool diagonal = false;    // the grafting direction only (diagonal_params; spectral: order != 2)
   bool contiguous = false;  // a contiguous range of the parameter's elements, in order
   int64_t start = 0;        // its first element, when contiguous
   int64_t recv_offset = 0;  // where its direction lies in the gathered buffer
@@ -62,14 +63,16 @@ struct BlockDesc {
 
 struct Group {
   Shape dims;
+  bool diagonal = false;
   int order = 0;
   int64_t n = 1;            // elements per block
   std::vector<int> blocks;  // global block ids, ascending
   int64_t chunk = 1;        // blocks per chunk
   int64_t send_offset = 0;  // in this rank's segment
-  std::vector<Tensor> factor, root;  // [B, b_k, b_k]
-  std::vector<Tensor> basis;         // [B, b_k, b_k] eigenvectors (root_method qr)
+  std::vector<Tensor> factor, root;  // [B, b_k, b_k] (root: both; eigenvalue-corrected: factors)
+  std::vector<Tensor> basis;         // [B, b_k, b_k] eigenvectors (root_method qr; eigenvalue-corrected: f32)
   Tensor graft, filtered, momentum;  // [B, n]
+  Tensor corrected;                  // [B, n] eigenvalue-corrected: the second moment in the bases
   Tensor failures;                   // i64 [B] on the host
   std::vector<Tensor> rotate;        // order >= 3: transposition indices over one chunk
   struct Run {
@@ -134,6 +137,8 @@ class Shampoo final : public Optimizer {
     cfg_.validate();
     start_ = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
     fdtype_ = cfg_.factor_dtype;
+    ec_beta2_ = cfg_.ec_beta2 < 0 ? cfg_.beta2 : cfg_.ec_beta2;
+    ec_epsilon_ = cfg_.ec_epsilon < 0 ? cfg_.epsilon : cfg_.ec_epsilon;
     bf16_ = cfg_.communication_dtype == DType::bf16;
     check_and_record(params);
     // Groups of g consecutive ranks.
@@ -186,14 +191,17 @@ class Shampoo final : public Optimizer {
       Group& gr = groups_[static_cast<size_t>(gi)];
       const BlockDesc& b = blocks_[bi];
       const Shape elem = b.dims.empty() ? Shape{1} : b.dims;
-      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i), true, b);
-      for (int k = 0; k < gr.order; ++k) placed(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i), true, b);
+      for (size_t k = 0; k < gr.factor.size(); ++k)
+        placed(fmt::format("{}factor{}", b.prefix, k), gr.factor[k].select(i), true, b);
+      for (size_t k = 0; k < gr.root.size(); ++k) placed(fmt::format("{}root{}", b.prefix, k), gr.root[k].select(i), true, b);
       for (size_t k = 0; k < gr.basis.size(); ++k)
         placed(fmt::format("{}eigvecs{}", b.prefix, k), gr.basis[k].select(i), false, b);
+      if (gr.corrected.defined())
+        placed(b.prefix + "corrected_second_moment", gr.corrected.select(i).reshape(elem), false, b);
       if (gr.graft.defined()) placed(b.prefix + "graft", gr.graft.select(i).reshape(elem), false, b);
       if (gr.filtered.defined()) placed(b.prefix + "filtered_grad", gr.filtered.select(i).reshape(elem), false, b);
       if (gr.momentum.defined()) placed(b.prefix + "momentum", gr.momentum.select(i).reshape(elem), false, b);
-      placed(b.prefix + "root_failures", gr.failures.slice(i, i + 1), false, b);
+      if (!gr.factor.empty()) placed(b.prefix + "root_failures", gr.failures.slice(i, i + 1), false, b);
     }
     s.push_back({"step", step_});
     return s;
@@ -210,13 +218,14 @@ class Shampoo final : public Optimizer {
     if (!std::isfinite(lr)) fail_usage("shampoo: the learning rate is not finite");
     const int64_t t = ++*step_.ptr<int64_t>();
     const bool precond = t >= start_;
+    const bool spectral = cfg_.preconditioner == Preconditioner::spectral;
     // The reference's rule: at the start step, then at every multiple of the frequency after it;
     // phase j of root_spread S at the multiples shifted by j floor(f / S).
     const int64_t f = cfg_.precondition_frequency, shift = f / cfg_.root_spread;
     std::vector<char> due(static_cast<size_t>(cfg_.root_spread));
     bool root_step = false;
     for (int64_t j = 0; j < cfg_.root_spread; ++j) {
-      due[static_cast<size_t>(j)] = t == start_ || (t > start_ && (t - j * shift) % f == 0);
+      due[static_cast<size_t>(j)] = !spectral && (t == start_ || (t > start_ && (t - j * shift) % f == 0));
       root_step = root_step || due[static_cast<size_t>(j)];
     }
     nan_code_ = fatal_code_ = std::numeric_limits<int64_t>::max();
@@ -253,14 +262,17 @@ class Shampoo final : public Optimizer {
   void build_blocks(const std::vector<nn::Param>& params) {
     std::vector<int64_t> sizes;
     for (size_t pi = 0; pi < params.size(); ++pi) {
-      const ShampooBlocking bl = shampoo_blocking(shapes_[pi], cfg_.max_preconditioner_dim);
+      const bool spectral = cfg_.preconditioner == Preconditioner::spectral;
+      const ShampooBlocking bl = shampoo_blocking(shapes_[pi], cfg_.max_preconditioner_dim, spectral);
+      const bool named_diagonal = std::any_of(cfg_.diagonal_params.begin(), cfg_.diagonal_params.end(),
+                                              [&](const std::string& d) { return params[pi].name.find(d) != std::string::npos; });
       merged_.push_back(bl.merged);
       const bool shard = sharded_ && !rows_[pi].offsets.empty();
       if (shard) shard_rank_ = rows_[pi].rank;
       ShampooBlocking whole;
       std::unordered_map<int64_t, size_t> whole_at;  // the whole parameter's blocks by first element
       if (shard) {
-        whole = shampoo_blocking(rows_[pi].shape, cfg_.max_preconditioner_dim);
+        whole = shampoo_blocking(rows_[pi].shape, cfg_.max_preconditioner_dim, spectral);
         const Shape st = strides_of(whole.merged);
         for (size_t i = 0; i < whole.block_shapes.size(); ++i) {
           int64_t start = 0;
@@ -275,6 +287,7 @@ class Shampoo final : public Optimizer {
         b.dims = bl.block_shapes[i];
         b.offset = bl.offsets[i];
         b.numel = shape_numel(b.dims);
+        b.diagonal = named_diagonal || (spectral && b.dims.size() != 2);
         b.prefix = fmt::format("shampoo/{}/block{}/", params[pi].name, i);
         // Contiguous: every dim after some j is whole, every dim before j has extent 1.
         const size_t k = b.dims.size();
@@ -297,8 +310,8 @@ class Shampoo final : public Optimizer {
       }
     }
     // Phases, then the ranks within each phase (one phase: the plain assignment).
-    std::vector<Shape> dims;
-    for (const BlockDesc& b : blocks_) dims.push_back(b.dims);
+    std::vector<Shape> dims;  // for the root costs (a diagonal block has none)
+    for (const BlockDesc& b : blocks_) dims.push_back(b.diagonal ? Shape{} : b.dims);
     const std::vector<int> phases = shampoo_root_phases(dims, cfg_.root_spread);
     for (int j = 0; j < cfg_.root_spread; ++j) {
       std::vector<size_t> members;
@@ -342,21 +355,22 @@ class Shampoo final : public Optimizer {
   // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
   // ascending within a group (a phase's blocks are consecutive: one batch at its root steps).
   void build_layout() {
-    std::vector<std::map<Shape, std::vector<int>>> per_rank(static_cast<size_t>(group_size_));
+    std::vector<std::map<std::pair<bool, Shape>, std::vector<int>>> per_rank(static_cast<size_t>(group_size_));
     for (int j = 0; j < cfg_.root_spread; ++j)
       for (size_t i = 0; i < blocks_.size(); ++i)
         if (blocks_[i].phase == j)
-          per_rank[static_cast<size_t>(blocks_[i].owner)][blocks_[i].dims].push_back(static_cast<int>(i));
+          per_rank[static_cast<size_t>(blocks_[i].owner)][{blocks_[i].diagonal, blocks_[i].dims}].push_back(static_cast<int>(i));
     counts_.assign(static_cast<size_t>(group_size_), 0);
     int64_t pos = 0;
     for (int r = 0; r < group_size_; ++r) {
       if (r == group_rank_) my_offset_ = pos;
-      for (auto& [dims, list] : per_rank[static_cast<size_t>(r)]) {
+      for (auto& [key, list] : per_rank[static_cast<size_t>(r)]) {
         if (r == group_rank_) {
           Group gr;
-          gr.dims = dims;
-          gr.order = static_cast<int>(dims.size());
-          gr.n = shape_numel(dims);
+          gr.diagonal = key.first;
+          gr.dims = key.second;
+          gr.order = static_cast<int>(key.second.size());
+          gr.n = shape_numel(key.second);
           gr.blocks = list;
           gr.send_offset = pos - my_offset_;
           groups_.push_back(std::move(gr));
@@ -378,26 +392,34 @@ class Shampoo final : public Optimizer {
   void allocate_groups() {
     const bool graft_state = cfg_.grafting == Grafting::adagrad || cfg_.grafting == Grafting::rmsprop || cfg_.grafting == Grafting::adam;
     int64_t scratch = 1, max_chunk = 1, max_n = 1;
-    bool rotate64 = false;
+    bool rotate64 = false, ext_scratch = false;
     for (auto& gr : groups_) {
       const int64_t B = static_cast<int64_t>(gr.blocks.size());
       gr.chunk = std::clamp<int64_t>(kChunkElements / gr.n, 1, B);
       scratch = std::max(scratch, gr.chunk * gr.n);
       max_chunk = std::max(max_chunk, gr.chunk);
       max_n = std::max(max_n, gr.n);
-      for (int k = 0; k < gr.order; ++k) {
+      const Preconditioner pre = gr.diagonal ? Preconditioner::spectral : cfg_.preconditioner;  // spectral: no factors
+      for (int k = 0; k < gr.order && pre != Preconditioner::spectral; ++k) {
         const int64_t b = gr.dims[static_cast<size_t>(k)];
         gr.factor.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
+        if (pre == Preconditioner::eigenvalue_corrected) {  // Q = I until the first basis
+          gr.basis.push_back(Tensor::empty({B, b, b}, DType::f32, device_));
+          fill_identity(gr.basis.back());
+          continue;
+        }
         gr.root.push_back(Tensor::empty({B, b, b}, DType::f32, device_));
         fill_identity(gr.root.back());
         if (cfg_.root_method == RootMethod::qr) gr.basis.push_back(Tensor::zeros({B, b, b}, fdtype_, device_));
       }
+      if (pre == Preconditioner::eigenvalue_corrected) gr.corrected = Tensor::zeros({B, gr.n}, DType::f32, device_);
+      if (pre != Preconditioner::root) ext_scratch = true;
       if (graft_state) gr.graft = Tensor::zeros({B, gr.n}, DType::f32, device_);
       if (cfg_.beta1 > 0) gr.filtered = Tensor::zeros({B, gr.n}, DType::f32, device_);
       if (cfg_.momentum > 0) gr.momentum = Tensor::zeros({B, gr.n}, DType::f32, device_);
       gr.failures = Tensor::zeros({B}, DType::i64);
       // Rotations for the factors of order >= 3: [C, r, c] -> [C, c, r] with r = b_k.
-      if (gr.order >= 3) {
+      if (gr.order >= 3 && !gr.factor.empty()) {
         if (fdtype_ == DType::f64) rotate64 = true;
         for (int k = 0; k + 1 < gr.order; ++k) {
           const int64_t r = gr.dims[static_cast<size_t>(k)], c = gr.n / r;
@@ -431,6 +453,10 @@ class Shampoo final : public Optimizer {
     }
     for (Tensor* t : {&sc_grad_, &sc_a_, &sc_b_, &sc_c_, &sc_d_}) *t = Tensor::empty({scratch}, DType::f32, device_);
     if (cfg_.momentum > 0) sc_e_ = Tensor::empty({scratch}, DType::f32, device_);
+    if (ext_scratch) {
+      sc_x_ = Tensor::empty({scratch}, DType::f32, device_);
+      sc_y_ = Tensor::empty({scratch}, DType::f32, device_);
+    }
     if (fdtype_ == DType::f64) sc_g64_ = Tensor::empty({scratch}, DType::f64, device_);
     if (rotate64) {
       sc_c64_ = Tensor::empty({scratch}, DType::f64, device_);
@@ -515,12 +541,17 @@ class Shampoo final : public Optimizer {
       extract(gr, c0, c1, params, W, true);
       ops::axpy(cfg_.weight_decay, W, G);
     }
-    update_factors(gr, c0, c1, G);
-    for (int64_t r0 = c0; r0 < c1;) {  // the runs of blocks whose phase is due (consecutive: build_layout)
+    if (!gr.factor.empty() && (t - 1) % cfg_.factor_update_every == 0) update_factors(gr, c0, c1, G);
+    for (int64_t r0 = c0; r0 < c1 && !gr.factor.empty();) {  // the runs of blocks whose phase is due (consecutive)
       const auto phase_of = [&](int64_t i) { return blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(i)])].phase; };
       int64_t r1 = r0 + 1;
       while (r1 < c1 && phase_of(r1) == phase_of(r0)) ++r1;
-      if (due[static_cast<size_t>(phase_of(r0))]) compute_roots(gr, r0, r1, t);
+      if (due[static_cast<size_t>(phase_of(r0))]) {
+        if (cfg_.preconditioner == Preconditioner::eigenvalue_corrected)
+          compute_bases(gr, r0, r1, t);
+        else
+          compute_roots(gr, r0, r1, t);
+      }
       r0 = r1;
     }
 
@@ -557,24 +588,31 @@ class Shampoo final : public Optimizer {
     }
     Tensor dst = recv_.slice(my_offset_ + gr.send_offset + c0 * n, my_offset_ + gr.send_offset + c1 * n).reshape({Bc, n});
     Tensor T = cfg_.momentum > 0 ? rows(sc_e_, Bc, n) : dst;
-    if (!precond) {
+    Tensor P;  // the preconditioned direction; undefined: the grafting direction alone
+    if (gr.diagonal) {
+    } else if (cfg_.preconditioner == Preconditioner::spectral) {
+      P = orthogonalize(gr, Bc, Mh);
+    } else if (cfg_.preconditioner == Preconditioner::eigenvalue_corrected) {
+      update_corrected(gr, c0, c1, G);
+      if (precond || cfg_.grafting == Grafting::none) P = corrected_direction(gr, c0, c1, Mh, t);
+    } else if (precond) {
+      P = modes(gr, c0, c1, gr.root, Mh, false, sc_c_, sc_d_);
+    }
+    if (!P.defined()) {
       copy_into(T, Dg);
+    } else if (cfg_.grafting == Grafting::none) {
+      copy_into(T, P);
     } else {
-      Tensor P = precondition(gr, c0, c1, Mh);
-      if (cfg_.grafting == Grafting::none) {
-        copy_into(T, P);
-      } else {
-        // Per block: D = P * ||Dg|| / ||P||, the scale broadcast over the block by an outer
-        // product with ones (exact: one term per element).
-        Tensor ng = sc_ng_.slice(0, Bc), np = sc_np_.slice(0, Bc);
-        ops::reduce(ops::Reduce::norm2, ops::Axis::rows, Dg, ng);
-        ops::reduce(ops::Reduce::norm2, ops::Axis::rows, P, np);
-        ops::clamp(np, std::numeric_limits<float>::min(), std::numeric_limits<double>::infinity(), np);
-        ops::div(ng, np, ng);
-        Tensor S = rows(sc_b_, Bc, n);
-        ops::gemm(false, false, 1.0, ng.reshape({Bc, 1}), ones_.slice(0, n).reshape({1, n}), 0.0, S);
-        ops::mul(P, S, T);
-      }
+      // Per block: D = P * ||Dg|| / ||P||, the scale broadcast over the block by an outer
+      // product with ones (exact: one term per element).
+      Tensor ng = sc_ng_.slice(0, Bc), np = sc_np_.slice(0, Bc);
+      ops::reduce(ops::Reduce::norm2, ops::Axis::rows, Dg, ng);
+      ops::reduce(ops::Reduce::norm2, ops::Axis::rows, P, np);
+      ops::clamp(np, std::numeric_limits<float>::min(), std::numeric_limits<double>::infinity(), np);
+      ops::div(ng, np, ng);
+      Tensor S = rows(sc_b_, Bc, n);
+      ops::gemm(false, false, 1.0, ng.reshape({Bc, 1}), ones_.slice(0, n).reshape({1, n}), 0.0, S);
+      ops::mul(P, S, T);
     }
     if (cfg_.weight_decay > 0 && cfg_.weight_decay_type == WeightDecayType::decoupled) {  // D += wd W, before momentum
       Tensor W = rows(sc_b_, Bc, n);
@@ -646,18 +684,186 @@ class Shampoo final : public Optimizer {
     }
   }
 
-  // P = Mh x_0 R_0 ... x_{K-1} R_{K-1}: each product contracts the leading dim and appends the
-  // new one at the end, so after K products the dims are back in order.
-  Tensor precondition(Group& gr, int64_t c0, int64_t c1, const Tensor& Mh) {
+  // X x_0 M_0 ... x_{K-1} M_{K-1} (mode products with the chunk's matrices M_k = mats[k]; back:
+  // with M_k^T): each product contracts the leading dim and appends the new one at the end, so
+  // after K products the dims are back in order. With M_k = Q_k (columns: a basis), back = false
+  // gives the coordinates in the bases (Q_k^T on every mode) and back = true returns from them.
+  // The products alternate between buf0 and buf1 (neither may hold X).
+  Tensor modes(const Group& gr, int64_t c0, int64_t c1, const std::vector<Tensor>& mats, const Tensor& X0, bool back,
+               const Tensor& buf0, const Tensor& buf1) {
     const int64_t Bc = c1 - c0, n = gr.n;
-    Tensor X = Mh;
+    Tensor X = X0;
     for (int k = 0; k < gr.order; ++k) {
       const int64_t b = gr.dims[static_cast<size_t>(k)];
-      Tensor Y = (k % 2 ? sc_d_ : sc_c_).slice(0, Bc * n).reshape({Bc, n / b, b});
-      ops::gemm(true, false, 1.0, X.reshape({Bc, b, n / b}), gr.root[static_cast<size_t>(k)].slice(c0, c1), 0.0, Y);
+      Tensor Y = (k % 2 ? buf1 : buf0).slice(0, Bc * n).reshape({Bc, n / b, b});
+      ops::gemm(true, back, 1.0, X.reshape({Bc, b, n / b}), mats[static_cast<size_t>(k)].slice(c0, c1), 0.0, Y);
       X = Y;
     }
     return X.reshape({Bc, n});
+  }
+
+  // eigenvalue-corrected: V = b V + (1 - b) (G in the bases)^2, every step (b = 1: the sum).
+  void update_corrected(Group& gr, int64_t c0, int64_t c1, const Tensor& G) {
+    const int64_t Bc = c1 - c0, n = gr.n;
+    Tensor Gr = rows(sc_c_, Bc, n);
+    if (gr.order == 0)
+      copy_into(Gr, G);
+    else
+      Gr = modes(gr, c0, c1, gr.basis, G, false, sc_c_, sc_d_);
+    ops::mul(Gr, Gr, Gr);
+    Tensor V = gr.corrected.slice(c0, c1);
+    if (ec_beta2_ == 1)
+      ops::add(V, Gr, V);
+    else
+      ops::lerp(V, Gr, 1.0 - ec_beta2_, V);
+  }
+
+  // eigenvalue-corrected: Q [(Mh in the bases) / (sqrt(V / bc2) + e)] (back from the bases).
+  Tensor corrected_direction(Group& gr, int64_t c0, int64_t c1, const Tensor& Mh, int64_t t) {
+    const int64_t Bc = c1 - c0, n = gr.n;
+    Tensor Pr = rows(sc_c_, Bc, n);
+    if (gr.order == 0)
+      copy_into(Pr, Mh);
+    else
+      Pr = modes(gr, c0, c1, gr.basis, Mh, false, sc_c_, sc_d_);
+    const bool correct = cfg_.use_bias_correction && ec_beta2_ < 1;
+    Tensor den = rows(sc_x_, Bc, n);
+    ops::scale(gr.corrected.slice(c0, c1), correct ? 1.0 / (1.0 - std::pow(ec_beta2_, static_cast<double>(t))) : 1.0, den);
+    ops::sqrt(den, den);
+    ops::add_scalar(den, ec_epsilon_, den);
+    ops::div(Pr, den, Pr);
+    if (gr.order == 0) return Pr;
+    return modes(gr, c0, c1, gr.basis, Pr, true, sc_x_, sc_y_);
+  }
+
+  // spectral: s U V^T of each block Mh [r, c] of the chunk (Newton-Schulz or exact).
+  Tensor orthogonalize(const Group& gr, int64_t Bc, const Tensor& M) {
+    const int64_t r = gr.dims[0], c = gr.dims[1], n = gr.n;
+    const bool tall = r > c;  // then X^T X and X B: the reference's transposed iteration, mirrored
+    const int64_t m = tall ? c : r;
+    Tensor X = rows(sc_x_, Bc, n), Y = rows(sc_y_, Bc, n);
+    double scale = 1.0;
+    if (cfg_.spectral_scale == SpectralScale::muon) scale = std::sqrt(std::max(1.0, static_cast<double>(r) / c));
+    if (cfg_.spectral_scale == SpectralScale::rms) scale = 0.2 * std::sqrt(static_cast<double>(std::max(r, c)));
+    if (cfg_.spectral_method == SpectralMethod::exact && orthogonalize_exact(Bc, r, c, M, X)) {
+      ops::scale(X, scale, X);
+      return X;
+    }
+    // X = M / max(||M||_F, 1e-8) per block, then X = a X + (b A + c A^2) X with A = X X^T.
+    Tensor nr = sc_np_.slice(0, Bc), S = rows(sc_c_, Bc, n);
+    ops::reduce(ops::Reduce::norm2, ops::Axis::rows, M, nr);
+    ops::clamp(nr, 1e-8, std::numeric_limits<double>::infinity(), nr);
+    ops::gemm(false, false, 1.0, nr.reshape({Bc, 1}), ones_.slice(0, n).reshape({1, n}), 0.0, S);
+    ops::div(M, S, X);
+    Tensor A = sc_c_.slice(0, Bc * m * m).reshape({Bc, m, m}), B = sc_d_.slice(0, Bc * m * m).reshape({Bc, m, m});
+    constexpr double ka = 3.4445, kb = -4.7750, kc = 2.0315;  // Jordan et al.'s quintic
+    for (int i = 0; i < cfg_.newton_schulz_steps; ++i) {
+      const Tensor X3 = X.reshape({Bc, r, c});
+      Tensor Y3 = Y.reshape({Bc, r, c});
+      ops::gemm(tall, !tall, 1.0, X3, X3, 0.0, A);
+      ops::gemm(false, false, kc, A, A, 0.0, B);
+      ops::axpy(kb, A, B);
+      ops::scale(X, ka, Y);
+      if (tall)
+        ops::gemm(false, false, 1.0, X3, B, 1.0, Y3);
+      else
+        ops::gemm(false, false, 1.0, B, X3, 1.0, Y3);
+      std::swap(X, Y);
+    }
+    ops::scale(X, scale, X);
+    return X;
+  }
+
+  // U V^T of each block of M [Bc, r, c] into out, in f64: X (X^T X)^(+1/2) (tall) or
+  // (X X^T)^(+1/2) X, the pseudo-inverse root dropping singular values at or below about
+  // sqrt(m eps) of the largest. False (out unspecified) when a block fails: Newton-Schulz then.
+  bool orthogonalize_exact(int64_t Bc, int64_t r, int64_t c, const Tensor& M, Tensor& out) {
+    const bool tall = r > c;
+    const int64_t m = tall ? c : r;
+    Tensor X = Tensor::empty({Bc, r, c}, DType::f64, device_), G = Tensor::empty({Bc, m, m}, DType::f64, device_);
+    Tensor R = Tensor::empty({Bc, m, m}, DType::f64, device_), O = Tensor::empty({Bc, r, c}, DType::f64, device_);
+    ops::cast(M.reshape({Bc, r, c}), X);
+    ops::gemm(tall, !tall, 1.0, X, X, 0.0, G);
+    ops::RootOptions o;
+    o.method = RootMethod::pseudo_inverse;
+    o.eps = 0;
+    const std::vector<char> ok = ops::inverse_roots(G, 2.0, o, R);
+    if (!std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
+      if (!warned_exact_) spdlog::warn("shampoo: the exact orthogonalisation failed; Newton-Schulz iterations instead");
+      warned_exact_ = true;
+      return false;
+    }
+    if (tall)
+      ops::gemm(false, false, 1.0, X, R, 0.0, O);
+    else
+      ops::gemm(false, false, 1.0, R, X, 0.0, O);
+    Tensor o3 = out.reshape({Bc, r, c});
+    ops::cast(O, o3);
+    return true;
+  }
+
+  // The factors' bias correction: 1 / (1 - beta2^u), u the number of factor updates so far.
+  double factor_correction(int64_t t) const {
+    if (!cfg_.use_bias_correction || cfg_.beta2 >= 1) return 1.0;
+    const int64_t u = (t - 1) / cfg_.factor_update_every + 1;
+    return 1.0 / (1.0 - std::pow(cfg_.beta2, static_cast<double>(u)));
+  }
+
+  // eigenvalue-corrected: the bases of the chunk's bias-corrected factors (eigh, or qr warm-
+  // started from the current bases, the first time from none: a full eigh). A block whose
+  // computation fails is retried in f64, else keeps its bases; failures counted as roots'.
+  void compute_bases(Group& gr, int64_t c0, int64_t c1, int64_t t) {
+    const int64_t Bc = c1 - c0;
+    std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
+    const double corr = factor_correction(t);
+    const ops::RootOptions o = root_options();
+    const bool warm = o.method == RootMethod::qr && t != start_;
+    for (int k = 0; k < gr.order; ++k) {
+      const int64_t b = gr.dims[static_cast<size_t>(k)];
+      const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
+      for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
+        const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
+        const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
+        if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
+        Tensor Fc = Tensor::empty(F.shape(), fdtype_, device_);
+        ops::scale(F, corr, Fc);
+        Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
+        Tensor Qn = Tensor::zeros({nb, b, b}, fdtype_, device_);
+        if (warm) ops::cast(Q, Qn);
+        const std::vector<char> ok = ops::eigenbases(Fc, o, Qn);
+        if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
+          ops::cast(Qn, Q);
+          continue;
+        }
+        for (int64_t i = 0; i < nb; ++i) {
+          Tensor Qi = Q.select(i);
+          if (ok[static_cast<size_t>(i)]) {
+            ops::cast(Qn.select(i), Qi);
+            continue;
+          }
+          // Retry in f64 from no basis (a full eigh, in the method's column order).
+          Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Qd = Tensor::zeros({1, b, b}, DType::f64, device_);
+          ops::cast(Fc.slice(i, i + 1), Fd);
+          if (ops::eigenbases(Fd, o, Qd)[0])
+            ops::cast(Qd.select(0), Qi);
+          else
+            failed[static_cast<size_t>(r0 + i)] = 1;  // Qi keeps its previous basis
+        }
+      }
+    }
+    count_failures(gr, c0, failed, nonfinite, t, "eigenbasis");
+  }
+
+  // A chunk's factors F (blocks [c, c + nb) of the group) with NaN or Inf: marked (from index
+  // at in nonfinite) and recorded for agree_and_raise; true when there is one.
+  bool nonfinite_factors(const Group& gr, int64_t c, const Tensor& F, int k, std::vector<char>& nonfinite, int64_t at) {
+    if (ops::count_nonfinite(F) == 0) return false;
+    for (int64_t i = 0; i < F.dim(0); ++i)
+      if (ops::count_nonfinite(F.select(i)) > 0) {
+        nonfinite[static_cast<size_t>(at + i)] = 1;
+        nan_code_ = std::min(nan_code_, encode(gr.blocks[static_cast<size_t>(c + i)], k));
+      }
+    return true;  // an error on every rank follows (agree_and_raise)
   }
 
   double root_exponent(int order) const { return cfg_.exponent_override > 0 ? cfg_.exponent_override : 2.0 * order; }
@@ -667,24 +873,16 @@ class Shampoo final : public Optimizer {
     const int64_t Bc = c1 - c0;
     std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
     const double p = root_exponent(gr.order);
-    const bool correct = cfg_.use_bias_correction && cfg_.beta2 < 1;
-    const double corr = correct ? 1.0 / (1.0 - std::pow(cfg_.beta2, static_cast<double>(t))) : 1.0;
+    const double corr = factor_correction(t);
     for (int k = 0; k < gr.order; ++k) {
       const int64_t b = gr.dims[static_cast<size_t>(k)];
       const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
       for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
         const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
         const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        if (ops::count_nonfinite(F) > 0) {
-          for (int64_t i = 0; i < nb; ++i)
-            if (ops::count_nonfinite(F.select(i)) > 0) {
-              nonfinite[static_cast<size_t>(r0 + i)] = 1;
-              nan_code_ = std::min(nan_code_, encode(gr.blocks[static_cast<size_t>(c0 + r0 + i)], k));
-            }
-          continue;  // an error on every rank follows (agree_and_raise)
-        }
+        if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
         Tensor Fc = F;
-        if (correct) {
+        if (corr != 1.0) {
           Fc = Tensor::empty(F.shape(), fdtype_, device_);
           ops::scale(F, corr, Fc);
         }
@@ -710,10 +908,10 @@ class Shampoo final : public Optimizer {
               ops::cast(Fc.select(i), Fd);
             }
             Tensor Od = Tensor::empty({b, b}, DType::f64, device_);
-            ops::RootOptions o;
-            o.method = ops::RootMethod::eigh;
-            o.eps = cfg_.epsilon;
-            if (ops::inverse_root(Fd, p, o, Od))
+            ops::RootOptions o = root_options();
+            if (o.method != RootMethod::pseudo_inverse) o.method = RootMethod::eigh;
+            Tensor Fd3 = Fd.reshape({1, b, b}), Od3 = Od.reshape({1, b, b});
+            if (ops::inverse_roots(Fd3, p, o, Od3)[0])
               ops::cast(Od, Ri);
             else
               failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
@@ -723,6 +921,14 @@ class Shampoo final : public Optimizer {
         ops::symmetrize(R);
       }
     }
+    count_failures(gr, c0, failed, nonfinite, t, "inverse root");
+  }
+
+  // Consecutive failures per block of the chunk at c0: reset on success; the kMaxFailures-th is
+  // recorded for agree_and_raise, earlier ones warned about.
+  void count_failures(Group& gr, int64_t c0, const std::vector<char>& failed, const std::vector<char>& nonfinite,
+                      int64_t t, const char* what) {
+    const int64_t Bc = static_cast<int64_t>(failed.size());
     int64_t* fails = gr.failures.ptr<int64_t>();
     for (int64_t i = 0; i < Bc; ++i) {
       if (nonfinite[static_cast<size_t>(i)]) continue;
@@ -736,7 +942,7 @@ class Shampoo final : public Optimizer {
       if (f >= kMaxFailures) {
         fatal_code_ = std::min(fatal_code_, encode(bi, 0));
       } else {
-        spdlog::warn("shampoo: the inverse root of {} failed at step {} (failure {} in a row); it keeps its previous root",
+        spdlog::warn("shampoo: the {} of {} failed at step {} (failure {} in a row); it keeps its previous one", what,
                      block_label(bi), t, f);
       }
     }
@@ -751,6 +957,9 @@ class Shampoo final : public Optimizer {
     o.tolerance = cfg_.newton_tolerance;
     o.qr_max_iterations = cfg_.qr_max_iterations;
     o.qr_tolerance = cfg_.qr_tolerance;
+    o.rank_rtol = cfg_.rank_rtol;
+    o.rank_atol = cfg_.rank_atol;
+    if (o.method == RootMethod::pseudo_inverse) o.eps = 0;  // the rank cutoff replaces it
     return o;
   }
 
@@ -782,8 +991,9 @@ class Shampoo final : public Optimizer {
            k, block_label(bi), t, names_[static_cast<size_t>(b.param)]);
     }
     if (codes[1] != none)
-      fail("shampoo: the inverse root of {} failed {} times in a row (step {}): its factors are too ill-conditioned; "
+      fail("shampoo: the {} of {} failed {} times in a row (step {}): its factors are too ill-conditioned; "
            "raise epsilon (now {}) or use factor_dtype f64",
+           cfg_.preconditioner == Preconditioner::eigenvalue_corrected ? "eigenbasis" : "inverse root",
            block_label(static_cast<int>(codes[1] / 1024)), kMaxFailures, t, nlohmann::json(cfg_.epsilon).dump());
   }
 
@@ -838,6 +1048,8 @@ class Shampoo final : public Optimizer {
   int shard_rank_ = 0;
   int64_t start_ = 1;
   DType fdtype_ = DType::f32;
+  double ec_beta2_ = 0, ec_epsilon_ = 0;  // eigenvalue-corrected: the resolved decay and epsilon
+  bool warned_exact_ = false;
   bool bf16_ = false;
   Device device_{};
 
@@ -853,7 +1065,7 @@ class Shampoo final : public Optimizer {
 
   Tensor step_;  // i64 [1] on the host
   Tensor recv_, recv16_, agree_;
-  Tensor sc_grad_, sc_a_, sc_b_, sc_c_, sc_d_, sc_e_, sc_g64_, sc_c64_, sc_d64_, sc_ng_, sc_np_, ones_, sc_upd_;
+  Tensor sc_grad_, sc_a_, sc_b_, sc_c_, sc_d_, sc_e_, sc_x_, sc_y_, sc_g64_, sc_c64_, sc_d64_, sc_ng_, sc_np_, ones_, sc_upd_;
   int64_t nan_code_ = 0, fatal_code_ = 0;
 };
 

@@ -194,7 +194,8 @@ struct ShampooBlocking {
   std::vector<Shape> block_shapes;           // row-major over the grid of blocks ([] for a scalar)
   std::vector<std::vector<int64_t>> offsets;  // each block's offset in `merged`
 };
-ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_preconditioner_dim);
+// matrix_view (spectral): a tensor of 2 or more dims (of size > 1) is [d0, product of the rest].
+ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_preconditioner_dim, bool matrix_view = false);
 
 // Greedy assignment: sizes largest first (ties by index), each to the least-loaded of `ranks`
 // (ties by lower rank). Returns the rank of each item.

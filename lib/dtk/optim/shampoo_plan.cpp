@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -26,6 +27,10 @@ void ShampooConfig::validate() const {
   if (!(beta2 >= 0 && beta2 <= 1)) bad("beta2", "in [0, 1]", num(beta2));
   if (factor_dtype != DType::f32 && factor_dtype != DType::f64) bad("factor_dtype", "f32 or f64", std::string(dtype_name(factor_dtype)));
   if (!(epsilon >= 0) || !std::isfinite(epsilon)) bad("epsilon", "finite and >= 0", num(epsilon));
+  if (epsilon == 0 && preconditioner == Preconditioner::root && root_method != RootMethod::pseudo_inverse)
+    fail_usage("shampoo: --shampoo-epsilon 0 needs --root-method pseudo-inverse (the roots of singular factors are not finite)");
+  if (preconditioner == Preconditioner::eigenvalue_corrected && !((ec_epsilon < 0 ? epsilon : ec_epsilon) > 0))
+    fail_usage("shampoo: --preconditioner eigenvalue-corrected needs --ec-epsilon (or --shampoo-epsilon) above 0");
   if (precondition_frequency < 1) bad("precondition_frequency", ">= 1", precondition_frequency);
   if (start_preconditioning_step < 1 && start_preconditioning_step != -1)
     bad("start_preconditioning_step", ">= 1 (or -1: precondition_frequency)", start_preconditioning_step);
@@ -50,6 +55,57 @@ void ShampooConfig::validate() const {
   if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
   if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");
   if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) bad("weight_decay", "finite and >= 0", num(weight_decay));
+  if (factor_update_every < 1) bad("factor_update_every", ">= 1", factor_update_every);
+  if (root_method == RootMethod::pseudo_inverse) {
+    if (epsilon != 0 && epsilon != ShampooConfig{}.epsilon)
+      fail_usage("shampoo: --shampoo-epsilon {} does not fit --root-method pseudo-inverse (its rank cutoff replaces "
+                 "epsilon: --rank-rtol, --rank-atol)", num(epsilon));
+    if (!std::isfinite(rank_rtol)) bad("rank_rtol", "finite (< 0: n * machine epsilon)", num(rank_rtol));
+    if (!(rank_atol >= 0) || !std::isfinite(rank_atol)) bad("rank_atol", "finite and >= 0", num(rank_atol));
+  }
+  if (!(ec_beta2 < 0 || ec_beta2 <= 1) || !std::isfinite(ec_beta2)) bad("ec_beta2", "in [0, 1] (< 0: beta2)", num(ec_beta2));
+  if (!std::isfinite(ec_epsilon)) bad("ec_epsilon", "finite (< 0: epsilon)", num(ec_epsilon));
+  if (newton_schulz_steps < 1) bad("newton_schulz_steps", ">= 1", newton_schulz_steps);
+  for (const std::string& d : diagonal_params)
+    if (d.empty()) bad("diagonal_params", "non-empty names", "an empty one");
+  // Options that do not fit the preconditioner: one line naming both (the CLI's spellings).
+  const ShampooConfig def;
+  const std::string pre = fmt::format("--preconditioner {}", name_of(preconditioner));
+  auto misfit = [&](bool set, const std::string& option) {
+    if (set) fail_usage("shampoo: {} does not fit {}", option, pre);
+  };
+  const bool rank_set = rank_rtol != def.rank_rtol || rank_atol != def.rank_atol;
+  const bool ec_set = ec_beta2 != def.ec_beta2 || ec_epsilon != def.ec_epsilon;
+  auto spectral_opts = [&] {
+    misfit(spectral_method != def.spectral_method, fmt::format("--spectral-method {}", name_of(spectral_method)));
+    misfit(newton_schulz_steps != def.newton_schulz_steps, "--newton-schulz-steps");
+    misfit(spectral_scale != def.spectral_scale, fmt::format("--spectral-scale {}", name_of(spectral_scale)));
+  };
+  if (root_method != RootMethod::pseudo_inverse && rank_set)
+    fail_usage("shampoo: --rank-rtol and --rank-atol need --root-method pseudo-inverse (it is {})", name_of(root_method));
+  switch (preconditioner) {
+    case Preconditioner::root:
+      misfit(ec_set, ec_beta2 != def.ec_beta2 ? "--ec-beta2" : "--ec-epsilon");
+      spectral_opts();
+      break;
+    case Preconditioner::eigenvalue_corrected:
+      misfit(exponent_override != 0, "--exponent-override");
+      misfit(root_method != RootMethod::eigh && root_method != RootMethod::qr,
+             fmt::format("--root-method {}", name_of(root_method)));
+      spectral_opts();
+      break;
+    case Preconditioner::spectral:
+      misfit(root_method != RootMethod::eigh, fmt::format("--root-method {}", name_of(root_method)));
+      misfit(exponent_override != 0, "--exponent-override");
+      misfit(factor_update_every != 1, "--factor-update-every");
+      misfit(start_preconditioning_step != -1, "--start-preconditioning-step");
+      misfit(precondition_frequency != def.precondition_frequency && precondition_frequency != 1,
+             "--precondition-frequency");
+      misfit(root_spread != 1, "--root-spread");
+      misfit(factor_dtype != DType::f32, "--factor-dtype f64");
+      misfit(ec_set, ec_beta2 != def.ec_beta2 ? "--ec-beta2" : "--ec-epsilon");
+      break;
+  }
   if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", trainers_per_group);
   if (communication_dtype != DType::f32 && communication_dtype != DType::bf16)
     bad("communication_dtype", "f32 or bf16", std::string(dtype_name(communication_dtype)));
@@ -57,7 +113,7 @@ void ShampooConfig::validate() const {
 
 // ------------------------------------------------------------------------------ blocking
 
-ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_dim) {
+ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_dim, bool matrix_view) {
   if (max_dim < 1) fail_usage("shampoo: max_preconditioner_dim must be >= 1, got {}", max_dim);
   ShampooBlocking b;
   Shape sq;
@@ -66,14 +122,19 @@ ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_dim) {
     if (d == 0) return b;  // no elements: no blocks
     if (d != 1) sq.push_back(d);
   }
-  // Merge from the last dim backwards while the product stays <= max_dim.
-  for (auto it = sq.rbegin(); it != sq.rend(); ++it) {
-    if (!b.merged.empty() && b.merged.back() <= max_dim / *it)
-      b.merged.back() *= *it;
-    else
-      b.merged.push_back(*it);
+  if (matrix_view) {  // [d0, product of the rest] (Muon's view(d0, -1))
+    if (!sq.empty()) b.merged.push_back(sq[0]);
+    if (sq.size() > 1) b.merged.push_back(std::accumulate(sq.begin() + 1, sq.end(), int64_t{1}, std::multiplies<>()));
+  } else {
+    // Merge from the last dim backwards while the product stays <= max_dim.
+    for (auto it = sq.rbegin(); it != sq.rend(); ++it) {
+      if (!b.merged.empty() && b.merged.back() <= max_dim / *it)
+        b.merged.back() *= *it;
+      else
+        b.merged.push_back(*it);
+    }
+    std::reverse(b.merged.begin(), b.merged.end());
   }
-  std::reverse(b.merged.begin(), b.merged.end());
   const size_t k = b.merged.size();
   std::vector<int64_t> grid(k), idx(k, 0);
   for (size_t i = 0; i < k; ++i) grid[i] = (b.merged[i] + max_dim - 1) / max_dim;

@@ -236,20 +236,45 @@ std::string metrics_help(train::MetricSource added) {
 
 void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distribution) {
   const char* g = "Shampoo";
+  add_enum(app, "--preconditioner", c.preconditioner,
+           "root: inverse roots of the Kronecker factors (Shampoo); eigenvalue-corrected: Adam in the factors' "
+           "eigenbases (SOAP); spectral: the orthogonalised filtered gradient of each matrix block (Muon)")->group(g);
   app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
                  "merge dims while their product stays below this, and split dims into blocks of at most it")
       ->group(g)->check(cli::at_least(1));
-  app.add_option("--precondition-frequency", c.precondition_frequency, "recompute the inverse roots every K steps")
+  app.add_option("--precondition-frequency", c.precondition_frequency,
+                 "recompute the inverse roots (eigenvalue-corrected: the eigenbases) every K steps")
       ->group(g)->check(cli::at_least(1));
+  app.add_option("--factor-update-every", c.factor_update_every,
+                 "the Kronecker factors take the gradient of every K-th step only (Google's statistics_compute_steps; "
+                 "not in Meta's reference)")->group(g)->check(cli::at_least(1));
   app.add_option("--start-preconditioning-step", c.start_preconditioning_step,
                  "grafting alone before this step (-1: --precondition-frequency)")->group(g);
-  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(cli::positive());
+  app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(cli::at_least(0));
   add_enum(app, "--factor-dtype", c.factor_dtype, "the Kronecker factors' precision", {DType::f32, DType::f64})->group(g);
   app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
       ->group(g)->check(cli::at_least(0));
   add_enum(app, "--root-method", c.root_method,
-           "inverse roots by eigh, (coupled) newton iteration, or qr: eigh warm-started from the previous "
-           "eigenbasis by QR iterations")->group(g);
+           "inverse roots by eigh, (coupled) newton iteration, qr: eigh warm-started from the previous "
+           "eigenbasis by QR iterations, or pseudo-inverse: eigh with eigenvalues below a rank cutoff dropped "
+           "(no epsilon); eigenvalue-corrected: its eigenbases by eigh or qr")->group(g);
+  app.add_option("--rank-rtol", c.rank_rtol,
+                 "pseudo-inverse: eigenvalues at or below this fraction of the largest are dropped (< 0: n times the "
+                 "machine epsilon)")->group(g);
+  app.add_option("--rank-atol", c.rank_atol, "pseudo-inverse: and those at or below this")->group(g)->check(cli::at_least(0));
+  app.add_option("--ec-beta2", c.ec_beta2,
+                 "eigenvalue-corrected: decay of the second moment in the eigenbases (< 0: --beta2)")->group(g);
+  app.add_option("--ec-epsilon", c.ec_epsilon,
+                 "eigenvalue-corrected: added to the second moment's square root (< 0: --shampoo-epsilon)")->group(g);
+  add_enum(app, "--spectral-method", c.spectral_method,
+           "spectral: U V^T by quintic Newton-Schulz iterations or exactly (an eigendecomposition in f64)")->group(g);
+  app.add_option("--newton-schulz-steps", c.newton_schulz_steps, "spectral: Newton-Schulz iterations")
+      ->group(g)->check(cli::at_least(1));
+  add_enum(app, "--spectral-scale", c.spectral_scale,
+           "spectral: a block [r, c] times none: 1, muon: max(1, r/c)^(1/2), rms: 0.2 sqrt(max(r, c))")->group(g);
+  app.add_option("--diagonal-params", c.diagonal_params,
+                 "parameters whose name contains one of these take the grafting direction alone (no factors), e.g. "
+                 "embeddings,output for Muon")->group(g)->delimiter(',')->type_name("NAME,...");
   app.add_option("--qr-max-iterations", c.qr_max_iterations, "qr: at most this many QR iterations per root step")
       ->group(g)->check(cli::at_least(0));
   app.add_option("--qr-tolerance", c.qr_tolerance,
