@@ -1,13 +1,15 @@
 // Distributed Shampoo in a world of one: blocking and merging, one step against a direct f64
 // computation (L^(-1/4) G R^(-1/4) with grafting), vectors and order-3 blocks, several steps of
-// every feature against the f64 reference of tests/common/shampoo_reference.h, root failures
-// (a singular factor keeps its previous root; the fourth failure is an error; NaN is an error
-// naming the parameter), state round trip, configs.
+// every feature against the f64 reference of tests/common/shampoo_reference.h (and the
+// preconditioner family: eigenvalue-corrected, spectral, pseudo-inverse roots, factor updates
+// every K, diagonal parameters; the reference's new parts checked on their own first), NaN is an
+// error naming the parameter, state names and round trips, configs and bad combinations.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <map>
 #include <string>
@@ -713,51 +715,6 @@ TEST(Shampoo, Bf16CommunicationStaysClose) {
 
 // ---------------------------------------------------------------------------- failures
 
-// A zero gradient with eps = 0 leaves a zero (singular) factor: its root fails in f32 and in
-// f64; the block keeps its previous root (the identity) and counts the failure; a good step
-// resets the count; a fourth failure in a row is an error naming the block.
-TEST(Shampoo, SingularFactorKeepsPreviousRootThenFails) {
-  auto comm = comm::make_local_communicator();
-  ShampooConfig c = every_step_config();
-  c.epsilon = 0;
-  c.beta2 = 1;
-  c.beta1 = 0;
-  c.grafting = Grafting::sgd;
-  c.max_preconditioner_dim = 4;  // a 4 x 4 block (not a merged vector of 16)
-  Model m = make_model({{"layers.0.w", {4, 4}}});
-  const Vec before = m.values[0];
-  auto opt = make_shampoo(c, m.params, *comm);
-  set_grads(m, {Vec(16, 0.0)});
-  for (int s = 1; s <= 3; ++s) {
-    opt->step(m.params, 0.1);
-    EXPECT_EQ(state_of(*opt, "shampoo/layers.0.w/block0/root_failures").item(), s);
-    const Vec r = state_of(*opt, "shampoo/layers.0.w/block0/root0").to_doubles();
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) EXPECT_EQ(r[size_t(i * 4 + j)], i == j ? 1.0 : 0.0);
-  }
-  EXPECT_EQ(m.params[0].value.to_doubles(), before);  // zero directions, no NaN
-  // A full-rank gradient: the roots succeed, the count resets.
-  set_grads(m, {shampoo_ref::random_values(16, 9)});
-  opt->step(m.params, 0.1);
-  EXPECT_EQ(state_of(*opt, "shampoo/layers.0.w/block0/root_failures").item(), 0);
-  EXPECT_NE(state_of(*opt, "shampoo/layers.0.w/block0/root0").to_doubles()[1], 0.0);
-
-  Model z = make_model({{"layers.0.w", {4, 4}}});
-  auto oz = make_shampoo(c, z.params, *comm);
-  set_grads(z, {Vec(16, 0.0)});
-  for (int s = 1; s <= 3; ++s) oz->step(z.params, 0.1);
-  try {
-    oz->step(z.params, 0.1);
-    ADD_FAILURE() << "no error at the fourth failure";
-  } catch (const UsageError& e) {
-    ADD_FAILURE() << "a UsageError: " << e.what();
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("layers.0.w"), std::string::npos) << what;
-    EXPECT_NE(what.find("block 0"), std::string::npos) << what;
-  }
-}
-
 TEST(Shampoo, NonFiniteFactorIsAnErrorNamingTheParameter) {
   auto comm = comm::make_local_communicator();
   for (double bad : {NAN, INFINITY}) {
@@ -778,27 +735,326 @@ TEST(Shampoo, NonFiniteFactorIsAnErrorNamingTheParameter) {
 
 // ---------------------------------------------------------------------------- state
 
-// Save every state tensor after 4 steps, build a fresh optimizer, copy the state in, continue:
-// bit-identical to the run that never stopped (roots at 2, 4, 6: step 5 uses restored roots).
-TEST(Shampoo, StateRoundTripIsBitIdentical) {
+// ---------------------------------------------------------------------------- the family
+
+// Every shape class, blocks of at most 16 (Shampoo's blocking; spectral's in brackets):
+//   v    [2, 4]        a merged vector [8]                    ([2, 4], one matrix block)
+//   w    [40, 24]      split: [16, 16] x 2, [16, 8] x 2, [8, 16], [8, 8]   (the same)
+//   sq   [12, 12]      one square block
+//   conv [6, 4, 3, 3]  [6, 4, 9], one order-3 block           ([6, 36]: [6, 16] x 2, [6, 4])
+//   bias [5]           a vector
+//   s    [1]           a scalar (order 0)
+const std::vector<std::pair<std::string, Shape>> kFamilySpecs = {
+    {"v", {2, 4}}, {"w", {40, 24}}, {"sq", {12, 12}}, {"conv", {6, 4, 3, 3}}, {"bias", {5}}, {"s", {1}}};
+
+struct FamilyCase {
+  std::string label;
+  void (*tweak)(ShampooConfig&);
+  double tol;         // max error over the distance moved (rel_err); each case says why
+  int steps = 16;
+};
+
+// Runs the optimizer (f32) and the f64 reference side by side; returns rel_err.
+double family_error(const ShampooConfig& c, int steps, const std::vector<std::pair<std::string, Shape>>& specs = kFamilySpecs) {
   auto comm = comm::make_local_communicator();
+  Model m = make_model(specs);
+  std::vector<std::string> names;
+  for (const auto& sp : specs) names.push_back(sp.first);
+  auto opt = make_shampoo(c, m.params, *comm);
+  shampoo_ref::Reference ref(c, m.shapes, names);
+  std::vector<Vec> want = m.values;
+  for (int s = 0; s < steps; ++s) {
+    const auto g = grads_at(m.shapes, s);
+    set_grads(m, g);
+    opt->step(m.params, 0.05);
+    ref.step(want, g, 0.05);
+  }
+  return rel_err(m.params, want, m.values);
+}
+
+// The base of the family cases: blocks of 16; bases/roots at 10, 12 and 15 of 16 steps (start 10:
+// the eigenvalue-corrected bases need factors of full rank, 8 steps for the vector [8]: the
+// eigenvectors of a zero eigenvalue are any basis of its space, and the corrected second moment
+// is positional in it); adam grafting, beta1 0.9, momentum 0.5 with Nesterov, decoupled wd 0.01.
+ShampooConfig family_config() {
   ShampooConfig c;
-  c.max_preconditioner_dim = 5;
-  c.precondition_frequency = 2;
-  c.start_preconditioning_step = 2;
+  c.max_preconditioner_dim = 16;
+  c.precondition_frequency = 3;
+  c.start_preconditioning_step = 10;
   c.epsilon = 1e-3;
+  c.beta1 = 0.9;
+  c.beta2 = 0.95;
+  c.grafting = Grafting::adam;
+  c.grafting_beta2 = 0.9;
   c.momentum = 0.5;
+  c.nesterov = true;
   c.weight_decay = 0.01;
-  const std::vector<std::pair<std::string, Shape>> specs = {{"a", {6, 4}}, {"b", {8}}, {"c", {3, 4, 5}}};
+  return c;
+}
+
+void ec(ShampooConfig& c) { c.preconditioner = Preconditioner::eigenvalue_corrected; }
+void spectral(ShampooConfig& c) {
+  c.preconditioner = Preconditioner::spectral;
+  c.precondition_frequency = 100;  // spectral takes no root schedule
+  c.start_preconditioning_step = -1;
+}
+
+// Tolerances: the f32 optimizer follows the f64 reference to about 1e-6 of the distance moved
+// (SeveralStepsMatchReference). Eigenvalue-corrected: the bases are eigenvectors of f32 factors,
+// off by about eps_f32 ||F|| / gap, and the rotated second moment divides by the smallest
+// rotated entries; without grafting the direction's size follows them too: measured 6e-7 to
+// 2.2e-6. Spectral: Newton-Schulz is a polynomial (f32 rounding only), exact is U V^T in f64 of
+// an f32 block: 4.5e-7 to 1.6e-6. Pseudo-inverse: 4.9e-7 to 1.2e-6; factor updates every K:
+// 6e-7 to 3.5e-6; diagonal parameters 6e-7. The tolerance, 1e-5, is about 3x the worst.
+TEST(Shampoo, FamilyMatchesReference) {
+  const std::vector<FamilyCase> cases = {
+      // eigenvalue-corrected
+      {"ec eigh, adam grafting, nesterov, wd", [](ShampooConfig& c) { ec(c); }, 1e-5},
+      {"ec eigh, no grafting, beta1 0", [](ShampooConfig& c) { ec(c); c.grafting = Grafting::none; c.beta1 = 0; c.ec_epsilon = 1e-6; }, 1e-5},
+      {"ec eigh, no grafting, beta1 0.9, plain momentum", [](ShampooConfig& c) {
+         ec(c); c.grafting = Grafting::none; c.nesterov = false; }, 1e-5},
+      {"ec eigh, l2 wd 0.1, ec_beta2 0.99, ec_epsilon 1e-6", [](ShampooConfig& c) {
+         ec(c); c.weight_decay = 0.1; c.weight_decay_type = WeightDecayType::l2; c.ec_beta2 = 0.99; c.ec_epsilon = 1e-6; }, 1e-5},
+      {"ec eigh, ec_beta2 1, no bias correction", [](ShampooConfig& c) { ec(c); c.ec_beta2 = 1; c.use_bias_correction = false; }, 1e-5},
+      {"ec eigh, beta2 1 (factor sums)", [](ShampooConfig& c) { ec(c); c.beta2 = 1; }, 1e-5},
+      {"ec eigh, f64 factors", [](ShampooConfig& c) { ec(c); c.factor_dtype = DType::f64; }, 1e-5},
+      {"ec qr, 1 iteration, tolerance 0.01", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; }, 1e-5},
+      {"ec qr, 2 iterations, tolerance 0, no grafting", [](ShampooConfig& c) {
+         ec(c); c.root_method = RootMethod::qr; c.qr_max_iterations = 2; c.qr_tolerance = 0; c.grafting = Grafting::none; }, 1e-5},
+      {"ec eigh, root spread 2", [](ShampooConfig& c) { ec(c); c.root_spread = 2; }, 1e-5},
+      // 8 factor updates (1, 4, ..., 22) before the first basis at 25: full rank.
+      {"ec eigh, factor update every 3", [](ShampooConfig& c) { ec(c); c.factor_update_every = 3; c.start_preconditioning_step = 25; }, 1e-5, 31},
+      // spectral
+      {"spectral newton-schulz, adam grafting", [](ShampooConfig& c) { spectral(c); }, 1e-5},
+      {"spectral newton-schulz, no grafting, beta1 0", [](ShampooConfig& c) { spectral(c); c.grafting = Grafting::none; c.beta1 = 0; }, 1e-5},
+      {"spectral newton-schulz, no grafting, rms scale, l2 wd", [](ShampooConfig& c) {
+         spectral(c); c.grafting = Grafting::none; c.spectral_scale = SpectralScale::rms; c.weight_decay = 0.1;
+         c.weight_decay_type = WeightDecayType::l2; }, 1e-5},
+      {"spectral newton-schulz 3 steps, frequency 1, no scale", [](ShampooConfig& c) {
+         spectral(c); c.precondition_frequency = 1; c.newton_schulz_steps = 3; c.spectral_scale = SpectralScale::none; }, 1e-5},
+      {"spectral exact, adam grafting", [](ShampooConfig& c) { spectral(c); c.spectral_method = SpectralMethod::exact; }, 1e-5},
+      {"spectral exact, no grafting, plain momentum", [](ShampooConfig& c) {
+         spectral(c); c.spectral_method = SpectralMethod::exact; c.grafting = Grafting::none; c.nesterov = false; }, 1e-5},
+      // pseudo-inverse roots: from step 2 on, of rank-deficient factors (the vectors' rank grows
+      // by one a step): the root vanishes on their null spaces, whichever basis a solver picks.
+      {"pseudo-inverse, start 3, adam grafting", [](ShampooConfig& c) {
+         c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; c.start_preconditioning_step = 3; }, 1e-5},
+      {"pseudo-inverse, rtol 1e-4, atol 1e-6, f64 factors", [](ShampooConfig& c) {
+         c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; c.rank_rtol = 1e-4; c.rank_atol = 1e-6;
+         c.factor_dtype = DType::f64; c.start_preconditioning_step = 3; }, 1e-5},
+      {"pseudo-inverse, full rank, no grafting", [](ShampooConfig& c) {
+         c.root_method = RootMethod::pseudo_inverse; c.epsilon = 1e-12; c.grafting = Grafting::none; }, 1e-5},
+      // factor updates every K (root preconditioner)
+      {"roots, factor update every 3", [](ShampooConfig& c) { c.factor_update_every = 3; }, 1e-5},
+      // Rank-deficient factors at the first root (5 updates of the vector [8] by step 10): the
+      // null space's eigenvalues are eps plus the f32 rounding of the sum (beta2 1), amplified
+      // by eps^(-1/2): 1.6e-5 (3.7e-7 with f64 factors, 4.7e-7 with K = 1).
+      {"roots, factor update every 2, beta2 1, l2 wd", [](ShampooConfig& c) {
+         c.factor_update_every = 2; c.beta2 = 1; c.weight_decay = 0.1; c.weight_decay_type = WeightDecayType::l2; }, 5e-5},
+      {"roots, factor update every 4, no bias correction, beta1 0", [](ShampooConfig& c) {
+         c.factor_update_every = 4; c.use_bias_correction = false; c.beta1 = 0; }, 1e-5},
+      // diagonal parameters: the grafting direction (Mh without grafting), no factors
+      {"roots, diagonal conv and bias", [](ShampooConfig& c) { c.diagonal_params = {"conv", "bias"}; }, 1e-5},
+      {"ec, diagonal w", [](ShampooConfig& c) { ec(c); c.diagonal_params = {"w"}; }, 1e-5},
+      {"spectral, diagonal v and sq", [](ShampooConfig& c) { spectral(c); c.diagonal_params = {"v", "sq"}; }, 1e-5},
+      {"spectral, diagonal conv, no grafting", [](ShampooConfig& c) {
+         spectral(c); c.diagonal_params = {"conv"}; c.grafting = Grafting::none; }, 1e-5},
+  };
+  for (const FamilyCase& k : cases) {
+    ShampooConfig c = family_config();
+    k.tweak(c);
+    const double e = family_error(c, k.steps);
+    std::printf("%-60s %.2e\n", k.label.c_str(), e);
+    EXPECT_LT(e, k.tol) << k.label;
+  }
+}
+
+// Before its first basis, eigenvalue-corrected Shampoo without grafting is Adam on every block
+// (Q = I), the corrected second moment accumulating from step 1; with grafting it takes the
+// grafting direction. Here start 100: no basis in 6 steps, on blocks of every shape.
+TEST(Shampoo, EigenvalueCorrectedBeforeItsFirstBasis) {
+  for (const Grafting g : {Grafting::none, Grafting::adam}) {
+    ShampooConfig c = family_config();
+    ec(c);
+    c.grafting = g;
+    c.precondition_frequency = 100;
+    c.start_preconditioning_step = -1;
+    const double e = family_error(c, 6);
+    EXPECT_LT(e, 1e-5) << name_of(g);
+  }
+}
+
+// Options that do not fit: validate() throws UsageError naming both options (as the config
+// field or as the program option).
+TEST(Shampoo, FamilyBadCombinations) {
+  struct Bad {
+    std::string a, b;  // the two options the message names
+    void (*tweak)(ShampooConfig&);
+  };
+  const std::vector<Bad> bad = {
+      {"exponent_override", "preconditioner", [](ShampooConfig& c) { ec(c); c.exponent_override = 2; }},
+      {"root_method", "preconditioner", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::newton; }},
+      {"root_method", "preconditioner", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::pseudo_inverse; }},
+      // rank_*: they need root_method pseudo-inverse, which neither eigenvalue-corrected nor
+      // spectral takes: the message may name the root method instead of the preconditioner.
+      {"rank_rtol", "preconditioner|root_method", [](ShampooConfig& c) { ec(c); c.rank_rtol = 1e-3; }},
+      {"rank_atol", "preconditioner|root_method", [](ShampooConfig& c) { ec(c); c.rank_atol = 1e-3; }},
+      {"epsilon", "root_method", [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; c.epsilon = 1e-3; }},
+      // eps 0 leaves the roots of singular factors infinite: only the pseudo-inverse takes it.
+      {"epsilon", "root_method", [](ShampooConfig& c) { c.epsilon = 0; }},
+      {"root_method", "preconditioner", [](ShampooConfig& c) { spectral(c); c.root_method = RootMethod::qr; }},
+      {"root_method", "preconditioner", [](ShampooConfig& c) { spectral(c); c.root_method = RootMethod::newton; }},
+      {"root_method", "preconditioner", [](ShampooConfig& c) { spectral(c); c.root_method = RootMethod::pseudo_inverse; }},
+      {"exponent_override", "preconditioner", [](ShampooConfig& c) { spectral(c); c.exponent_override = 2; }},
+      {"factor_update_every", "preconditioner", [](ShampooConfig& c) { spectral(c); c.factor_update_every = 2; }},
+      {"start_preconditioning_step", "preconditioner", [](ShampooConfig& c) { spectral(c); c.start_preconditioning_step = 100; }},
+      {"precondition_frequency", "preconditioner", [](ShampooConfig& c) { spectral(c); c.precondition_frequency = 10; }},
+      {"root_spread", "preconditioner", [](ShampooConfig& c) { spectral(c); c.root_spread = 2; }},
+      {"factor_dtype", "preconditioner", [](ShampooConfig& c) { spectral(c); c.factor_dtype = DType::f64; }},
+      {"ec_beta2", "preconditioner", [](ShampooConfig& c) { spectral(c); c.ec_beta2 = 0.9; }},
+      {"ec_epsilon", "preconditioner", [](ShampooConfig& c) { spectral(c); c.ec_epsilon = 1e-8; }},
+      {"rank_rtol", "preconditioner|root_method", [](ShampooConfig& c) { spectral(c); c.rank_rtol = 1e-3; }},
+      {"rank_atol", "preconditioner|root_method", [](ShampooConfig& c) { spectral(c); c.rank_atol = 1e-3; }},
+      {"rank_rtol", "root_method", [](ShampooConfig& c) { c.rank_rtol = 1e-3; }},  // root eigh
+      // The other preconditioners' own options.
+      {"ec_beta2", "preconditioner", [](ShampooConfig& c) { c.ec_beta2 = 0.9; }},
+      {"ec_epsilon", "preconditioner", [](ShampooConfig& c) { c.ec_epsilon = 1e-8; }},
+      {"spectral_method", "preconditioner", [](ShampooConfig& c) { c.spectral_method = SpectralMethod::exact; }},
+      {"newton_schulz_steps", "preconditioner", [](ShampooConfig& c) { ec(c); c.newton_schulz_steps = 3; }},
+      {"spectral_scale", "preconditioner", [](ShampooConfig& c) { ec(c); c.spectral_scale = SpectralScale::rms; }},
+  };
+  // The message names an option as its config field (root_method) or its program option
+  // (--root-method).
+  auto names = [](const std::string& what, const std::string& fields) {  // fields: a|b, either
+    for (size_t from = 0; from <= fields.size();) {
+      const size_t bar = std::min(fields.find('|', from), fields.size());
+      const std::string field = fields.substr(from, bar - from);
+      std::string dashed = field;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      if (what.find(field) != std::string::npos || what.find(dashed) != std::string::npos) return true;
+      from = bar + 1;
+    }
+    return false;
+  };
+  for (const Bad& b : bad) {
+    ShampooConfig c;
+    b.tweak(c);
+    try {
+      c.validate();
+      ADD_FAILURE() << "no error: " << b.a << " with " << b.b << " " << nlohmann::json(c).dump();
+    } catch (const UsageError& e) {
+      EXPECT_TRUE(names(e.what(), b.a) && names(e.what(), b.b)) << e.what() << " (wants " << b.a << " and " << b.b << ")";
+    }
+  }
+  // What fits: the defaults of each preconditioner; spectral with frequency 1; pseudo-inverse
+  // with eps 0 or its default; eigenvalue-corrected with qr; rank options with pseudo-inverse.
+  for (void (*ok)(ShampooConfig&) : std::vector<void (*)(ShampooConfig&)>{
+           [](ShampooConfig&) {}, [](ShampooConfig& c) { ec(c); }, [](ShampooConfig& c) { spectral(c); },
+           [](ShampooConfig& c) { spectral(c); c.precondition_frequency = 1; },
+           [](ShampooConfig& c) { spectral(c); c.spectral_method = SpectralMethod::exact; c.diagonal_params = {"emb"}; },
+           [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; c.rank_rtol = 1e-3; c.rank_atol = 1e-6; },
+           [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; },
+           [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; c.ec_beta2 = 0.99; c.ec_epsilon = 1e-8; },
+           [](ShampooConfig& c) { c.factor_update_every = 10; }}) {
+    ShampooConfig c;
+    ok(c);
+    EXPECT_NO_THROW(c.validate()) << nlohmann::json(c).dump();
+  }
+  // And through the JSON reader, as the other options are.
+  auto expect_usage = [](const nlohmann::json& j, const std::string& word) {
+    try {
+      from_json<ShampooConfig>(j);
+      ADD_FAILURE() << "no error for " << j.dump();
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  expect_usage({{"preconditioner", "soap"}}, "preconditioner");
+  expect_usage({{"spectral_method", "svd"}}, "spectral_method");
+  expect_usage({{"spectral_scale", "max"}}, "spectral_scale");
+  expect_usage({{"root_method", "pinv"}}, "root_method");
+}
+
+// The state of each preconditioner: eigenvalue-corrected blocks hold factor<k>, eigvecs<k>
+// [b_k, b_k] and corrected_second_moment (block shape), no root<k>; spectral and diagonal blocks
+// no factor, root or eigvecs, but graft, filtered_grad and momentum as today (spectral: over its
+// own blocking).
+TEST(Shampoo, FamilyStateNames) {
+  auto comm = comm::make_local_communicator();
+  std::vector<std::pair<std::string, Shape>> specs = kFamilySpecs;
+  Model m = make_model(specs);
+  auto names_of = [&](const ShampooConfig& c) {
+    std::map<std::string, Shape> st;
+    for (const PlacedTensor& t : make_shampoo(c, m.params, *comm)->state()) st[t.name] = t.value.shape();
+    return st;
+  };
+  auto count = [](const std::map<std::string, Shape>& st, const std::string& part) {
+    int n = 0;
+    for (const auto& [name, shape] : st) n += name.find(part) != std::string::npos;
+    return n;
+  };
+  ShampooConfig c = family_config();
+  ec(c);
+  auto st = names_of(c);
+  EXPECT_EQ(st.at("shampoo/w/block1/factor1"), (Shape{8, 8}));
+  EXPECT_EQ(st.at("shampoo/w/block1/eigvecs0"), (Shape{16, 16}));
+  EXPECT_EQ(st.at("shampoo/w/block1/eigvecs1"), (Shape{8, 8}));
+  EXPECT_EQ(st.at("shampoo/w/block1/corrected_second_moment"), (Shape{16, 8}));
+  EXPECT_EQ(st.at("shampoo/conv/block0/eigvecs2"), (Shape{9, 9}));
+  EXPECT_EQ(st.at("shampoo/conv/block0/corrected_second_moment"), (Shape{6, 4, 9}));
+  EXPECT_EQ(st.at("shampoo/v/block0/eigvecs0"), (Shape{8, 8}));
+  EXPECT_EQ(shape_numel(st.at("shampoo/s/block0/corrected_second_moment")), 1);
+  EXPECT_FALSE(st.count("shampoo/s/block0/eigvecs0"));
+  EXPECT_EQ(count(st, "/root"), count(st, "/root_failures"));  // no root<k>
+  EXPECT_EQ(count(st, "/eigvecs"), count(st, "/factor"));
+  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm)->state())
+    if (t.name.find("/eigvecs") != std::string::npos || t.name.find("corrected_second_moment") != std::string::npos) {
+      EXPECT_FALSE(t.symmetric) << t.name;
+      EXPECT_EQ(t.placement, Placement::owned) << t.name;
+    }
+  // Spectral: conv is [6, 36]: [6, 16], [6, 16], [6, 4]; v is one [2, 4] block.
+  c = family_config();
+  spectral(c);
+  st = names_of(c);
+  EXPECT_EQ(count(st, "/factor") + count(st, "/eigvecs") + count(st, "/corrected"), 0);
+  EXPECT_EQ(count(st, "/root"), count(st, "/root_failures"));
+  EXPECT_EQ(st.at("shampoo/conv/block2/graft"), (Shape{6, 4}));
+  EXPECT_EQ(st.at("shampoo/conv/block1/momentum"), (Shape{6, 16}));
+  EXPECT_FALSE(st.count("shampoo/conv/block3/graft"));
+  EXPECT_EQ(st.at("shampoo/v/block0/filtered_grad"), (Shape{2, 4}));
+  EXPECT_EQ(st.at("shampoo/w/block5/graft"), (Shape{8, 8}));
+  EXPECT_EQ(st.at("shampoo/bias/block0/graft"), (Shape{5}));
+  // Diagonal parameters: no factors, the rest as today; the others unchanged.
+  c = family_config();
+  c.diagonal_params = {"conv", "w"};
+  st = names_of(c);
+  EXPECT_EQ(count(st, "shampoo/conv/block0/factor") + count(st, "shampoo/w/block0/factor") + count(st, "shampoo/w/block0/root0"), 0);
+  EXPECT_EQ(st.at("shampoo/conv/block0/graft"), (Shape{6, 4, 9}));
+  EXPECT_EQ(st.at("shampoo/w/block3/momentum"), (Shape{16, 8}));
+  EXPECT_EQ(st.at("shampoo/sq/block0/root1"), (Shape{12, 12}));
+  // Pseudo-inverse: roots as eigh's.
+  c = family_config();
+  c.root_method = RootMethod::pseudo_inverse;
+  c.epsilon = 0;
+  st = names_of(c);
+  EXPECT_EQ(st.at("shampoo/sq/block0/root0"), (Shape{12, 12}));
+  EXPECT_FALSE(st.count("shampoo/sq/block0/eigvecs0"));
+}
+
+// Save every state tensor after `at` steps, restore into a fresh optimizer, continue: bit-identical
+// to the run that never stopped.
+void expect_round_trip(const ShampooConfig& c, const std::vector<std::pair<std::string, Shape>>& specs, int at, int steps,
+                       const std::string& label) {
+  auto comm = comm::make_local_communicator();
   Model full = make_model(specs);
   auto of = make_shampoo(c, full.params, *comm);
-  for (int s = 0; s < 7; ++s) {
+  for (int s = 0; s < steps; ++s) {
     set_grads(full, grads_at(full.shapes, s));
     of->step(full.params, 0.05);
   }
   Model part = make_model(specs);
   auto op = make_shampoo(c, part.params, *comm);
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < at; ++s) {
     set_grads(part, grads_at(part.shapes, s));
     op->step(part.params, 0.05);
   }
@@ -809,17 +1065,61 @@ TEST(Shampoo, StateRoundTripIsBitIdentical) {
   auto orr = make_shampoo(c, resumed.params, *comm);
   size_t restored = 0;
   for (PlacedTensor& t : orr->state()) {
-    ASSERT_TRUE(saved.count(t.name)) << t.name;
+    ASSERT_TRUE(saved.count(t.name)) << t.name << " " << label;
     t.value.copy_from(saved.at(t.name));
     ++restored;
   }
-  EXPECT_EQ(restored, saved.size());
-  for (int s = 4; s < 7; ++s) {
+  EXPECT_EQ(restored, saved.size()) << label;
+  for (int s = at; s < steps; ++s) {
     set_grads(resumed, grads_at(resumed.shapes, s));
     orr->step(resumed.params, 0.05);
   }
   for (size_t i = 0; i < full.params.size(); ++i)
-    EXPECT_EQ(resumed.params[i].value.to_doubles(), full.params[i].value.to_doubles()) << specs[i].first;
+    EXPECT_EQ(resumed.params[i].value.to_doubles(), full.params[i].value.to_doubles()) << specs[i].first << " " << label;
+}
+
+// Save every state tensor after 4 steps, build a fresh optimizer, copy the state in, continue:
+// bit-identical to the run that never stopped (roots at 2, 4, 6: step 5 uses restored roots).
+TEST(Shampoo, StateRoundTripIsBitIdentical) {
+  ShampooConfig c;
+  c.max_preconditioner_dim = 5;
+  c.precondition_frequency = 2;
+  c.start_preconditioning_step = 2;
+  c.epsilon = 1e-3;
+  c.momentum = 0.5;
+  c.weight_decay = 0.01;
+  expect_round_trip(c, {{"a", {6, 4}}, {"b", {8}}, {"c", {3, 4, 5}}}, 4, 7, "roots");
+}
+
+// The same for the family: eigenvalue-corrected (eigh; qr saved before its first basis, which
+// must then still be a full eigh, and after it, warm-started from the restored eigvecs),
+// spectral, pseudo-inverse roots, factor updates every 3 (restored between two updates) and
+// diagonal parameters.
+TEST(Shampoo, FamilyStateRoundTripIsBitIdentical) {
+  ShampooConfig base = family_config();
+  base.precondition_frequency = 2;
+  base.start_preconditioning_step = 4;  // bases/roots at 4, 6, 8
+  struct Trip {
+    std::string label;
+    void (*tweak)(ShampooConfig&);
+    int at;
+  };
+  const std::vector<Trip> trips = {
+      {"ec eigh", [](ShampooConfig& c) { ec(c); }, 5},
+      {"ec qr, saved before the first basis", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; }, 3},
+      {"ec qr, saved after it", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; }, 5},
+      {"spectral newton-schulz", [](ShampooConfig& c) { spectral(c); }, 4},
+      {"spectral exact, no grafting", [](ShampooConfig& c) { spectral(c); c.spectral_method = SpectralMethod::exact; c.grafting = Grafting::none; }, 4},
+      {"pseudo-inverse", [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; }, 5},
+      {"factor update every 3", [](ShampooConfig& c) { c.factor_update_every = 3; }, 5},
+      {"ec, factor update every 3", [](ShampooConfig& c) { ec(c); c.factor_update_every = 3; }, 5},
+      {"diagonal w, conv", [](ShampooConfig& c) { c.diagonal_params = {"w", "conv"}; }, 5},
+  };
+  for (const Trip& k : trips) {
+    ShampooConfig c = base;
+    k.tweak(c);
+    expect_round_trip(c, kFamilySpecs, k.at, 10, k.label);
+  }
 }
 
 TEST(Shampoo, ConfigJsonAndValidation) {
