@@ -439,10 +439,11 @@ class Reference {
       }
       params_.push_back(std::move(blocks));
     }
-    // Root phases (root_spread): by the blocks' root costs, in parameter order.
+    // Root phases (root_spread): by the blocks' root costs, in parameter order; a block without
+    // factors (diagonal, spectral) costs nothing, as a scalar.
     std::vector<Shape> dims;
     for (const auto& blocks : params_)
-      for (const Block& b : blocks) dims.push_back(b.dims);
+      for (const Block& b : blocks) dims.push_back(b.kind == Kind::roots || b.kind == Kind::corrected ? b.dims : Shape{});
     const std::vector<int> phases = optim::shampoo_root_phases(dims, cfg.root_spread);
     size_t i = 0;
     for (auto& blocks : params_)

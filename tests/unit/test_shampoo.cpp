@@ -290,6 +290,15 @@ TEST(ShampooReference, SpectralBlocking) {
   EXPECT_EQ(shampoo_ref::spectral_blocking({1, 5, 1, 3}, 16).merged, (Shape{5, 3}));
   EXPECT_EQ(shampoo_ref::spectral_blocking({20}, 16).block_shapes, (std::vector<Shape>{{16}, {4}}));
   EXPECT_TRUE(shampoo_ref::spectral_blocking({1}, 16).block_shapes[0].empty());
+  // The optimizer's (shampoo_blocking's matrix view) agrees, size-1 dims anywhere.
+  for (const Shape& shape : std::vector<Shape>{{1, 6, 4}, {6, 1, 4}, {6, 4, 1}, {3, 1}, {1, 1, 5}, {40, 24}, {6, 4, 3, 3},
+                                              {2000, 3}, {5, 1, 7, 1}, {1}, {17}}) {
+    const auto want = shampoo_ref::spectral_blocking(shape, 16);
+    const auto got = shampoo_blocking(shape, 16, true);
+    EXPECT_EQ(got.merged, want.merged) << shape_str(shape);
+    EXPECT_EQ(got.block_shapes, want.block_shapes) << shape_str(shape);
+    EXPECT_EQ(got.offsets, want.offsets) << shape_str(shape);
+  }
 }
 
 // ---------------------------------------------------------------------------- blocking
@@ -854,6 +863,9 @@ TEST(Shampoo, FamilyMatchesReference) {
       {"roots, factor update every 4, no bias correction, beta1 0", [](ShampooConfig& c) {
          c.factor_update_every = 4; c.use_bias_correction = false; c.beta1 = 0; }, 1e-5},
       // diagonal parameters: the grafting direction (Mh without grafting), no factors
+      // root_spread with diagonal parameters: their blocks have no root cost (as scalars).
+      {"roots, root spread 3, diagonal conv and w", [](ShampooConfig& c) { c.root_spread = 3; c.diagonal_params = {"conv", "w"}; }, 1e-5},
+      {"ec, root spread 3, diagonal v and sq", [](ShampooConfig& c) { ec(c); c.root_spread = 3; c.diagonal_params = {"v", "sq"}; }, 1e-5},
       {"roots, diagonal conv and bias", [](ShampooConfig& c) { c.diagonal_params = {"conv", "bias"}; }, 1e-5},
       {"ec, diagonal w", [](ShampooConfig& c) { ec(c); c.diagonal_params = {"w"}; }, 1e-5},
       {"spectral, diagonal v and sq", [](ShampooConfig& c) { spectral(c); c.diagonal_params = {"v", "sq"}; }, 1e-5},
