@@ -282,15 +282,17 @@ inline Vec singular_values(const Vec& M, int r, int c) {
 }
 
 // spectral_method exact: U V^T of M's thin SVD [r, c], the singular values at or below
-// max(r, c) * eps(f64) * max s dropped (torch.linalg.svd in Meta's svd_orthogonalization keeps
-// them; they are 0 in exact arithmetic). By one-sided Jacobi: independent of Newton-Schulz and of
-// an eigh of M^T M.
-inline Vec orth_exact(const Vec& M, int r, int c) {
+// max(r, c) eps max s dropped, eps the machine epsilon of the block's dtype (f32: the parameters'
+// and so the filtered gradient's; Meta's svd_orthogonalization keeps every one). Without the
+// cutoff the f32 rounding of a rank-deficient block (a one-example gradient u v^T) would come
+// back as singular values 1. By one-sided Jacobi: independent of Newton-Schulz and of an eigh of
+// M^T M.
+inline Vec orth_exact(const Vec& M, int r, int c, double eps = 0x1p-23) {
   const bool tall = r >= c;
   const int m = tall ? r : c, n = tall ? c : r;  // work on the tall one, [m, n]
   Vec U, s, V;
   jacobi_svd(tall ? M : transpose(M, r, c), m, n, U, s, V);
-  const double cut = std::max(r, c) * 0x1p-52 * *std::max_element(s.begin(), s.end());
+  const double cut = std::max(r, c) * eps * *std::max_element(s.begin(), s.end());
   Vec O(size_t(m) * n, 0.0);  // U V^T, [m, n]
   for (int j = 0; j < n; ++j) {
     if (!(s[size_t(j)] > cut)) continue;
