@@ -891,6 +891,37 @@ TEST(Shampoo, FamilyMatchesReference) {
   }
 }
 
+// Over sharded parameters (fsdp-train: rows given) the blocks are cut from this rank's shard: the
+// optimizer over the shards equals the reference over parameters of the shards' shapes, for
+// every preconditioner (spectral's [d0, rest] view of a dim-0 shard is the whole view's rows).
+TEST(Shampoo, FamilyOverShardsMatchesReference) {
+  auto comm = comm::make_local_communicator();
+  const std::vector<std::pair<std::string, Shape>> specs = {{"w", {20, 24}}, {"conv", {3, 4, 3, 3}}, {"bias", {5}}};
+  std::vector<Rows> rows(specs.size());
+  rows[0] = {{40, 24}, {0, 20}, {20, 20}, 1};       // w's rows [20, 40)
+  rows[1] = {{6, 4, 3, 3}, {0, 3}, {3, 3}, 0};      // conv's rows [0, 3)
+  for (void (*tweak)(ShampooConfig&) : std::vector<void (*)(ShampooConfig&)>{
+           [](ShampooConfig&) {}, [](ShampooConfig& c) { ec(c); }, [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; },
+           [](ShampooConfig& c) { spectral(c); }, [](ShampooConfig& c) { spectral(c); c.spectral_method = SpectralMethod::exact; },
+           [](ShampooConfig& c) { c.factor_update_every = 3; },
+           [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; },
+           [](ShampooConfig& c) { ec(c); c.diagonal_params = {"conv"}; }}) {
+    ShampooConfig c = family_config();
+    tweak(c);
+    Model m = make_model(specs);
+    auto opt = make_shampoo(c, m.params, *comm, rows);
+    shampoo_ref::Reference ref(c, m.shapes, {"w", "conv", "bias"});
+    std::vector<Vec> want = m.values;
+    for (int s = 0; s < 16; ++s) {
+      const auto g = grads_at(m.shapes, s);
+      set_grads(m, g);
+      opt->step(m.params, 0.05);
+      ref.step(want, g, 0.05);
+    }
+    EXPECT_LT(rel_err(m.params, want, m.values), 1e-5) << nlohmann::json(c).dump();
+  }
+}
+
 // Spectral descent on rank-deficient blocks (a one-example gradient of a linear layer is u v^T):
 // exact gives U V^T of the block's rank (the f32 rounding's singular values cut), Newton-Schulz
 // its polynomial (singular values p(s) of the normalised block, about 0.7 for the top one). Two
