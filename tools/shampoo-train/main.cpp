@@ -30,7 +30,7 @@ cli::Program program(Args& a) {
       "--steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
-    train::add_shampoo_options(app, a.shampoo, true);
+    train::add_shampoo_options(app, a.shampoo);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     train::Options o = train::validate(a.train, rt.size());
