@@ -135,24 +135,23 @@ TEST(ShampooMpi, WorldSizeInvariance) {
       {"eigenvalue-corrected", 0, "f32", "eigh", 1, ec, false},
       {"eigenvalue-corrected, qr, spread 2, bf16", 0, "bf16", "qr", 2, ec, false},
       {"eigenvalue-corrected, groups of 1", 1, "f32", "eigh", 1, ec, false},
-      {"spectral", 0, "f32", "eigh", 1, spectral},
-      {"spectral, groups of 1", 1, "f32", "eigh", 1, spectral},
-      {"spectral exact, bf16", 0, "bf16", "eigh", 1, [](ShampooConfig& c) {
-         c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 1; c.start_preconditioning_step = -1;
-         c.spectral_method = SpectralMethod::exact; }},
+      // Muon's use: embeddings and the output layer diagonal (AdamW-like), the rest spectral.
       {"spectral, diagonal embeddings and output", 0, "f32", "eigh", 1, [](ShampooConfig& c) {
          c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 100; c.start_preconditioning_step = -1;
          c.diagonal_params = {"embeddings", "output"}; }},
+      {"spectral exact, bf16", 0, "bf16", "eigh", 1, [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 1; c.start_preconditioning_step = -1;
+         c.spectral_method = SpectralMethod::exact; }},
+      {"spectral, groups of 1", 1, "f32", "eigh", 1, spectral},
       {"pseudo-inverse roots", 0, "f32", "pseudo-inverse", 1, [](ShampooConfig& c) { c.epsilon = 0; }},
       // Roots at 2 and 4 of factors updated at 1 and 4 only: rank-deficient, their null spaces
       // eps plus f32 rounding, amplified by eps^(-1/4): 1.1e-5 measured.
-      {"factor update every 3", 0, "f32", "eigh", 1, [](ShampooConfig& c) { c.factor_update_every = 3; }, true, 5e-5},
-      {"diagonal conv", 1, "f32", "eigh", 1, [](ShampooConfig& c) { c.diagonal_params = {"conv"}; }},
+      {"factor update every 3, diagonal conv", 0, "f32", "eigh", 1, [](ShampooConfig& c) {
+         c.factor_update_every = 3; c.diagonal_params = {"conv"}; }, true, 5e-5},
   };
   if (n == 4) {
     variants.push_back({"groups of 2", 2, "f32"});
     variants.push_back({"eigenvalue-corrected, groups of 2", 2, "f32", "eigh", 1, ec, false});
-    variants.push_back({"spectral, groups of 2", 2, "f32", "eigh", 1, spectral});
   }
   std::vector<std::string> names;
   for (const auto& sp : kSpecs) names.push_back(sp.first);
@@ -201,6 +200,102 @@ TEST(ShampooMpi, WorldSizeInvariance) {
     if (v.group == 0 && n > 1) {
       EXPECT_GT(held, 0) << "rank " << world->rank() << " owns no block (" << v.label << ")";
     }
+  }
+}
+
+// ---------------------------------------------------------------------------- sharded
+
+// fsdp-train's placement: each rank holds dim-0 rows of every parameter (split as Fsdp splits
+// them: ceil(rows / n) each, the last ranks possibly none), and the optimizer over the shard group
+// gathers the gradients (and weights) so that its blocks are the whole parameters'. Every rank's
+// rows after 6 steps: bit for bit those of the replicated optimizer in a world of one, for every
+// preconditioner; its state is the replicated optimizer's, each block written once.
+TEST(ShampooMpi, ShardedParametersEqualReplicated) {
+  auto world = Runtime::get().world();
+  auto local = comm::make_local_communicator();
+  const int rank = world->rank(), n = world->size();
+  auto ec = [](ShampooConfig& c) { c.preconditioner = Preconditioner::eigenvalue_corrected; };
+  auto spectral = [](ShampooConfig& c) {
+    c.preconditioner = Preconditioner::spectral;
+    c.precondition_frequency = 100;
+    c.start_preconditioning_step = -1;
+  };
+  const std::vector<std::pair<std::string, void (*)(ShampooConfig&)>> variants = {
+      {"roots", [](ShampooConfig&) {}},
+      {"roots, qr, spread 2, bf16", [](ShampooConfig& c) {
+         c.root_method = RootMethod::qr; c.root_spread = 2; c.communication_dtype = DType::bf16; }},
+      {"eigenvalue-corrected", ec},
+      {"eigenvalue-corrected qr, l2 wd", [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::eigenvalue_corrected; c.root_method = RootMethod::qr;
+         c.weight_decay_type = WeightDecayType::l2; }},
+      {"spectral", spectral},
+      {"spectral exact, diagonal embeddings", [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 100; c.start_preconditioning_step = -1;
+         c.spectral_method = SpectralMethod::exact; c.diagonal_params = {"embeddings"}; }},
+      {"pseudo-inverse, factor update every 2", [](ShampooConfig& c) {
+         c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; c.factor_update_every = 2; }},
+  };
+  // Rows of dim 0 per rank, as Fsdp::layout splits them.
+  auto split = [&](const Shape& s) {
+    Rows r{s, {}, {}, rank};
+    const int64_t pad = (s[0] + n - 1) / n;
+    for (int q = 0; q < n; ++q) {
+      const int64_t o = std::min(s[0], q * pad);
+      r.offsets.push_back(o);
+      r.lengths.push_back(std::min(s[0], o + pad) - o);
+    }
+    return r;
+  };
+  auto rows_of = [](const Vec& v, const Shape& s, int64_t o, int64_t len) {
+    const int64_t cols = shape_numel(s) / s[0];
+    return Vec(v.begin() + o * cols, v.begin() + (o + len) * cols);
+  };
+  for (const auto& [label, tweak] : variants) {
+    ShampooConfig c = base_config();
+    tweak(c);
+    RunState full = make_run();
+    auto one = make_shampoo(c, full.params, *local);
+    steps(*one, full, 0, 6);
+    // This rank's shards.
+    std::vector<nn::Param> params;
+    std::vector<Rows> rows;
+    for (size_t i = 0; i < kSpecs.size(); ++i) {
+      const Shape& s = kSpecs[i].second;
+      rows.push_back(split(s));
+      const int64_t o = rows.back().offsets[size_t(rank)], len = rows.back().lengths[size_t(rank)];
+      Shape ss = s;
+      ss[0] = len;
+      params.push_back({kSpecs[i].first, Tensor::from_doubles(rows_of(full.start[i], s, o, len), ss, DType::f32),
+                        Tensor::zeros(ss, DType::f32), 0});
+    }
+    auto dist = make_shampoo(c, params, *world, rows);
+    for (int t = 0; t < 6; ++t) {
+      const auto g = grads_at(full.shapes, t);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Rows& r = rows[i];
+        params[i].grad.copy_from(Tensor::from_doubles(rows_of(g[i], r.shape, r.offsets[size_t(rank)], r.lengths[size_t(rank)]),
+                                                      params[i].value.shape(), DType::f32));
+      }
+      dist->step(params, 0.05);
+    }
+    const auto want = values(full);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Rows& r = rows[i];
+      EXPECT_EQ(params[i].value.to_doubles(), rows_of(want[i], r.shape, r.offsets[size_t(rank)], r.lengths[size_t(rank)]))
+          << label << ": " << kSpecs[i].first << " on rank " << rank << " of " << n;
+    }
+    // The replicated optimizer's state: every tensor written once, by its owner.
+    std::map<std::string, Shape> names;
+    for (const PlacedTensor& t : one->state()) names[t.name] = t.value.shape();
+    int written = 0;
+    for (const PlacedTensor& t : dist->state()) {
+      EXPECT_TRUE(names.count(t.name)) << label << ": " << t.name;
+      if (names.count(t.name)) {
+        EXPECT_EQ(t.value.shape(), names.at(t.name)) << label << ": " << t.name;
+      }
+      if (t.name != "step") written += t.placement == Placement::owned && t.owner == rank;
+    }
+    EXPECT_EQ(sum_over_ranks(*world, written), static_cast<int>(names.size()) - 1) << label;
   }
 }
 

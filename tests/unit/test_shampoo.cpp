@@ -395,30 +395,15 @@ TEST(Shampoo, StateNamesFollowTheBlocks) {
     const bool sym = t.name.find("/factor") != std::string::npos || t.name.find("/root") != std::string::npos;
     EXPECT_EQ(t.symmetric, sym && t.name.find("root_failures") == std::string::npos) << t.name;
   }
-  // Over shards every block is owned by this rank of the shard group, restored where a
-  // checkpoint holds it (Resize::if_present), and named as the whole parameter's block when it
-  // is one: w's rows [40, 80) of [80, 107] are blocks 44..87 of the whole w's 8 x 11 grid.
-  std::vector<Rows> rows(m.params.size());
-  rows[0] = {{80, 107}, {0, 40}, {40, 40}, 1};
-  std::map<std::string, Shape> sh;
-  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state()) {
-    sh[t.name] = t.value.shape();
-    EXPECT_EQ(t.placement, t.name == "step" ? Placement::replicated : Placement::owned) << t.name;
-    if (t.name == "step") continue;
-    EXPECT_EQ(t.owner, 1) << t.name;
-    EXPECT_EQ(t.resize, Resize::if_present) << t.name;
-  }
-  EXPECT_EQ(sh.at("shampoo/w/block44/factor0"), (Shape{10, 10}));
-  EXPECT_EQ(sh.at("shampoo/w/block87/graft"), (Shape{10, 7}));
-  EXPECT_FALSE(sh.count("shampoo/w/block43/graft"));
-  EXPECT_EQ(sh.at("shampoo/conv/block0/factor2"), (Shape{9, 9}));  // not sharded: its own names
-  // Rows [35, 75): their blocks start off the whole grid, so they are named by the rows.
-  rows[0] = {{75, 107}, {0, 35}, {35, 40}, 1};
-  sh.clear();
-  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state()) sh[t.name] = t.value.shape();
-  EXPECT_EQ(sh.at("shampoo/w/rows35-75/block0/factor0"), (Shape{10, 10}));
-  EXPECT_EQ(sh.at("shampoo/w/rows35-75/block43/graft"), (Shape{10, 7}));
-  EXPECT_FALSE(sh.count("shampoo/w/block0/graft"));
+  // Over shards (fsdp-train: rows given) the blocks are still the whole parameters': in a world of
+  // one (one shard of all the rows) the same names, shapes, placements and owners as without rows
+  // (several shards: ShampooMpi.ShardedParametersEqualReplicated).
+  std::vector<Rows> rows;
+  for (const Shape& s : m.shapes) rows.push_back({s, {0}, {s[0]}, 0});
+  std::map<std::string, std::tuple<Shape, Placement, int>> plain, sharded;
+  for (const PlacedTensor& t : opt->state()) plain[t.name] = {t.value.shape(), t.placement, t.owner};
+  for (const PlacedTensor& t : make_shampoo(c, m.params, *comm, rows)->state()) sharded[t.name] = {t.value.shape(), t.placement, t.owner};
+  EXPECT_EQ(sharded, plain);
   EXPECT_EQ(opt->config().at("name"), "shampoo");
 }
 
@@ -888,37 +873,6 @@ TEST(Shampoo, FamilyMatchesReference) {
     const double e = family_error(c, k.steps);
     std::printf("%-60s %.2e\n", k.label.c_str(), e);
     EXPECT_LT(e, k.tol) << k.label;
-  }
-}
-
-// Over sharded parameters (fsdp-train: rows given) the blocks are cut from this rank's shard: the
-// optimizer over the shards equals the reference over parameters of the shards' shapes, for
-// every preconditioner (spectral's [d0, rest] view of a dim-0 shard is the whole view's rows).
-TEST(Shampoo, FamilyOverShardsMatchesReference) {
-  auto comm = comm::make_local_communicator();
-  const std::vector<std::pair<std::string, Shape>> specs = {{"w", {20, 24}}, {"conv", {3, 4, 3, 3}}, {"bias", {5}}};
-  std::vector<Rows> rows(specs.size());
-  rows[0] = {{40, 24}, {0, 20}, {20, 20}, 1};       // w's rows [20, 40)
-  rows[1] = {{6, 4, 3, 3}, {0, 3}, {3, 3}, 0};      // conv's rows [0, 3)
-  for (void (*tweak)(ShampooConfig&) : std::vector<void (*)(ShampooConfig&)>{
-           [](ShampooConfig&) {}, [](ShampooConfig& c) { ec(c); }, [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; },
-           [](ShampooConfig& c) { spectral(c); }, [](ShampooConfig& c) { spectral(c); c.spectral_method = SpectralMethod::exact; },
-           [](ShampooConfig& c) { c.factor_update_every = 3; },
-           [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; },
-           [](ShampooConfig& c) { ec(c); c.diagonal_params = {"conv"}; }}) {
-    ShampooConfig c = family_config();
-    tweak(c);
-    Model m = make_model(specs);
-    auto opt = make_shampoo(c, m.params, *comm, rows);
-    shampoo_ref::Reference ref(c, m.shapes, {"w", "conv", "bias"});
-    std::vector<Vec> want = m.values;
-    for (int s = 0; s < 16; ++s) {
-      const auto g = grads_at(m.shapes, s);
-      set_grads(m, g);
-      opt->step(m.params, 0.05);
-      ref.step(want, g, 0.05);
-    }
-    EXPECT_LT(rel_err(m.params, want, m.values), 1e-5) << nlohmann::json(c).dump();
   }
 }
 
