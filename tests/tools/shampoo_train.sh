@@ -69,23 +69,29 @@ run $si ls q.h5
 # its state in the checkpoint ----
 # (eigenvalue-corrected's epsilon 1e-8: Adam's; its bases are arbitrary within the degenerate
 # eigenspaces of rank-deficient factors, the embeddings' and norms', where rounding then
-# decides: those go diagonal. The spectral runs have no root steps.)
+# decides: those go diagonal. With one QR iteration per root step (soap) the bases are not
+# converged, and the order of their columns by estimated eigenvalue, which the positional second
+# moment follows, is decided by rounding for close eigenvalues: 7 steps at lr 3e-3 end up to
+# 1e-3 apart across world sizes, hence its tolerance; the optimizer itself, fed the same
+# gradients, is bit-identical on 1, 2 and 4 ranks (tests/mpi/test_shampoo_mpi.cpp). The
+# spectral runs have no root steps.)
 for c in "ec|--preconditioner eigenvalue-corrected --grafting none --ec-epsilon 1e-8 --diagonal-params norm,embeddings|corrected_second_moment eigvecs1" \
-         "soap|--preconditioner eigenvalue-corrected --root-method qr --ec-epsilon 1e-8 --diagonal-params norm,embeddings|corrected_second_moment eigvecs0" \
-         "muon|--preconditioner spectral --grafting none --lr 2e-2 --diagonal-params embeddings,output --precondition-frequency 1|filtered_grad" \
-         "svd|--preconditioner spectral --spectral-method exact --spectral-scale rms --precondition-frequency 1|filtered_grad" \
+         "soap|--preconditioner eigenvalue-corrected --root-method qr --root-spread 3 --ec-epsilon 1e-8 --diagonal-params norm,embeddings|corrected_second_moment eigvecs0|--rtol 1e-2 --atol 3e-3" \
+         "muon|--preconditioner spectral --grafting none --lr 2e-2 --diagonal-params embeddings,output --precondition-frequency 1 --direction-dtype bf16|filtered_grad" \
+         "svd|--preconditioner spectral --spectral-method exact --spectral-scale rms --precondition-frequency 1 --weight-decay 1e-2 --momentum 0.9 --nesterov|momentum" \
          "pinv|--root-method pseudo-inverse --shampoo-epsilon 0 --rank-rtol 1e-6|root0" \
          "every3|--factor-update-every 3|root0"; do
-  IFS='|' read -r name opts keys <<<"$c"
+  IFS='|' read -r name opts keys tol <<<"$c"
+  tol=${tol:---rtol 1e-3 --atol 1e-4}
   # (--precondition-frequency 1 given again after $common's 3: the last one counts)
   for n in 1 2 4; do run $mpiexec -n $n $st $common $opts --steps 7 --save p$name$n.h5; done
   [ $rc = 0 ] || bad "$name on 4 ranks (exit $rc)" "$(cat $tmp/e)"
-  run $si diff p${name}1.h5 p${name}2.h5 model/ --rtol 1e-3 --atol 1e-4; r2=$rc
-  run $si diff p${name}1.h5 p${name}4.h5 model/ --rtol 1e-3 --atol 1e-4
+  run $si diff p${name}1.h5 p${name}2.h5 model/ $tol; r2=$rc
+  run $si diff p${name}1.h5 p${name}4.h5 model/ $tol
   [ $r2 = 0 ] && [ $rc = 0 ] && ok "$name: 1, 2 and 4 ranks alike" || bad "$name differs across world sizes" "$(cat $tmp/o)"
   rm -rf pk; run $mpiexec -n 2 $st $common $opts --steps 7 --stop-at 4 --checkpoint-dir pk
   run $mpiexec -n 4 $st $common $opts --steps 7 --resume pk --save pr$name.h5
-  [ $rc = 0 ] && [ ! -s $tmp/e ] && run $si diff p${name}2.h5 pr$name.h5 model/ --rtol 1e-3 --atol 1e-4
+  [ $rc = 0 ] && [ ! -s $tmp/e ] && run $si diff p${name}2.h5 pr$name.h5 model/ $tol
   [ $rc = 0 ] && ok "$name: 2 ranks' checkpoint resumes on 4 ranks, no warning" || bad "$name resume on 4" "$(cat $tmp/o)" "$(cat $tmp/e)"
   run $si ls p${name}2.h5
   for k in $keys; do grep -q "/$k " $tmp/o || bad "$name: no $k in the checkpoint" "$(grep shampoo $tmp/o | head -8)"; done

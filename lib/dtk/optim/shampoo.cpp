@@ -1,6 +1,7 @@
 // Distributed Shampoo (shampoo.h). Layout of the work on one rank:
 //
-// The blocks this rank owns are grouped by block shape (std::map order: deterministic). A group
+// The blocks this rank owns are grouped by (diagonal or not, block shape) (std::map order:
+// deterministic). A group
 // keeps its state as batches ([B, b_k, b_k] factors and roots, [B, n] grafting / filtered /
 // momentum tensors), so that one batched GEMM (one batched eigendecomposition at root steps)
 // serves every block of the group; a group is processed in chunks of at most kChunkElements
@@ -8,7 +9,8 @@
 //
 // Every step, per chunk: the gradient blocks are gathered into a contiguous scratch (a device
 // gather through a precomputed index, or plain copies for blocks that are contiguous ranges of
-// their parameter); the factors are updated by batched GEMMs; the filtered gradient, the
+// their parameter; with sharded parameters from the gathered shards); the factors are updated
+// by batched GEMMs; the filtered gradient, the
 // grafting direction and (from the start step) the preconditioned direction are computed; the
 // final search direction is written straight into this rank's segment of the flat gathered
 // buffer. One all_gather_v of that buffer gives every rank all directions, in rank order; each
@@ -16,7 +18,8 @@
 //
 // Memory on every rank, beyond the owned state: the gathered buffer (4 bytes per parameter
 // element, plus 2 with bf16 communication) and the update indices (8 bytes per element of
-// parameters whose blocks are not contiguous ranges of them).
+// parameters whose blocks are not contiguous ranges of them; with sharded parameters, of the
+// rank's rows, and the gathered shards' 4 bytes per element and their index's 8).
 #include "dtk/optim/shampoo.h"
 
 #include <fmt/format.h>
@@ -642,7 +645,7 @@ class Shampoo final : public Optimizer {
     Tensor dst = recv_.slice(my_offset_ + gr.send_offset + c0 * n, my_offset_ + gr.send_offset + c1 * n).reshape({Bc, n});
     Tensor T = cfg_.momentum > 0 ? rows(sc_e_, Bc, n) : dst;
     Tensor P;  // the preconditioned direction; undefined: the grafting direction alone
-    if (gr.diagonal) {
+    if (gr.diagonal) {  // the grafting direction alone
     } else if (cfg_.preconditioner == Preconditioner::spectral) {
       P = orthogonalize(gr, Bc, Mh);
     } else if (cfg_.preconditioner == Preconditioner::eigenvalue_corrected) {
