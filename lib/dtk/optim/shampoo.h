@@ -44,10 +44,10 @@
 // is not finite retries as above (f64 eigh) and restarts from a full eigh at its next root.
 //
 // root_spread S > 1 spreads the root computations over each period: the blocks are divided into
-// S phases (greedily by their root cost, sum of b_k^3 over the factors, largest first, each to the
-// cheapest phase; world-size independent), and a block of phase j recomputes its roots at the
-// start step and then at every step t > start with (t - j floor(f/S)) a multiple of the frequency
-// f. Each root step then does about 1/S of the work; every root is still at most f steps old.
+// S phases (greedily by their root cost, sum of b_k^3 over the factors, 0 for diagonal blocks,
+// largest first, each to the cheapest phase; world-size independent), and a block of phase j
+// recomputes its roots at the start step and then at every step t > start with (t - j floor(f/S))
+// a multiple of the frequency f. Each root step then does about 1/S of the work; every root is still at most f steps old.
 // Within a phase the blocks are assigned to ranks as below, so every rank's share of each
 // phase is balanced. S = 1 is the reference's schedule.
 //
