@@ -867,47 +867,63 @@ class Shampoo final : public Optimizer {
 
   // eigenvalue-corrected: the bases of the chunk's bias-corrected factors (eigh, or qr warm-
   // started from the current bases, the first time from none: a full eigh). A block whose
-  // computation fails is retried in f64, else keeps its bases; failures counted as roots'.
+  // computation fails is retried in f64, else keeps its bases.
   void compute_bases(Group& gr, int64_t c0, int64_t c1, int64_t t) {
+    const ops::RootOptions o = root_options();
+    const bool warm = o.method == RootMethod::qr && t != start_;
+    amortized(gr, c0, c1, t, "eigenbasis", [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
+      const int64_t nb = Fc.dim(0), b = Fc.dim(1);
+      Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
+      Tensor Qn = Tensor::zeros({nb, b, b}, fdtype_, device_);
+      if (warm) ops::cast(Q, Qn);
+      const std::vector<char> ok = ops::eigenbases(Fc, o, Qn);
+      if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
+        ops::cast(Qn, Q);
+        return;
+      }
+      for (int64_t i = 0; i < nb; ++i) {
+        Tensor Qi = Q.select(i);
+        if (ok[static_cast<size_t>(i)]) {
+          ops::cast(Qn.select(i), Qi);
+          continue;
+        }
+        // Retry in f64 from no basis (a full eigh, in the method's column order).
+        Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Qd = Tensor::zeros({1, b, b}, DType::f64, device_);
+        ops::cast(Fc.slice(i, i + 1), Fd);
+        if (ops::eigenbases(Fd, o, Qd)[0])
+          ops::cast(Qd.select(0), Qi);
+        else
+          failed[static_cast<size_t>(r0 + i)] = 1;  // Qi keeps its previous basis
+      }
+    });
+  }
+
+  // The amortized computation (roots or eigenbases) of the chunk's blocks [c0, c1): for every
+  // factor k, in batches of bounded size, the bias-corrected factors Fc of a batch whose factors
+  // are all finite go to compute(k, r0, Fc, failed) (r0: the batch's first block in the chunk;
+  // it sets failed[r0 + i] for a block that keeps its previous result); then the failures are
+  // counted (count_failures) and NaN or Inf recorded (nonfinite_factors).
+  template <typename Compute>
+  void amortized(Group& gr, int64_t c0, int64_t c1, int64_t t, const char* what, Compute&& compute) {
     const int64_t Bc = c1 - c0;
     std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
     const double corr = factor_correction(t);
-    const ops::RootOptions o = root_options();
-    const bool warm = o.method == RootMethod::qr && t != start_;
     for (int k = 0; k < gr.order; ++k) {
       const int64_t b = gr.dims[static_cast<size_t>(k)];
       const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
       for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
-        const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
+        const int64_t r1 = std::min(Bc, r0 + rc);
         const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
         if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
-        Tensor Fc = Tensor::empty(F.shape(), fdtype_, device_);
-        ops::scale(F, corr, Fc);
-        Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        Tensor Qn = Tensor::zeros({nb, b, b}, fdtype_, device_);
-        if (warm) ops::cast(Q, Qn);
-        const std::vector<char> ok = ops::eigenbases(Fc, o, Qn);
-        if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
-          ops::cast(Qn, Q);
-          continue;
+        Tensor Fc = F;
+        if (corr != 1.0) {
+          Fc = Tensor::empty(F.shape(), fdtype_, device_);
+          ops::scale(F, corr, Fc);
         }
-        for (int64_t i = 0; i < nb; ++i) {
-          Tensor Qi = Q.select(i);
-          if (ok[static_cast<size_t>(i)]) {
-            ops::cast(Qn.select(i), Qi);
-            continue;
-          }
-          // Retry in f64 from no basis (a full eigh, in the method's column order).
-          Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Qd = Tensor::zeros({1, b, b}, DType::f64, device_);
-          ops::cast(Fc.slice(i, i + 1), Fd);
-          if (ops::eigenbases(Fd, o, Qd)[0])
-            ops::cast(Qd.select(0), Qi);
-          else
-            failed[static_cast<size_t>(r0 + i)] = 1;  // Qi keeps its previous basis
-        }
+        compute(k, r0, Fc, failed);
       }
     }
-    count_failures(gr, c0, failed, nonfinite, t, "eigenbasis");
+    count_failures(gr, c0, failed, nonfinite, t, what);
   }
 
   // A chunk's factors F (blocks [c, c + nb) of the group) with NaN or Inf: marked (from index
@@ -924,60 +940,41 @@ class Shampoo final : public Optimizer {
 
   double root_exponent(int order) const { return cfg_.exponent_override > 0 ? cfg_.exponent_override : 2.0 * order; }
 
-  // Roots of the chunk's factors; failures per block counted, fatal conditions recorded.
+  // Roots of the chunk's factors (amortized: failures per block counted, fatal conditions
+  // recorded). A block whose root fails is retried in f64, else keeps its previous root.
   void compute_roots(Group& gr, int64_t c0, int64_t c1, int64_t t) {
-    const int64_t Bc = c1 - c0;
-    std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
     const double p = root_exponent(gr.order);
-    const double corr = factor_correction(t);
-    for (int k = 0; k < gr.order; ++k) {
-      const int64_t b = gr.dims[static_cast<size_t>(k)];
-      const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
-      for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
-        const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
-        const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
-        Tensor Fc = F;
-        if (corr != 1.0) {
-          Fc = Tensor::empty(F.shape(), fdtype_, device_);
-          ops::scale(F, corr, Fc);
-        }
-        Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
-        Tensor Q;  // qr: the kept bases (a failed block's is zeroed: it restarts from a full eigh)
-        if (cfg_.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
-        Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        const bool all_ok = std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
-        if (all_ok) {
-          ops::cast(out, R);
-        } else {
-          for (int64_t i = 0; i < nb; ++i) {
-            Tensor Ri = R.select(i);
-            if (ok[static_cast<size_t>(i)]) {
-              ops::cast(out.select(i), Ri);
-              continue;
-            }
-            // Retry in f64 (ops::inverse_root: eigendecomposition in f64 with the same rule).
-            Tensor Fd = Fc.select(i);
-            if (fdtype_ != DType::f64) {
-              Fd = Tensor::empty({b, b}, DType::f64, device_);
-              ops::cast(Fc.select(i), Fd);
-            }
-            Tensor Od = Tensor::empty({b, b}, DType::f64, device_);
-            ops::RootOptions o = root_options();
-            if (o.method != RootMethod::pseudo_inverse) o.method = RootMethod::eigh;
-            Tensor Fd3 = Fd.reshape({1, b, b}), Od3 = Od.reshape({1, b, b});
-            if (ops::inverse_roots(Fd3, p, o, Od3)[0])
-              ops::cast(Od, Ri);
-            else
-              failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
+    amortized(gr, c0, c1, t, "inverse root", [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
+      const int64_t nb = Fc.dim(0), b = Fc.dim(1);
+      Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
+      Tensor Q;  // qr: the kept bases (a failed block's is zeroed: it restarts from a full eigh)
+      if (cfg_.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
+      const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
+      Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
+      if (std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; })) {
+        ops::cast(out, R);
+      } else {
+        for (int64_t i = 0; i < nb; ++i) {
+          Tensor Ri = R.select(i);
+          if (ok[static_cast<size_t>(i)]) {
+            ops::cast(out.select(i), Ri);
+            continue;
           }
+          // Retry in f64: an eigendecomposition with the same rule (the pseudo-inverse's, or
+          // epsilon and the shift).
+          Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Od = Tensor::empty({1, b, b}, DType::f64, device_);
+          ops::cast(Fc.slice(i, i + 1), Fd);
+          ops::RootOptions o = root_options();
+          if (o.method != RootMethod::pseudo_inverse) o.method = RootMethod::eigh;
+          if (ops::inverse_roots(Fd, p, o, Od)[0])
+            ops::cast(Od.select(0), Ri);
+          else
+            failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
         }
-        // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
-        ops::symmetrize(R);
       }
-    }
-    count_failures(gr, c0, failed, nonfinite, t, "inverse root");
+      // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
+      ops::symmetrize(R);
+    });
   }
 
   // Consecutive failures per block of the chunk at c0: reset on success; the kMaxFailures-th is
