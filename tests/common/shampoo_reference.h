@@ -95,17 +95,9 @@ inline double norm(const Vec& v) {
   return std::sqrt(s);
 }
 
-// V diag((w + eps + shift)^(-1/p)) V^T from eigenvalue estimates w of F (any order) and V's
-// columns, with the shift rule of shampoo.h; ok false when a value is not finite.
-inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bool* ok = nullptr) {
-  const double m0 = *std::min_element(w.begin(), w.end()) + eps, shift = m0 < eps ? eps - m0 : 0.0;
-  Vec d(static_cast<size_t>(n)), R(static_cast<size_t>(n) * n, 0.0);
-  bool good = true;
-  for (int j = 0; j < n; ++j) {
-    d[size_t(j)] = std::pow(w[size_t(j)] + eps + shift, -1.0 / p);
-    good = good && std::isfinite(d[size_t(j)]);
-  }
-  if (ok) *ok = good;
+// V diag(d) V^T (V's columns the eigenvectors).
+inline Vec v_diag_vt(const Vec& V, const Vec& d, int n) {
+  Vec R(static_cast<size_t>(n) * n, 0.0);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       double s = 0;
@@ -113,6 +105,20 @@ inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bo
       R[size_t(i) * n + j] = s;
     }
   return R;
+}
+
+// V diag((w + eps + shift)^(-1/p)) V^T from eigenvalue estimates w of F (any order) and V's
+// columns, with the shift rule of shampoo.h; ok false when a value is not finite.
+inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bool* ok = nullptr) {
+  const double m0 = *std::min_element(w.begin(), w.end()) + eps, shift = m0 < eps ? eps - m0 : 0.0;
+  Vec d(static_cast<size_t>(n));
+  bool good = true;
+  for (int j = 0; j < n; ++j) {
+    d[size_t(j)] = std::pow(w[size_t(j)] + eps + shift, -1.0 / p);
+    good = good && std::isfinite(d[size_t(j)]);
+  }
+  if (ok) *ok = good;
+  return v_diag_vt(V, d, n);
 }
 
 // (F + eps I)^(-1/p) with the shift rule of shampoo.h; ok false when a value is not finite.
@@ -205,20 +211,14 @@ inline Vec pseudo_inverse_root(const Vec& F, int n, double p, double rtol, doubl
   jacobi_eigh(F, n, w, V);
   const double rt = rtol >= 0 ? rtol : n * machine_eps(factor_dtype);
   const double cut = std::max(atol, rt * std::max(*std::max_element(w.begin(), w.end()), 0.0));
-  Vec d(static_cast<size_t>(n), 0.0), R(static_cast<size_t>(n) * n, 0.0);
+  Vec d(static_cast<size_t>(n), 0.0);
   bool good = true;
   for (int j = 0; j < n; ++j) {
     d[size_t(j)] = w[size_t(j)] > cut ? std::pow(w[size_t(j)], -1.0 / p) : 0.0;
     good = good && std::isfinite(d[size_t(j)]);
   }
   if (ok) *ok = good;
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) {
-      double s = 0;
-      for (int k = 0; k < n; ++k) s += V[size_t(i) * n + k] * d[size_t(k)] * V[size_t(j) * n + k];
-      R[size_t(i) * n + j] = s;
-    }
-  return R;
+  return v_diag_vt(V, d, n);
 }
 
 // a [r, c] transposed: [c, r].

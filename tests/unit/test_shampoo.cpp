@@ -86,6 +86,16 @@ ShampooConfig every_step_config() {
   return c;
 }
 
+// Reading this JSON as a ShampooConfig is a UsageError that mentions word.
+void expect_usage(const nlohmann::json& j, const std::string& word) {
+  try {
+    from_json<ShampooConfig>(j);
+    ADD_FAILURE() << "no error for " << j.dump();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+  }
+}
+
 // ---------------------------------------------------------------------------- the reference itself
 
 // Checks of the f64 reference's new parts on their own, before the optimizer is compared with it.
@@ -1014,14 +1024,6 @@ TEST(Shampoo, FamilyBadCombinations) {
     EXPECT_NO_THROW(c.validate()) << nlohmann::json(c).dump();
   }
   // And through the JSON reader, as the other options are.
-  auto expect_usage = [](const nlohmann::json& j, const std::string& word) {
-    try {
-      from_json<ShampooConfig>(j);
-      ADD_FAILURE() << "no error for " << j.dump();
-    } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
-    }
-  };
   expect_usage({{"preconditioner", "soap"}}, "preconditioner");
   expect_usage({{"spectral_method", "svd"}}, "spectral_method");
   expect_usage({{"spectral_scale", "max"}}, "spectral_scale");
@@ -1183,14 +1185,6 @@ TEST(Shampoo, ConfigJsonAndValidation) {
   c.communication_dtype = DType::bf16;
   const ShampooConfig d = from_json<ShampooConfig>(nlohmann::json(c));
   EXPECT_EQ(nlohmann::json(d), nlohmann::json(c));
-  auto expect_usage = [](const nlohmann::json& j, const std::string& word) {
-    try {
-      from_json<ShampooConfig>(j);
-      ADD_FAILURE() << "no error for " << j.dump();
-    } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
-    }
-  };
   expect_usage({{"grafting", "lion"}}, "grafting");
   expect_usage({{"beta2", 1.5}}, "beta2");
   expect_usage({{"factor_dtype", "bf16"}}, "factor_dtype");
