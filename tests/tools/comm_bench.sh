@@ -70,7 +70,7 @@ then ok "--iters-json: schema, counts, the table's columns"; else bad "--iters-j
 delay=DTK_COMM_BENCH_DELAY_RANK
 if [ "$n" -gt 1 ]; then
   env $delay=1:50000 $run --op allreduce -b 1K -e 2K -n 20 -w 1 >"$tmp/o" 2>&1
-  want='^# last to arrive (allreduce) \(1024\|2048\) B: rank 1 in \(1[89]\|20\)/20 iterations (p [0-9.e-]*), 5[0-9]*\.[0-9]* us late (.*): straggler$'
+  want='^# straggler (allreduce) \(1024\|2048\) B: rank 1, last to arrive in \(1[89]\|20\)/20 iterations (p [0-9.e-]*), 5[0-9]\{4\}\.[0-9]* us late (median; [0-9.]*% of the median time)$'
   if [ "$(grep -c "$want" "$tmp/o")" = 2 ] && grep -q "^# $delay: rank 1 sleeps 50000 us" "$tmp/o"; then
     ok "straggler named in the table, rank 1 of $n"; else bad "straggler in the table, rank 1 of $n" "$(cat "$tmp/o")"; fi
   env $delay=1:50000 $run --op all -b 1K -e 1K -n 20 -w 1 --json >"$tmp/j" 2>"$tmp/e"
@@ -86,13 +86,13 @@ for r in d["results"]:
         continue
     assert a["rank"] == 1 and a["iterations"] >= 18 and a["of"] == 20 and a["straggler"], r
     assert a["p"] < 1e-3 and 45000 < a["late_us"] < r["time_median_us"] + 1, r
-    assert r["time_min_us"] >= 50000 and r["time_us"] >= 50000, r
+    assert r["time_min_us"] >= 50000, r  # every iteration waits for the delayed rank's sleep
 PY
-  grep -q '^# last to arrive (broadcast): not inferred' <(env $delay=1:1000 $run --op broadcast -e 8 -n 2 2>&1) \
+  grep -q '^# straggler (broadcast): not inferred' <(env $delay=1:1000 $run --op broadcast -e 8 -n 2 2>&1) \
     && ok "broadcast: not inferred" || bad "broadcast: not inferred"
 else
   env $delay=0:1000 $run -b 8 -e 64 -n 3 >"$tmp/o" 2>&1
-  grep -q '^# last to arrive' "$tmp/o" && bad "one rank: a straggler report" "$(cat "$tmp/o")" || ok "one rank: no straggler report"
+  grep -q '^# straggler' "$tmp/o" && bad "one rank: a straggler report" "$(cat "$tmp/o")" || ok "one rank: no straggler report"
 fi
 
 # --async, --time max, root, -i step

@@ -442,22 +442,28 @@ class Engine {
     std::fflush(stdout);
   }
 
-  // After an operation's table: per size, the rank that arrived last most often (see Arrival).
+  // After an operation's table: the sizes where one rank was a straggler (see Arrival), one line
+  // each, or "none". The rank that was last most often at every size is in --json; printed for
+  // every size it would name ranks that were last by chance (each of two ranks half the time).
   void print_arrivals(const Collective& c, const std::vector<Row>& rows) const {
     const std::string name(c.name);
     if (params_.nranks < 2 || rows.empty()) return;
     if (!per_iteration()) {
-      std::printf("# last to arrive (%s): not measured (--async on GPU buffers)\n", name.c_str());
+      std::printf("# straggler (%s): not measured (--async on GPU buffers)\n", name.c_str());
     } else if (!c.everyone_waits) {
-      std::printf("# last to arrive (%s): not inferred (the root waits for no one)\n", name.c_str());
+      std::printf("# straggler (%s): not inferred (the root waits for no one)\n", name.c_str());
     } else {
+      int found = 0;
       for (const Row& r : rows) {
         const Arrival& a = *r.arrival;
-        std::printf("# last to arrive (%s) %llu B: rank %d in %d/%d iterations (p %.2g), %.2f us late (%.0f%% of "
-                    "the median time)%s\n",
+        if (!a.straggler) continue;
+        ++found;
+        std::printf("# straggler (%s) %llu B: rank %d, last to arrive in %d/%d iterations (p %.2g), %.2f us late "
+                    "(median; %.1f%% of the median time)\n",
                     name.c_str(), static_cast<unsigned long long>(r.bytes), a.rank, a.last, o_.iters, a.p, a.late_us,
-                    r.median_us > 0 ? 100 * a.late_us / r.median_us : 0.0, a.straggler ? ": straggler" : "");
+                    100 * a.late_us / r.median_us);
       }
+      if (!found) std::printf("# straggler (%s): none\n", name.c_str());
     }
     std::fflush(stdout);
   }
