@@ -99,8 +99,10 @@ double binomial_tail(int k, int n, double p) {
 }
 
 // A rank is called a straggler at a size when it was last to arrive in more iterations than
-// chance explains (binomial tail below kStragglerP, each of n ranks last with probability 1/n) and
-// by a margin that matters (median lateness at least kStragglerShare of the median time).
+// chance explains and by a margin that matters (median lateness at least kStragglerShare of the
+// median time). Chance: each of n ranks last with probability 1/n in each iteration; p bounds the
+// chance that any of them is last as often (n times one rank's binomial tail, Bonferroni's bound,
+// since the rank is the one that was last most often), and must be below kStragglerP.
 constexpr double kStragglerP = 1e-3;
 constexpr double kStragglerShare = 0.1;
 
@@ -109,7 +111,7 @@ struct Arrival {
   int rank = 0;         // the rank that was last most often (the lowest of a tie)
   int last = 0;         // in how many iterations
   double late_us = 0;   // median over those iterations of the others' median time in the operation minus its own
-  double p = 1;         // binomial_tail(last, iterations, 1 / ranks)
+  double p = 1;         // min(1, ranks x binomial_tail(last, iterations, 1 / ranks))
   bool straggler = false;
 };
 
@@ -119,8 +121,8 @@ struct Row {
   size_t count = 0;
   double time_us = 0, algbw = 0, busbw = 0;
   int64_t wrong = 0;
-  // The per-iteration distribution: an iteration's time is the largest of the ranks' (empty when
-  // not measured: --async on GPU buffers).
+  // The per-iteration distribution: an iteration's time is the largest of the ranks' (per_iter
+  // false when not measured: --async on GPU buffers).
   bool per_iter = false;
   double min_us = 0, median_us = 0, p99_us = 0, max_us = 0;
   std::optional<Arrival> arrival;  // with more than one rank, for operations where everyone waits
@@ -146,7 +148,7 @@ std::optional<Arrival> last_arrivals(const std::vector<double>& t, int ranks, in
   a.rank = static_cast<int>(std::max_element(last.begin(), last.end()) - last.begin());
   a.last = last[a.rank];
   a.late_us = median(late[a.rank]);
-  a.p = binomial_tail(a.last, iters, 1.0 / ranks);
+  a.p = std::min(1.0, ranks * binomial_tail(a.last, iters, 1.0 / ranks));
   a.straggler = a.p < kStragglerP && a.late_us >= kStragglerShare * median_time;
   return a;
 }
