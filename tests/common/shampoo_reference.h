@@ -1,12 +1,20 @@
-// A plain f64 reference of Distributed Shampoo as optim/shampoo.h defines it, for the tests: one
-// block at a time, Kronecker factors by explicit unfolding, inverse roots by a cyclic Jacobi
-// eigensolver, preconditioning by explicit mode products. Shared by tests/unit/test_shampoo.cpp
-// and tests/mpi/test_shampoo_mpi.cpp.
+// A plain f64 reference of Distributed Shampoo and its family as optim/shampoo.h defines them, for
+// the tests: one block at a time, Kronecker factors by explicit unfolding, inverse roots and
+// eigenbases by a cyclic Jacobi eigensolver, preconditioning by explicit mode products. Besides the
+// inverse roots (preconditioner "root", root_method eigh, qr, pseudo-inverse): eigenvalue-corrected
+// Shampoo (SOAP; Vyas et al. 2024, Meta's EigenvalueCorrectedShampooPreconditionerList), spectral
+// descent (Muon; Jordan et al. 2024, Meta's SpectralDescentPreconditionerList) by Newton-Schulz or
+// exactly (one-sided Jacobi SVD), factor updates every K steps, and diagonal parameters. Written
+// from the published algorithms and Meta's code (facebookresearch/optimizers,
+// distributed_shampoo/preconditioner/), not from dtk's optimizer; where dtk departs from Meta on
+// purpose a comment says so. Shared by tests/unit/test_shampoo.cpp and tests/mpi/test_shampoo_mpi.cpp.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -81,17 +89,15 @@ inline Vec matmul(const Vec& a, const Vec& b, int m, int k, int n) {
   return c;
 }
 
-// V diag((w + eps + shift)^(-1/p)) V^T from eigenvalue estimates w of F (any order) and V's
-// columns, with the shift rule of shampoo.h; ok false when a value is not finite.
-inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bool* ok = nullptr) {
-  const double m0 = *std::min_element(w.begin(), w.end()) + eps, shift = m0 < eps ? eps - m0 : 0.0;
-  Vec d(static_cast<size_t>(n)), R(static_cast<size_t>(n) * n, 0.0);
-  bool good = true;
-  for (int j = 0; j < n; ++j) {
-    d[size_t(j)] = std::pow(w[size_t(j)] + eps + shift, -1.0 / p);
-    good = good && std::isfinite(d[size_t(j)]);
-  }
-  if (ok) *ok = good;
+inline double norm(const Vec& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+// V diag(d) V^T (V's columns the eigenvectors).
+inline Vec v_diag_vt(const Vec& V, const Vec& d, int n) {
+  Vec R(static_cast<size_t>(n) * n, 0.0);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       double s = 0;
@@ -99,6 +105,20 @@ inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bo
       R[size_t(i) * n + j] = s;
     }
   return R;
+}
+
+// V diag((w + eps + shift)^(-1/p)) V^T from eigenvalue estimates w of F (any order) and V's
+// columns, with the shift rule of shampoo.h; ok false when a value is not finite.
+inline Vec root_from(const Vec& w, const Vec& V, int n, double eps, double p, bool* ok = nullptr) {
+  const double m0 = *std::min_element(w.begin(), w.end()) + eps, shift = m0 < eps ? eps - m0 : 0.0;
+  Vec d(static_cast<size_t>(n));
+  bool good = true;
+  for (int j = 0; j < n; ++j) {
+    d[size_t(j)] = std::pow(w[size_t(j)] + eps + shift, -1.0 / p);
+    good = good && std::isfinite(d[size_t(j)]);
+  }
+  if (ok) *ok = good;
+  return v_diag_vt(V, d, n);
 }
 
 // (F + eps I)^(-1/p) with the shift rule of shampoo.h; ok false when a value is not finite.
@@ -128,10 +148,9 @@ inline Vec orthonormal_columns(Vec X, int n) {
 // The reference's warm-started eigendecomposition (matrix_functions.py _qr_algorithm) of
 // A = F + eps I from the basis Q (columns; all zero: a full eigh), as shampoo.h states it: QR
 // iterations Q = qr(A Q) while fewer than max_iter have run and ||B - diag B||_F > tol ||B||_F,
-// B = Q^T A Q. Returns the root; Q becomes the new basis, its columns sorted by the estimates,
-// descending (dtk) or ascending (the reference).
-inline Vec qr_root(const Vec& F, int n, Vec& Q, double eps, double p, int max_iter, double tol, bool descending,
-                   bool* ok = nullptr) {
+// B = Q^T A Q. Q becomes the new basis, its columns sorted by the estimates, descending (dtk) or
+// ascending (the reference); returns the estimates of F's eigenvalues in Q's order.
+inline Vec qr_basis(const Vec& F, int n, Vec& Q, double eps, int max_iter, double tol, bool descending) {
   Vec w(static_cast<size_t>(n));
   const bool fresh = std::all_of(Q.begin(), Q.end(), [](double x) { return x == 0; });
   if (fresh) {
@@ -169,7 +188,163 @@ inline Vec qr_root(const Vec& F, int n, Vec& Q, double eps, double p, int max_it
     for (int i = 0; i < n; ++i) Q2[size_t(i) * n + j] = Q[size_t(i) * n + order[size_t(j)]];
   }
   Q = Q2;
-  return root_from(w2, Q, n, eps, p, ok);
+  return w2;
+}
+
+// The root of qr_basis's estimates and basis (the shift rule of shampoo.h).
+inline Vec qr_root(const Vec& F, int n, Vec& Q, double eps, double p, int max_iter, double tol, bool descending,
+                   bool* ok = nullptr) {
+  const Vec w = qr_basis(F, n, Q, eps, max_iter, tol, descending);
+  return root_from(w, Q, n, eps, p, ok);
+}
+
+// The machine epsilon of a factor dtype (f32 or f64).
+inline double machine_eps(DType t) { return t == DType::f64 ? 0x1p-52 : 0x1p-23; }
+
+// The pseudo-inverse root of F (Meta's matrix_inverse_root_from_eigendecomposition with
+// PseudoInverseConfig, torch.linalg.matrix_rank's cutoff): w = eig(F), no eps, no shift; cutoff
+// c = max(atol, rtol max(max w, 0)), rtol < 0: n times the machine epsilon of the factor dtype;
+// V diag(d) V^T with d_j = w_j^(-1/p) where w_j > c, else 0.
+inline Vec pseudo_inverse_root(const Vec& F, int n, double p, double rtol, double atol, DType factor_dtype,
+                               bool* ok = nullptr) {
+  Vec w, V;
+  jacobi_eigh(F, n, w, V);
+  const double rt = rtol >= 0 ? rtol : n * machine_eps(factor_dtype);
+  const double cut = std::max(atol, rt * std::max(*std::max_element(w.begin(), w.end()), 0.0));
+  Vec d(static_cast<size_t>(n), 0.0);
+  bool good = true;
+  for (int j = 0; j < n; ++j) {
+    d[size_t(j)] = w[size_t(j)] > cut ? std::pow(w[size_t(j)], -1.0 / p) : 0.0;
+    good = good && std::isfinite(d[size_t(j)]);
+  }
+  if (ok) *ok = good;
+  return v_diag_vt(V, d, n);
+}
+
+// a [r, c] transposed: [c, r].
+inline Vec transpose(const Vec& a, int r, int c) {
+  Vec t(a.size());
+  for (int i = 0; i < r; ++i)
+    for (int j = 0; j < c; ++j) t[size_t(j) * r + i] = a[size_t(i) * c + j];
+  return t;
+}
+
+// The thin SVD M = U diag(s) V^T of M [r, c], r >= c, by one-sided Jacobi (Hestenes): rotate pairs
+// of columns of M (and of V = I) until every pair is orthogonal; then s_j = ||column j||,
+// U's column j = column j / s_j (0 when s_j = 0). U [r, c], s [c] (any order), V [c, c].
+inline void jacobi_svd(Vec A, int r, int c, Vec& U, Vec& s, Vec& V) {
+  V.assign(size_t(c) * c, 0.0);
+  for (int j = 0; j < c; ++j) V[size_t(j) * c + j] = 1.0;
+  auto col_dot = [&](int p, int q) {
+    double d = 0;
+    for (int i = 0; i < r; ++i) d += A[size_t(i) * c + p] * A[size_t(i) * c + q];
+    return d;
+  };
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    bool rotated = false;
+    for (int p = 0; p < c; ++p)
+      for (int q = p + 1; q < c; ++q) {
+        const double alpha = col_dot(p, p), beta = col_dot(q, q), gamma = col_dot(p, q);
+        if (gamma == 0 || std::fabs(gamma) <= 1e-15 * std::sqrt(alpha * beta)) continue;
+        rotated = true;
+        const double zeta = (beta - alpha) / (2 * gamma);
+        const double t = (zeta >= 0 ? 1.0 : -1.0) / (std::fabs(zeta) + std::sqrt(1 + zeta * zeta));
+        const double cs = 1 / std::sqrt(1 + t * t), sn = cs * t;
+        for (int i = 0; i < r; ++i) {
+          const double ap = A[size_t(i) * c + p], aq = A[size_t(i) * c + q];
+          A[size_t(i) * c + p] = cs * ap - sn * aq;
+          A[size_t(i) * c + q] = sn * ap + cs * aq;
+        }
+        for (int i = 0; i < c; ++i) {
+          const double vp = V[size_t(i) * c + p], vq = V[size_t(i) * c + q];
+          V[size_t(i) * c + p] = cs * vp - sn * vq;
+          V[size_t(i) * c + q] = sn * vp + cs * vq;
+        }
+      }
+    if (!rotated) break;
+  }
+  s.assign(size_t(c), 0.0);
+  U.assign(size_t(r) * c, 0.0);
+  for (int j = 0; j < c; ++j) {
+    s[size_t(j)] = std::sqrt(col_dot(j, j));
+    if (s[size_t(j)] > 0)
+      for (int i = 0; i < r; ++i) U[size_t(i) * c + j] = A[size_t(i) * c + j] / s[size_t(j)];
+  }
+}
+
+// The singular values of M [r, c] (one-sided Jacobi on M or M^T), descending.
+inline Vec singular_values(const Vec& M, int r, int c) {
+  Vec U, s, V;
+  if (r >= c) jacobi_svd(M, r, c, U, s, V);
+  else jacobi_svd(transpose(M, r, c), c, r, U, s, V);
+  std::sort(s.begin(), s.end(), std::greater<double>());
+  return s;
+}
+
+// spectral_method exact: U V^T of M's thin SVD [r, c], the singular values at or below
+// max(r, c) eps max s dropped, eps the machine epsilon of the block's dtype (f32: the parameters'
+// and so the filtered gradient's; Meta's svd_orthogonalization keeps every one). Without the
+// cutoff the f32 rounding of a rank-deficient block (a one-example gradient u v^T) would come
+// back as singular values 1. By one-sided Jacobi: independent of Newton-Schulz and of an eigh of
+// M^T M.
+inline Vec orth_exact(const Vec& M, int r, int c, double eps = 0x1p-23) {
+  const bool tall = r >= c;
+  const int m = tall ? r : c, n = tall ? c : r;  // work on the tall one, [m, n]
+  Vec U, s, V;
+  jacobi_svd(tall ? M : transpose(M, r, c), m, n, U, s, V);
+  const double cut = std::max(r, c) * eps * *std::max_element(s.begin(), s.end());
+  Vec O(size_t(m) * n, 0.0);  // U V^T, [m, n]
+  for (int j = 0; j < n; ++j) {
+    if (!(s[size_t(j)] > cut)) continue;
+    for (int i = 0; i < m; ++i)
+      for (int k = 0; k < n; ++k) O[size_t(i) * n + k] += U[size_t(i) * n + j] * V[size_t(k) * n + j];
+  }
+  return tall ? O : transpose(O, m, n);
+}
+
+// spectral_method newton-schulz, as Meta's matrix_functions.py newton_schulz (Muon's quintic
+// iteration): X = M / max(||M||_F, 1e-8), transposed to tall ([max, min]); steps times
+// B = X^T X, B = b B + c B B, X = a X + X B with (a, b, c) = (3.4445, -4.7750, 2.0315); transposed
+// back. (shampoo.h states the same iteration on the wide form, A = X X^T, X = a X + B X: the
+// same polynomial X p(X^T X) = p(X X^T) X.)
+inline Vec newton_schulz(const Vec& M, int r, int c, int steps) {
+  const double a = 3.4445, bq = -4.7750, cq = 2.0315;
+  const double scale = std::max(norm(M), 1e-8);
+  const bool tr = r < c;
+  const int m = tr ? c : r, n = tr ? r : c;  // X [m, n], m >= n
+  Vec X = tr ? transpose(M, r, c) : M;
+  for (double& x : X) x /= scale;
+  for (int it = 0; it < steps; ++it) {
+    const Vec B0 = matmul(transpose(X, m, n), X, n, m, n);  // X^T X [n, n]
+    const Vec BB = matmul(B0, B0, n, n, n);
+    Vec B(B0.size());
+    for (size_t i = 0; i < B.size(); ++i) B[i] = bq * B0[i] + cq * BB[i];
+    const Vec XB = matmul(X, B, m, n, n);
+    for (size_t i = 0; i < X.size(); ++i) X[i] = a * X[i] + XB[i];
+  }
+  return tr ? transpose(X, m, n) : X;
+}
+
+// The spectral preconditioner's blocking (shampoo.h, "spectral"): size-1 dims dropped; a parameter
+// left with >= 2 dims is viewed as [d0, product of the rest] (Muon's view(d0, -1); Meta instead
+// blocks as Shampoo does and needs target_parameter_dimensionality 2), every dim then split into
+// blocks of at most max_dim (the last one the remainder); 1-D and scalars as Shampoo's blocking.
+inline optim::ShampooBlocking spectral_blocking(const Shape& shape, int64_t max_dim) {
+  Shape kept;
+  for (int64_t d : shape)
+    if (d != 1) kept.push_back(d);
+  if (kept.size() < 2 || shape_numel(shape) == 0) return optim::shampoo_blocking(shape, max_dim);
+  optim::ShampooBlocking bl;
+  bl.merged = {kept[0], shape_numel(kept) / kept[0]};
+  std::vector<std::vector<int64_t>> starts(2);
+  for (size_t d = 0; d < 2; ++d)
+    for (int64_t o = 0; o < bl.merged[d]; o += max_dim) starts[d].push_back(o);
+  for (int64_t o0 : starts[0])
+    for (int64_t o1 : starts[1]) {
+      bl.block_shapes.push_back({std::min(max_dim, bl.merged[0] - o0), std::min(max_dim, bl.merged[1] - o1)});
+      bl.offsets.push_back({o0, o1});
+    }
+  return bl;
 }
 
 inline Shape strides(const Shape& s) {
@@ -201,7 +376,7 @@ inline Vec unfold_gram(const Vec& x, const Shape& dims, size_t k) {
   return out;
 }
 
-// x times R along dim k (R symmetric [b_k, b_k]).
+// x times R along dim k: y[.., i, ..] = sum_j R[i, j] x[.., j, ..] (R [b_k, b_k]).
 inline Vec mode_product(const Vec& x, const Shape& dims, size_t k, const Vec& R) {
   const int64_t b = dims[k], n = static_cast<int64_t>(x.size());
   Vec y(x.size(), 0.0);
@@ -216,22 +391,33 @@ inline Vec mode_product(const Vec& x, const Shape& dims, size_t k, const Vec& R)
   return y;
 }
 
-inline double norm(const Vec& v) {
-  double s = 0;
-  for (double x : v) s += x * x;
-  return std::sqrt(s);
-}
-
+// The optimizer of shampoo.h over parameters of these shapes (and names: diagonal_params), one
+// block at a time. Per block, by its kind:
+//   roots:     today's Shampoo (root_method eigh, qr, pseudo-inverse; newton is checked as eigh);
+//   corrected: eigenvalue-corrected Shampoo (SOAP): Adam in the factors' eigenbases;
+//   spectral:  the orthogonalised filtered gradient of an order-2 block (Muon);
+//   diagonal:  the grafting direction alone (diagonal_params; spectral's blocks of order != 2).
 class Reference {
  public:
-  Reference(const optim::ShampooConfig& cfg, const std::vector<Shape>& shapes) : cfg_(cfg) {
-    for (const Shape& s : shapes) {
-      const auto bl = optim::shampoo_blocking(s, cfg.max_preconditioner_dim);
+  Reference(const optim::ShampooConfig& cfg, const std::vector<Shape>& shapes, const std::vector<std::string>& names = {})
+      : cfg_(cfg) {
+    const std::string pre(name_of(cfg.preconditioner));
+    for (size_t pi = 0; pi < shapes.size(); ++pi) {
+      const Shape& s = shapes[pi];
+      bool diagonal = false;
+      for (const std::string& d : cfg.diagonal_params)
+        diagonal = diagonal || (pi < names.size() && names[pi].find(d) != std::string::npos);
+      const auto bl = pre == "spectral" ? spectral_blocking(s, cfg.max_preconditioner_dim)
+                                        : optim::shampoo_blocking(s, cfg.max_preconditioner_dim);
       std::vector<Block> blocks;
       const Shape st = strides(bl.merged);
       for (size_t i = 0; i < bl.block_shapes.size(); ++i) {
         Block b;
         b.dims = bl.block_shapes[i];
+        b.kind = diagonal                ? Kind::diagonal
+                 : pre == "spectral"     ? (b.dims.size() == 2 ? Kind::spectral : Kind::diagonal)
+                 : pre == "root"         ? Kind::roots
+                                         : Kind::corrected;
         const int64_t n = shape_numel(b.dims);
         for (int64_t e = 0; e < n; ++e) {
           const auto idx = unravel(e, b.dims);
@@ -250,14 +436,16 @@ class Reference {
         b.M.assign(size_t(n), 0.0);
         b.A.assign(size_t(n), 0.0);
         b.Mom.assign(size_t(n), 0.0);
+        b.V.assign(size_t(n), 0.0);
         blocks.push_back(std::move(b));
       }
       params_.push_back(std::move(blocks));
     }
-    // Root phases (root_spread): by the blocks' root costs, in parameter order.
+    // Root phases (root_spread): by the blocks' root costs, in parameter order; a block without
+    // factors (diagonal, spectral) costs nothing, as a scalar.
     std::vector<Shape> dims;
     for (const auto& blocks : params_)
-      for (const Block& b : blocks) dims.push_back(b.dims);
+      for (const Block& b : blocks) dims.push_back(b.kind == Kind::roots || b.kind == Kind::corrected ? b.dims : Shape{});
     const std::vector<int> phases = optim::shampoo_root_phases(dims, cfg.root_spread);
     size_t i = 0;
     for (auto& blocks : params_)
@@ -270,6 +458,13 @@ class Reference {
     // distributed_shampoo.py: (step % frequency == 0 and step > start) or step == start.
     const int64_t f = cfg_.precondition_frequency, shift = f / cfg_.root_spread;
     const bool precond = t >= start;
+    // factor_update_every K (Google's statistics_compute_steps; a departure from Meta): the factors
+    // take the gradients of steps 1, K + 1, 2K + 1, ... only; their bias correction counts those.
+    const int64_t K_every = cfg_.factor_update_every;
+    const bool update_factors = (t - 1) % K_every == 0;
+    const double u = double((t - 1) / K_every + 1);
+    const double corr = cfg_.use_bias_correction && cfg_.beta2 < 1 ? 1 / (1 - std::pow(cfg_.beta2, u)) : 1.0;
+    const std::string gm(name_of(cfg_.grafting)), method(name_of(cfg_.root_method));
     for (size_t p = 0; p < params_.size(); ++p) {
       Vec dir(values[p].size(), 0.0);
       for (Block& b : params_[p]) {
@@ -279,27 +474,45 @@ class Reference {
         const bool l2 = name_of(cfg_.weight_decay_type) == "l2";
         if (l2)  // L2: G += wd W before the statistics, grafting and filtering
           for (size_t e = 0; e < n; ++e) g[e] += cfg_.weight_decay * w[e];
-        for (size_t k = 0; k < K; ++k) {
-          const Vec gk = unfold_gram(g, b.dims, k);
-          for (size_t i = 0; i < gk.size(); ++i)
-            b.F[k][i] = cfg_.beta2 == 1 ? b.F[k][i] + gk[i] : cfg_.beta2 * b.F[k][i] + (1 - cfg_.beta2) * gk[i];
-        }
+        const bool factored = b.kind == Kind::roots || b.kind == Kind::corrected;
+        if (factored && update_factors)
+          for (size_t k = 0; k < K; ++k) {
+            const Vec gk = unfold_gram(g, b.dims, k);
+            for (size_t i = 0; i < gk.size(); ++i)
+              b.F[k][i] = cfg_.beta2 == 1 ? b.F[k][i] + gk[i] : cfg_.beta2 * b.F[k][i] + (1 - cfg_.beta2) * gk[i];
+          }
         // The reference's rule, phase j shifted by j floor(f / root_spread).
-        if (t == start || (t > start && (t - b.phase * shift) % f == 0)) {
+        const bool root_step = t == start || (t > start && (t - b.phase * shift) % f == 0);
+        if (factored && root_step) {
           const double pe = cfg_.exponent_override > 0 ? cfg_.exponent_override : 2.0 * K;
-          const double corr = cfg_.use_bias_correction && cfg_.beta2 < 1 ? 1 / (1 - std::pow(cfg_.beta2, double(t))) : 1.0;
           for (size_t k = 0; k < K; ++k) {
             Vec Fc = b.F[k];
             for (double& x : Fc) x *= corr;
-            bool ok = true;
             const int bk = static_cast<int>(b.dims[k]);
+            if (b.kind == Kind::corrected) {
+              // The eigenbasis of F / bc (of F / bc + eps I: the same vectors), as Meta's
+              // EigenvalueCorrectedShampooKroneckerFactorsUnwrapped._amortized_computation: eigh
+              // (columns by ascending eigenvalue, Meta's order), or qr as for roots: the first
+              // time a full eigh, then warm-started QR iterations, columns by DESCENDING estimate
+              // (dtk's order, shampoo.h; Meta's QR path sorts them ascending and starts from I).
+              if (method == "qr") {
+                qr_basis(Fc, bk, b.Q[k], cfg_.epsilon, cfg_.qr_max_iterations, cfg_.qr_tolerance, true);
+              } else {
+                Vec ev;
+                jacobi_eigh(Fc, bk, ev, b.Q[k]);
+              }
+              continue;
+            }
+            bool ok = true;
             Vec Qk = b.Q[k];
-            Vec R = name_of(cfg_.root_method) == "qr"
-                        ? qr_root(Fc, bk, Qk, cfg_.epsilon, pe, cfg_.qr_max_iterations, cfg_.qr_tolerance, true, &ok)
+            Vec R = method == "qr" ? qr_root(Fc, bk, Qk, cfg_.epsilon, pe, cfg_.qr_max_iterations, cfg_.qr_tolerance, true, &ok)
+                    : method == "pseudo-inverse"
+                        ? pseudo_inverse_root(Fc, bk, pe, cfg_.rank_rtol, cfg_.rank_atol, cfg_.factor_dtype, &ok)
                         : inverse_root(Fc, bk, cfg_.epsilon, pe, &ok);
             b.Q[k] = ok ? Qk : Vec(Qk.size(), 0.0);  // a failed block restarts from a full eigh
             if (ok) b.R[k] = R;
           }
+          if (b.kind == Kind::corrected) b.has_basis = true;
         }
         Vec Mh = g;
         if (cfg_.beta1 > 0) {
@@ -309,7 +522,6 @@ class Reference {
             for (double& x : Mh) x /= 1 - std::pow(cfg_.beta1, double(t));
         }
         Vec Dg = Mh;
-        const std::string gm(name_of(cfg_.grafting));
         if (gm == "adagrad" || gm == "rmsprop" || gm == "adam") {
           const double bg = cfg_.grafting_beta2;
           for (size_t e = 0; e < n; ++e) {
@@ -318,10 +530,43 @@ class Reference {
             Dg[e] = Mh[e] / (std::sqrt(a) + cfg_.grafting_epsilon);
           }
         }
-        Vec D = Dg;
-        if (precond) {
-          Vec P = Mh;
+        // P, the block's ungrafted direction, where it has one.
+        bool has_p = false;
+        Vec P;
+        if (b.kind == Kind::roots && precond) {
+          P = Mh;
           for (size_t k = 0; k < K; ++k) P = mode_product(P, b.dims, k, b.R[k]);
+          has_p = true;
+        } else if (b.kind == Kind::corrected) {
+          // SOAP: the corrected second moment of the raw gradient rotated into the bases (Q^T on
+          // every mode; I before the first basis), every step, with this step's bases (Meta's
+          // EigenvalueCorrectedShampooPreconditionerList.update_preconditioners).
+          const double b2 = cfg_.ec_beta2 < 0 ? cfg_.beta2 : cfg_.ec_beta2;
+          const Vec Gr = rotate(g, b, false);
+          for (size_t e = 0; e < n; ++e)
+            b.V[e] = b2 == 1 ? b.V[e] + Gr[e] * Gr[e] : b2 * b.V[e] + (1 - b2) * Gr[e] * Gr[e];
+          if (precond || gm == "none") {  // before the start: the grafting direction, if any
+            const double bc2 = cfg_.use_bias_correction && b2 < 1 ? 1 - std::pow(b2, double(t)) : 1.0;
+            const double e2 = cfg_.ec_epsilon < 0 ? cfg_.epsilon : cfg_.ec_epsilon;
+            Vec Pr = rotate(Mh, b, false);
+            for (size_t e = 0; e < n; ++e) Pr[e] /= std::sqrt(b.V[e] / bc2) + e2;
+            P = rotate(Pr, b, true);
+            has_p = true;
+          }
+        } else if (b.kind == Kind::spectral) {
+          // Muon: the orthogonalised block, scaled by its shape (Meta's scale_by_dims_fn(d_in = c,
+          // d_out = r)); dtk's default scale is Muon's max(1, r/c)^(1/2) (Meta's default: 1).
+          const int r = static_cast<int>(b.dims[0]), c = static_cast<int>(b.dims[1]);
+          P = name_of(cfg_.spectral_method) == "exact" ? orth_exact(Mh, r, c) : newton_schulz(Mh, r, c, cfg_.newton_schulz_steps);
+          const std::string sc(name_of(cfg_.spectral_scale));
+          const double scale = sc == "muon"  ? std::sqrt(std::max(1.0, double(r) / double(c)))
+                               : sc == "rms" ? 0.2 * std::sqrt(double(std::max(r, c)))
+                                             : 1.0;
+          for (double& x : P) x *= scale;
+          has_p = true;
+        }
+        Vec D = Dg;
+        if (has_p) {
           if (gm == "none") {
             D = P;
           } else {
@@ -343,14 +588,34 @@ class Reference {
     }
   }
 
+  // The state of block i of parameter p: its factor k, its eigenbasis k (eigenvalue-corrected;
+  // zero before the first), its corrected second moment.
+  const Vec& factor(size_t p, size_t i, size_t k) const { return params_[p][i].F[k]; }
+  const Vec& basis(size_t p, size_t i, size_t k) const { return params_[p][i].Q[k]; }
+  const Vec& corrected_second_moment(size_t p, size_t i) const { return params_[p][i].V; }
+  size_t blocks(size_t p) const { return params_[p].size(); }
+  const Shape& block_dims(size_t p, size_t i) const { return params_[p][i].dims; }
+
  private:
+  enum class Kind { roots, corrected, spectral, diagonal };
   struct Block {
     Shape dims;
+    Kind kind = Kind::roots;
     std::vector<int64_t> elems;
-    std::vector<Vec> F, R, Q;  // Q: the eigenbases (root_method qr)
-    Vec M, A, Mom;
+    std::vector<Vec> F, R, Q;  // Q: the eigenbases (root_method qr; eigenvalue-corrected)
+    bool has_basis = false;    // eigenvalue-corrected: Q computed (else the rotations use I)
+    Vec M, A, Mom, V;          // V: the corrected second moment
     int phase = 0;
   };
+  // x rotated into the block's eigenbases (x times Q_k^T along every dim k) or back (times Q_k).
+  static Vec rotate(Vec x, const Block& b, bool back) {
+    if (!b.has_basis) return x;
+    for (size_t k = 0; k < b.dims.size(); ++k) {
+      const int bk = static_cast<int>(b.dims[k]);
+      x = mode_product(x, b.dims, k, back ? b.Q[k] : transpose(b.Q[k], bk, bk));
+    }
+    return x;
+  }
   optim::ShampooConfig cfg_;
   std::vector<std::vector<Block>> params_;
   int64_t t_ = 0;

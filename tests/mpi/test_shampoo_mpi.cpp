@@ -1,9 +1,11 @@
 // Distributed Shampoo over 1, 2 and 4 ranks: the blocks spread over the ranks (each held once),
-// the same weights as a world of one (bit for bit) and as the f64 reference, for trainer groups
-// and bf16 directions too; the state saved by block with its owner (ckpt::save_state) restores on
-// another world size and continues exactly; a NaN factor stops every rank with the same error.
+// the same weights as a world of one (bit for bit) and as the f64 reference, for trainer groups,
+// bf16 directions and every preconditioner of the family too; the state saved by block with its
+// owner (ckpt::save_state) restores on another world size and continues exactly; a NaN factor
+// stops every rank with the same error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -81,6 +83,12 @@ std::vector<Vec> values(const RunState& r) {
 
 using test::shared_tmpdir;
 
+// A label as a file name: spaces as underscores.
+std::string file_tag(std::string label) {
+  std::replace(label.begin(), label.end(), ' ', '_');
+  return label;
+}
+
 int sum_over_ranks(comm::Communicator& c, int v) {
   c.all_reduce({&v, 1, DType::i32, {}}, {&v, 1, DType::i32, {}}, comm::ReduceOp::sum, comm::Mode::sync);
   return v;
@@ -105,18 +113,55 @@ TEST(ShampooMpi, WorldSizeInvariance) {
     std::string dtype;
     std::string root = "eigh";
     int64_t spread = 1;
+    void (*tweak)(ShampooConfig&) = nullptr;
+    // Against the f64 reference too (not qr, nor eigenvalue-corrected: their first bases, at step
+    // 2, eigendecompose factors of low rank, whose null-space basis is the solver's choice;
+    // Shampoo.SeveralStepsMatchReference and Shampoo.FamilyMatchesReference check them from
+    // factors of full rank).
+    bool against_reference = true;
+    double tol = 1e-5;  // relative to the distance moved
   };
-  std::vector<Variant> variants = {{"one group", 0, "f32"},
-                                   {"bf16 directions", 0, "bf16"},
-                                   {"groups of 1", 1, "f32"},
-                                   {"qr roots, spread 2", 0, "f32", "qr", 2}};
-  if (n == 4) variants.push_back({"groups of 2", 2, "f32"});
+  auto ec = [](ShampooConfig& c) { c.preconditioner = Preconditioner::eigenvalue_corrected; };
+  auto spectral = [](ShampooConfig& c) {
+    c.preconditioner = Preconditioner::spectral;
+    c.precondition_frequency = 100;
+    c.start_preconditioning_step = -1;
+  };
+  std::vector<Variant> variants = {
+      {"one group", 0, "f32"},
+      {"bf16 directions", 0, "bf16"},
+      {"groups of 1", 1, "f32"},
+      {"qr roots, spread 2", 0, "f32", "qr", 2, nullptr, false},
+      {"eigenvalue-corrected", 0, "f32", "eigh", 1, ec, false},
+      {"eigenvalue-corrected, qr, spread 2, bf16", 0, "bf16", "qr", 2, ec, false},
+      {"eigenvalue-corrected, groups of 1", 1, "f32", "eigh", 1, ec, false},
+      // Muon's use: embeddings and the output layer diagonal (AdamW-like), the rest spectral.
+      {"spectral, diagonal embeddings and output", 0, "f32", "eigh", 1, [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 100; c.start_preconditioning_step = -1;
+         c.diagonal_params = {"embeddings", "output"}; }},
+      {"spectral exact, bf16", 0, "bf16", "eigh", 1, [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 1; c.start_preconditioning_step = -1;
+         c.spectral_method = SpectralMethod::exact; }},
+      {"spectral, groups of 1", 1, "f32", "eigh", 1, spectral},
+      {"pseudo-inverse roots", 0, "f32", "pseudo-inverse", 1, [](ShampooConfig& c) { c.epsilon = 0; }},
+      // Roots at 2 and 4 of factors updated at 1 and 4 only: rank-deficient, their null spaces
+      // eps plus f32 rounding, amplified by eps^(-1/4): 1.1e-5 measured.
+      {"factor update every 3, diagonal conv", 0, "f32", "eigh", 1, [](ShampooConfig& c) {
+         c.factor_update_every = 3; c.diagonal_params = {"conv"}; }, true, 5e-5},
+  };
+  if (n == 4) {
+    variants.push_back({"groups of 2", 2, "f32"});
+    variants.push_back({"eigenvalue-corrected, groups of 2", 2, "f32", "eigh", 1, ec, false});
+  }
+  std::vector<std::string> names;
+  for (const auto& sp : kSpecs) names.push_back(sp.first);
   for (const auto& v : variants) {
     ShampooConfig c = base_config();
     c.trainers_per_group = v.group;
     c.communication_dtype = parse_enum<DType>(v.dtype, "communication_dtype");
     c.root_method = parse_enum<RootMethod>(v.root, "root_method");
     c.root_spread = v.spread;
+    if (v.tweak) v.tweak(c);
     RunState a = make_run(), b = make_run();
     auto dist = make_shampoo(c, a.params, *world);
     ShampooConfig cl = c;
@@ -125,11 +170,8 @@ TEST(ShampooMpi, WorldSizeInvariance) {
     steps(*dist, a, 0, 6);
     steps(*one, b, 0, 6);
     EXPECT_EQ(values(a), values(b)) << v.label << " on " << n << " ranks";
-    // Against the f64 reference (not qr here: its first root, at step 2, eigendecomposes factors
-    // of low rank, whose null-space basis is the solver's choice; Shampoo.SeveralStepsMatchReference
-    // checks qr from factors of full rank).
-    if (v.dtype == "f32" && v.root == "eigh") {
-      shampoo_ref::Reference ref(c, a.shapes);
+    if (v.dtype == "f32" && v.against_reference) {
+      shampoo_ref::Reference ref(c, a.shapes, names);
       std::vector<Vec> want = a.start;
       for (int s = 0; s < 6; ++s) ref.step(want, grads_at(a.shapes, s), 0.05);
       double err = 0, moved = 0;
@@ -139,25 +181,121 @@ TEST(ShampooMpi, WorldSizeInvariance) {
           err = std::max(err, std::fabs(got[i][e] - want[i][e]));
           moved = std::max(moved, std::fabs(want[i][e] - a.start[i][e]));
         }
-      EXPECT_LT(err / moved, 1e-5) << v.label;
+      EXPECT_LT(err / moved, v.tol) << v.label;
     }
-    // Each block is held by one rank of each group; group 0 writes it.
+    // Each block is held by one rank of each group; group 0 writes it (every block has a graft).
+    auto is_graft = [](const std::string& name) { return name.size() > 6 && name.substr(name.size() - 6) == "/graft"; };
     int held = 0, written = 0;
     for (const PlacedTensor& t : dist->state())
-      if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "factor0") {
+      if (is_graft(t.name)) {
         ++held;
         if (t.placement == Placement::owned && t.owner == world->rank()) ++written;
         else EXPECT_EQ(t.placement, Placement::replicated) << t.name;  // a copy in another group
       }
     int blocks = 0;
-    for (const PlacedTensor& t : one->state())
-      if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "factor0") ++blocks;
+    for (const PlacedTensor& t : one->state()) blocks += is_graft(t.name);
     const int groups = v.group == 0 ? 1 : n / v.group;
     EXPECT_EQ(sum_over_ranks(*world, held), blocks * groups) << v.label;
     EXPECT_EQ(sum_over_ranks(*world, written), blocks) << v.label;
     if (v.group == 0 && n > 1) {
-      EXPECT_GT(held, 0) << "rank " << world->rank() << " owns no block";
+      EXPECT_GT(held, 0) << "rank " << world->rank() << " owns no block (" << v.label << ")";
     }
+  }
+}
+
+// ---------------------------------------------------------------------------- sharded
+
+// fsdp-train's placement: each rank holds dim-0 rows of every parameter (split as Fsdp splits
+// them: ceil(rows / n) each, the last ranks possibly none), and the optimizer over the shard group
+// gathers the gradients (and weights) so that its blocks are the whole parameters'. Every rank's
+// rows after 6 steps: bit for bit those of the replicated optimizer in a world of one, for every
+// preconditioner; its state is the replicated optimizer's, each block written once.
+TEST(ShampooMpi, ShardedParametersEqualReplicated) {
+  auto world = Runtime::get().world();
+  auto local = comm::make_local_communicator();
+  const int rank = world->rank(), n = world->size();
+  auto ec = [](ShampooConfig& c) { c.preconditioner = Preconditioner::eigenvalue_corrected; };
+  auto spectral = [](ShampooConfig& c) {
+    c.preconditioner = Preconditioner::spectral;
+    c.precondition_frequency = 100;
+    c.start_preconditioning_step = -1;
+  };
+  const std::vector<std::pair<std::string, void (*)(ShampooConfig&)>> variants = {
+      {"roots", [](ShampooConfig&) {}},
+      {"roots, qr, spread 2, bf16", [](ShampooConfig& c) {
+         c.root_method = RootMethod::qr; c.root_spread = 2; c.communication_dtype = DType::bf16; }},
+      {"eigenvalue-corrected", ec},
+      {"eigenvalue-corrected qr, l2 wd", [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::eigenvalue_corrected; c.root_method = RootMethod::qr;
+         c.weight_decay_type = WeightDecayType::l2; }},
+      {"spectral", spectral},
+      {"spectral exact, diagonal embeddings", [](ShampooConfig& c) {
+         c.preconditioner = Preconditioner::spectral; c.precondition_frequency = 100; c.start_preconditioning_step = -1;
+         c.spectral_method = SpectralMethod::exact; c.diagonal_params = {"embeddings"}; }},
+      {"pseudo-inverse, factor update every 2", [](ShampooConfig& c) {
+         c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; c.factor_update_every = 2; }},
+  };
+  // Rows of dim 0 per rank, as Fsdp::layout splits them.
+  auto split = [&](const Shape& s) {
+    Rows r{s, {}, {}, rank};
+    const int64_t pad = (s[0] + n - 1) / n;
+    for (int q = 0; q < n; ++q) {
+      const int64_t o = std::min(s[0], q * pad);
+      r.offsets.push_back(o);
+      r.lengths.push_back(std::min(s[0], o + pad) - o);
+    }
+    return r;
+  };
+  auto rows_of = [](const Vec& v, const Shape& s, int64_t o, int64_t len) {
+    const int64_t cols = shape_numel(s) / s[0];
+    return Vec(v.begin() + o * cols, v.begin() + (o + len) * cols);
+  };
+  for (const auto& [label, tweak] : variants) {
+    ShampooConfig c = base_config();
+    tweak(c);
+    RunState full = make_run();
+    auto one = make_shampoo(c, full.params, *local);
+    steps(*one, full, 0, 6);
+    // This rank's shards.
+    std::vector<nn::Param> params;
+    std::vector<Rows> rows;
+    for (size_t i = 0; i < kSpecs.size(); ++i) {
+      const Shape& s = kSpecs[i].second;
+      rows.push_back(split(s));
+      const int64_t o = rows.back().offsets[size_t(rank)], len = rows.back().lengths[size_t(rank)];
+      Shape ss = s;
+      ss[0] = len;
+      params.push_back({kSpecs[i].first, Tensor::from_doubles(rows_of(full.start[i], s, o, len), ss, DType::f32),
+                        Tensor::zeros(ss, DType::f32), 0});
+    }
+    auto dist = make_shampoo(c, params, *world, rows);
+    for (int t = 0; t < 6; ++t) {
+      const auto g = grads_at(full.shapes, t);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Rows& r = rows[i];
+        params[i].grad.copy_from(Tensor::from_doubles(rows_of(g[i], r.shape, r.offsets[size_t(rank)], r.lengths[size_t(rank)]),
+                                                      params[i].value.shape(), DType::f32));
+      }
+      dist->step(params, 0.05);
+    }
+    const auto want = values(full);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Rows& r = rows[i];
+      EXPECT_EQ(params[i].value.to_doubles(), rows_of(want[i], r.shape, r.offsets[size_t(rank)], r.lengths[size_t(rank)]))
+          << label << ": " << kSpecs[i].first << " on rank " << rank << " of " << n;
+    }
+    // The replicated optimizer's state: every tensor written once, by its owner.
+    std::map<std::string, Shape> names;
+    for (const PlacedTensor& t : one->state()) names[t.name] = t.value.shape();
+    int written = 0;
+    for (const PlacedTensor& t : dist->state()) {
+      EXPECT_TRUE(names.count(t.name)) << label << ": " << t.name;
+      if (names.count(t.name)) {
+        EXPECT_EQ(t.value.shape(), names.at(t.name)) << label << ": " << t.name;
+      }
+      if (t.name != "step") written += t.placement == Placement::owned && t.owner == rank;
+    }
+    EXPECT_EQ(sum_over_ranks(*world, written), static_cast<int>(names.size()) - 1) << label;
   }
 }
 
@@ -165,62 +303,72 @@ TEST(ShampooMpi, WorldSizeInvariance) {
 
 // N ranks save after 4 steps; a world of one restores and continues: the same weights as a world
 // of one that never stopped. Then the reverse: a world of one saves, N ranks (in one group, and
-// in groups of one) restore and continue.
+// in groups of one) restore and continue. For the root preconditioner, eigenvalue-corrected
+// Shampoo with qr bases (saved after its first bases, at 2 and 4: eigvecs and the corrected
+// second moment travel) and spectral descent.
 TEST(ShampooMpi, StateRestoresOnAnotherWorldSize) {
   auto world = Runtime::get().world();
   auto local = comm::make_local_communicator();
   const int rank = world->rank(), n = world->size();
   const fs::path dir = shared_tmpdir();
-  const ShampooConfig c = base_config();
+  std::vector<std::pair<std::string, ShampooConfig>> configs(3, {"roots", base_config()});
+  configs[1].first = "eigenvalue-corrected qr";
+  configs[1].second.preconditioner = Preconditioner::eigenvalue_corrected;
+  configs[1].second.root_method = RootMethod::qr;
+  configs[2].first = "spectral";
+  configs[2].second.preconditioner = Preconditioner::spectral;
+  configs[2].second.precondition_frequency = 100;
+  configs[2].second.start_preconditioning_step = -1;
+  for (const auto& [label, c] : configs) {
+    RunState ref = make_run();
+    auto oref = make_shampoo(c, ref.params, *local);
+    steps(*oref, ref, 0, 7);
+    const auto want = values(ref);
 
-  RunState ref = make_run();
-  auto oref = make_shampoo(c, ref.params, *local);
-  steps(*oref, ref, 0, 7);
-  const auto want = values(ref);
-
-  for (int group : {0, 1}) {
-    ShampooConfig cd = c;
-    cd.trainers_per_group = group;
-    // N ranks -> 1.
-    {
-      RunState a = make_run();
-      auto od = make_shampoo(cd, a.params, *world);
-      steps(*od, a, 0, 4);
-      ckpt::Metadata meta;
-      meta.world_size = n;
-      meta.step = 4;
-      const fs::path file = dir / ("n" + std::to_string(group) + ".h5");
-      ckpt::save_state(file, entries(*od, a), meta, *world);
-      RunState b = make_run();
-      for (auto& p : b.params) ops::fill(p.value, 0.0);
-      auto o1 = make_shampoo(c, b.params, *local);
-      auto e = entries(*o1, b);
-      ckpt::Reader r(file);
-      ckpt::load_state(r, e, 0, 1);
-      steps(*o1, b, 4, 7);
-      EXPECT_EQ(values(b), want) << "saved on " << n << " ranks (groups " << group << "), restored on 1";
-    }
-    // 1 -> N.
-    {
-      const fs::path file = dir / ("one" + std::to_string(group) + ".h5");
-      RunState a = make_run();
-      auto o1 = make_shampoo(c, a.params, *local);
-      steps(*o1, a, 0, 4);
-      if (rank == 0) {
+    for (int group : {0, 1}) {
+      ShampooConfig cd = c;
+      cd.trainers_per_group = group;
+      // N ranks -> 1.
+      {
+        RunState a = make_run();
+        auto od = make_shampoo(cd, a.params, *world);
+        steps(*od, a, 0, 4);
         ckpt::Metadata meta;
-        meta.world_size = 1;
+        meta.world_size = n;
         meta.step = 4;
-        ckpt::save_state(file, entries(*o1, a), meta, *local);
+        const fs::path file = dir / (file_tag(label) + "_n" + std::to_string(group) + ".h5");
+        ckpt::save_state(file, entries(*od, a), meta, *world);
+        RunState b = make_run();
+        for (auto& p : b.params) ops::fill(p.value, 0.0);
+        auto o1 = make_shampoo(c, b.params, *local);
+        auto e = entries(*o1, b);
+        ckpt::Reader r(file);
+        ckpt::load_state(r, e, 0, 1);
+        steps(*o1, b, 4, 7);
+        EXPECT_EQ(values(b), want) << label << ": saved on " << n << " ranks (groups " << group << "), restored on 1";
       }
-      world->barrier();
-      RunState b = make_run();
-      for (auto& p : b.params) ops::fill(p.value, 0.0);
-      auto od = make_shampoo(cd, b.params, *world);
-      auto e = entries(*od, b);
-      ckpt::Reader r(file);
-      ckpt::load_state(r, e, rank, n);
-      steps(*od, b, 4, 7);
-      EXPECT_EQ(values(b), want) << "saved on 1 rank, restored on " << n << " (groups " << group << ")";
+      // 1 -> N.
+      {
+        const fs::path file = dir / (file_tag(label) + "_one" + std::to_string(group) + ".h5");
+        RunState a = make_run();
+        auto o1 = make_shampoo(c, a.params, *local);
+        steps(*o1, a, 0, 4);
+        if (rank == 0) {
+          ckpt::Metadata meta;
+          meta.world_size = 1;
+          meta.step = 4;
+          ckpt::save_state(file, entries(*o1, a), meta, *local);
+        }
+        world->barrier();
+        RunState b = make_run();
+        for (auto& p : b.params) ops::fill(p.value, 0.0);
+        auto od = make_shampoo(cd, b.params, *world);
+        auto e = entries(*od, b);
+        ckpt::Reader r(file);
+        ckpt::load_state(r, e, rank, n);
+        steps(*od, b, 4, 7);
+        EXPECT_EQ(values(b), want) << label << ": saved on 1 rank, restored on " << n << " (groups " << group << ")";
+      }
     }
   }
   world->barrier();

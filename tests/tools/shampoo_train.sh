@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # shampoo-train end to end: learning, world-size invariance (1, 2, 4 ranks; trainer groups),
-# exact resume, resume on another world size (blocks reassigned), bad input.
+# exact resume, resume on another world size (blocks reassigned), the preconditioner family
+# (eigenvalue-corrected, spectral, pseudo-inverse roots, factor updates every K steps) likewise,
+# bad input.
 #   shampoo_train.sh MPIEXEC SHAMPOO_TRAIN SHARD_INSPECT
 set -u
 . "$(dirname "$0")/../common/train_lib.sh"
@@ -63,6 +65,48 @@ run $si diff q.h5 qr.h5
 run $si ls q.h5
 [ $rc = 0 ] && grep -q "eigvecs0" $tmp/o && ok "qr: eigenbases in the checkpoint" || bad "no eigvecs in the checkpoint" "$(head -20 $tmp/o)"
 
+# ---- the preconditioner family: 1, 2 and 4 ranks alike, resume on 4 ranks the 2 ranks' run,
+# its state in the checkpoint ----
+# (eigenvalue-corrected's epsilon 1e-8: Adam's; its bases are arbitrary within the degenerate
+# eigenspaces of rank-deficient factors, the embeddings' and norms', where rounding then
+# decides: those go diagonal. With one QR iteration per root step (soap) the bases are not
+# converged, and the order of their columns by estimated eigenvalue, which the positional second
+# moment follows, is decided by rounding for close eigenvalues: 7 steps at lr 3e-3 end up to
+# 1e-3 apart across world sizes, hence its tolerance; the optimizer itself, fed the same
+# gradients, is bit-identical on 1, 2 and 4 ranks (tests/mpi/test_shampoo_mpi.cpp). The
+# spectral runs have no root steps.)
+for c in "ec|--preconditioner eigenvalue-corrected --grafting none --ec-epsilon 1e-8 --diagonal-params norm,embeddings|corrected_second_moment eigvecs1" \
+         "soap|--preconditioner eigenvalue-corrected --root-method qr --root-spread 3 --ec-epsilon 1e-8 --diagonal-params norm,embeddings|corrected_second_moment eigvecs0|--rtol 1e-2 --atol 3e-3" \
+         "muon|--preconditioner spectral --grafting none --lr 2e-2 --diagonal-params embeddings,output --precondition-frequency 1 --direction-dtype bf16|filtered_grad" \
+         "svd|--preconditioner spectral --spectral-method exact --spectral-scale rms --precondition-frequency 1 --weight-decay 1e-2 --momentum 0.9 --nesterov|momentum" \
+         "pinv|--root-method pseudo-inverse --shampoo-epsilon 0 --rank-rtol 1e-6|root0" \
+         "every3|--factor-update-every 3|root0"; do
+  IFS='|' read -r name opts keys tol <<<"$c"
+  tol=${tol:---rtol 1e-3 --atol 1e-4}
+  # (--precondition-frequency 1 given again after $common's 3: the last one counts)
+  for n in 1 2 4; do run $mpiexec -n $n $st $common $opts --steps 7 --save p$name$n.h5; done
+  [ $rc = 0 ] || bad "$name on 4 ranks (exit $rc)" "$(cat $tmp/e)"
+  run $si diff p${name}1.h5 p${name}2.h5 model/ $tol; r2=$rc
+  run $si diff p${name}1.h5 p${name}4.h5 model/ $tol
+  [ $r2 = 0 ] && [ $rc = 0 ] && ok "$name: 1, 2 and 4 ranks alike" || bad "$name differs across world sizes" "$(cat $tmp/o)"
+  rm -rf pk; run $mpiexec -n 2 $st $common $opts --steps 7 --stop-at 4 --checkpoint-dir pk
+  run $mpiexec -n 4 $st $common $opts --steps 7 --resume pk --save pr$name.h5
+  [ $rc = 0 ] && [ ! -s $tmp/e ] && run $si diff p${name}2.h5 pr$name.h5 model/ $tol
+  [ $rc = 0 ] && ok "$name: 2 ranks' checkpoint resumes on 4 ranks, no warning" || bad "$name resume on 4" "$(cat $tmp/o)" "$(cat $tmp/e)"
+  run $si ls p${name}2.h5
+  for k in $keys; do grep -q "/$k " $tmp/o || bad "$name: no $k in the checkpoint" "$(grep shampoo $tmp/o | head -8)"; done
+done
+run $si ls pmuon2.h5
+grep -q "tok_embeddings.weight/block0/filtered_grad" $tmp/o && ! grep -q "/factor0 \|/root0 \|/graft " $tmp/o &&
+  ok "muon: no factors, no grafting state: the filtered gradients" || bad "muon state" "$(grep shampoo $tmp/o | head)"
+run $mpiexec -n 2 $st $common --preconditioner spectral --grafting none --lr 2e-2 --precondition-frequency 1 --steps 60 --metrics muon.jsonl
+[ $rc = 0 ] && python3 - muon.jsonl <<'PY' && ok "spectral (muon) learns" || bad "muon learning (exit $rc)" "$(cat $tmp/e)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
+assert rows[-1]["loss"] < 3.2
+PY
+
 # ---- adamw and sgd in the same loop ----
 run $st $common --steps 3 --optimizer adamw
 [ $rc = 0 ] && ok "--optimizer adamw" || bad "adamw (exit $rc)" "$(cat $tmp/e)"
@@ -74,6 +118,24 @@ expect2 "unknown root method" "root-method" $st $common --steps 2 --root-method 
 expect2 "a root spread above the frequency" "root_spread" $st $common --steps 2 --root-spread 4
 expect2 "a qr tolerance above 1" "qr-tolerance" $st $common --steps 2 --root-method qr --qr-tolerance 2
 expect2 "a start step before the frequency (the reference refuses it)" "start_preconditioning_step" $mpiexec -n 2 $st $common --steps 2 --precondition-frequency 4 --start-preconditioning-step 2
+# options that do not fit the preconditioner: one line naming both, exit 2 on every rank
+expect2 "a root method with spectral" "\-\-root-method qr does not fit \-\-preconditioner spectral" \
+  $mpiexec -n 2 $st $common --steps 2 --preconditioner spectral --root-method qr --precondition-frequency 1
+expect2 "a frequency with spectral" "\-\-precondition-frequency does not fit \-\-preconditioner spectral" \
+  $mpiexec -n 2 $st $common --steps 2 --preconditioner spectral
+expect2 "--exponent-override with eigenvalue-corrected" "\-\-exponent-override does not fit \-\-preconditioner eigenvalue-corrected" \
+  $mpiexec -n 2 $st $common --steps 2 --preconditioner eigenvalue-corrected --exponent-override 2
+expect2 "newton with eigenvalue-corrected" "\-\-root-method newton does not fit" \
+  $st $common --steps 2 --preconditioner eigenvalue-corrected --root-method newton
+expect2 "a Newton-Schulz count with root" "\-\-newton-schulz-steps does not fit \-\-preconditioner root" \
+  $st $common --steps 2 --newton-schulz-steps 3
+expect2 "--ec-beta2 with spectral" "\-\-ec-beta2 does not fit" $st $common --steps 2 --preconditioner spectral \
+  --precondition-frequency 1 --ec-beta2 0.9
+expect2 "a rank tolerance without the pseudo-inverse" "need \-\-root-method pseudo-inverse" $st $common --steps 2 --rank-rtol 1e-3
+expect2 "epsilon with the pseudo-inverse" "\-\-shampoo-epsilon 0.001 does not fit \-\-root-method pseudo-inverse" \
+  $st $common --steps 2 --root-method pseudo-inverse --shampoo-epsilon 1e-3
+expect2 "epsilon 0 without the pseudo-inverse" "\-\-shampoo-epsilon 0 needs" $st $common --steps 2 --shampoo-epsilon 0
+expect2 "an unknown preconditioner" "preconditioner" $st $common --steps 2 --preconditioner kfac
 run $st --help
 [ $rc = 0 ] && grep -q -- "--precondition-frequency" "$tmp/o" && ok "--help" || bad "--help"
 

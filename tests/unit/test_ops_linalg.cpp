@@ -761,5 +761,243 @@ TEST(LinalgInverseRoots, FailuresAndUsage) {
   EXPECT_THROW(ops::inverse_root(a2, 2, qr, o2), UsageError);  // inverse_root has no qr
 }
 
+// ---------------------------------------------------------------------------- pseudo-inverse
+
+// The pseudo-inverse root (Meta's PseudoInverseConfig) of Jacobi's eigendecomposition in f64:
+// w = eig(A), cutoff max(atol, rtol max(max w, 0)) (rtol < 0: n eps(t)), w_j^(-1/p) above it, 0
+// at or below it.
+Mat ref_pseudo_root(const Mat& a, int64_t n, double p, double rtol, double atol, DType t) {
+  Mat w, v;
+  ref_eigh(a, n, w, v);
+  const double rt = rtol >= 0 ? rtol : double(n) * (t == DType::f64 ? 0x1p-52 : 0x1p-23);
+  const double cut = std::max(atol, rt * std::max(w[size_t(n - 1)], 0.0));
+  Mat vd = v;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) vd[size_t(i * n + j)] *= w[size_t(j)] > cut ? std::pow(w[size_t(j)], -1 / p) : 0.0;
+  return matmul(vd, v, n, n, n, false, true);
+}
+
+ops::RootOptions pseudo_opts(double rtol = -1, double atol = 0) {
+  ops::RootOptions o = root_opts(ops::RootMethod::pseudo_inverse, 0);
+  o.rank_rtol = rtol;
+  o.rank_atol = atol;
+  return o;
+}
+
+// A = B B^T of rank k < n: the root vanishes on A's null space, and for p = 2 it is A^(+1/2):
+// R A R is the projector onto A's range; equal to the f64 reference in either dtype.
+TEST(LinalgInverseRoots, PseudoInverseOfRankDeficientMatrices) {
+  const int64_t B = 2, n = 9, k = 4;
+  for (DType t : kFloatTypes) {
+    Mat all;
+    std::vector<Mat> each;
+    for (int64_t bi = 0; bi < B; ++bi) {
+      const Mat b = random_values(size_t(n * k), 1700 + uint64_t(bi));
+      each.push_back(rounded(matmul(b, b, n, k, n, false, true), t));
+      all.insert(all.end(), each.back().begin(), each.back().end());
+    }
+    Tensor out = Tensor::empty({B, n, n}, t);
+    ASSERT_EQ(ops::inverse_roots(Tensor::from_doubles(all, {B, n, n}, t), 2, pseudo_opts(), out), std::vector<char>(size_t(B), 1));
+    const Mat x = out.to_doubles();
+    const double tol = t == DType::f64 ? 1e-9 : 2e-4;
+    for (int64_t bi = 0; bi < B; ++bi) {
+      const Mat& a = each[size_t(bi)];
+      const Mat r(x.begin() + bi * n * n, x.begin() + (bi + 1) * n * n);
+      EXPECT_LT(rel_err(r, ref_pseudo_root(a, n, 2, -1, 0, t)), tol) << dtype_name(t) << " batch " << bi;
+      Mat w, v;
+      ref_eigh(a, n, w, v);
+      Mat proj(size_t(n * n), 0.0);  // the projector onto the range: the k largest eigenvectors
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = n - k; c < n; ++c) proj[size_t(i * n + j)] += v[size_t(i * n + c)] * v[size_t(j * n + c)];
+      EXPECT_LT(rel_err(matmul(matmul(r, a, n, n, n), r, n, n, n), proj), tol * 10) << dtype_name(t);
+      for (int64_t c = 0; c < n - k; ++c) {  // a null vector z: R z = 0
+        Mat z(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) z[size_t(i)] = v[size_t(i * n + c)];
+        EXPECT_LT(max_abs(matmul(r, z, n, n, 1)), tol * 10) << dtype_name(t) << " null vector " << c;
+      }
+    }
+  }
+}
+
+// The cutoff: eigenvalues at or below max(atol, rtol max w) get 0 (no eps, no shift: a negative
+// rounding eigenvalue is cut too); rtol < 0 is n times the dtype's machine epsilon; the zero
+// matrix's pseudo-inverse root is 0 (not a failure).
+TEST(LinalgInverseRoots, PseudoInverseCutoff) {
+  auto diag_root = [](const std::vector<double>& d, DType t, const ops::RootOptions& o) {
+    const int64_t n = static_cast<int64_t>(d.size());
+    Mat a(size_t(n * n), 0.0);
+    for (int64_t i = 0; i < n; ++i) a[size_t(i * n + i)] = d[size_t(i)];
+    Tensor out = Tensor::empty({1, n, n}, t);
+    EXPECT_EQ(ops::inverse_roots(Tensor::from_doubles(a, {1, n, n}, t), 2, o, out), std::vector<char>{1});
+    const Mat x = out.to_doubles();
+    std::vector<double> diag(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) diag[size_t(i)] = x[size_t(i * n + i)];
+    return diag;
+  };
+  auto near = [](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * std::max(1.0, std::fabs(want[i]))) << what << " " << i;
+  };
+  const double s2 = 1 / std::sqrt(2.0), s05 = 1 / std::sqrt(0.5);
+  near(diag_root({4, 1e-3, 0.5}, DType::f64, pseudo_opts(-1, 1e-2)), {0.5, 0, s05}, "atol 1e-2");
+  near(diag_root({4, 1e-3, 0.5}, DType::f64, pseudo_opts(0.1, 0)), {0.5, 0, s05}, "rtol 0.1: cut 0.4");
+  near(diag_root({4, 1e-3, 0.5}, DType::f64, pseudo_opts(0.2, 0)), {0.5, 0, 0}, "rtol 0.2: cut 0.8");
+  near(diag_root({4, 1, 2}, DType::f64, pseudo_opts(-1, 1.0)), {0.5, 0, s2}, "at the cutoff: 0");
+  near(diag_root({-1e-3, 1, 4}, DType::f64, pseudo_opts()), {0, 1, 0.5}, "negative: cut, no shift");
+  // 1e-9 relative: above n eps(f64) (7e-16 * 2), below n eps(f32) (3.6e-7 * 2).
+  near(diag_root({1, 1e-9, 2}, DType::f64, pseudo_opts()), {1, 1 / std::sqrt(1e-9), s2}, "f64 default rtol");
+  near(diag_root({1, 1e-9, 2}, DType::f32, pseudo_opts()), {1, 0, s2}, "f32 default rtol");
+  near(diag_root({0, 0, 0}, DType::f64, pseudo_opts()), {0, 0, 0}, "zero matrix");
+  // Usage: no eps with the pseudo-inverse, atol >= 0; inverse_root has no pseudo-inverse.
+  Tensor a = Tensor::zeros({1, 3, 3}, DType::f64), out = Tensor::empty({1, 3, 3}, DType::f64);
+  ops::RootOptions bad = pseudo_opts();
+  bad.eps = 1e-6;
+  EXPECT_THROW(ops::inverse_roots(a, 2, bad, out), UsageError);
+  EXPECT_THROW(ops::inverse_roots(a, 2, pseudo_opts(-1, -1), out), UsageError);
+  Tensor a1 = Tensor::zeros({3, 3}, DType::f64), o1 = Tensor::empty({3, 3}, DType::f64);
+  EXPECT_THROW(ops::inverse_root(a1, 2, pseudo_opts(), o1), UsageError);
+}
+
+// ---------------------------------------------------------------------------- eigenbases
+
+// |Q1^T Q2| = I: the same columns up to sign.
+double basis_diff(const Mat& q1, const Mat& q2, int64_t n) {
+  Mat c = matmul(q1, q2, n, n, n, true, false);
+  for (double& x : c) x = std::fabs(x);
+  return max_diff(c, identity(n));
+}
+
+// Q^T A Q: diagonal (relative to max |A|), its diagonal in the given order.
+void expect_diagonalises(const Mat& q, const Mat& a, int64_t n, bool ascending, double tol, const std::string& what) {
+  const Mat b = matmul(matmul(q, a, n, n, n, true, false), q, n, n, n);
+  double off = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      if (i != j) off = std::max(off, std::fabs(b[size_t(i * n + j)]));
+  EXPECT_LT(off, tol * max_abs(a)) << what;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const double x = b[size_t(i * n + i)], y = b[size_t((i + 1) * n + i + 1)];
+    EXPECT_TRUE(ascending ? x <= y : x >= y) << what << ": diagonal " << i << " " << x << " " << y;
+  }
+  EXPECT_LT(rel_err(matmul(q, q, n, n, n, true, false), identity(n)), tol) << what << ": not orthonormal";
+}
+
+// eigh: Jacobi's eigenvectors, ascending; qr from a zero basis: a full eigh, columns by
+// descending eigenvalue; qr from a kept basis: qr_max_iterations QR iterations on A + eps I
+// (here one, against one Gram-Schmidt step in f64), then sorted by descending estimate; no
+// iteration once ||B - diag B||_F <= qr_tolerance ||B||_F (the basis stays as it is).
+TEST(LinalgEigenbases, EighAndWarmStartedQr) {
+  const int64_t B = 3, n = 8;
+  const double eps = 1e-3;
+  for (DType t : kFloatTypes) {
+    const double tol = t == DType::f64 ? 1e-10 : 2e-4;
+    Mat all, moved;
+    std::vector<Mat> each, each_moved;
+    for (int64_t bi = 0; bi < B; ++bi) {
+      each.push_back(rounded(random_spd(n, 1800 + uint64_t(bi)), t));
+      all.insert(all.end(), each.back().begin(), each.back().end());
+      Mat m = each.back();
+      const Mat d = random_values(size_t(n * n), 1900 + uint64_t(bi));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) m[size_t(i * n + j)] += 0.05 * (d[size_t(i * n + j)] + d[size_t(j * n + i)]);
+      each_moved.push_back(rounded(m, t));
+      moved.insert(moved.end(), each_moved.back().begin(), each_moved.back().end());
+    }
+    const Tensor a = Tensor::from_doubles(all, {B, n, n}, t), a2 = Tensor::from_doubles(moved, {B, n, n}, t);
+    ops::RootOptions o = root_opts(ops::RootMethod::eigh, eps);
+    Tensor basis = Tensor::empty({B, n, n}, t);
+    ASSERT_EQ(ops::eigenbases(a, o, basis), std::vector<char>(size_t(B), 1));
+    Mat q = basis.to_doubles();
+    for (int64_t bi = 0; bi < B; ++bi) {
+      const Mat qb(q.begin() + bi * n * n, q.begin() + (bi + 1) * n * n);
+      expect_diagonalises(qb, each[size_t(bi)], n, true, tol, "eigh " + std::string(dtype_name(t)));
+      Mat w, v;
+      ref_eigh(each[size_t(bi)], n, w, v);
+      EXPECT_LT(basis_diff(qb, v, n), tol * 10) << "eigh " << dtype_name(t);
+    }
+    // qr from a zero basis: a full eigh, descending.
+    o.method = ops::RootMethod::qr;
+    o.qr_max_iterations = 1;
+    o.qr_tolerance = 0;
+    Tensor kept = Tensor::zeros({B, n, n}, t);
+    ASSERT_EQ(ops::eigenbases(a, o, kept), std::vector<char>(size_t(B), 1));
+    const Mat q0 = kept.to_doubles();
+    for (int64_t bi = 0; bi < B; ++bi)
+      expect_diagonalises(Mat(q0.begin() + bi * n * n, q0.begin() + (bi + 1) * n * n), each[size_t(bi)], n, false, tol,
+                          "qr fresh " + std::string(dtype_name(t)));
+    // From it, on the moved matrices: one QR iteration.
+    ASSERT_EQ(ops::eigenbases(a2, o, kept), std::vector<char>(size_t(B), 1));
+    const Mat q1 = kept.to_doubles();
+    for (int64_t bi = 0; bi < B; ++bi) {
+      Mat am = each_moved[size_t(bi)];
+      for (int64_t i = 0; i < n; ++i) am[size_t(i * n + i)] += eps;
+      const Mat prev(q0.begin() + bi * n * n, q0.begin() + (bi + 1) * n * n);
+      Mat z = matmul(am, prev, n, n, n);  // Gram-Schmidt of the columns of (A + eps I) Q, in order
+      for (int64_t c = 0; c < n; ++c) {
+        for (int pass = 0; pass < 2; ++pass)
+          for (int64_t c2 = 0; c2 < c; ++c2) {
+            double d = 0;
+            for (int64_t i = 0; i < n; ++i) d += z[size_t(i * n + c2)] * z[size_t(i * n + c)];
+            for (int64_t i = 0; i < n; ++i) z[size_t(i * n + c)] -= d * z[size_t(i * n + c2)];
+          }
+        double nn = 0;
+        for (int64_t i = 0; i < n; ++i) nn += z[size_t(i * n + c)] * z[size_t(i * n + c)];
+        for (int64_t i = 0; i < n; ++i) z[size_t(i * n + c)] /= std::sqrt(nn);
+      }
+      // Sorted by descending diag(Z^T A Z) (stable).
+      const Mat bz = matmul(matmul(z, am, n, n, n, true, false), z, n, n, n);
+      std::vector<int64_t> order(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t x, int64_t y) { return bz[size_t(x * n + x)] > bz[size_t(y * n + y)]; });
+      Mat want(size_t(n * n));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < n; ++c) want[size_t(i * n + c)] = z[size_t(i * n + order[size_t(c)])];
+      const Mat got(q1.begin() + bi * n * n, q1.begin() + (bi + 1) * n * n);
+      EXPECT_LT(basis_diff(got, want, n), tol * 10) << "qr warm " << dtype_name(t) << " batch " << bi;
+      EXPECT_GT(basis_diff(got, prev, n), 1e-3) << "the iteration moved nothing";
+    }
+    // A basis that already diagonalises its matrix: no iteration under a tolerance.
+    Tensor exact = Tensor::zeros({B, n, n}, t);
+    ASSERT_EQ(ops::eigenbases(a2, o, exact), std::vector<char>(size_t(B), 1));  // full eigh of a2
+    const Mat before = exact.to_doubles();
+    o.qr_tolerance = 0.01;
+    o.qr_max_iterations = 5;
+    ASSERT_EQ(ops::eigenbases(a2, o, exact), std::vector<char>(size_t(B), 1));
+    EXPECT_EQ(exact.to_doubles(), before) << dtype_name(t);
+  }
+}
+
+// A matrix that fails (NaN) gets ok 0 and a zero basis (qr: its next call starts from a full
+// eigh); the others, where the solver runs them one at a time, keep theirs. Usage errors.
+TEST(LinalgEigenbases, FailuresAndUsage) {
+  const int64_t n = 5;
+  Mat all = random_spd(n, 2000);
+  Mat bad = random_spd(n, 2001);
+  bad[0] = std::nan("");
+  all.insert(all.end(), bad.begin(), bad.end());
+  const Tensor a = Tensor::from_doubles(all, {2, n, n}, DType::f64);
+  for (ops::RootMethod m : {ops::RootMethod::eigh, ops::RootMethod::qr}) {
+    Tensor basis = Tensor::zeros({2, n, n}, DType::f64);
+    const std::vector<char> ok = ops::eigenbases(a, root_opts(m, 1e-6), basis);
+    ASSERT_EQ(ok.size(), 2u);
+    EXPECT_EQ(ok[1], 0) << name_of(m);
+    for (int64_t bi = 0; bi < 2; ++bi)
+      if (!ok[size_t(bi)]) {
+        EXPECT_EQ(max_abs(basis.select(bi).to_doubles()), 0.0) << name_of(m) << " batch " << bi << " failed, not zeroed";
+      }
+  }
+  Tensor basis = Tensor::zeros({2, n, n}, DType::f64);
+  EXPECT_THROW(ops::eigenbases(a, root_opts(ops::RootMethod::newton, 1e-6), basis), UsageError);
+  EXPECT_THROW(ops::eigenbases(a, pseudo_opts(), basis), UsageError);
+  EXPECT_THROW(ops::eigenbases(a, root_opts(ops::RootMethod::eigh, -1), basis), UsageError);
+  Tensor b32 = Tensor::zeros({2, n, n}, DType::f32), b3 = Tensor::zeros({3, n, n}, DType::f64);
+  EXPECT_THROW(ops::eigenbases(a, root_opts(ops::RootMethod::eigh, 0), b32), UsageError);
+  EXPECT_THROW(ops::eigenbases(a, root_opts(ops::RootMethod::eigh, 0), b3), UsageError);
+  Tensor a2 = Tensor::zeros({n, n}, DType::f64), q2 = Tensor::zeros({n, n}, DType::f64);
+  EXPECT_THROW(ops::eigenbases(a2, root_opts(ops::RootMethod::eigh, 0), q2), UsageError);  // not a batch
+}
+
 }  // namespace
 }  // namespace dtk

@@ -36,14 +36,14 @@ double reduced(const Params& p, size_t i) {
 void same_place(const Counts&, const Params&, size_t* s, size_t* r) { *s = *r = 0; }
 
 const Collective kCollectives[] = {
-    {"allreduce", true, false, Layout::either, allreduce_factor, gran_one,
+    {"allreduce", true, false, Layout::either, true, allreduce_factor, gran_one,
      [](size_t count, int) { return Counts{count, count}; }, same_place,
      [](Communicator& c, const Buffer& s, const Buffer& r, const Params& p, Mode m) {
        return c.all_reduce(s, r, p.op, m);
      },
      [](const Params& p, const Counts&, size_t i) { return reduced(p, i); }},
 
-    {"allgather", false, false, Layout::either, spread_factor, gran_n,
+    {"allgather", false, false, Layout::either, true, spread_factor, gran_n,
      [](size_t count, int n) { return Counts{count / n, count}; },
      [](const Counts& c, const Params& p, size_t* s, size_t* r) { *s = p.rank * c.send, *r = 0; },
      [](Communicator& c, const Buffer& s, const Buffer& r, const Params&, Mode m) { return c.all_gather(s, r, m); },
@@ -51,7 +51,7 @@ const Collective kCollectives[] = {
        return input_value(p.dtype, static_cast<int>(i / c.send), i % c.send);
      }},
 
-    {"reducescatter", true, false, Layout::either, spread_factor, gran_n,
+    {"reducescatter", true, false, Layout::either, true, spread_factor, gran_n,
      [](size_t count, int n) { return Counts{count, count / n}; },
      [](const Counts& c, const Params& p, size_t* s, size_t* r) { *s = 0, *r = p.rank * c.recv; },
      [](Communicator& c, const Buffer& s, const Buffer& r, const Params& p, Mode m) {
@@ -59,12 +59,12 @@ const Collective kCollectives[] = {
      },
      [](const Params& p, const Counts& c, size_t i) { return reduced(p, p.rank * c.recv + i); }},
 
-    {"broadcast", false, true, Layout::inplace_only, one, gran_one,
+    {"broadcast", false, true, Layout::inplace_only, false, one, gran_one,
      [](size_t count, int) { return Counts{count, count}; }, same_place,
      [](Communicator& c, const Buffer&, const Buffer& r, const Params& p, Mode m) { return c.broadcast(r, p.root, m); },
      [](const Params& p, const Counts&, size_t i) { return input_value(p.dtype, p.root, i); }},
 
-    {"alltoall", false, false, Layout::either, spread_factor, gran_n,
+    {"alltoall", false, false, Layout::either, true, spread_factor, gran_n,
      [](size_t count, int) { return Counts{count, count}; }, same_place,
      [](Communicator& c, const Buffer& s, const Buffer& r, const Params&, Mode m) { return c.all_to_all(s, r, m); },
      [](const Params& p, const Counts& c, size_t i) {
@@ -72,7 +72,7 @@ const Collective kCollectives[] = {
        return input_value(p.dtype, static_cast<int>(i / block), p.rank * block + i % block);
      }},
 
-    {"sendrecv", false, false, Layout::separate_only, one, gran_one, [](size_t count, int) { return Counts{count, count}; },
+    {"sendrecv", false, false, Layout::separate_only, true, one, gran_one, [](size_t count, int) { return Counts{count, count}; },
      same_place,
      [](Communicator& c, const Buffer& s, const Buffer& r, const Params& p, Mode m) {
        const int next = (p.rank + 1) % p.nranks, prev = (p.rank - 1 + p.nranks) % p.nranks;

@@ -30,6 +30,11 @@ struct Collective {
   bool reduces;  // takes --redop
   bool rooted;   // takes --root
   Layout layout;
+  // Whether the rank that arrives last makes every other rank wait: directly (every rank's result
+  // needs every rank's input) or along the ring of back-to-back sendrecvs. Then, in an iteration,
+  // the rank that spent the least time in the operation is the one that arrived last (the
+  // straggler report). Not broadcast: the root waits for no one.
+  bool everyone_waits;
   double (*bus_factor)(int n);
   // The size-defining buffer holds `count` elements (a multiple of granularity(n)).
   size_t (*granularity)(int n);

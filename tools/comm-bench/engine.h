@@ -2,6 +2,7 @@
 // agree on the numbers across ranks, and report them (table or JSON) from rank 0.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "collectives.h"
@@ -10,6 +11,18 @@
 namespace dtk::bench {
 
 enum class TimeAgg { mean, min, max };
+
+// A testing aid (DTK_COMM_BENCH_DELAY_RANK=RANK:MICROSECONDS): rank `rank` sleeps `us` before
+// each timed iteration, as a rank slowed by its own work would, so that the straggler report has
+// a known straggler to name. rank -1: none.
+struct Delay {
+  int rank = -1;
+  double us = 0;
+};
+inline constexpr const char* kDelayEnv = "DTK_COMM_BENCH_DELAY_RANK";
+// The value of kDelayEnv (nullptr or empty: none) for a job of `nranks`; UsageError naming the
+// variable when it is not RANK:MICROSECONDS with a rank of the job and a non-negative time.
+Delay parse_delay(const char* value, int nranks);
 
 struct Options {
   std::vector<const Collective*> ops;
@@ -26,6 +39,8 @@ struct Options {
   TimeAgg agg = TimeAgg::mean;
   bool fit = false;                // fit time = alpha + bytes / bandwidth per collective (comm/cost.h)
   std::vector<uint64_t> predict;   // sizes to predict with the fit
+  std::string iters_json;          // every iteration's time on every rank, written by rank 0
+  Delay delay;
 };
 
 std::vector<uint64_t> sweep_sizes(const Options& o);

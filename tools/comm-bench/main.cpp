@@ -1,9 +1,11 @@
 // comm-bench: a collective-communication benchmark over MPI and NCCL (see man comm-bench).
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "dtk/cli/cli.h"
 #include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "engine.h"
 
@@ -12,7 +14,7 @@ using namespace dtk;
 
 struct Args {
   std::string op = "allreduce", min = "8", max = "64M", step, dtype = "f32", redop = "sum", backend = "auto",
-              device = "cpu", time = "mean";
+              device = "cpu", time = "mean", iters_json;
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, root = 0;
   bool inplace = false, json = false, async = false, fit = false;
@@ -56,6 +58,9 @@ cli::Program program(Args& a) {
                  "(least squares in relative error)");
     app.add_option("--predict", a.predict, "with --fit: predicted times at these sizes (comma-separated)")
         ->delimiter(',');
+    app.add_option("--iters-json", a.iters_json,
+                   "write every timed iteration's time on every rank to this JSON file (rank 0, at the end)")
+        ->type_name("FILE");
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     bench::Options o;
@@ -96,6 +101,15 @@ cli::Program program(Args& a) {
     else if (a.time == "max") o.agg = bench::TimeAgg::max;
     else fail_usage("unknown --time '" + a.time + "' (expected mean, min or max)");
 
+    if (!a.iters_json.empty()) {
+      if (o.async && o.device.is_cuda())
+        fail_usage("--iters-json does not fit --async --device cuda (the iterations queue up on the GPU, "
+                   "where the host's clock cannot tell them apart)");
+      // Checked on every rank, as --metrics is: rank 0 writes it, at the end.
+      check_output_file("--iters-json", a.iters_json);
+      o.iters_json = a.iters_json;
+    }
+    o.delay = bench::parse_delay(std::getenv(bench::kDelayEnv), rt.size());
     if (o.device.is_cuda()) cuda::require_gpu();
     if (o.backend == comm::Backend::nccl) {
       if (!o.device.is_cuda()) fail_usage("--backend nccl moves GPU buffers: add --device cuda");

@@ -37,7 +37,7 @@ cli::Program program(Args& a) {
     parallel::FsdpConfig& c = a.fsdp;
     train::add_options(app, o);
     app.remove_option(app.get_option("--bucket-size"));  // the replicated all-reduce's; FSDP buckets by --buckets
-    train::add_shampoo_options(app, a.shampoo, false);
+    train::add_shampoo_options(app, a.shampoo);
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
                   {DType::bf16, DType::f32})->group("Precision");
@@ -81,7 +81,8 @@ cli::Program program(Args& a) {
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
     // unless --metrics names a file).
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
-    train::Strategy s = train::strategy("fsdp-train", o, rt.size(), a.shampoo);
+    // Shampoo's blocks are split over the shard group (parallel/parallelism.h, optimizer_comm).
+    train::Strategy s = train::strategy("fsdp-train", o, rt.size() / c.replicate, a.shampoo);
     s.config = c;
     if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = s.optimizer_config;
     // The sharded placement: the model's parameters live in its shards.

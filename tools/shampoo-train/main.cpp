@@ -20,8 +20,8 @@ cli::Program program(Args& a) {
   p.description =
       "Data-parallel training with Distributed Shampoo (Shi et al., 2023): blocked Kronecker-factored "
       "preconditioning with grafting; each rank computes the inverse roots and search directions of its own "
-      "blocks, and one all-gather per step shares the directions. AdamW and SGD run in the same loop for "
-      "comparison.";
+      "blocks, and one all-gather per step shares the directions. --preconditioner eigenvalue-corrected (SOAP) "
+      "and spectral (Muon) use the same blocks. AdamW and SGD run in the same loop for comparison.";
   p.footer =
       train::metrics_help(train::MetricSource::loop) +
       "Exit status: 0 done, 1 a failure while training (a factor with NaN, four failed roots in a row), 2 bad usage "
@@ -30,7 +30,7 @@ cli::Program program(Args& a) {
       "--steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
-    train::add_shampoo_options(app, a.shampoo, true);
+    train::add_shampoo_options(app, a.shampoo);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     train::Options o = train::validate(a.train, rt.size());

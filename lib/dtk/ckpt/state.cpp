@@ -328,7 +328,7 @@ Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int 
       const std::string old = fmt::format("ranks/{}/{}", rank, e.legacy);
       if (!e.legacy.empty() && same_world && reader.contains(old)) {
         name = old;  // written before it was named by what it covers, as this rank's own state
-      } else if (e.resize == Resize::if_present && !same_world) {
+      } else if (e.resize == Resize::if_present) {
         out = Restored::fresh;
         continue;
       }

@@ -42,8 +42,8 @@ struct StateEntry {
 // How completely load_state restored a state: every entry as saved (or, per-rank state on
 // another number of ranks, by its exact Resize::mean); some per-rank state carried over by
 // a mean that is not exact (Resize::mean_approximate); some per-rank state left as it was
-// (Resize::fresh), or owned state not in a checkpoint of another number of ranks
-// (Resize::if_present). The worst over the entries.
+// (Resize::fresh), or owned state not in the checkpoint (Resize::if_present). The worst over
+// the entries.
 enum class Restored { exact, approximate, fresh };
 
 // A placed tensor (core/placed.h) as the entry that stores it: replicated, per rank, owned by
@@ -144,7 +144,7 @@ class StateWrite {
 // extra.state_ranks, else its world_size), a per-rank entry follows its `resize`: the mean of
 // ranks/<0..N-1>/<name> (summed in f64 in rank order, so every rank gets the same bits), or
 // left as it is (fresh); an owned Resize::if_present entry the checkpoint does not hold is left
-// as it is (fresh) there. Returns how completely it restored (Restored). Missing tensors and
+// as it is (fresh), on any number of ranks. Returns how completely it restored (Restored). Missing tensors and
 // shape or dtype mismatches are UsageErrors naming them.
 Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int rank, int world_size);
 

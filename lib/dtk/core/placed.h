@@ -39,10 +39,10 @@ enum class Placement { replicated, per_rank, owned, sharded };
 //                     later one: PowerSGD's and randomk's error feedback (compress/compressor.h)
 //   mean_approximate  the same where it is not exact (topk's and signum's error feedback: each
 //                     rank compresses its own M_r); ckpt::load_state reports it
-// and owned state that exists only on some numbers of ranks:
-//   if_present        restored by name where the checkpoint holds it; a checkpoint of another
-//                     number of ranks without it leaves it as it is (Shampoo's blocks cut from
-//                     shards: a block is in it when that shard count cut the same block)
+// and owned state that older checkpoints may lack:
+//   if_present        restored by name where the checkpoint holds it; a checkpoint without it
+//                     leaves it as it is (Shampoo's blocks of sharded parameters, which fsdp-train
+//                     before issue 32 cut from the shards under other names)
 // (Owned state otherwise must be in the checkpoint, on any number of ranks.)
 enum class Resize { fresh, mean, mean_approximate, if_present };
 

@@ -273,7 +273,7 @@ std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& b
   } else {
     // eigh(a): a + eps I has the same eigenvectors in the same (ascending) order.
     Tensor w = Tensor::empty({nb, b}, a.dtype(), a.device());
-    if (!solved([&] { eigh(a, w, basis); }, ok)) return ok;
+    if (!solved([&] { eigh(a, w, basis); }, ok)) fill(basis, 0.0);
   }
   if (count_nonfinite(basis) > 0)
     for (int64_t i = 0; i < nb; ++i)

@@ -1,6 +1,7 @@
 // Distributed Shampoo (shampoo.h). Layout of the work on one rank:
 //
-// The blocks this rank owns are grouped by block shape (std::map order: deterministic). A group
+// The blocks this rank owns are grouped by (diagonal or not, block shape) (std::map order:
+// deterministic). A group
 // keeps its state as batches ([B, b_k, b_k] factors and roots, [B, n] grafting / filtered /
 // momentum tensors), so that one batched GEMM (one batched eigendecomposition at root steps)
 // serves every block of the group; a group is processed in chunks of at most kChunkElements
@@ -8,7 +9,8 @@
 //
 // Every step, per chunk: the gradient blocks are gathered into a contiguous scratch (a device
 // gather through a precomputed index, or plain copies for blocks that are contiguous ranges of
-// their parameter); the factors are updated by batched GEMMs; the filtered gradient, the
+// their parameter; with sharded parameters from the gathered shards); the factors are updated
+// by batched GEMMs; the filtered gradient, the
 // grafting direction and (from the start step) the preconditioned direction are computed; the
 // final search direction is written straight into this rank's segment of the flat gathered
 // buffer. One all_gather_v of that buffer gives every rank all directions, in rank order; each
@@ -16,7 +18,8 @@
 //
 // Memory on every rank, beyond the owned state: the gathered buffer (4 bytes per parameter
 // element, plus 2 with bf16 communication) and the update indices (8 bytes per element of
-// parameters whose blocks are not contiguous ranges of them).
+// parameters whose blocks are not contiguous ranges of them; with sharded parameters, of the
+// rank's rows, and the gathered shards' 4 bytes per element and their index's 8).
 #include "dtk/optim/shampoo.h"
 
 #include <fmt/format.h>
@@ -135,6 +138,7 @@ class Shampoo final : public Optimizer {
     sharded_ = std::any_of(rows.begin(), rows.end(), [](const Rows& r) { return !r.offsets.empty(); });
     if (sharded_) rows_ = rows;
     cfg_.validate();
+    if (sharded_) check_shards(params, comm);
     start_ = cfg_.start_preconditioning_step == -1 ? cfg_.precondition_frequency : cfg_.start_preconditioning_step;
     fdtype_ = cfg_.factor_dtype;
     ec_beta2_ = cfg_.ec_beta2 < 0 ? cfg_.beta2 : cfg_.ec_beta2;
@@ -145,7 +149,9 @@ class Shampoo final : public Optimizer {
     const int world = comm.size(), rank = comm.rank();
     const int g = cfg_.trainers_per_group == 0 ? world : cfg_.trainers_per_group;
     if (g > world || world % g != 0)
-      fail_usage("shampoo: trainers_per_group {} must divide the world size {}", g, world);
+      fail_usage("shampoo: trainers_per_group {} must divide the {} ranks {}", g, world,
+                 sharded_ ? "that hold the parameters' shards" : "of the world");
+    shard_comm_ = &comm;
     if (g == world) {
       group_ = &comm;
     } else {
@@ -162,6 +168,7 @@ class Shampoo final : public Optimizer {
     build_layout();
     allocate_groups();
     build_updates(params);
+    if (sharded_) build_gather();
   }
 
   nlohmann::json config() const override { return cfg_; }
@@ -169,20 +176,13 @@ class Shampoo final : public Optimizer {
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;
     // A block's state: owned by its owner in group 0 (group-local rank = world rank there); a
-    // copy in another group is replicated (restored by name, never written). Blocks cut from
-    // shards are owned by this rank of the shard group, under names that say which elements they
-    // cover (build_blocks), and exist only for some shard counts: Resize::if_present.
+    // copy in another group is replicated (restored by name, never written).
     auto placed = [&](std::string name, const Tensor& t, bool symmetric, const BlockDesc& b) {
       PlacedTensor p{std::move(name), t, Placement::owned, b.owner, symmetric};
-      if (sharded_) {
-        p.owner = shard_rank_;
-        p.resize = Resize::if_present;
-        // Before block names, a shard's blocks were per rank, by their index in the shard.
-        p.legacy = fmt::format("shampoo/{}/block{}/{}", names_[static_cast<size_t>(b.param)], b.index,
-                               p.name.substr(b.prefix.size()));
-      } else if (!in_group0_) {
-        p.placement = Placement::replicated, p.owner = -1;
-      }
+      if (!in_group0_) p.placement = Placement::replicated, p.owner = -1;
+      // Checkpoints of older dtk held sharded parameters' blocks cut from the shards, which
+      // are not these: such a checkpoint leaves the optimizer fresh.
+      if (sharded_) p.resize = Resize::if_present;
       s.push_back(std::move(p));
     };
     for (size_t bi = 0; bi < blocks_.size(); ++bi) {
@@ -211,10 +211,10 @@ class Shampoo final : public Optimizer {
     if (params.size() != shapes_.size())
       fail_usage("shampoo: step got {} parameters, the optimizer was built for {}", params.size(), shapes_.size());
     for (size_t i = 0; i < params.size(); ++i)
-      if (params[i].value.shape() != shapes_[i] || params[i].grad.shape() != shapes_[i] ||
+      if (params[i].value.shape() != local_shapes_[i] || params[i].grad.shape() != local_shapes_[i] ||
           params[i].value.device() != device_ || params[i].grad.device() != device_)
         fail_usage("shampoo: parameter " + params[i].name + " is " + params[i].value.str() +
-                   ", the optimizer was built for f32" + shape_str(shapes_[i]) + " on " + device_.str());
+                   ", the optimizer was built for f32" + shape_str(local_shapes_[i]) + " on " + device_.str());
     if (!std::isfinite(lr)) fail_usage("shampoo: the learning rate is not finite");
     const int64_t t = ++*step_.ptr<int64_t>();
     const bool precond = t >= start_;
@@ -229,6 +229,10 @@ class Shampoo final : public Optimizer {
       root_step = root_step || due[static_cast<size_t>(j)];
     }
     nan_code_ = fatal_code_ = std::numeric_limits<int64_t>::max();
+    if (sharded_) {  // every block whole on its owner: the shards' gradients (and weights) gathered
+      gather_shards(params, false, gathered_grads_);
+      if (cfg_.weight_decay > 0) gather_shards(params, true, gathered_values_);
+    }
 
     for (auto& gr : groups_)
       for (int64_t c0 = 0; c0 < static_cast<int64_t>(gr.blocks.size()); c0 += gr.chunk)
@@ -256,6 +260,9 @@ class Shampoo final : public Optimizer {
       names_.push_back(p.name);
       shapes_.push_back(p.value.shape());
     }
+    local_shapes_ = shapes_;
+    for (size_t i = 0; i < rows_.size() && i < shapes_.size(); ++i)
+      if (!rows_[i].offsets.empty()) shapes_[i] = rows_[i].shape;  // blocks of the whole parameters
     step_ = Tensor::zeros({1}, DType::i64);
   }
 
@@ -267,19 +274,6 @@ class Shampoo final : public Optimizer {
       const bool named_diagonal = std::any_of(cfg_.diagonal_params.begin(), cfg_.diagonal_params.end(),
                                               [&](const std::string& d) { return params[pi].name.find(d) != std::string::npos; });
       merged_.push_back(bl.merged);
-      const bool shard = sharded_ && !rows_[pi].offsets.empty();
-      if (shard) shard_rank_ = rows_[pi].rank;
-      ShampooBlocking whole;
-      std::unordered_map<int64_t, size_t> whole_at;  // the whole parameter's blocks by first element
-      if (shard) {
-        whole = shampoo_blocking(rows_[pi].shape, cfg_.max_preconditioner_dim, spectral);
-        const Shape st = strides_of(whole.merged);
-        for (size_t i = 0; i < whole.block_shapes.size(); ++i) {
-          int64_t start = 0;
-          for (size_t d = 0; d < whole.offsets[i].size(); ++d) start += whole.offsets[i][d] * st[d];
-          whole_at.emplace(start, i);
-        }
-      }
       for (size_t i = 0; i < bl.block_shapes.size(); ++i) {
         BlockDesc b;
         b.param = static_cast<int>(pi);
@@ -302,7 +296,6 @@ class Shampoo final : public Optimizer {
           const Shape st = strides_of(bl.merged);
           for (size_t d = 0; d < k; ++d) b.start += b.offset[d] * st[d];
         }
-        if (shard) b.prefix = shard_block_prefix(params[pi].name, rows_[pi], bl.merged, b, whole, whole_at);
         if (!prefix_to_block_.emplace(b.prefix, static_cast<int>(blocks_.size())).second)
           fail_usage("shampoo: two parameters are named '" + params[pi].name + "'");
         sizes.push_back(b.numel);
@@ -329,27 +322,84 @@ class Shampoo final : public Optimizer {
     }
   }
 
-  // The name of a block cut from this rank's rows [o, o + l) of a parameter (shampoo.h): the
-  // whole parameter's "shampoo/<param>/block<I>/" when it is that block of the whole parameter's
-  // blocking (the same dims over the same elements in the same order: the same preconditioner
-  // as on any shard count that cuts it, and as the replicated optimizer's), else
-  // "shampoo/<param>/rows<o>-<o+l>/block<i>/", i its index in the shard's own blocking.
-  static std::string shard_block_prefix(const std::string& name, const Rows& r, const Shape& merged, const BlockDesc& b,
-                                        const ShampooBlocking& whole,
-                                        const std::unordered_map<int64_t, size_t>& whole_at) {
-    const int64_t o = r.offsets[static_cast<size_t>(r.rank)], l = r.lengths[static_cast<size_t>(r.rank)];
-    const int64_t row = r.shape.empty() || r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
-    if (const auto it = whole_at.find(o * row + b.start); it != whole_at.end() && whole.block_shapes[it->second] == b.dims) {
-      BlockDesc w;
-      w.dims = b.dims;
-      w.offset = whole.offsets[it->second];
-      std::vector<int64_t> mine, theirs;
-      block_elements(merged, b, mine);
-      block_elements(whole.merged, w, theirs);
-      for (int64_t& e : mine) e += o * row;
-      if (mine == theirs) return fmt::format("shampoo/{}/block{}/", name, it->second);
+  // Sharded parameters: every one sharded over comm, by rows, with this rank's index.
+  void check_shards(const std::vector<nn::Param>& params, const comm::Communicator& comm) const {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Rows* r = i < rows_.size() ? &rows_[i] : nullptr;
+      if (!r || r->offsets.empty())
+        fail_usage("shampoo: parameter {} is whole while others are sharded: shard every parameter or none", params[i].name);
+      if (static_cast<int>(r->offsets.size()) != comm.size() || r->rank != comm.rank() || r->lengths.size() != r->offsets.size())
+        fail_usage("shampoo: the shards of {} are over {} ranks (this one {}), the communicator has {} (this rank {})",
+                   params[i].name, r->offsets.size(), r->rank, comm.size(), comm.rank());
+      if (r->shape.empty() || params[i].value.shape().empty() ||
+          params[i].value.dim(0) != r->lengths[static_cast<size_t>(r->rank)])
+        fail_usage("shampoo: parameter {} {} is not its rows of {}", params[i].name, params[i].value.str(), shape_str(r->shape));
     }
-    return fmt::format("shampoo/{}/rows{}-{}/block{}/", name, o, o + l, b.index);
+  }
+
+  // The gather of the shards (sharded parameters): the packed buffer holds, rank after rank,
+  // that rank's rows of every parameter in order; gathered_at_[p][e] is where element e of the
+  // whole parameter p lies in it.
+  void build_gather() {
+    const int S = shard_comm_->size();
+    gather_counts_.assign(static_cast<size_t>(S), 0);
+    std::vector<std::vector<int64_t>> base(static_cast<size_t>(S));  // [rank][param]
+    int64_t pos = 0;
+    for (int q = 0; q < S; ++q) {
+      for (size_t p = 0; p < rows_.size(); ++p) {
+        base[static_cast<size_t>(q)].push_back(pos);
+        const Rows& r = rows_[p];
+        const int64_t row = r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
+        const int64_t n = r.lengths[static_cast<size_t>(q)] * row;
+        pos += n;
+        gather_counts_[static_cast<size_t>(q)] += static_cast<size_t>(n);
+      }
+    }
+    gathered_grads_ = Tensor::empty({std::max<int64_t>(pos, 1)}, DType::f32, device_);
+    if (cfg_.weight_decay > 0) gathered_values_ = Tensor::empty({std::max<int64_t>(pos, 1)}, DType::f32, device_);
+    gathered_at_.resize(rows_.size());
+    for (size_t p = 0; p < rows_.size(); ++p) {
+      const Rows& r = rows_[p];
+      const int64_t row = r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
+      auto& at = gathered_at_[p];
+      at.resize(static_cast<size_t>(shape_numel(r.shape)));
+      for (int q = 0; q < S; ++q) {
+        const int64_t o = r.offsets[static_cast<size_t>(q)] * row, n = r.lengths[static_cast<size_t>(q)] * row;
+        for (int64_t e = 0; e < n; ++e) at[static_cast<size_t>(o + e)] = base[static_cast<size_t>(q)][p] + e;
+      }
+    }
+    // Every run of blocks reads the packed buffer through an index.
+    for (auto& gr : groups_)
+      for (auto& run : gr.runs) {
+        std::vector<int64_t> idx;
+        idx.reserve(static_cast<size_t>((run.b1 - run.b0) * gr.n));
+        for (int64_t q = run.b0; q < run.b1; ++q)
+          block_elements(merged_[static_cast<size_t>(run.param)], blocks_[static_cast<size_t>(gr.blocks[static_cast<size_t>(q)])], idx);
+        for (int64_t& e : idx) e = gathered_at_[static_cast<size_t>(run.param)][static_cast<size_t>(e)];
+        run.index = upload_i64(idx, device_);
+      }
+    gathered_at_.clear();
+    gathered_at_.shrink_to_fit();
+  }
+
+  // This rank's rows of every parameter's gradient (values: weight) packed, then gathered from
+  // every rank of the shard group into out.
+  void gather_shards(const std::vector<nn::Param>& params, bool values, Tensor& out) {
+    const int me = shard_comm_->rank();
+    int64_t at = 0;
+    for (int q = 0; q < me; ++q) at += static_cast<int64_t>(gather_counts_[static_cast<size_t>(q)]);
+    for (const nn::Param& p : params) {
+      const Tensor src = (values ? p.value : p.grad).flatten();
+      copy_into(out.slice(at, at + src.numel()), src);
+      at += src.numel();
+    }
+    if (shard_comm_->size() == 1) return;
+    const size_t total = std::accumulate(gather_counts_.begin(), gather_counts_.end(), size_t{0});
+    comm::Buffer all{out.data(), total, DType::f32, device_};
+    size_t mine_at = 0;
+    for (int q = 0; q < me; ++q) mine_at += gather_counts_[static_cast<size_t>(q)];
+    shard_comm_->all_gather_v(all.slice(mine_at, gather_counts_[static_cast<size_t>(me)]), all, gather_counts_,
+                              comm::Mode::sync);
   }
 
   // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
@@ -512,7 +562,7 @@ class Shampoo final : public Optimizer {
           u.segments.push_back(s);
         }
       }
-      if (!contiguous || u.segments.size() > 32) {
+      if (!contiguous || u.segments.size() > 32 || sharded_) {
         u.segments.clear();
         const int64_t numel = shape_numel(shapes_[p]);
         std::vector<int64_t> idx(static_cast<size_t>(numel));
@@ -523,8 +573,14 @@ class Shampoo final : public Optimizer {
           block_elements(merged_[p], b, el);
           for (size_t j = 0; j < el.size(); ++j) idx[static_cast<size_t>(el[j])] = b.recv_offset + static_cast<int64_t>(j);
         }
+        if (sharded_) {  // this rank's rows only
+          const Rows& r = rows_[p];
+          const int64_t row = r.shape[0] == 0 ? 0 : numel / r.shape[0];
+          const int64_t o = r.offsets[static_cast<size_t>(r.rank)] * row, n = r.lengths[static_cast<size_t>(r.rank)] * row;
+          idx = std::vector<int64_t>(idx.begin() + o, idx.begin() + o + n);
+        }
         u.index = upload_i64(idx, device_);
-        max_index = std::max(max_index, std::min(numel, kChunkElements));
+        max_index = std::max(max_index, std::min(static_cast<int64_t>(idx.size()), kChunkElements));
       }
     }
     if (max_index > 0) sc_upd_ = Tensor::empty({max_index}, DType::f32, device_);
@@ -589,7 +645,7 @@ class Shampoo final : public Optimizer {
     Tensor dst = recv_.slice(my_offset_ + gr.send_offset + c0 * n, my_offset_ + gr.send_offset + c1 * n).reshape({Bc, n});
     Tensor T = cfg_.momentum > 0 ? rows(sc_e_, Bc, n) : dst;
     Tensor P;  // the preconditioned direction; undefined: the grafting direction alone
-    if (gr.diagonal) {
+    if (gr.diagonal) {  // the grafting direction alone
     } else if (cfg_.preconditioner == Preconditioner::spectral) {
       P = orthogonalize(gr, Bc, Mh);
     } else if (cfg_.preconditioner == Preconditioner::eigenvalue_corrected) {
@@ -634,7 +690,7 @@ class Shampoo final : public Optimizer {
       const int64_t lo = std::max(run.b0, c0), hi = std::min(run.b1, c1);
       if (lo >= hi) continue;
       const nn::Param& pr = params[static_cast<size_t>(run.param)];
-      const Tensor src = (values ? pr.value : pr.grad).flatten();
+      const Tensor src = sharded_ ? (values ? gathered_values_ : gathered_grads_) : (values ? pr.value : pr.grad).flatten();
       if (run.index.defined()) {
         Tensor out = flat.slice((lo - c0) * n, (hi - c0) * n);
         ops::gather(src, run.index.slice((lo - run.b0) * n, (hi - run.b0) * n), out);
@@ -811,47 +867,63 @@ class Shampoo final : public Optimizer {
 
   // eigenvalue-corrected: the bases of the chunk's bias-corrected factors (eigh, or qr warm-
   // started from the current bases, the first time from none: a full eigh). A block whose
-  // computation fails is retried in f64, else keeps its bases; failures counted as roots'.
+  // computation fails is retried in f64, else keeps its bases.
   void compute_bases(Group& gr, int64_t c0, int64_t c1, int64_t t) {
+    const ops::RootOptions o = root_options();
+    const bool warm = o.method == RootMethod::qr && t != start_;
+    amortized(gr, c0, c1, t, "eigenbasis", [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
+      const int64_t nb = Fc.dim(0), b = Fc.dim(1);
+      Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
+      Tensor Qn = Tensor::zeros({nb, b, b}, fdtype_, device_);
+      if (warm) ops::cast(Q, Qn);
+      const std::vector<char> ok = ops::eigenbases(Fc, o, Qn);
+      if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
+        ops::cast(Qn, Q);
+        return;
+      }
+      for (int64_t i = 0; i < nb; ++i) {
+        Tensor Qi = Q.select(i);
+        if (ok[static_cast<size_t>(i)]) {
+          ops::cast(Qn.select(i), Qi);
+          continue;
+        }
+        // Retry in f64 from no basis (a full eigh, in the method's column order).
+        Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Qd = Tensor::zeros({1, b, b}, DType::f64, device_);
+        ops::cast(Fc.slice(i, i + 1), Fd);
+        if (ops::eigenbases(Fd, o, Qd)[0])
+          ops::cast(Qd.select(0), Qi);
+        else
+          failed[static_cast<size_t>(r0 + i)] = 1;  // Qi keeps its previous basis
+      }
+    });
+  }
+
+  // The amortized computation (roots or eigenbases) of the chunk's blocks [c0, c1): for every
+  // factor k, in batches of bounded size, the bias-corrected factors Fc of a batch whose factors
+  // are all finite go to compute(k, r0, Fc, failed) (r0: the batch's first block in the chunk;
+  // it sets failed[r0 + i] for a block that keeps its previous result); then the failures are
+  // counted (count_failures) and NaN or Inf recorded (nonfinite_factors).
+  template <typename Compute>
+  void amortized(Group& gr, int64_t c0, int64_t c1, int64_t t, const char* what, Compute&& compute) {
     const int64_t Bc = c1 - c0;
     std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
     const double corr = factor_correction(t);
-    const ops::RootOptions o = root_options();
-    const bool warm = o.method == RootMethod::qr && t != start_;
     for (int k = 0; k < gr.order; ++k) {
       const int64_t b = gr.dims[static_cast<size_t>(k)];
       const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
       for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
-        const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
+        const int64_t r1 = std::min(Bc, r0 + rc);
         const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
         if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
-        Tensor Fc = Tensor::empty(F.shape(), fdtype_, device_);
-        ops::scale(F, corr, Fc);
-        Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        Tensor Qn = Tensor::zeros({nb, b, b}, fdtype_, device_);
-        if (warm) ops::cast(Q, Qn);
-        const std::vector<char> ok = ops::eigenbases(Fc, o, Qn);
-        if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
-          ops::cast(Qn, Q);
-          continue;
+        Tensor Fc = F;
+        if (corr != 1.0) {
+          Fc = Tensor::empty(F.shape(), fdtype_, device_);
+          ops::scale(F, corr, Fc);
         }
-        for (int64_t i = 0; i < nb; ++i) {
-          Tensor Qi = Q.select(i);
-          if (ok[static_cast<size_t>(i)]) {
-            ops::cast(Qn.select(i), Qi);
-            continue;
-          }
-          // Retry in f64 from no basis (a full eigh, in the method's column order).
-          Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Qd = Tensor::zeros({1, b, b}, DType::f64, device_);
-          ops::cast(Fc.slice(i, i + 1), Fd);
-          if (ops::eigenbases(Fd, o, Qd)[0])
-            ops::cast(Qd.select(0), Qi);
-          else
-            failed[static_cast<size_t>(r0 + i)] = 1;  // Qi keeps its previous basis
-        }
+        compute(k, r0, Fc, failed);
       }
     }
-    count_failures(gr, c0, failed, nonfinite, t, "eigenbasis");
+    count_failures(gr, c0, failed, nonfinite, t, what);
   }
 
   // A chunk's factors F (blocks [c, c + nb) of the group) with NaN or Inf: marked (from index
@@ -868,60 +940,41 @@ class Shampoo final : public Optimizer {
 
   double root_exponent(int order) const { return cfg_.exponent_override > 0 ? cfg_.exponent_override : 2.0 * order; }
 
-  // Roots of the chunk's factors; failures per block counted, fatal conditions recorded.
+  // Roots of the chunk's factors (amortized: failures per block counted, fatal conditions
+  // recorded). A block whose root fails is retried in f64, else keeps its previous root.
   void compute_roots(Group& gr, int64_t c0, int64_t c1, int64_t t) {
-    const int64_t Bc = c1 - c0;
-    std::vector<char> failed(static_cast<size_t>(Bc), 0), nonfinite(static_cast<size_t>(Bc), 0);
     const double p = root_exponent(gr.order);
-    const double corr = factor_correction(t);
-    for (int k = 0; k < gr.order; ++k) {
-      const int64_t b = gr.dims[static_cast<size_t>(k)];
-      const int64_t rc = std::clamp<int64_t>(kChunkElements / (b * b), 1, Bc);
-      for (int64_t r0 = 0; r0 < Bc; r0 += rc) {
-        const int64_t r1 = std::min(Bc, r0 + rc), nb = r1 - r0;
-        const Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
-        Tensor Fc = F;
-        if (corr != 1.0) {
-          Fc = Tensor::empty(F.shape(), fdtype_, device_);
-          ops::scale(F, corr, Fc);
-        }
-        Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
-        Tensor Q;  // qr: the kept bases (a failed block's is zeroed: it restarts from a full eigh)
-        if (cfg_.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
-        Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r1);
-        const bool all_ok = std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
-        if (all_ok) {
-          ops::cast(out, R);
-        } else {
-          for (int64_t i = 0; i < nb; ++i) {
-            Tensor Ri = R.select(i);
-            if (ok[static_cast<size_t>(i)]) {
-              ops::cast(out.select(i), Ri);
-              continue;
-            }
-            // Retry in f64 (ops::inverse_root: eigendecomposition in f64 with the same rule).
-            Tensor Fd = Fc.select(i);
-            if (fdtype_ != DType::f64) {
-              Fd = Tensor::empty({b, b}, DType::f64, device_);
-              ops::cast(Fc.select(i), Fd);
-            }
-            Tensor Od = Tensor::empty({b, b}, DType::f64, device_);
-            ops::RootOptions o = root_options();
-            if (o.method != RootMethod::pseudo_inverse) o.method = RootMethod::eigh;
-            Tensor Fd3 = Fd.reshape({1, b, b}), Od3 = Od.reshape({1, b, b});
-            if (ops::inverse_roots(Fd3, p, o, Od3)[0])
-              ops::cast(Od, Ri);
-            else
-              failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
+    amortized(gr, c0, c1, t, "inverse root", [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
+      const int64_t nb = Fc.dim(0), b = Fc.dim(1);
+      Tensor out = Tensor::empty({nb, b, b}, fdtype_, device_);
+      Tensor Q;  // qr: the kept bases (a failed block's is zeroed: it restarts from a full eigh)
+      if (cfg_.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
+      const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
+      Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
+      if (std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; })) {
+        ops::cast(out, R);
+      } else {
+        for (int64_t i = 0; i < nb; ++i) {
+          Tensor Ri = R.select(i);
+          if (ok[static_cast<size_t>(i)]) {
+            ops::cast(out.select(i), Ri);
+            continue;
           }
+          // Retry in f64: an eigendecomposition with the same rule (the pseudo-inverse's, or
+          // epsilon and the shift).
+          Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Od = Tensor::empty({1, b, b}, DType::f64, device_);
+          ops::cast(Fc.slice(i, i + 1), Fd);
+          ops::RootOptions o = root_options();
+          if (o.method != RootMethod::pseudo_inverse) o.method = RootMethod::eigh;
+          if (ops::inverse_roots(Fd, p, o, Od)[0])
+            ops::cast(Od.select(0), Ri);
+          else
+            failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
         }
-        // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
-        ops::symmetrize(R);
       }
-    }
-    count_failures(gr, c0, failed, nonfinite, t, "inverse root");
+      // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
+      ops::symmetrize(R);
+    });
   }
 
   // Consecutive failures per block of the chunk at c0: reset on success; the kMaxFailures-th is
@@ -1043,9 +1096,15 @@ class Shampoo final : public Optimizer {
   comm::Communicator* group_ = nullptr;
   int group_size_ = 1, group_rank_ = 0;
   bool in_group0_ = true;
-  bool sharded_ = false;  // the parameters are shards (rows_): blocks cut from them, owned by shard_rank_
+  // Sharded parameters (rows_): the blocks are the whole parameters' blocks; every step gathers
+  // the shards' gradients (and weights, with weight decay) over shard_comm_ (build_gather).
+  bool sharded_ = false;
   std::vector<Rows> rows_;
-  int shard_rank_ = 0;
+  comm::Communicator* shard_comm_ = nullptr;
+  std::vector<size_t> gather_counts_;                // elements per rank of the shard group
+  std::vector<std::vector<int64_t>> gathered_at_;    // construction only
+  Tensor gathered_grads_, gathered_values_;
+  std::vector<Shape> local_shapes_;                  // the parameters as step() takes them
   int64_t start_ = 1;
   DType fdtype_ = DType::f32;
   double ec_beta2_ = 0, ec_epsilon_ = 0;  // eigenvalue-corrected: the resolved decay and epsilon

@@ -44,12 +44,37 @@
 // is not finite retries as above (f64 eigh) and restarts from a full eigh at its next root.
 //
 // root_spread S > 1 spreads the root computations over each period: the blocks are divided into
-// S phases (greedily by their root cost, sum of b_k^3 over the factors, largest first, each to the
-// cheapest phase; world-size independent), and a block of phase j recomputes its roots at the
-// start step and then at every step t > start with (t - j floor(f/S)) a multiple of the frequency
-// f. Each root step then does about 1/S of the work; every root is still at most f steps old.
+// S phases (greedily by their root cost, sum of b_k^3 over the factors, 0 for diagonal blocks,
+// largest first, each to the cheapest phase; world-size independent), and a block of phase j
+// recomputes its roots at the start step and then at every step t > start with (t - j floor(f/S))
+// a multiple of the frequency f. Each root step then does about 1/S of the work; every root is still at most f steps old.
 // Within a phase the blocks are assigned to ranks as below, so every rank's share of each
 // phase is balanced. S = 1 is the reference's schedule.
+//
+// Preconditioners (preconditioner; "root" is all of the above):
+// - eigenvalue_corrected (SOAP, Vyas et al. 2024; Meta's EigenvalueCorrectedShampoo): the same
+//   factors, but at the root steps the eigenbases Q_k of F_k / bc are computed instead of roots
+//   (root_method eigh: ops::eigenbases, ascending; qr: warm-started QR iterations from the
+//   current bases, at the start step from none, columns by descending estimate: the order is
+//   consistent, which matters because the second moment below is positional); Q_k = I before.
+//   Every step: Gr = G x_k Q_k^T (G the raw, L2-augmented gradient; every mode into its basis),
+//   V = b V + (1 - b) Gr^2 (b = ec_beta2, default beta2; b = 1: the sum), and
+//   P = [(Mh x_k Q_k^T) / (sqrt(V / (1 - b^t)) + e)] x_k Q_k (e = ec_epsilon, default epsilon;
+//   no bias correction when b = 1 or use_bias_correction is off), grafted as above; before the
+//   start step the grafting direction when grafting is set, else P with Q = I (Adam).
+// - spectral (Muon, Jordan et al. 2024; Meta's SpectralDescent): a parameter of 2 or more dims is
+//   blocked as [d0, product of the rest] (shampoo_blocking's matrix view), and every order-2 block
+//   [r, c] takes, every step, P = s U V^T of Mh: quintic Newton-Schulz iterations (X = Mh /
+//   max(||Mh||_F, 1e-8); newton_schulz_steps times A = X X^T, X = 3.4445 X + (-4.7750 A +
+//   2.0315 A^2) X, in the mirrored form X^T X, X B for tall blocks), or exactly (X (X^T X)^(+1/2)
+//   in f64, the pseudo-inverse root); s = 1, max(1, r/c)^(1/2) (muon) or 0.2 sqrt(max(r, c))
+//   (rms, Moonlight); grafted as above. No factors, no root steps.
+// - root_method pseudo_inverse: roots of F / bc by eigh with no epsilon, eigenvalues at or
+//   below max(rank_atol, rank_rtol w_max) given the power 0 (ops.h).
+// Blocks of parameters named in diagonal_params, and spectral's blocks of order other than 2,
+// are diagonal: no factors, D = the grafting direction (grafting none: Mh). factor_update_every K
+// updates the factors at steps 1, K + 1, 2K + 1, ... only (Google's statistics_compute_steps,
+// not in Meta's reference), their bias correction counting those updates.
 //
 // Distribution: the blocks are assigned to the ranks of a group greedily, largest first (by number
 // of elements, ties by block order), each to the least-loaded rank (ties: the lowest rank), one
@@ -72,25 +97,29 @@
 // (factors and roots are exactly symmetric, syrk and ops::symmetrize: their PlacedTensor is
 // marked symmetric, and checkpoints store them packed)
 //   shampoo/<param>/block<i>/eigvecs<k>     [b_k, b_k] factor dtype (root_method qr: Q, columns)
+//   shampoo/<param>/block<i>/eigvecs<k>     [b_k, b_k] f32 (eigenvalue-corrected: Q_k)
+//   shampoo/<param>/block<i>/corrected_second_moment  block shape, f32 (eigenvalue-corrected: V)
 //   shampoo/<param>/block<i>/graft          block shape, f32 (adagrad, rmsprop, adam grafting)
 //   shampoo/<param>/block<i>/filtered_grad  block shape, f32 (beta1 > 0)
 //   shampoo/<param>/block<i>/momentum       block shape, f32 (momentum > 0)
-//   shampoo/<param>/block<i>/root_failures  i64 [1] on the host (consecutive failed roots)
+//   shampoo/<param>/block<i>/root_failures  i64 [1] on the host (consecutive failed roots or
+//                                           eigenbases; blocks with factors)
+// (spectral and diagonal blocks: graft, filtered_grad, momentum only)
 //   step                                    i64 [1] on the host, replicated
 // i is the block's index in the row-major grid of the parameter's blocks. A block's tensors are
 // owned by (written by) its owner in group 0 (ranks [0, g)); ranks of other groups hold
 // identical copies, placed replicated there (restored by name, never written), so
 // ckpt::save_state writes every tensor once and ckpt::load_state restores every copy. A state
 // saved on any world size restores on any other: the blocking does not depend on it, and each
-// rank reads the blocks it now owns. Over sharded parameters (rows given) the blocks are cut
-// from this rank's shards and owned by this rank of the shard group (Rows::rank). A block that
-// is a block of the whole parameter's blocking (the same dims over the same elements in the
-// same order) has that block's name above, so a shard count that cuts it too restores it
-// exactly; any other is shampoo/<param>/rows<a>-<b>/block<i>/..., i its index in the blocking
-// of rows [a, b). Both are Resize::if_present (core/placed.h): a checkpoint of another shard
-// count that lacks one leaves it fresh (and fsdp-train starts the optimizer afresh). Each also
-// carries the name older dtk gave it as per-rank state (PlacedTensor::legacy:
-// ranks/<r>/shampoo/<param>/block<i>/..., i by shard), so those checkpoints still load.
+// rank reads the blocks it now owns. Over sharded parameters (rows given: fsdp-train) the blocks
+// are still the whole parameters' blocks, so the state and its names are those of the
+// replicated optimizer, on any shard count: comm is then the shard group, and every step first
+// gathers every rank's rows of the gradients (and of the weights, with weight decay) with one
+// all_gather_v, so that each owner has its blocks whole (the reference's lossless fully-sharded
+// distribution); each rank applies the directions of its own rows. Memory beyond the replicated
+// optimizer's: the gathered gradients (and weights), 4 bytes per parameter element each.
+// Checkpoints of older dtk, whose fsdp-train cut the blocks from the shards, lack these names:
+// Resize::if_present leaves the optimizer fresh (fsdp-train says so and starts Shampoo afresh).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -206,7 +235,8 @@ std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks);
 std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64_t spread);
 
 // The optimizer over `params` (f32, all on one device). Collective over comm (it may split it).
-// rows: as make_optimizer's (sharded parameters make the blocks' state per rank).
+// rows: as make_optimizer's; sharded parameters (every one, over comm, this rank's rows) are
+// gathered every step (above).
 std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
                                         comm::Communicator& comm, const std::vector<Rows>& rows = {});
 

@@ -26,7 +26,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct Fsdp::Impl {
   nn::Model& model;
   FsdpConfig cfg;
-  std::shared_ptr<comm::Communicator> shard, replica, host_shard, self;
+  std::shared_ptr<comm::Communicator> shard, replica, host_shard;
   comm::Communicator& host_world;
   int S = 1, sr = 0;  // shard group size, rank in it
   Device dev;
@@ -78,7 +78,6 @@ struct Fsdp::Impl {
     shard = world.split(group, world.rank());
     host_shard = host.split(group, host.rank());
     if (cfg.replicate > 1) replica = world.split(sr, world.rank());
-    self = comm::make_local_communicator();
   }
 
   Tensor shard_view(const Tensor& flat, size_t i, int64_t rows) const {
@@ -380,7 +379,7 @@ void Fsdp::metrics(nlohmann::ordered_json& j) const {
   j["arena_bytes"] = m.arena_bytes();
 }
 
-comm::Communicator& Fsdp::optimizer_comm() { return *impl_->self; }
+comm::Communicator& Fsdp::optimizer_comm() { return *impl_->shard; }
 
 std::vector<PlacedTensor> Fsdp::state() { return model_state(impl_->model); }
 

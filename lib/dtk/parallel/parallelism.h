@@ -29,10 +29,10 @@ class Parallelism : public nn::BlockHooks {
   // (replicated), or this rank's rows of dim 0 (sharded; possibly none). The optimizer steps
   // them, clipping measures them, checkpoints save them.
   virtual std::vector<nn::Param>& params() = 0;
-  // The ranks that hold the same params() as this one, over which an optimizer may split its
-  // work (Shampoo's blocks): the world when replicated; this rank alone when sharded (each
-  // rank's Shampoo blocks are cut from its own shards, as the reference's fully-sharded
-  // distributor does: no communication, and HSDP's replicas compute the same blocks).
+  // The ranks over which an optimizer may split its work (Shampoo's blocks): the world when
+  // replicated; the shard group when sharded (Shampoo gathers the shards' gradients over it and
+  // computes the whole parameters' blocks, as the reference's lossless fully-sharded
+  // distributors do; HSDP's replicas compute the same).
   virtual comm::Communicator& optimizer_comm() = 0;
   // params()[i]'s rows over the shard group; null: whole on every rank.
   virtual const Rows* rows(size_t i) const {

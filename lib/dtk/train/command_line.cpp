@@ -234,7 +234,7 @@ std::string metrics_help(train::MetricSource added) {
   return s + ".\n";
 }
 
-void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distribution) {
+void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   const char* g = "Shampoo";
   add_enum(app, "--preconditioner", c.preconditioner,
            "root: inverse roots of the Kronecker factors (Shampoo); eigenvalue-corrected: Adam in the factors' "
@@ -294,9 +294,9 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distributi
            "(added to the gradient, before preconditioning)")->group(g);
   app.add_flag_callback("--no-bias-correction", [&c] { c.use_bias_correction = false; },
                         "no bias correction of the filtered gradient and factors")->group(g);
-  if (!distribution) return;
   app.add_option("--trainers-per-group", c.trainers_per_group,
-                 "split the world into groups of g ranks that each compute every block (0: one group)")
+                 "split the ranks that share the blocks (the world; fsdp-train: the shard group) into groups of g "
+                 "ranks that each compute every block (0: one group)")
       ->group(g)->check(cli::at_least(0));
   add_enum(app, "--direction-dtype", c.communication_dtype, "search directions all-gathered in this precision",
            {DType::f32, DType::bf16})->group(g);

@@ -17,8 +17,7 @@ std::string metrics_help(MetricSource added);
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, Options& o);
 // Registers Shampoo's options (group "Shampoo") into c (train::strategy applies the common options
-// on top); `distribution` adds the ones that split its work over replicated ranks
-// (--trainers-per-group, --direction-dtype).
-void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c, bool distribution);
+// on top), those that split its work over ranks (--trainers-per-group, --direction-dtype) included.
+void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c);
 
 }  // namespace dtk::train

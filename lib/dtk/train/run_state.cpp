@@ -163,7 +163,7 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
                  path.string());
   }
   // State of another number of ranks: carried over exactly (PowerSGD's and randomk's error
-  // feedback, by their mean; Shampoo's blocks that both shard counts cut alike: no warning),
+  // feedback, by their mean; Shampoo's blocks, named by parameter and block: no warning),
   // approximately (topk's and signum's error feedback) or not at all. The worst over the ranks,
   // so that every rank rebuilds the optimizer alike and rank 0 says so.
   int64_t worst = static_cast<int64_t>(restored);
@@ -179,8 +179,8 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
       spdlog::warn("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
                    "it exactly ({} compresses each rank's own gradient)", sizes, kind, kind);
     else if (sharded(par))
-      spdlog::warn("{}: the optimizer's blocks cut from those shards are not all blocks of this job's shards "
-                   "(see dtk-checkpoint(5)), so Shampoo starts afresh", sizes);
+      spdlog::warn("{}: its Shampoo blocks were cut from the shards (fsdp-train before the whole parameters' blocks, "
+                   "dtk-checkpoint(5)), so Shampoo starts afresh", path.string());
     else
       spdlog::warn("{}: per-rank state starts afresh", sizes);
   }

@@ -16,7 +16,7 @@ optim::ShampooConfig shampoo_config(const Options& o, const optim::ShampooConfig
   return c;
 }
 
-Strategy strategy(std::string program, const Options& o, int world_size, const optim::ShampooConfig& shampoo) {
+Strategy strategy(std::string program, const Options& o, int optimizer_ranks, const optim::ShampooConfig& shampoo) {
   Strategy s;
   s.program = std::move(program);
   const size_t bucket_bytes = o.bucket_bytes;
@@ -26,8 +26,9 @@ Strategy strategy(std::string program, const Options& o, int world_size, const o
   if (o.optimizer == optim::Kind::shampoo) {
     const optim::ShampooConfig c = shampoo_config(o, shampoo);
     c.validate();
-    if (c.trainers_per_group > 0 && world_size % c.trainers_per_group != 0)
-      fail_usage("--trainers-per-group {} does not divide the {} ranks", c.trainers_per_group, world_size);
+    if (c.trainers_per_group > 0 && optimizer_ranks % c.trainers_per_group != 0)
+      fail_usage("--trainers-per-group {} does not divide the {} ranks that share Shampoo's blocks",
+                 c.trainers_per_group, optimizer_ranks);
     s.optimizer_config = c;
     // Shampoo splits its blocks over the ranks that hold the same parameters (collective over them).
     s.optimizer = [c](parallel::Parallelism& p) {
@@ -48,8 +49,8 @@ Strategy strategy(std::string program, const Options& o, int world_size, const o
   return s;
 }
 
-Strategy strategy(std::string program, const Options& o, int world_size) {
-  return strategy(std::move(program), o, world_size, optim::ShampooConfig{});
+Strategy strategy(std::string program, const Options& o, int optimizer_ranks) {
+  return strategy(std::move(program), o, optimizer_ranks, optim::ShampooConfig{});
 }
 
 }  // namespace dtk::train

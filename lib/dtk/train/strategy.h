@@ -47,8 +47,9 @@ struct Strategy {
 // --beta1 filters the gradient, --beta2 decays the factors, --weight-decay is decoupled,
 // --momentum and --nesterov act on the search direction. Checks Shampoo's options (UsageError
 // naming the option), once.
-Strategy strategy(std::string program, const Options& o, int world_size, const optim::ShampooConfig& shampoo);
-Strategy strategy(std::string program, const Options& o, int world_size);  // Shampoo's defaults
+// optimizer_ranks: the ranks Shampoo splits its blocks over (the world; fsdp-train: the shard group).
+Strategy strategy(std::string program, const Options& o, int optimizer_ranks, const optim::ShampooConfig& shampoo);
+Strategy strategy(std::string program, const Options& o, int optimizer_ranks);  // Shampoo's defaults
 
 // The Shampoo configuration strategy() resolves (its `shampoo` with the common options applied).
 optim::ShampooConfig shampoo_config(const Options& o, const optim::ShampooConfig& shampoo);
