@@ -490,7 +490,7 @@ class Shampoo final : public Optimizer {
           ++j;
         }
         Group::Run run{p, i, j, {}};
-        if (!contiguous) {
+        if (!contiguous && !sharded_) {  // sharded: build_gather indexes every run
           std::vector<int64_t> idx;
           idx.reserve(static_cast<size_t>((j - i) * gr.n));
           for (int64_t q = i; q < j; ++q)
