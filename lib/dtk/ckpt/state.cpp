@@ -78,7 +78,6 @@ StateEntry entry(const PlacedTensor& t) {
   StateEntry e{t.name, t.value};
   e.symmetric = t.symmetric;
   e.resize = t.resize;
-  e.legacy = t.legacy;
   switch (t.placement) {
     case Placement::replicated: e.owner = kReplicated; break;
     case Placement::per_rank: e.owner = kPerRank; break;
@@ -323,15 +322,10 @@ Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int 
       continue;
     }
     if (e.owner >= 0 && e.owner != rank) continue;
-    std::string name = stored_name(e, rank);
-    if (e.owner >= 0 && !reader.contains(name)) {
-      const std::string old = fmt::format("ranks/{}/{}", rank, e.legacy);
-      if (!e.legacy.empty() && same_world && reader.contains(old)) {
-        name = old;  // written before it was named by what it covers, as this rank's own state
-      } else if (e.resize == Resize::if_present) {
-        out = Restored::fresh;
-        continue;
-      }
+    const std::string name = stored_name(e, rank);
+    if (e.owner >= 0 && e.resize == Resize::if_present && !reader.contains(name)) {
+      out = Restored::fresh;
+      continue;
     }
     if (e.owner == kSharded) {
       check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.shape);

@@ -36,7 +36,6 @@ struct StateEntry {
   // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.
   bool symmetric = false;
   Resize resize = Resize::fresh;  // kPerRank: restored on another number of ranks how (core/placed.h)
-  std::string legacy{};           // owned: PlacedTensor::legacy
 };
 
 // How completely load_state restored a state: every entry as saved (or, per-rank state on

@@ -54,17 +54,11 @@ struct PlacedTensor {
   bool symmetric = false;  // a symmetric [d, d] matrix (not sharded)
   Rows rows{};             // sharded: value holds rows [rows.offsets[rows.rank], + rows.lengths[rows.rank])
   Resize resize = Resize::fresh;  // per_rank, owned: on another number of ranks
-  // owned: the name it had as per-rank state in checkpoints written before it was named by what
-  // it covers (read from ranks/<r>/<legacy> when the checkpoint lacks `name`); "" for none.
-  std::string legacy{};
 };
 
 // The same tensors with `prefix` before their names ("optim/", "compress/": their checkpoint group).
 inline std::vector<PlacedTensor> prefixed(const std::string& prefix, std::vector<PlacedTensor> state) {
-  for (PlacedTensor& t : state) {
-    t.name = prefix + t.name;
-    if (!t.legacy.empty()) t.legacy = prefix + t.legacy;
-  }
+  for (PlacedTensor& t : state) t.name = prefix + t.name;
   return state;
 }
 
