@@ -174,7 +174,8 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
     const int64_t before = meta.extra.value("state_ranks", meta.world_size);
     const std::string sizes = fmt::format("{} was written by {} rank{}, this job has {}", path.string(), before,
                                           before == 1 ? "" : "s", par.state_rank().second);
-    const std::string kind = strategy.config.value("kind", std::string("the compressor"));
+    const nlohmann::json& cc = strategy.config.contains("compressor") ? strategy.config["compressor"] : strategy.config;
+    const std::string kind = cc.value("kind", std::string("the compressor"));  // psgd-train's config, fsdp-train's part
     if (restored == ckpt::Restored::approximate && sharded(par))
       spdlog::warn("{}: {}'s error feedback was saved as its mean over the replica groups, which does not continue it "
                    "exactly ({} compresses each replica's own gradient)", path.string(), kind, kind);
