@@ -2,7 +2,8 @@
 // ranks (W ranks equal one rank on the summed contributions, with the same Q), the error
 // invariants of both modes, identical results on every rank, exact bytes, and the baselines'
 // multi-rank properties (topk's gathered aggregate, randomk's shared coordinates, signum's
-// majority vote). Every rank runs the same collectives whatever it finds (EXPECT, never ASSERT).
+// majority vote), and PowerSGD over sharded gradients (compress::Topology) equal to the whole
+// matrices'. Every rank runs the same collectives whatever it finds (EXPECT, never ASSERT).
 #include <gtest/gtest.h>
 
 #include <algorithm>

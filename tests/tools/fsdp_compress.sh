@@ -23,11 +23,14 @@ run $mpiexec -n 4 $fsdp $common $exact --replicate 2 --steps 10 $full --save ful
 # ---- world-size invariance: PowerSGD r2 on R x S == psgd-train's on one rank ----
 # SGD with momentum (AdamW's m / sqrt(v) magnifies rounding where v is tiny: 20 such steps on
 # 2 x 2 differ from one rank by 1.5e-6 in one element of w2). Measured with SGD: every R x S
-# within rtol 1e-6 at atol 1e-6 after 20 steps; $same_run leaves a factor 1000.
+# within rtol 1e-6 at atol 1e-6 after 20 steps (8 steps of --buckets auto and of micro-batches
+# likewise); $same_run leaves a factor 1000.
 sgd="--optimizer sgd --momentum 0.9 --lr 0.1"
 run $psgd $common $sgd $psgd2 --steps 20 --save ref.h5
 [ $rc = 0 ] || bad "psgd-train reference (exit $rc)" "$(cat $tmp/e)"
-for c in "2|2" "4|2" "4|4" "4|2 --buckets param --comm-dtype f32"; do
+# Also: a bucket per parameter; the automatic plan (the compressor rebuilt for it after two
+# steps, its state carried over); micro-batches with one reduce-scatter a step, no overlap.
+for c in "2|2" "4|2" "4|4" "4|2 --buckets param" "4|2 --buckets auto" "4|2 --micro-batch 1 --keep-unsharded-grad --no-overlap"; do
   n=${c%%|*} r=${c#*|}
   rm -rf w.ckpt; run $mpiexec -n $n $fsdp $common $sgd $exact $psgd2 --steps 20 --replicate $r --save w.ckpt
   [ $rc = 0 ] || { bad "PowerSGD on $n ranks --replicate $r (exit $rc)" "$(cat $tmp/e)"; continue; }
@@ -66,6 +69,14 @@ if [ $rc = 0 ] && [ -f cks/step-00000006/index.h5 ]; then
       bad "resume on $n ranks --replicate $r (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
   done
 else bad "stop at 6 (exit $rc)" "$(cat $tmp/e)"; fi
+# randomk's later steps too depend on its error buffers only through their mean: bit for bit.
+rk="$fsdp $common --compressor randomk --compress-ratio 0.1 --start-iter 1 --steps 6 --replicate 2"
+rm -rf rka rkb ra.ckpt rb.ckpt
+run $mpiexec -n 4 $rk --checkpoint-dir rka --checkpoint-every 3 --save ra.ckpt
+run $mpiexec -n 4 $rk --stop-at 3 --checkpoint-dir rkb
+[ $rc = 0 ] && run $mpiexec -n 4 $rk --resume rkb --save rb.ckpt
+[ $rc = 0 ] && [ ! -s $tmp/e ] && run $si diff ra.ckpt rb.ckpt
+[ $rc = 0 ] && ok "randomk on 2 x 2: resume is exact, no warning" || bad "randomk resume (exit $rc)" "$(cat $tmp/o)" "$(cat $tmp/e)"
 # topk compresses each replica's own M: its resume from their mean is approximate, and says so.
 rm -rf ckt; run $mpiexec -n 4 $fsdp $common --compressor topk --start-iter 1 --steps 6 --replicate 2 --stop-at 3 --checkpoint-dir ckt
 [ $rc = 0 ] && run $mpiexec -n 4 $fsdp $common --compressor topk --start-iter 1 --steps 6 --replicate 2 --resume ckt
