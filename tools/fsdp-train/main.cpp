@@ -82,13 +82,9 @@ cli::Program program(Args& a) {
     c.overlap = !a.no_overlap;
     parallel::validate(c, rt.size());
     const compress::Config cc = a.compressor.config(o.seed);
+    parallel::validate_compressor(cc, c.replicate);
     std::optional<compress::Config> compressor;
-    if (cc.kind != compress::Kind::none) {
-      if (c.replicate == 1)
-        fail_usage("--compressor {} compresses the all-reduce across replica groups: it needs --replicate > 1",
-                   name_of(cc.kind));
-      compressor = cc;
-    }
+    if (cc.kind != compress::Kind::none) compressor = cc;
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
     // unless --metrics names a file).
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";

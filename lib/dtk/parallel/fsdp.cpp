@@ -88,9 +88,7 @@ struct Fsdp::Impl {
   }
 
   void make_compressor(const std::vector<nn::Param>& params, const std::vector<Rows>& rows, const BucketPlan& plan) {
-    if (!replica)
-      fail_usage("--compressor {} compresses the all-reduce across replica groups: it needs --replicate > 1",
-                 name_of(ccfg->kind));
+    validate_compressor(*ccfg, cfg.replicate);
     compress::Topology t;
     for (size_t k = plan.size(); k-- > 0;) t.buckets.push_back({plan[k].first, plan[k].end});
     t.shard = shard.get();
@@ -341,6 +339,12 @@ struct Fsdp::Impl {
     }
   }
 };
+
+void validate_compressor(const compress::Config& compressor, int replicate) {
+  if (compressor.kind != compress::Kind::none && replicate <= 1)
+    fail_usage("--compressor {} compresses the all-reduce across replica groups: it needs --replicate > 1",
+               name_of(compressor.kind));
+}
 
 Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg,
            std::optional<compress::Config> compressor) {

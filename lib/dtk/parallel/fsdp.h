@@ -108,6 +108,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FsdpConfig, param_dtype, reduce_dtype, reshar
 // --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
 // without auto.
 void validate(const FsdpConfig& cfg, int world_size);
+// A compressor (of HSDP's all-reduce across the replica groups) needs replicate > 1: UsageError
+// naming --compressor and --replicate otherwise.
+void validate_compressor(const compress::Config& compressor, int replicate);
 
 class Fsdp final : public Parallelism {
  public:
