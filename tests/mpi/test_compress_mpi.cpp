@@ -2,7 +2,8 @@
 // ranks (W ranks equal one rank on the summed contributions, with the same Q), the error
 // invariants of both modes, identical results on every rank, exact bytes, and the baselines'
 // multi-rank properties (topk's gathered aggregate, randomk's shared coordinates, signum's
-// majority vote). Every rank runs the same collectives whatever it finds (EXPECT, never ASSERT).
+// majority vote), and PowerSGD over sharded gradients (compress::Topology) equal to the whole
+// matrices'. Every rank runs the same collectives whatever it finds (EXPECT, never ASSERT).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -412,6 +413,88 @@ TEST(CompressMpi, StateRoundTrip) {
     }
     EXPECT_EQ(errors(*a), errors(*b));
   }
+}
+
+// Sharded gradients (compress::Topology, fsdp-train's HSDP): the world as R replica groups of S
+// shard ranks (S = 2 from 2 ranks on; "tiny" [3, 3] splits 2 + 1 rows, padded), each rank
+// holding its rows of its replica's gradient. PowerSGD over the replicas, with the shard group
+// as its shard communicator, gives each rank the rows of what the unsharded PowerSGD over the
+// replicas gives for the whole matrices (and its error buffers' rows), in both error modes and
+// at a rank that takes QR: the result does not depend on the shard count.
+TEST(CompressMpi, ShardedPowerSgdIsWholeMatrixPowerSgd) {
+  const int S = W() >= 2 ? 2 : 1, Rg = W() / S, q = R() / S, s = R() % S;
+  auto shapes = kShapes;
+  shapes.push_back({"odd", {33, 20}});  // compressed, split 17 + 16 rows (the second shard padded)
+  auto shard = world().split(q, R()), replica = world().split(s, R());
+  std::vector<std::pair<std::string, Shape>> rows_specs;
+  std::vector<Rows> rows;
+  std::vector<int64_t> whole_off;  // per parameter: its offset in the whole flat buffer
+  int64_t total = 0;
+  for (const auto& [name, shape] : shapes) {
+    const int64_t n = shape[0], cols = shape_numel(shape) / n, pad = (n + S - 1) / S;
+    Rows r{shape, {}, {}, s};
+    for (int k = 0; k < S; ++k) {
+      const int64_t o = std::min(n, k * pad);
+      r.offsets.push_back(o);
+      r.lengths.push_back(std::min(n, o + pad) - o);
+    }
+    Shape mine = shape;
+    mine[0] = r.lengths[static_cast<size_t>(s)];
+    rows_specs.push_back({name, mine});
+    rows.push_back(r);
+    whole_off.push_back(total);
+    total += n * cols;
+  }
+  // This rank's rows of a whole flat vector, in parameter order.
+  auto my_rows = [&](const Vec& whole) {
+    Vec out;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t cols = shape_numel(shapes[i].second) / shapes[i].second[0];
+      const int64_t b = whole_off[i] + rows[i].offsets[static_cast<size_t>(s)] * cols;
+      out.insert(out.end(), whole.begin() + b, whole.begin() + b + rows[i].lengths[static_cast<size_t>(s)] * cols);
+    }
+    return out;
+  };
+  // The error buffers: this rank's (sharded) and its rows of the reference's, by name.
+  auto error_rows = [&](compress::Compressor& c, compress::Compressor& cr) {
+    std::pair<Vec, Vec> out;
+    for (const PlacedTensor& t : c.state()) {
+      if (t.name.rfind("error/", 0) != 0) continue;
+      const Vec v = t.value.to_doubles(), w = state_of(cr, t.name).to_doubles();
+      const int64_t cols = shape_numel(t.rows.shape) / t.rows.shape[0], o = t.rows.offsets[static_cast<size_t>(s)] * cols;
+      out.first.insert(out.first.end(), v.begin(), v.end());
+      out.second.insert(out.second.end(), w.begin() + o, w.begin() + o + static_cast<int64_t>(v.size()));
+    }
+    return out;
+  };
+  for (const char* mode : {"projection", "full"})
+    for (int rank : {2, 3}) {
+      SCOPED_TRACE(std::string(mode) + " rank " + std::to_string(rank));
+      auto g = make_grads(rows_specs), ref = make_grads(shapes);
+      compress::Topology topo;
+      topo.shard = shard.get();
+      topo.rows = rows;
+      auto c = make_compressor(psgd(rank, mode), *replica, g.params, 1, topo);
+      auto cr = make_compressor(psgd(rank, mode), *replica, ref.params);
+      for (const PlacedTensor& t : c->state())
+        if (t.name.rfind("error/", 0) == 0) {
+          EXPECT_EQ(t.placement, Placement::sharded) << t.name;
+        }
+      for (int step = 0; step < 5; ++step) {
+        const Vec whole = as_f32(scaled(raw(q, step, total), 1.0 / Rg));  // replica q's contribution
+        load(g, my_rows(whole));
+        load(ref, whole);
+        c->aggregate(g.params, step);
+        cr->aggregate(ref.params, step);
+        const Vec out = get(g.flat), want = my_rows(get(ref.flat));
+        EXPECT_LT(norm(sub(out, want)), 1e-4 * (1 + norm(want))) << "step " << step;
+        const auto [e, er] = error_rows(*c, *cr);
+        EXPECT_FALSE(e.empty());
+        EXPECT_LT(norm(sub(e, er)), 1e-4 * (1 + norm(er))) << "step " << step;
+        EXPECT_EQ(c->last_bytes().uncompressed, static_cast<int64_t>(out.size()) * 4);
+      }
+      EXPECT_LT(norm(sub(get(state_of(*c, "q/wq")), get(state_of(*cr, "q/wq")))), 1e-4);
+    }
 }
 
 }  // namespace

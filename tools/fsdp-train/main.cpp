@@ -15,6 +15,7 @@ struct Args {
   train::Options train;
   parallel::FsdpConfig fsdp;
   optim::ShampooConfig shampoo;
+  train::CompressorOptions compressor;
   double bucket_memory_mb = 0;
   bool no_overlap = false;
 };
@@ -29,7 +30,7 @@ cli::Program program(Args& a) {
       "default) before it computes and its gradients reduce-scattered after its backward, bucketed and reordered so "
       "that communication hides behind compute.";
   p.footer =
-      train::metrics_help(train::MetricSource::sharded) +
+      train::metrics_help(train::MetricSource::sharded, train::MetricSource::compression) +
       "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 fsdp-train --model llama-small --buckets auto --activation-checkpointing --steps 300";
   p.add_options = [&a](CLI::App& app) {
@@ -38,6 +39,8 @@ cli::Program program(Args& a) {
     train::add_options(app, o);
     app.remove_option(app.get_option("--bucket-size"));  // the replicated all-reduce's; FSDP buckets by --buckets
     train::add_shampoo_options(app, a.shampoo);
+    a.compressor.compressor.kind = compress::Kind::none;  // today's HSDP unless asked
+    train::add_compressor_options(app, a.compressor, "HSDP's plain all-reduce across the replica groups");
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
                   {DType::bf16, DType::f32})->group("Precision");
@@ -78,6 +81,10 @@ cli::Program program(Args& a) {
     parallel::FsdpConfig c = a.fsdp;
     c.overlap = !a.no_overlap;
     parallel::validate(c, rt.size());
+    const compress::Config cc = a.compressor.config(o.seed);
+    parallel::validate_compressor(cc, c.replicate);
+    std::optional<compress::Config> compressor;
+    if (cc.kind != compress::Kind::none) compressor = cc;
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
     // unless --metrics names a file).
     if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
@@ -87,8 +94,12 @@ cli::Program program(Args& a) {
     if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = s.optimizer_config;
     // The sharded placement: the model's parameters live in its shards.
     s.storage = nn::Storage::external;
-    s.parallelism = [c](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
-      return std::make_unique<parallel::Fsdp>(model, world, host, c);
+    if (compressor) {
+      s.config["compressor"] = *compressor;
+      s.extra["compressor"] = nullptr;  // the checkpoint holds a compressor's state
+    }
+    s.parallelism = [c, compressor](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
+      return std::make_unique<parallel::Fsdp>(model, world, host, c, compressor);
     };
     return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
   };

@@ -12,8 +12,7 @@ using namespace dtk;
 
 struct Args {
   train::Options train;
-  compress::Config compressor;
-  bool no_warm_start = false, no_error_feedback = false;
+  train::CompressorOptions compressor;
 };
 
 cli::Program program(Args& a) {
@@ -31,31 +30,11 @@ cli::Program program(Args& a) {
              "--steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
-    compress::Config& c = a.compressor;
-    const char* g = "Compression";
-    cli::add_enum(app, "--compressor", c.kind, "gradient aggregation (none: bucketed all-reduce)")->group(g);
-    app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(cli::at_least(1));
-    app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")
-        ->group(g)->check(cli::at_least(0));
-    app.add_option("--min-compression-rate", c.min_compression_rate,
-                   "compress a matrix only when it shrinks at least this much")->group(g)->check(cli::positive());
-    app.add_flag("--no-warm-start", a.no_warm_start, "draw a new Q every step instead of reusing the last")->group(g);
-    app.add_flag("--no-error-feedback", a.no_error_feedback, "drop what the compression leaves out")->group(g);
-    cli::add_enum(app, "--error-mode", c.error_mode,
-                  "error feedback: projection (M - P(P^T M), bounded per rank) or full (M - P Q^T)")->group(g);
-    cli::add_enum(app, "--orthogonalize", c.orthogonalize, "auto (Gram-Schmidt for rank <= 2, QR above), mgs or qr")
-        ->group(g);
-    cli::add_enum(app, "--comm-dtype", c.comm_dtype, "P and Q on the wire", {DType::f32, DType::bf16})->group(g);
-    app.add_option("--compress-ratio", c.ratio, "topk/randomk: fraction of each gradient's coordinates sent")
-        ->group(g)->check(cli::positive())->check(cli::at_most(1));
+    train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     train::Options o = train::validate(a.train, rt.size());
-    compress::Config c = a.compressor;
-    c.warm_start = !a.no_warm_start;
-    c.error_feedback = !a.no_error_feedback;
-    c.seed = o.seed;
-    c.validate();
+    const compress::Config c = a.compressor.config(o.seed);
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
     s.config = c;
     if (c.kind != compress::Kind::none) {

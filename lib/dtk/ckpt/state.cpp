@@ -329,6 +329,9 @@ Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int 
     }
     if (e.owner == kSharded) {
       check_stored(reader, name, reader.info(name), e.tensor.dtype(), e.shape);
+      // Per-replica state saved as its mean over the replicas (fsdp-train's compressors): exact
+      // only where it enters the computation through that mean.
+      if (e.resize == Resize::mean_approximate && out == Restored::exact) out = Restored::approximate;
       if (e.tensor.numel() == 0) continue;
       if (e.tensor.is_cuda()) {
         Tensor h = Tensor::empty(e.tensor.shape(), e.tensor.dtype());

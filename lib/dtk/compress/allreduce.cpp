@@ -23,8 +23,9 @@ int64_t kept(double ratio, int64_t numel) {
   return std::clamp<int64_t>(k, std::min<int64_t>(1, numel), numel);
 }
 
-Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes)
-    : cfg_(cfg), comm_(comm), world_(comm.size()) {
+Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes,
+           const Topology& topology)
+    : cfg_(cfg), comm_(comm), world_(comm.size()), topo_(topology) {
   cfg_.validate();
   for (const auto& p : params) {
     if (!p.grad.defined()) fail_usage("compressor: parameter '" + p.name + "' has no gradient tensor");
@@ -43,6 +44,29 @@ Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Pa
                " (NCCL needs CUDA tensors; use the mpi backend for CPU tensors)");
   step_ = Tensor::zeros({1}, DType::i64);
   bytes_.uncompressed = total_ * 4;
+  if (topo_.shard) {
+    if (topo_.rows.size() != params.size())
+      fail_usage("compressor: sharded gradients need the rows of each of the {} parameters, got {}", params.size(),
+                 topo_.rows.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Rows& r = topo_.rows[i];
+      const auto s = static_cast<size_t>(topo_.shard->size());
+      if (r.offsets.size() != s || r.lengths.size() != s || r.rank != topo_.shard->rank() || r.shape.empty() ||
+          layout_[i].shape.empty() || layout_[i].shape[0] != r.lengths[static_cast<size_t>(r.rank)])
+        fail_usage("compressor: parameter '{}' is not rows {} of {} over a shard group of {}", layout_[i].name,
+                   shape_str(layout_[i].shape), shape_str(r.shape), s);
+    }
+  }
+  if (!topo_.buckets.empty()) {  // given: contiguous, from the last parameter backwards, covering all
+    size_t end = params.size();
+    for (const ParamRange& b : topo_.buckets) {
+      if (b.last != end || b.first > b.last) fail_usage("compressor: the given buckets do not cover the parameters in order");
+      end = b.first;
+    }
+    if (end != 0) fail_usage("compressor: the given buckets do not cover the parameters in order");
+    buckets_ = topo_.buckets;
+    return;
+  }
   // Buckets from the last parameter backwards; empty parameters join the bucket around them.
   ParamRange cur{params.size(), params.size()};
   int64_t bytes = 0;
@@ -65,11 +89,18 @@ std::vector<PlacedTensor> Base::state() {
   // each rank's own M_r, so no redistribution continues them exactly.
   const Resize resize = cfg_.kind == Kind::randomk ? Resize::mean : Resize::mean_approximate;
   if (error_.defined())
-    for (const auto& l : layout_)
-      out.push_back({"error/" + l.name, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape), Placement::per_rank,
-                     -1, false, Rows{}, resize});
+    for (size_t i = 0; i < layout_.size(); ++i) {
+      const Layout& l = layout_[i];
+      out.push_back(error_state(i, error_.slice(l.offset, l.offset + l.numel).reshape(l.shape), resize));
+    }
   out.push_back({"step", step_});
   return out;
+}
+
+PlacedTensor Base::error_state(size_t i, const Tensor& value, Resize resize) const {
+  PlacedTensor t{"error/" + layout_[i].name, value, Placement::per_rank, -1, false, Rows{}, resize};
+  if (topo_.shard) t.placement = Placement::sharded, t.rows = topo_.rows[i];
+  return t;
 }
 
 Tensor& Base::flat_error() {
@@ -216,8 +247,9 @@ class None final : public Base {
 };
 }  // namespace
 
-std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes) {
-  return std::make_unique<None>(cfg, comm, params, bucket_bytes);
+std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+                                      const Topology& topology) {
+  return std::make_unique<None>(cfg, comm, params, bucket_bytes, topology);
 }
 
 }  // namespace detail

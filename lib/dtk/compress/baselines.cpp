@@ -16,8 +16,9 @@ namespace {
 // Shared by topk and randomk: k_i coordinates of every tensor, packed in parameter order.
 class Sparse : public Base {
  public:
-  Sparse(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
-      : Base(cfg, comm, params, bucket_bytes) {
+  Sparse(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+         const Topology& topology)
+      : Base(cfg, comm, params, bucket_bytes, topology) {
     for (const auto& l : layout_) {
       k_.push_back(kept(cfg_.ratio, l.numel));
       koff_.push_back(k_total_);
@@ -68,8 +69,8 @@ class Sparse : public Base {
 // one all-gather each); the aggregate is sum over ranks of the scattered values / W.
 class TopK final : public Sparse {
  public:
-  TopK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
-      : Sparse(cfg, comm, params, bucket_bytes) {
+  TopK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes, const Topology& topology)
+      : Sparse(cfg, comm, params, bucket_bytes, topology) {
     bool small = true;
     for (const auto& l : layout_) small = small && l.numel <= INT32_MAX;
     const DType wire = small ? DType::i32 : DType::i64;  // indices travel as i32 when they fit
@@ -124,8 +125,9 @@ class TopK final : public Sparse {
 // not rescaled by n / k: error feedback carries the rest into later steps.
 class RandomK final : public Sparse {
  public:
-  RandomK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
-      : Sparse(cfg, comm, params, bucket_bytes), key_(streams::compressor_key(cfg.seed, streams::kRandomK)) {}
+  RandomK(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+          const Topology& topology)
+      : Sparse(cfg, comm, params, bucket_bytes, topology), key_(streams::compressor_key(cfg.seed, streams::kRandomK)) {}
 
   // The coordinates of tensor i at a step: randomk_indices under the step's key, at the
   // tensor's offset in the flat gradient (tensor i draws counters [offset_i, offset_i + k_i)).
@@ -169,8 +171,9 @@ class RandomK final : public Sparse {
 // sign missed: error_r = M_r - (||M_r||_1 / n) sign(M_r).
 class Signum final : public Base {
  public:
-  Signum(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes)
-      : Base(cfg, comm, params, bucket_bytes) {
+  Signum(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+         const Topology& topology)
+      : Base(cfg, comm, params, bucket_bytes, topology) {
     // Votes travel as sign + 1 in {0, 1, 2}; their sum over W ranks (at most 2W) must be exact.
     vote_ = world_ <= 127 ? DType::u8 : world_ <= 1024 ? DType::f16 : DType::f32;
     int64_t most = 0;
@@ -237,16 +240,17 @@ class Signum final : public Base {
 
 }  // namespace
 
-std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes) {
-  return std::make_unique<TopK>(cfg, comm, params, bucket_bytes);
+std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+                                      const Topology& topology) {
+  return std::make_unique<TopK>(cfg, comm, params, bucket_bytes, topology);
 }
 std::unique_ptr<Compressor> make_randomk(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                         size_t bucket_bytes) {
-  return std::make_unique<RandomK>(cfg, comm, params, bucket_bytes);
+                                         size_t bucket_bytes, const Topology& topology) {
+  return std::make_unique<RandomK>(cfg, comm, params, bucket_bytes, topology);
 }
 std::unique_ptr<Compressor> make_signum(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                        size_t bucket_bytes) {
-  return std::make_unique<Signum>(cfg, comm, params, bucket_bytes);
+                                        size_t bucket_bytes, const Topology& topology) {
+  return std::make_unique<Signum>(cfg, comm, params, bucket_bytes, topology);
 }
 
 }  // namespace dtk::compress::detail

@@ -18,15 +18,15 @@ void Config::validate() const {
 }
 
 std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
-                                            const std::vector<nn::Param>& params, size_t bucket_bytes) {
+                                            const std::vector<nn::Param>& params, size_t bucket_bytes, const Topology& topology) {
   cfg.validate();
   if (bucket_bytes == 0) fail_usage("the gradient bucket size must be positive");
   switch (cfg.kind) {
-    case Kind::none: return detail::make_none(cfg, comm, params, bucket_bytes);
-    case Kind::powersgd: return detail::make_powersgd(cfg, comm, params, bucket_bytes);
-    case Kind::topk: return detail::make_topk(cfg, comm, params, bucket_bytes);
-    case Kind::randomk: return detail::make_randomk(cfg, comm, params, bucket_bytes);
-    case Kind::signum: return detail::make_signum(cfg, comm, params, bucket_bytes);
+    case Kind::none: return detail::make_none(cfg, comm, params, bucket_bytes, topology);
+    case Kind::powersgd: return detail::make_powersgd(cfg, comm, params, bucket_bytes, topology);
+    case Kind::topk: return detail::make_topk(cfg, comm, params, bucket_bytes, topology);
+    case Kind::randomk: return detail::make_randomk(cfg, comm, params, bucket_bytes, topology);
+    case Kind::signum: return detail::make_signum(cfg, comm, params, bucket_bytes, topology);
   }
   throw Error("unknown compressor kind");
 }

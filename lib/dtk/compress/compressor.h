@@ -149,9 +149,34 @@ class Compressor {
   virtual std::vector<PlacedTensor> state() = 0;
 };
 
+// Where the gradients are, beyond the default (whole tensors on every rank of `comm`, bucketed by
+// size). fsdp-train's HSDP gives both:
+//  - buckets: the buckets themselves, in the order they become ready (contiguous ranges of the
+//    parameters covering them all, from the last backwards); empty: by bucket_bytes.
+//  - shard, rows: the grads are rows of dim 0 of whole tensors, split over the shard group
+//    `shard` as rows[i] says (core/placed.h; every rank of it holds the same number of padded
+//    rows, rows[i].lengths's largest), and `comm` connects the ranks that hold the same rows
+//    (HSDP's replicas): W is comm's size, the contributions are the replicas'. PowerSGD then
+//    compresses each whole [n, m] matrix (rank and min_compression_rate judged on the whole
+//    shape), as it would unsharded: P_s = M_s Q (this shard's rows) is summed over comm; the
+//    shards' P are all-gathered over `shard` (padding rows dropped) and the whole P
+//    orthonormalised alike on every rank; Q_g = sum over shards of M_s^T P^_s (an all-reduce over
+//    `shard`) gives the projection error e_s = M_s - P^_s Q_g^T, and Q = mean over comm of Q_g.
+//    The result does not depend on the shard count: it is the unsharded PowerSGD's, over comm's
+//    ranks, up to f32 summation order. topk, randomk and signum act on each rank's shard as its
+//    own tensors (their k and ||M||_1 / n per shard; the result depends on the shard count).
+//    The error buffers stay sharded: state() places them by rows (Placement::sharded), so that a
+//    checkpoint reshards them on another shard count; as one shard group writes, the caller saves
+//    their mean over comm (see the resume argument above).
+struct Topology {
+  std::vector<ParamRange> buckets;
+  comm::Communicator* shard = nullptr;
+  std::vector<Rows> rows;  // per parameter, with shard
+};
+
 // bucket_bytes: the bucket size (the default: one bucket of everything).
 std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
                                             const std::vector<nn::Param>& params,
-                                            size_t bucket_bytes = SIZE_MAX);
+                                            size_t bucket_bytes = SIZE_MAX, const Topology& topology = {});
 
 }  // namespace dtk::compress

@@ -27,7 +27,8 @@ struct Layout {
 
 class Base : public Compressor {
  public:
-  Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes);
+  Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes,
+       const Topology& topology);
 
   void begin(std::vector<nn::Param>& params, int64_t step) final;
   void bucket_ready(size_t k) final;
@@ -82,6 +83,9 @@ class Base : public Compressor {
   Bytes bytes_;
   Tensor step_;       // i64 [1] on the host: 1 + the last step aggregated (0 before the first)
   Tensor error_;      // f32 [total_]: per-rank error buffers of the baselines (when used)
+  Topology topo_;     // shard and rows when the grads are shards (compressor.h)
+  // The error buffer of parameter i as state() places it: per rank, or by rows when sharded.
+  PlacedTensor error_state(size_t i, const Tensor& value, Resize resize) const;
 
  private:
   void check_params(const std::vector<nn::Param>& params) const;
@@ -102,14 +106,19 @@ class Base : public Compressor {
 };
 
 using Params = std::vector<nn::Param>;
-std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes);
+std::unique_ptr<Compressor> make_none(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+                                          const Topology& topology);
 std::unique_ptr<Compressor> make_powersgd(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                          size_t bucket_bytes);
-std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes);
+                                          size_t bucket_bytes,
+                                          const Topology& topology);
+std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+                                          const Topology& topology);
 std::unique_ptr<Compressor> make_randomk(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                         size_t bucket_bytes);
+                                         size_t bucket_bytes,
+                                          const Topology& topology);
 std::unique_ptr<Compressor> make_signum(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                        size_t bucket_bytes);
+                                        size_t bucket_bytes,
+                                          const Topology& topology);
 
 // Elements kept per tensor by topk and randomk: ceil(ratio * numel), at least 1.
 int64_t kept(double ratio, int64_t numel);

@@ -13,6 +13,10 @@
 // one strided-batched GEMM per shape (a llama layer's wk/wv, w1/w3). The per-rank M_r lives in
 // that buffer and is the error buffer between steps. Each matrix's result does not depend on
 // the bucketing: products and orthonormalisation are per matrix, sums per element.
+// Sharded gradients (Topology::shard, compressor.h): M_r holds this rank's rows of the whole
+// matrix (padded to the shard group's common row count, the padding rows zero throughout); P's
+// rows are gathered over the shard group before the orthonormalisation, and the local Q summed
+// over it before Q goes to the replicas, so each whole matrix is compressed as above.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -37,7 +41,11 @@ struct Group {
   int64_t n = 0, m = 0, r = 0;
   std::vector<int> members;  // parameter indices, slot b = position here
   int64_t p_off = 0, q_off = 0;
-  Tensor mat;  // f32 [B, n, m]: M_r during a step, the error buffer between steps
+  Tensor mat;  // f32 [B, ns, m]: M_r during a step, the error buffer between steps
+  // The rows this rank holds (ns = n unsharded; sharded: the shard group's padded row count)
+  // and, sharded, every shard's rows of the whole matrix.
+  int64_t ns = 0;
+  std::vector<int64_t> offsets, lengths;
   int64_t batch() const { return static_cast<int64_t>(members.size()); }
 };
 
@@ -60,17 +68,19 @@ struct Region {
 
 class PowerSGD final : public Base {
  public:
-  PowerSGD(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes)
-      : Base(cfg, comm, params, bucket_bytes),
+  PowerSGD(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes,
+           const Topology& topology)
+      : Base(cfg, comm, params, bucket_bytes, topology),
+        split_(topo_.shard != nullptr && topo_.shard->size() > 1),
         q_key_(streams::compressor_key(cfg.seed, streams::kQ)),
         guard_key_(streams::compressor_key(cfg.seed, streams::kQGuard)) {
     slots_.resize(layout_.size());
     std::vector<int64_t> rank_of(layout_.size(), 0);  // the approximation's rank, 0: uncompressed
     int64_t q_param = 0;
     for (size_t i = 0; i < layout_.size(); ++i) {
-      const auto& l = layout_[i];
-      if (l.shape.size() < 2 || l.numel == 0) continue;
-      const int64_t n = l.shape[0], m = l.numel / n;
+      const Shape& whole = whole_shape(i);  // the rank and the rate are judged on the whole matrix
+      if (whole.size() < 2 || shape_numel(whole) == 0) continue;
+      const int64_t n = whole[0], m = shape_numel(whole) / n;
       const int64_t r = std::min<int64_t>({cfg_.rank, n, m});
       if (static_cast<double>(n + m) * static_cast<double>(r) * cfg_.min_compression_rate >=
           static_cast<double>(n) * static_cast<double>(m))
@@ -80,17 +90,25 @@ class PowerSGD final : public Base {
       q_param += m * r;
     }
     int64_t pb = 0, wb = 0;  // offsets in pbuf_ and wire_
+    int64_t whole_max = 0, region_p_max = 0;  // sharded: the largest whole P, the largest bucket's P
     regions_.resize(buckets_.size());
     for (size_t k = 0; k < buckets_.size(); ++k) {
       Region& reg = regions_[k];
       std::map<std::tuple<int64_t, int64_t, int64_t>, int> by_shape;
       for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) {
         if (rank_of[i] == 0) continue;
-        const int64_t n = layout_[i].shape[0], m = layout_[i].numel / n;
+        const Shape& whole = whole_shape(i);
+        const int64_t n = whole[0], m = shape_numel(whole) / n;
         auto it = by_shape.find({n, m, rank_of[i]});
         if (it == by_shape.end()) {
           it = by_shape.emplace(std::make_tuple(n, m, rank_of[i]), static_cast<int>(groups_.size())).first;
-          groups_.push_back({n, m, rank_of[i], {}, 0, 0, {}});
+          Group g;
+          g.n = n, g.m = m, g.r = rank_of[i], g.ns = n;
+          if (topo_.shard) {
+            g.offsets = topo_.rows[i].offsets, g.lengths = topo_.rows[i].lengths;
+            g.ns = *std::max_element(g.lengths.begin(), g.lengths.end());
+          }
+          groups_.push_back(std::move(g));
           reg.groups.push_back(it->second);
         }
         Group& g = groups_[it->second];
@@ -104,13 +122,15 @@ class PowerSGD final : public Base {
         Group& g = groups_[gi];
         g.p_off = pb;
         g.q_off = q_total_;
-        pb += g.batch() * g.n * g.r;
+        pb += g.batch() * g.ns * g.r;
         q_total_ += g.batch() * g.m * g.r;
-        g.mat = Tensor::zeros({g.batch(), g.n, g.m}, DType::f32, device_);
+        g.mat = Tensor::zeros({g.batch(), g.ns, g.m}, DType::f32, device_);
+        whole_max = std::max(whole_max, g.batch() * g.n * g.r);
         colmax_total_ += g.batch() * g.r;
       }
       reg.p_end = pb;
       reg.q_end = q_total_;
+      region_p_max = std::max(region_p_max, reg.p_end - reg.p_begin);
       p_total_ += reg.p_end - reg.p_begin;
       for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i)
         if (slots_[i].group < 0) {
@@ -127,6 +147,10 @@ class PowerSGD final : public Base {
     qlocal_ = Tensor::zeros({q_total_}, DType::f32, device_);
     if (cfg_.comm_dtype == DType::bf16 && wb > 0) wire_ = Tensor::zeros({wb}, DType::bf16, device_);
     if (colmax_total_ > 0) colmax_ = Tensor::zeros({colmax_total_}, DType::f32, device_);
+    if (split_ && region_p_max > 0) {
+      gathered_ = Tensor::zeros({topo_.shard->size() * region_p_max}, DType::f32, device_);
+      whole_p_ = Tensor::zeros({whole_max}, DType::f32, device_);
+    }
     draw_q(0);
   }
 
@@ -137,8 +161,7 @@ class PowerSGD final : public Base {
     if (cfg_.error_feedback)
       for (size_t i = 0; i < layout_.size(); ++i)
         if (slots_[i].group >= 0)
-          out.push_back({"error/" + layout_[i].name, mat_of(i).reshape(layout_[i].shape), Placement::per_rank, -1, false,
-                         Rows{}, Resize::mean});
+          out.push_back(error_state(i, rows_of(mat_of(i), i).reshape(layout_[i].shape), Resize::mean));
     out.push_back({"step", step_});
     return out;
   }
@@ -200,8 +223,10 @@ class PowerSGD final : public Base {
     for (int gi : reg.groups) {
       Group& g = groups_[gi];
       for (int64_t b = 0; b < g.batch(); ++b) {
-        Tensor mb = g.mat.select(b);
-        const Tensor grad = params[static_cast<size_t>(g.members[b])].grad.reshape({g.n, g.m});
+        const auto i = static_cast<size_t>(g.members[b]);
+        Tensor mb = rows_of(g.mat.select(b), i);
+        if (mb.numel() == 0) continue;
+        const Tensor grad = params[i].grad.reshape({mb.shape()[0], g.m});
         if (cfg_.error_feedback)
           ops::axpy(w, grad, mb);
         else
@@ -239,16 +264,24 @@ class PowerSGD final : public Base {
       Tensor ps = pbuf_.slice(reg.p_begin, reg.p_end);
       ops::cast(wire_p(reg), ps);
     }
+    if (split_ && reg.p_end > reg.p_begin)  // every shard's rows of P, for the whole matrices
+      topo_.shard->all_gather(comm::buffer_of(pbuf_.slice(reg.p_begin, reg.p_end)),
+                              comm::buffer_of(gathered_.slice(0, topo_.shard->size() * (reg.p_end - reg.p_begin))),
+                              comm::Mode::sync);
     for (int gi : reg.groups) {
       Group& g = groups_[gi];
       Tensor p = p_of(g);
-      const bool mgs = cfg_.orthogonalize == Orthogonalize::mgs || (cfg_.orthogonalize == Orthogonalize::auto_ && g.r <= 2);
-      if (mgs)
-        ops::orthonormalize_mgs(p, kMgsEps);
+      if (split_)
+        orthonormalize_whole(reg, g);
       else
-        ops::orthonormalize_qr(p);
+        orthonormalize(p, g.r);
       Tensor ql = qlocal_group(g);
       ops::gemm(true, false, 1.0, g.mat, p, 0.0, ql);
+    }
+    // Sharded: Q_g = sum over the shards of M_s^T P^_s, this replica's M^T P^ (fast hop).
+    if (split_ && reg.q_end > reg.q_begin) {
+      const Tensor ql = qlocal_.slice(reg.q_begin, reg.q_end);
+      topo_.shard->all_reduce(comm::buffer_of(ql), comm::buffer_of(ql), comm::ReduceOp::sum, comm::Mode::sync);
     }
     reg.wq = kNoWork;
     if (reg.q_end > reg.q_begin) {
@@ -284,12 +317,12 @@ class PowerSGD final : public Base {
       Group& g = groups_[gi];
       const Tensor p = p_of(g), q = q_group(g);
       for (int64_t b = 0; b < g.batch(); ++b) {
-        Tensor grad = params[static_cast<size_t>(g.members[b])].grad.reshape({g.n, g.m});
-        ops::gemm(false, true, 1.0, p.select(b), q.select(b), 0.0, grad);
-        if (cfg_.error_feedback && cfg_.error_mode == ErrorMode::full) {
-          Tensor mb = g.mat.select(b);
-          ops::axpy(-1.0, grad, mb);
-        }
+        const auto i = static_cast<size_t>(g.members[b]);
+        Tensor mb = rows_of(g.mat.select(b), i);
+        if (mb.numel() == 0) continue;
+        Tensor grad = params[i].grad.reshape({mb.shape()[0], g.m});
+        ops::gemm(false, true, 1.0, rows_of(p.select(b), i), q.select(b), 0.0, grad);
+        if (cfg_.error_feedback && cfg_.error_mode == ErrorMode::full) ops::axpy(-1.0, grad, mb);
       }
     }
     for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i)
@@ -301,6 +334,45 @@ class PowerSGD final : public Base {
   }
 
  private:
+  // The whole tensor's shape (sharded: its rows' whole), and the rows of a [ns, ...] buffer that
+  // parameter i's gradient holds (all of them unsharded).
+  const Shape& whole_shape(size_t i) const { return topo_.shard ? topo_.rows[i].shape : layout_[i].shape; }
+  Tensor rows_of(const Tensor& t, size_t i) const {
+    const int64_t len = layout_[i].shape[0];
+    return len == t.shape()[0] ? t : t.slice(0, len);
+  }
+
+  void orthonormalize(Tensor& p, int64_t r) const {
+    const bool mgs = cfg_.orthogonalize == Orthogonalize::mgs || (cfg_.orthogonalize == Orthogonalize::auto_ && r <= 2);
+    if (mgs)
+      ops::orthonormalize_mgs(p, kMgsEps);
+    else
+      ops::orthonormalize_qr(p);
+  }
+
+  // Sharded: group g's whole P [B, n, r] assembled from the gathered shards (their padding rows
+  // dropped), orthonormalised as the unsharded P would be, and this rank's rows put back.
+  void orthonormalize_whole(const Region& reg, const Group& g) {
+    const int64_t B = g.batch(), n = g.n, r = g.r, ns = g.ns, region = reg.p_end - reg.p_begin;
+    const int me = topo_.shard->rank();
+    Tensor whole = whole_p_.slice(0, B * n * r);
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t s = 0; s < g.lengths.size(); ++s) {
+        if (g.lengths[s] == 0) continue;
+        const int64_t src = static_cast<int64_t>(s) * region + (g.p_off - reg.p_begin) + b * ns * r;
+        Tensor dst = whole.slice(b * n * r + g.offsets[s] * r, b * n * r + (g.offsets[s] + g.lengths[s]) * r);
+        copy(dst, gathered_.slice(src, src + g.lengths[s] * r));
+      }
+    Tensor w = whole.reshape({B, n, r});
+    orthonormalize(w, r);
+    const int64_t off = g.offsets[static_cast<size_t>(me)], len = g.lengths[static_cast<size_t>(me)];
+    for (int64_t b = 0; b < B; ++b) {
+      if (len == 0) continue;
+      Tensor dst = pbuf_.slice(g.p_off + b * ns * r, g.p_off + (b * ns + len) * r);
+      copy(dst, whole.slice(b * n * r + off * r, b * n * r + (off + len) * r));
+    }
+  }
+
   // An in-place asynchronous all-reduce, tracked; kNoWork for an empty tensor.
   size_t all_reduce(const Tensor& t, comm::ReduceOp op) {
     if (t.numel() == 0) return kNoWork;
@@ -308,7 +380,9 @@ class PowerSGD final : public Base {
   }
   Tensor wire_p(const Region& reg) const { return wire_.slice(reg.w_begin, reg.w_begin + reg.p_end - reg.p_begin); }
   Tensor wire_q(const Region& reg) const { return wire_.slice(reg.w_begin, reg.w_begin + reg.q_end - reg.q_begin); }
-  Tensor p_of(const Group& g) const { return pbuf_.slice(g.p_off, g.p_off + g.batch() * g.n * g.r).reshape({g.batch(), g.n, g.r}); }
+  Tensor p_of(const Group& g) const {
+    return pbuf_.slice(g.p_off, g.p_off + g.batch() * g.ns * g.r).reshape({g.batch(), g.ns, g.r});
+  }
   Tensor q_group(const Group& g) const { return q_.slice(g.q_off, g.q_off + g.batch() * g.m * g.r).reshape({g.batch(), g.m, g.r}); }
   Tensor qlocal_group(const Group& g) const {
     return qlocal_.slice(g.q_off, g.q_off + g.batch() * g.m * g.r).reshape({g.batch(), g.m, g.r});
@@ -366,6 +440,7 @@ class PowerSGD final : public Base {
     }
   }
 
+  bool split_;  // sharded over a shard group of more than one rank
   uint64_t q_key_, guard_key_;
   std::vector<Group> groups_;
   std::vector<Slot> slots_;
@@ -376,13 +451,14 @@ class PowerSGD final : public Base {
   Tensor qlocal_;  // f32 [every Q]: this rank's Q_r = M_r^T P^
   Tensor wire_;    // bf16 [per bucket: max(its P, its Q)] when comm_dtype is bf16
   Tensor colmax_;  // f32 [sum of ranks]: max |Q| per column
+  Tensor gathered_, whole_p_;  // sharded: a bucket's P from every shard; a group's whole P
 };
 
 }  // namespace
 
 std::unique_ptr<Compressor> make_powersgd(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                          size_t bucket_bytes) {
-  return std::make_unique<PowerSGD>(cfg, comm, params, bucket_bytes);
+                                          size_t bucket_bytes, const Topology& topology) {
+  return std::make_unique<PowerSGD>(cfg, comm, params, bucket_bytes, topology);
 }
 
 }  // namespace dtk::compress::detail

@@ -12,7 +12,10 @@
 //   owned       one rank, `owner`, holds and writes it (Shampoo's blocks, also those cut from a
 //               shard); stored by name, so a run on another world size reassigns it on load
 //   sharded     every rank of a shard group holds rows of dim 0 (`rows`): fsdp's parameters and
-//               the optimizer state shaped like them; read back by rows on any shard count
+//               the optimizer state shaped like them; read back by rows on any shard count. A
+//               compressor's error buffers under HSDP are sharded and saved as their mean over
+//               the replicas: `resize` mean_approximate says that this does not continue them
+//               exactly (topk, signum; ckpt::load_state reports it)
 // `symmetric` marks a [d, d] symmetric matrix (Shampoo's factors and roots), stored packed.
 #pragma once
 #include <cstdint>

@@ -58,6 +58,13 @@ struct Fsdp::Impl {
   std::vector<comm::Work> gathers, reduces;
   std::vector<comm::Work> replica_works;
   bool last_micro = false;
+  // HSDP with a compressor over the replica communicator (compress::Topology): its buckets are
+  // the plan's, last first, each started once its reduce-scatter of the last micro-batch is done.
+  std::optional<compress::Config> ccfg;
+  std::unique_ptr<compress::Compressor> comp;
+  std::vector<char> ready;  // per compressor bucket, this step
+  size_t next_ready = 0;
+  Tensor saved_error;  // topk, signum: their error buffers' mean over the replicas, for a save
   // Metrics of the last step.
   double ag_bytes = 0, rs_bytes = 0, ar_bytes = 0, exposed_s = 0;
   // Stream-ordered times (core/tensor.h): on the GPU what the device spent, not what launching
@@ -78,6 +85,32 @@ struct Fsdp::Impl {
     shard = world.split(group, world.rank());
     host_shard = host.split(group, host.rank());
     if (cfg.replicate > 1) replica = world.split(sr, world.rank());
+  }
+
+  void make_compressor(const std::vector<nn::Param>& params, const std::vector<Rows>& rows, const BucketPlan& plan) {
+    validate_compressor(*ccfg, cfg.replicate);
+    compress::Topology t;
+    for (size_t k = plan.size(); k-- > 0;) t.buckets.push_back({plan[k].first, plan[k].end});
+    t.shard = shard.get();
+    t.rows = rows;
+    std::unique_ptr<compress::Compressor> c = compress::make_compressor(*ccfg, *replica, params, SIZE_MAX, t);
+    if (comp) {  // a new plan (--buckets auto): the state carries over, by name
+      const std::vector<PlacedTensor> from = comp->state(), to = c->state();
+      for (size_t i = 0; i < to.size(); ++i) {
+        if (from.at(i).name != to[i].name) fail("fsdp: the compressor's state changed with the plan at " + to[i].name);
+        Tensor v = to[i].value;
+        v.copy_from(from[i].value);
+      }
+    }
+    comp = std::move(c);
+    ready.assign(plan.size(), 0);
+  }
+
+  // Plan bucket k's shard gradient is final (the last micro-batch): the compressor starts every
+  // bucket that is ready, in its order.
+  void compress_ready(size_t k) {
+    ready[ready.size() - 1 - k] = 1;
+    while (next_ready < ready.size() && ready[next_ready]) comp->bucket_ready(next_ready++);
   }
 
   Tensor shard_view(const Tensor& flat, size_t i, int64_t rows) const {
@@ -293,7 +326,9 @@ struct Fsdp::Impl {
           }
           Tensor g = shard_grads.slice(chunk_off[k], chunk_off[k] + C);
           ops::add(g, recv, g);
-          if (replica && last_micro) {  // HSDP: the shard gradient summed over the groups
+          if (comp && last_micro) {  // HSDP, compressed
+            compress_ready(k);
+          } else if (replica && last_micro) {  // HSDP: the shard gradient summed over the groups
             replica_works.push_back(
                 replica->all_reduce(comm::buffer_of(g), comm::buffer_of(g), comm::ReduceOp::sum, comm::Mode::async));
             ar_bytes += static_cast<double>(C) * 4;
@@ -305,13 +340,24 @@ struct Fsdp::Impl {
   }
 };
 
-Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg) {
+void validate_compressor(const compress::Config& compressor, int replicate) {
+  if (compressor.kind != compress::Kind::none && replicate <= 1)
+    fail_usage("--compressor {} compresses the all-reduce across replica groups: it needs --replicate > 1",
+               name_of(compressor.kind));
+}
+
+Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg,
+           std::optional<compress::Config> compressor) {
   if (model.storage() != nn::Storage::external) fail("Fsdp: the model must have external parameter storage");
   validate(cfg, world.size());
   impl_ = std::make_unique<Impl>(model, world, host, cfg);
   impl_->layout(params_, rows_);
   plan_ = plan_from_spec(model, cfg.buckets);
   impl_->build(plan_);
+  if (compressor) {
+    impl_->ccfg = std::move(compressor);
+    impl_->make_compressor(params_, rows_, plan_);
+  }
   impl_->measuring = cfg.buckets == "auto" || cfg.print_plan;
   if (impl_->measuring) {
     impl_->fwd_s.assign(static_cast<size_t>(model.num_blocks()), 0);
@@ -347,10 +393,24 @@ void Fsdp::zero_grad() {
   }
 }
 
-void Fsdp::begin(int64_t) { impl_->last_micro = true; }
+void Fsdp::begin(int64_t step) {
+  Impl& m = *impl_;
+  m.last_micro = true;
+  if (m.comp) {
+    m.comp->begin(params_, step);
+    std::fill(m.ready.begin(), m.ready.end(), 0);
+    m.next_ready = 0;
+  }
+}
 
 void Fsdp::finish() {
   Impl& m = *impl_;
+  if (m.comp) {  // its collectives in flight completed, the rest run (exposed)
+    m.exposed.start();
+    m.comp->finish();
+    m.exposed.stop(&m.exposed_s);
+    m.ar_bytes = static_cast<double>(m.comp->last_bytes().sent);
+  }
   for (comm::Work& w : m.replica_works) m.wait_timed(w);
   m.replica_works.clear();
   m.last_micro = false;
@@ -371,6 +431,11 @@ double Fsdp::clip_grad_norm(double max_norm) {
 void Fsdp::metrics(nlohmann::ordered_json& j) const {
   const Impl& m = *impl_;
   j["comm_bytes"] = m.ag_bytes + m.rs_bytes + m.ar_bytes;
+  if (m.comp) {  // the replica hop's
+    const compress::Bytes b = m.comp->last_bytes();
+    j["comm_bytes_uncompressed"] = b.uncompressed;
+    j["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
+  }
   j["all_gather_bytes"] = m.ag_bytes;
   j["reduce_scatter_bytes"] = m.rs_bytes;
   if (m.replica) j["all_reduce_bytes"] = m.ar_bytes;
@@ -382,6 +447,37 @@ void Fsdp::metrics(nlohmann::ordered_json& j) const {
 comm::Communicator& Fsdp::optimizer_comm() { return *impl_->shard; }
 
 std::vector<PlacedTensor> Fsdp::state() { return model_state(impl_->model); }
+
+std::vector<PlacedTensor> Fsdp::sync_state() {
+  if (!impl_->comp) return {};
+  return prefixed("compress/", impl_->comp->state());
+}
+
+std::vector<PlacedTensor> Fsdp::saved_sync_state() {
+  Impl& m = *impl_;
+  std::vector<PlacedTensor> s = sync_state();
+  // The error buffers (sharded, one per replica): their mean over the replicas, which is what
+  // the writing shard group saves. PowerSGD's and randomk's later steps depend on them only
+  // through that mean (compress/compressor.h), so every replica takes it, in place: the run
+  // goes on as it would have (up to f32 rounding) and a resume continues it bit for bit.
+  int64_t copies = 0;
+  for (const PlacedTensor& t : s)
+    if (t.placement == Placement::sharded && t.resize != Resize::mean) copies += t.value.numel();
+  if (copies > 0 && (!m.saved_error.defined() || m.saved_error.numel() < copies))
+    m.saved_error = Tensor::empty({copies}, DType::f32, m.dev);
+  int64_t off = 0;
+  for (PlacedTensor& t : s) {
+    if (t.placement != Placement::sharded || t.value.numel() == 0) continue;
+    Tensor dst = t.value;
+    if (t.resize != Resize::mean) {
+      dst = m.saved_error.slice(off, off + t.value.numel()).reshape(t.value.shape());
+      off += t.value.numel();
+    }
+    m.replica->all_reduce(comm::buffer_of(t.value), comm::buffer_of(dst), comm::ReduceOp::avg, comm::Mode::sync);
+    t.value = dst;
+  }
+  return s;
+}
 
 comm::Communicator* Fsdp::checkpoint_comm() {
   Impl& m = *impl_;
@@ -417,6 +513,7 @@ void Fsdp::before_backward(int block) {
 
 void Fsdp::after_backward(int block) {
   Impl& m = *impl_;
+  if (m.comp && m.last_micro) m.comp->progress();
   if (m.measuring) m.blocks.stop(&m.bwd_s[static_cast<size_t>(block)]);
   m.run(m.train.at[kAfterBackward][static_cast<size_t>(block)], plan_);
 }
@@ -488,6 +585,7 @@ bool Fsdp::before_step(int64_t) {
   if (m.cfg.buckets == "auto") {
     plan_ = plan_auto(m.model, m.wire, m.costs, m.cfg);
     m.build(plan_);
+    if (m.comp) m.make_compressor(params_, rows_, plan_);
     spdlog::info("fsdp: automatic bucket plan of {} bucket(s) for {} blocks", plan_.size(), m.model.num_blocks());
   }
   if (m.cfg.print_plan) {

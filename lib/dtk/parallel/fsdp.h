@@ -34,8 +34,14 @@
 //
 // HSDP: with replicate R, the world's ranks form R groups of S = N / R consecutive ranks; each
 // group shards the model, and after the last micro-batch's reduce-scatter each bucket's shard
-// gradient is all-reduced across the groups (the ranks with the same shard rank).
+// gradient is all-reduced across the groups (the ranks with the same shard rank). With a
+// compressor (fsdp-train --compressor) that all-reduce, the slow hop, is compressed instead,
+// bucket by bucket as the same reduce-scatters complete (compress::Topology: the compressor's
+// buckets are the plan's, last first; the shard group is its shard communicator, so PowerSGD
+// compresses whole matrices and gives psgd-train's result on any R x S); finish() completes it.
+// Its error buffers live on the shards; checkpoints save their mean over the replicas, by rows.
 #pragma once
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -44,6 +50,7 @@
 
 #include "dtk/comm/comm.h"
 #include "dtk/comm/cost.h"
+#include "dtk/compress/compressor.h"
 #include "dtk/core/enums.h"
 #include "dtk/nn/model.h"
 #include "dtk/parallel/parallelism.h"
@@ -101,25 +108,36 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FsdpConfig, param_dtype, reduce_dtype, reshar
 // --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
 // without auto.
 void validate(const FsdpConfig& cfg, int world_size);
+// A compressor (of HSDP's all-reduce across the replica groups) needs replicate > 1: UsageError
+// naming --compressor and --replicate otherwise.
+void validate_compressor(const compress::Config& compressor, int replicate);
 
 class Fsdp final : public Parallelism {
  public:
   // model: external storage. world, host: the job's device and host world communicators.
-  Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg);
+  // compressor: HSDP's all-reduce across the replica groups compressed (cfg.replicate > 1).
+  Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg,
+       std::optional<compress::Config> compressor = std::nullopt);
   ~Fsdp() override;
 
   std::vector<nn::Param>& params() override { return params_; }
   comm::Communicator& optimizer_comm() override;
   const Rows* rows(size_t i) const override { return &rows_.at(i); }
   std::vector<PlacedTensor> state() override;  // the parameters' shards and the model's buffers
+  // The compressor's ("compress/...": Q and step replicated, the error buffers by rows); saved:
+  // the error buffers' mean over the replicas (PowerSGD, randomk: in place, as every later step
+  // depends on them only through it; topk, signum: a copy, each replica keeps its own).
+  std::vector<PlacedTensor> sync_state() override;
+  std::vector<PlacedTensor> saved_sync_state() override;
   void init(uint64_t seed) override;
   void loaded() override {}
   void zero_grad() override;
   void begin(int64_t step) override;
   void finish() override;
   double clip_grad_norm(double max_norm) override;
-  // all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP), exposed_comm_ms,
-  // arena_bytes, shard_bytes; comm_bytes = their sum.
+  // all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP: the replica hop's bytes
+  // sent, compressed or not), exposed_comm_ms, arena_bytes, shard_bytes; comm_bytes = their sum;
+  // with a compressor also comm_bytes_uncompressed and compression_ratio (of the replica hop).
   void metrics(nlohmann::ordered_json& m) const override;
   comm::Communicator* checkpoint_comm() override;
   bool before_step(int64_t step) override;

@@ -48,6 +48,10 @@ class Parallelism : public nn::BlockHooks {
   virtual std::vector<PlacedTensor> state() = 0;
   // The gradient synchronisation's own state, placed: a compressor's ("compress/..."); none by default.
   virtual std::vector<PlacedTensor> sync_state() { return {}; }
+  // The same as a checkpoint saves it; collective over the world, on every rank, right before the
+  // state is gathered for a save (fsdp-train's HSDP: a compressor's error buffers, per replica,
+  // saved as their mean over the replicas, since one shard group writes).
+  virtual std::vector<PlacedTensor> saved_sync_state() { return sync_state(); }
   // The rank and the number of ranks that per-rank state is indexed by: the shard group's when
   // sharded (rows(0)), else optimizer_comm()'s (the world).
   virtual std::pair<int, int> state_rank();

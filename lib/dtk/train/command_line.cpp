@@ -223,11 +223,11 @@ void add_options(CLI::App& app, train::Options& o) {
   app.final_callback([&app, &o] { keep_checkpoint_options(app, o); });
 }
 
-std::string metrics_help(train::MetricSource added) {
+std::string metrics_help(train::MetricSource added, train::MetricSource also) {
   std::string s = "Metrics (JSON lines on stdout or --metrics):";
   const char* sep = " ";
   for (const auto& k : train::kMetricKeys) {
-    if (k.source != train::MetricSource::loop && k.source != added) continue;
+    if (k.source != train::MetricSource::loop && k.source != added && k.source != also) continue;
     s += sep + std::string(k.name) + (k.when.empty() ? "" : " (" + std::string(k.when) + ")");
     sep = ", ";
   }
@@ -300,6 +300,33 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
       ->group(g)->check(cli::at_least(0));
   add_enum(app, "--direction-dtype", c.communication_dtype, "search directions all-gathered in this precision",
            {DType::f32, DType::bf16})->group(g);
+}
+
+compress::Config CompressorOptions::config(uint64_t seed) const {
+  compress::Config c = compressor;
+  c.warm_start = !no_warm_start;
+  c.error_feedback = !no_error_feedback;
+  c.seed = seed;
+  c.validate();
+  return c;
+}
+
+void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::string& none_help) {
+  compress::Config& c = o.compressor;
+  const char* g = "Compression";
+  add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")")->group(g);
+  app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(at_least(1));
+  app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")->group(g)->check(at_least(0));
+  app.add_option("--min-compression-rate", c.min_compression_rate,
+                 "compress a matrix only when it shrinks at least this much")->group(g)->check(positive());
+  app.add_flag("--no-warm-start", o.no_warm_start, "draw a new Q every step instead of reusing the last")->group(g);
+  app.add_flag("--no-error-feedback", o.no_error_feedback, "drop what the compression leaves out")->group(g);
+  add_enum(app, "--error-mode", c.error_mode,
+           "error feedback: projection (M - P(P^T M), bounded per rank) or full (M - P Q^T)")->group(g);
+  add_enum(app, "--orthogonalize", c.orthogonalize, "auto (Gram-Schmidt for rank <= 2, QR above), mgs or qr")->group(g);
+  add_enum(app, "--comm-dtype", c.comm_dtype, "P and Q on the wire", {DType::f32, DType::bf16})->group(g);
+  app.add_option("--compress-ratio", c.ratio, "topk/randomk: fraction of each gradient's coordinates sent")
+      ->group(g)->check(positive())->check(at_most(1));
 }
 
 }  // namespace dtk::train

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "dtk/compress/compressor.h"
 #include "dtk/optim/shampoo.h"
 #include "dtk/train/metrics.h"
 #include "dtk/train/options.h"
@@ -11,13 +12,23 @@
 namespace dtk::train {
 
 // The --help footer's line of metrics (train/metrics.h's schema): the loop's own and those of
-// `added`, the program's placement or compressor.
-std::string metrics_help(MetricSource added);
+// `added` and `also`, the program's placement and compressor.
+std::string metrics_help(MetricSource added, MetricSource also = MetricSource::loop);
 
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, Options& o);
 // Registers Shampoo's options (group "Shampoo") into c (train::strategy applies the common options
 // on top), those that split its work over ranks (--trainers-per-group, --direction-dtype) included.
 void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c);
+
+// The gradient compressor's options (group "Compression": --compressor, --rank, --start-iter, ...),
+// psgd-train's and fsdp-train's; config() resolves them with the run's seed (and validates).
+struct CompressorOptions {
+  compress::Config compressor;
+  bool no_warm_start = false, no_error_feedback = false;
+  compress::Config config(uint64_t seed) const;
+};
+// `none_help`: what --compressor none means in the program.
+void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help);
 
 }  // namespace dtk::train

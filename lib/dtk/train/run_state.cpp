@@ -35,11 +35,11 @@ void agreed(comm::Communicator& host, bool mine, const std::function<void()>& f)
   if (const std::string e = ckpt::agree(host, err); !e.empty()) throw AgreedError(e, 1);
 }
 
-std::vector<PlacedTensor> RunState::placed(bool weights_only) const {
+std::vector<PlacedTensor> RunState::placed(bool weights_only, bool saving) const {
   std::vector<PlacedTensor> s = par.state();
   if (weights_only) return s;
   for (PlacedTensor& t : prefixed("optim/", optim->state())) s.push_back(std::move(t));
-  for (PlacedTensor& t : par.sync_state()) s.push_back(std::move(t));
+  for (PlacedTensor& t : saving ? par.saved_sync_state() : par.sync_state()) s.push_back(std::move(t));
   return s;
 }
 
@@ -111,7 +111,7 @@ std::unique_ptr<PendingSave> RunState::begin_save(const std::filesystem::path& p
   m.extra["state_ranks"] = par.state_rank().second;  // whose per-rank state this is (ckpt::load_state)
   m.extra["run_options"] = o.run_options;            // what a resume keeps (train::add_options)
   auto p = std::make_unique<PendingSave>(path, step, host);
-  const std::vector<ckpt::StateEntry> entries = ckpt::entries(placed());
+  const std::vector<ckpt::StateEntry> entries = ckpt::entries(placed(false, true));
   if (!sharded(par)) {
     p->write_ = std::make_unique<ckpt::StateWrite>(path, entries, m, host, false, snapshot);
   } else if (comm::Communicator* c = par.checkpoint_comm()) {
@@ -174,8 +174,12 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
     const int64_t before = meta.extra.value("state_ranks", meta.world_size);
     const std::string sizes = fmt::format("{} was written by {} rank{}, this job has {}", path.string(), before,
                                           before == 1 ? "" : "s", par.state_rank().second);
-    const std::string kind = strategy.config.value("kind", std::string("the compressor"));
-    if (restored == ckpt::Restored::approximate)
+    const nlohmann::json& cc = strategy.config.contains("compressor") ? strategy.config["compressor"] : strategy.config;
+    const std::string kind = cc.value("kind", std::string("the compressor"));  // psgd-train's config, fsdp-train's part
+    if (restored == ckpt::Restored::approximate && sharded(par))
+      spdlog::warn("{}: {}'s error feedback was saved as its mean over the replica groups, which does not continue it "
+                   "exactly ({} compresses each replica's own gradient)", path.string(), kind, kind);
+    else if (restored == ckpt::Restored::approximate)
       spdlog::warn("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
                    "it exactly ({} compresses each rank's own gradient)", sizes, kind, kind);
     else if (sharded(par))

@@ -68,7 +68,8 @@ struct RunState {
 
   // The model (the parallelism's parameters and buffers) and, unless only the weights are
   // wanted, the optimizer's and the gradient synchronisation's state.
-  std::vector<PlacedTensor> placed(bool weights_only = false) const;
+  // saving: the state as a save gathers it (Parallelism::saved_sync_state, collective).
+  std::vector<PlacedTensor> placed(bool weights_only = false, bool saving = false) const;
   // Writes the checkpoint of step `step`: a full one through rank 0, or, sharded, a sharded
   // state by the ranks of the parallelism's checkpoint_comm(). A failure is the same
   // AgreedError (exit 1) on every rank.
