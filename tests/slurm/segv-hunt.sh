@@ -15,6 +15,7 @@
 #   tests/slurm/segv-hunt.sh BUILD_DIR SECONDS [DIR]
 # Prints one line per launch and a summary; DIR (default a new directory under /tmp) is kept.
 set -euo pipefail
+{  # (read whole before it runs: the script may be edited while a long hunt runs)
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(realpath "$1")
 seconds=$2
@@ -97,6 +98,7 @@ kill_rank1() {
   for p in $(pgrep -x psgd-train); do
     case "$(readlink "/proc/$p/cwd" 2>/dev/null)" in "$dir"/work/tasks/*.t1) kill -9 "$p" && return 0 ;; esac
   done
+  return 1
 }
 echo "== self-check: a task that dies of SIGSEGV after MPI_Init leaves a core with a backtrace"
 cat > segv.c <<'EOF_C'
@@ -132,7 +134,17 @@ while [ $SECONDS -lt $t_end ]; do
       [ $kind = plain ] || steps=$((steps + 4))
       srun --mpi=pmix --kill-on-bad-exit=1 "${sizes[@]}" ./task.sh "${train[@]}" --steps $steps > "$log" 2>&1 &
       p=$!
-      [ $kind = plain ] || kill_rank1 "$log"
+      if [ $kind = killed ] && kill_rank1 "$log"; then
+        # Rank 0 should be gone within 3 s (tests/slurm); still there after 5 s: its threads' stacks.
+        for _ in $(seq 50); do kill -0 $p 2>/dev/null || break; sleep 0.1; done
+        for q in $(pgrep -x psgd-train); do
+          case "$(readlink "/proc/$q/cwd" 2>/dev/null)" in
+            "$dir"/work/tasks/*.t0)
+              echo "rank 0 still runs 5 s after rank 1 was killed: its stacks in $dir/crashes/hang-$n.txt"
+              gdb -batch -p "$q" -ex 'thread apply all bt' > "$dir/crashes/hang-$n.txt" 2>&1 || true ;;
+          esac
+        done
+      fi
       rc=0; wait $p || rc=$?
       job=$(ls tasks 2>/dev/null | head -n1 | cut -d. -f1)
       ;;
@@ -164,3 +176,5 @@ while [ $SECONDS -lt $t_end ]; do
   n=$((n + 1))
 done
 echo "SUMMARY: $runs launches of srun (plain ${count[plain]:-0}, killed ${count[killed]:-0}, the rest in ${count[requeue]:-0} requeued jobs of up to 3 runs), $crashes with a core"
+exit
+}
