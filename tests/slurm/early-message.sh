@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 31's launch-time SIGSEGV, made deterministic (README, "Requeue chains and launches that
 # fail"); not run by ctest (it needs gdb). On the test cluster (cluster.sh), with the pmix
-# plugin's fences by tree (SLURM_PMIX_FENCE=tree, slurm's default) and then by ring (cluster.sh's
-# mpi.conf):
+# plugin's fences by tree (SLURM_PMIX_FENCE=tree; unset, slurm's default, they behaved the same)
+# and then by ring (cluster.sh's mpi.conf):
 #   1. a PMIx fence across the two nodes, entered 2 s late by task 1: how long task 0 waits;
 #   2. psgd-train on 2 tasks, task 1 run under gdb, held 2 s inside MPI_Init just before Open
 #      MPI's PML registers its receive callbacks (mca_pml_ob1_add_procs), then made to run Open

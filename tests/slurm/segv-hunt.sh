@@ -13,8 +13,9 @@
 # MPI's signal handler (OMPI_MCA_opal_signal=""); a task killed by a signal other than the
 # harness's SIGKILL is a crash: its log, and gdb's backtrace of its core, go to DIR/crashes.
 # A rank 0 still running 5 s after its rank 1 was killed leaves its threads' stacks there too.
-# cluster.sh's fences are by ring; SLURM_PMIX_FENCE=tree in this script's environment hunts with
-# slurm's default, where the crash came (1 in 112 launches; README).
+# cluster.sh's fences are by ring; SLURM_PMIX_FENCE=tree in this script's environment gives
+# fences that do not wait, as with PMIxCollFence unset (slurm's default), where the crash came
+# (1 in 112 launches; README).
 #   tests/slurm/segv-hunt.sh BUILD_DIR SECONDS [DIR]
 # Prints one line per launch and a summary; DIR (default a new directory under /tmp) is kept.
 set -euo pipefail

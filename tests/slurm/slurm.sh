@@ -168,7 +168,7 @@ set -e
   || { cat nopmix.out >&2; fail "srun without --mpi=pmix: exit $rc"; }
 
 echo "== a PMIx fence across the two nodes waits for the later task (cluster.sh: fences by ring)"
-# By tree, slurm's default, it returned at once on this cluster (two slurmd on one host): then so
+# Unset (slurm's default) or by tree, it returned at once on this cluster (two slurmd on one host): then so
 # does MPI_Init's last fence, and a rank's first message could reach a peer still in MPI_Init,
 # which died of SIGSEGV (tests/slurm/early-message.sh shows it).
 # shellcheck disable=SC2046
