@@ -72,6 +72,12 @@ NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$p1 CPUs=1 State=UNKNOWN
 NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$p2 CPUs=1 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 EOF
+  # The pmix plugin's fences: by ring. Unset (slurm's default) or by tree, a fence across the two
+  # emulated nodes returns at once, without waiting for the other node's tasks (a task that enters it 2 s
+  # late: 0.000 s waited by the other, where the ring waits 2.0 s); Open MPI's MPI_Init then lets
+  # a rank start sending while its peer is still inside MPI_Init, before the peer can take
+  # messages, and the peer dies of SIGSEGV (README, "Requeue chains and launches that fail").
+  echo "PMIxCollFence=ring" > "$dir/mpi.conf"
   export SLURM_CONF=$dir/slurm.conf
   slurmctld -i
   slurmd -N n1

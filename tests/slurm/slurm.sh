@@ -2,6 +2,7 @@
 # The shipped SLURM scripts (share/dtk/slurm/*.sbatch) on a real SLURM cluster started here
 # (tests/slurm/cluster.sh: slurmctld and two slurmd, nodes n1 and n2 of one CPU each), with only
 # sizes, times and the CPU device set on the command line:
+#   - a PMIx fence across the two nodes waits for the later task (cluster.sh's fences by ring);
 #   - the launch-failure block is the same in every sbatch script;
 #   - comm-bench.sbatch over srun --mpi=pmix, one task per node; srun without it: exit 2, one line;
 #   - a rank still exiting when srun --kill-on-bad-exit ends it exits with the agreed status
@@ -109,8 +110,7 @@ same_weights() {
 hurry() {
   for _ in $(seq 120); do
     # (the slurmstepd processes of a step of that id, and their sockets in this cluster's spool
-    # directories: with only the sockets checked, a run hurried about 2 s after the previous one
-    # stopped had task 0 die of SIGSEGV in its start-up, a failed launch the script requeued)
+    # directories)
     [ "$(sinfo -h -N -o '%t' | sort -u | tr -d '\n')" = idle ] \
       && ! compgen -G "$scratch/cluster/spool/n*/n*_$1.*" > /dev/null \
       && ! compgen -G "$scratch/cluster/spool/n*/*pmix.$1.*" > /dev/null \
@@ -129,8 +129,8 @@ wait_requeued() {
   fail "job $1 was not requeued $2 times (state $(state "$1"), restarts $(field "$1" Restarts))"
 }
 # Waits until job $1's log $2 shows step $3. A launch that failed on the way (a task killed in
-# its start-up: a SIGSEGV inside Open MPI's start-up was seen here about once in three runs of
-# this test, in a job started seconds after another job's step ended on the same nodes) is
+# its start-up: a SIGSEGV inside Open MPI's MPI_Init was seen here about once in three runs of
+# this test while the cluster's PMIx fences did not wait, before cluster.sh set them by ring) is
 # requeued by the script: that is reported, Open MPI's lines about it shown, and the requeued
 # run hurried and waited for.
 reach_step() {
@@ -166,6 +166,16 @@ rc=$?
 set -e
 [ $rc = 2 ] && [ "$(grep -c 'without PMIx, which Open MPI needs' nopmix.out)" = 2 ] \
   || { cat nopmix.out >&2; fail "srun without --mpi=pmix: exit $rc"; }
+
+echo "== a PMIx fence across the two nodes waits for the later task (cluster.sh: fences by ring)"
+# Unset (slurm's default) or by tree, it returned at once on this cluster (two slurmd on one host): then so
+# does MPI_Init's last fence, and a rank's first message could reach a peer still in MPI_Init,
+# which died of SIGSEGV (tests/slurm/early-message.sh shows it).
+# shellcheck disable=SC2046
+gcc $(pkg-config --cflags pmix) -o pmix_fence "$here/pmix_fence.c" $(pkg-config --libs pmix) || fail "cannot build pmix_fence.c"
+waited=$(srun --mpi=pmix --nodes=2 --ntasks-per-node=1 ./pmix_fence) || fail "pmix_fence: srun failed"
+python3 -c "assert $waited > 1.5" || fail "task 0 waited $waited s in a PMIx fence that task 1 entered 2 s late"
+echo "task 0 waited $waited s"
 
 echo "== the launch-failure block is the same in every sbatch script"
 launch_block() { sed -n '/^# ---- launch failures/,/^# ---- end of the launch-failure block/p' "$1"; }
