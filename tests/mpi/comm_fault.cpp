@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "dtk/cli/cli.h"
@@ -36,8 +37,10 @@ int main(int argc, char** argv) {
     // After a stop request, a peer whose process is gone (its side channel closed, as at its
     // death) ends the wait at once; a peer that is only stopped does not, and the stop's grace
     // of 5 s applies.
-    if (mode == "gone-at-stop" || mode == "stopped-at-stop") {
-      if (culprit && mode == "gone-at-stop") {
+    // The same while a Patient lives (a checkpoint's gather from its writers): a dead peer still ends it.
+    const bool gone = mode == "gone-at-stop" || mode == "gone-at-stop-patient";
+    if (gone || mode == "stopped-at-stop") {
+      if (culprit && gone) {
         dtk::comm::side::stop();
         sleep(60);
       }
@@ -59,6 +62,8 @@ int main(int argc, char** argv) {
       short_waits("a wait on the main thread", 3.0);
       other.join();
     }
+    std::optional<dtk::comm::watchdog::Patient> patient;
+    if (mode == "gone-at-stop-patient") patient.emplace();
     double v = 1;
     world->all_reduce({&v, 1, dtk::DType::f64, {}}, {&v, 1, dtk::DType::f64, {}}, dtk::comm::ReduceOp::sum,
                       dtk::comm::Mode::sync);
@@ -68,7 +73,7 @@ int main(int argc, char** argv) {
   p.name = "comm-fault";
   p.description = "test program: one rank misbehaves";
   p.add_options = [](CLI::App& app) {
-    app.add_option("--mode", mode, "die, hang, device-hang, overlapping-waits, gone-at-stop, stopped-at-stop, usage-on-one, fail-on-one or ok")->required();
+    app.add_option("--mode", mode, "die, hang, device-hang, overlapping-waits, gone-at-stop, gone-at-stop-patient, stopped-at-stop, usage-on-one, fail-on-one or ok")->required();
   };
   p.validate = [&run](dtk::comm::Runtime& rt) -> dtk::cli::Work {
     if (mode == "usage-on-one" && rt.rank() == rt.size() - 1) dtk::fail_usage("bad input seen on the last rank only");

@@ -29,6 +29,8 @@ check "a singleton's wait hangs: the rank's own line" 1 30 "rank 0: a wait for t
   $prog --mode device-hang --comm-timeout 1
 check "after a stop request, a peer gone: no 5 s grace" 1 30 \
   "rank 0: all_reduce cannot complete after the stop request: rank 1 has exited" $mpiexec -n 2 $prog --mode gone-at-stop --comm-timeout 60
+check "after a stop request, a peer gone during a checkpoint's wait (Patient): ended too" 1 30 \
+  "rank 0: all_reduce cannot complete after the stop request: rank 1 has exited" $mpiexec -n 2 $prog --mode gone-at-stop-patient --comm-timeout 60
 check "after a stop request, a peer stopped: the 5 s grace" 1 30 "has waited 5 s since the stop was requested" \
   $mpiexec -n 2 $prog --mode stopped-at-stop --comm-timeout 60
 check "the watchdog runs the expiry hook" 1 30 "the expiry hook ran" $mpiexec -n 2 $prog --mode device-hang --comm-timeout 2
@@ -38,4 +40,4 @@ check "failure on one rank" 1 30 "a failure on the last rank only" $mpiexec -n 2
 check "bad option" 2 30 "unknown option --no-such-option (see --help)" $mpiexec -n 2 $prog --mode ok --no-such-option
 check "singleton" 0 30 "" $prog --mode ok
 check "srun without PMI" 2 30 "mpi=pmix" env SLURM_STEP_ID=0 SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=4 SLURM_NTASKS=4 $prog --mode ok
-[ $fails = 0 ] && echo "14 passed, 0 failed" || { echo "$((14-fails)) passed, $fails failed"; exit 1; }
+[ $fails = 0 ] && echo "15 passed, 0 failed" || { echo "$((15-fails)) passed, $fails failed"; exit 1; }

@@ -244,9 +244,11 @@ void loop() {
       const Slot& s = g_slots[i];
       const long long start = s.start_ns.load();
       if (start == 0) continue;
-      if (hurry != 0 && g_patient.load() == 0) {
+      if (hurry != 0) {
+        // A Patient's wait (the writers of a checkpoint) may outlast the grace; a peer gone for
+        // good ends it all the same.
         const long long waited = now - std::max(start, hurry);
-        if (waited > kHurryGraceS * 1e9)
+        if (waited > kHurryGraceS * 1e9 && g_patient.load() == 0)
           expire(s, fmt::format("has waited {:.0f} s since the stop was requested; a peer rank has probably died. "
                                 "Ending the job.", kHurryGraceS).c_str());
         if (waited > kDeadProbeS * 1e9 && now - last_probe > kDeadProbeEveryS * 1e9 && side::ready()) {

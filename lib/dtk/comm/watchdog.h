@@ -41,8 +41,8 @@ void stop();
 // kDeadProbeEveryS: a peer whose process is gone refuses the connection at once, and the job
 // ends then (a healthy job's peers are all there, so its graceful stop is unchanged; a stopped
 // or hung peer is still there, and kHurryGraceS applies). Async-signal-safe. unhurry() ends it.
-// While a Patient lives (a checkpoint write: the other ranks wait for the writers), it does not
-// apply.
+// While a Patient lives (a checkpoint write: the other ranks wait for the writers), the grace
+// does not apply; the probe for peers that are gone still does.
 inline constexpr double kHurryGraceS = 5;
 inline constexpr double kDeadProbeS = 0.5;
 inline constexpr double kDeadProbeEveryS = 0.25;
