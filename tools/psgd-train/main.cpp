@@ -2,6 +2,7 @@
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
 #include "dtk/train/command_line.h"
+#include "dtk/compress/auto.h"
 #include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/data_parallel.h"
@@ -70,6 +71,7 @@ cli::Program program(Args& a) {
     compress::Config c = a.compressor;
     if (c.kind == compress::Kind::auto_ && a.rank->count() > 0)
       fail_usage("--compressor auto chooses the rank itself: give it --auto-ranks LOW,HIGH, not --rank");
+    if (comm::CostModel link; c.kind == compress::Kind::auto_) compress::auto_link_from_env(link);  // malformed: exit 2 now
     if (a.print_plan && c.kind != compress::Kind::auto_)
       fail_usage("--print-plan prints auto's plan: it needs --compressor auto");
     train::Options t = a.train;

@@ -94,18 +94,33 @@ void Accordion::end_interval(double eta) {
   sum = count = 0;
 }
 
+bool auto_link_from_env(comm::CostModel& out) {
+  const char* env = std::getenv(kAutoLinkEnv);
+  if (!env || !*env) return false;
+  char* end = nullptr;
+  const double alpha_us = std::strtod(env, &end);
+  double gbps = 0;
+  if (end != env && *end == ',') gbps = std::strtod(end + 1, &end);
+  if (*end != '\0' || !(alpha_us >= 0) || !(gbps > 0) || !std::isfinite(alpha_us) || !std::isfinite(gbps))
+    fail_usage("{}='{}': expected ALPHA_US,GBYTES_PER_S (the link's latency in microseconds and bandwidth in GB/s, "
+               "both > 0 but the latency >= 0)",
+               kAutoLinkEnv, env);
+  out = {alpha_us * 1e-6, 1e-9 / gbps};
+  return true;
+}
+
 namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Columns [0, min) of src [m, rs] into dst [m, rd] (Q at another rank), through the host: only
-// when a rank changes or state moves.
-void copy_cols(Tensor& dst, const Tensor& src) {
+// Columns [0, min) of src [m, rs] into dst [m, rd] (Q at another rank), the rest of dst kept or
+// zeroed, through the host: only when a rank changes or state moves.
+void copy_cols(Tensor& dst, const Tensor& src, bool zero_rest = false) {
   const int64_t m = dst.shape()[0], rd = dst.shape()[1], rs = src.shape()[1], c = std::min(rd, rs);
   const std::vector<double> a = src.to_doubles();
-  std::vector<double> d = dst.to_doubles();
+  std::vector<double> d = zero_rest ? std::vector<double>(static_cast<size_t>(dst.numel()), 0.0) : dst.to_doubles();
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < c; ++j) d[static_cast<size_t>(i * rd + j)] = a[static_cast<size_t>(i * rs + j)];
   dst.copy_from(Tensor::from_doubles(d, dst.shape(), DType::f32, dst.device()));
@@ -261,8 +276,10 @@ class Auto final : public Compressor {
           if (auto s = st.find("error/" + name); s != st.end()) e->second.copy_from(s->second);
           else ops::fill(e->second, 0.0);
         }
-        if (auto q = q_.find(i); q != q_.end())
-          if (auto s = st.find("q/" + name); s != st.end()) copy_cols(q->second, s->second);
+        if (auto q = q_.find(i); q != q_.end()) {  // Q at its width, zero beyond (and for none)
+          if (auto s = st.find("q/" + name); s != st.end()) copy_cols(q->second, s->second, true);
+          else ops::fill(q->second, 0.0);
+        }
       }
     }
     save_decision();
@@ -442,15 +459,7 @@ class Auto final : public Compressor {
   void measure_link(int64_t step) {
     link_measured_ = true;
     link_step_ = step;
-    if (const char* env = std::getenv(kAutoLinkEnv); env && *env) {
-      char* end = nullptr;
-      const double alpha_us = std::strtod(env, &end);
-      double gbps = 0;
-      if (end && *end == ',') gbps = std::strtod(end + 1, &end);
-      if (!end || *end != '\0' || !(alpha_us >= 0) || !(gbps > 0))
-        fail_usage("{}='{}': expected ALPHA_US,GBYTES_PER_S (the link's latency in microseconds and bandwidth in GB/s)",
-                   kAutoLinkEnv, env);
-      costs_.link = {alpha_us * 1e-6, 1e-9 / gbps};
+    if (auto_link_from_env(costs_.link)) {
       link_env_ = true;
       return;
     }

@@ -39,6 +39,9 @@
 namespace dtk::compress {
 
 inline constexpr const char* kAutoLinkEnv = "DTK_AUTO_LINK";
+// DTK_AUTO_LINK's link model into `out` when the variable is set and not empty (UsageError naming
+// it when malformed); false when unset. psgd-train checks it at start.
+bool auto_link_from_env(comm::CostModel& out);
 // A change of a bucket's choice must shorten the predicted step by this fraction.
 inline constexpr double kSwitchMargin = 0.02;
 
