@@ -219,6 +219,9 @@ class Auto final : public Compressor {
     const auto t = Clock::now();
     ++next_;
     Sub& s = subs_[k];
+    double sq = 0;  // Accordion: the norm of this rank's estimate of the mean gradient, W grad_r
+    for (const nn::Param& p : s.params) sq += ops::dot(p.grad, p.grad);
+    acc_[k].add(world_ * std::sqrt(sq));
     for (auto& [i, err] : s.flush) {  // what left compression: its error, into this step's contribution
       Tensor g = (*params_)[i].grad;
       ops::axpy(1.0 / world_, err.reshape(g.shape()), g);
@@ -238,11 +241,6 @@ class Auto final : public Compressor {
     while (next_ < buckets_.size()) bucket_ready(next_);
     for (Sub& s : subs_) s.c->finish();
     measured_ = true;
-    for (size_t k = 0; k < subs_.size(); ++k) {  // Accordion: the aggregated gradient's norm
-      double sq = 0;
-      for (const nn::Param& p : subs_[k].params) sq += ops::dot(p.grad, p.grad);
-      acc_[k].add(std::sqrt(sq));
-    }
     params_ = nullptr;
     step_.ptr<int64_t>()[0] = step_now_ + 1;
   }
@@ -284,7 +282,11 @@ class Auto final : public Compressor {
     }
     save_decision();
     dirty_ = true;  // restored into the sub-compressors before the next step (a load writes these)
-    std::vector<PlacedTensor> out = {{"auto/choice", choice_t_}, {"auto/accordion", acc_t_}, {"auto/costs", costs_t_}};
+    // Accordion's sums are each rank's own until a decision takes their maximum: per rank (on
+    // another number of ranks, their mean: approximate).
+    std::vector<PlacedTensor> out = {{"auto/choice", choice_t_},
+                                     {"auto/accordion", acc_t_, Placement::per_rank, -1, false, Rows{}, Resize::mean_approximate},
+                                     {"auto/costs", costs_t_}};
     for (size_t i : mats_) {
       if (ef)
         out.push_back({"error/" + params0_[i].name, err_.at(i), Placement::per_rank, -1, false, Rows{}, Resize::mean});
@@ -421,8 +423,10 @@ class Auto final : public Compressor {
 
   // At step start_iter, then every auto_interval steps: Accordion's regimes, the costs, the choice.
   void decide(int64_t step) {
-    if (!link_measured_ || (cfg_.auto_refresh > 0 && step - link_step_ >= cfg_.auto_refresh)) measure_link(step);
-    if (!compute_measured_) measure_compute();
+    if (!link_measured_ || (cfg_.auto_refresh > 0 && step - link_step_ >= cfg_.auto_refresh)) {
+      measure_link(step);
+      measure_compute();
+    }
     if (measured_) {  // the last step's timeline
       costs_.backward_s = backward_now_;
       for (size_t k = 0; k < subs_.size(); ++k) costs_.buckets[k].ready_s = ready_now_[k];
@@ -493,9 +497,9 @@ class Auto final : public Compressor {
   }
 
   // Compressing each bucket at each candidate rank: its matrices' operations timed on their
-  // shapes (the median of three, after a warm-up; one timing per distinct shape).
+  // shapes (the fastest of five, after a warm-up: on loaded cores a median still caught
+  // preemptions of 2 to 16 ms in 10 us of work; one timing per distinct shape).
   void measure_compute() {
-    compute_measured_ = true;
     std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<double, double>> timed;
     auto time_shape = [&](int64_t n, int64_t m, int64_t r) {
       auto it = timed.find({n, m, r});
@@ -508,7 +512,7 @@ class Auto final : public Compressor {
       ops::normal_(Q, 3, 0);
       const bool mgs = cfg_.orthogonalize == Orthogonalize::mgs || (cfg_.orthogonalize == Orthogonalize::auto_ && r <= 2);
       std::vector<double> send, fin;
-      for (int rep = 0; rep < 4; ++rep) {
+      for (int rep = 0; rep < 6; ++rep) {
         auto t0 = Clock::now();
         ops::axpy(world_, G, M);
         ops::gemm(false, false, 1.0 / world_, M, Q, 0.0, P);
@@ -523,9 +527,7 @@ class Auto final : public Compressor {
         (void)ops::reduce_all(ops::Reduce::sum, G.slice(0, 1));
         if (rep > 0) send.push_back(s), fin.push_back(since(t0));
       }
-      std::sort(send.begin(), send.end());
-      std::sort(fin.begin(), fin.end());
-      return timed[{n, m, r}] = {send[send.size() / 2], fin[fin.size() / 2]};
+      return timed[{n, m, r}] = {*std::min_element(send.begin(), send.end()), *std::min_element(fin.begin(), fin.end())};
     };
     for (size_t k = 0; k < subs_.size(); ++k)
       for (RankCost& rc : costs_.buckets[k].ranks) {
@@ -568,7 +570,7 @@ class Auto final : public Compressor {
 
   void load_decision() {
     const double* c = costs_t_.ptr<double>();
-    link_measured_ = compute_measured_ = c[0] != 0;
+    link_measured_ = c[0] != 0;
     costs_.link = {c[1], c[2]};
     link_step_ = static_cast<int64_t>(c[3]);
     link_env_ = c[4] != 0;
@@ -600,7 +602,7 @@ class Auto final : public Compressor {
   std::vector<Sub> subs_;
   std::vector<Accordion> acc_;
   StepCosts costs_;
-  bool checked_ = false, link_measured_ = false, compute_measured_ = false, link_env_ = false, decided_ = false;
+  bool checked_ = false, link_measured_ = false, link_env_ = false, decided_ = false;
   int64_t link_step_ = 0, decided_at_ = 0;
   // The step in progress and its timeline (compression excluded).
   std::vector<nn::Param>* params_ = nullptr;

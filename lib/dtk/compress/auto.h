@@ -6,15 +6,17 @@
 // ready is its sub-compressor's bucket_ready(0), finish() finishes them in order. Its steps
 // before start_iter are plain; meanwhile it measures. At step start_iter, then every
 // auto_interval steps, it decides:
-//  - Accordion (Agarwal et al., MLSys 2021): each bucket's aggregated gradient norm, averaged over
-//    the interval, is compared with the previous interval's; a relative change of at least
+//  - Accordion (Agarwal et al., MLSys 2021): each bucket's gradient norm before compression (of
+//    W grad_r, the rank's estimate of the mean gradient: the aggregate's own norm would move
+//    with the rank it was compressed at), averaged over the interval and taken at its largest
+//    over ranks, is compared with the previous interval's; a relative change of at least
 //    accordion_eta marks a critical regime (the first interval is one), where PowerSGD runs at
 //    the high rank of auto_ranks, else at the low one.
 //  - The cost model (predict_step below) chooses, per bucket, none or PowerSGD at Accordion's
 //    rank, whichever makes the predicted step shorter (a change needs kSwitchMargin of gain):
 //    from the fitted alpha-beta model of the all-reduce (a sweep of timed all-reduces at the
 //    first decision, again every auto_refresh steps), the measured compute of compressing
-//    each bucket at each rank (timed on the bucket's shapes), and the measured time at which
+//    each bucket at each rank (timed on the bucket's shapes, when the link is), and the time at which
 //    backward makes each bucket ready (the last step's, compression excluded). Compression's
 //    compute is not hidden (on the CPU it takes the cores backward runs on; on a GPU, its
 //    stream); a collective hides behind the backward that follows its start.
@@ -24,7 +26,7 @@
 // its error buffer (divided by the world size: the sum over ranks is the mean error) to the next
 // step's gradient contribution, so error feedback loses nothing.
 // The state (checkpoints): "auto/choice" (the rank per bucket, 0 none), "auto/accordion" (per
-// bucket: the previous interval's mean norm, the current sums, the regime), "auto/costs" (the
+// rank and bucket: the previous interval's mean norm, the current sums, the regime), "auto/costs" (the
 // last decision's inputs), and per compressible matrix "error/<param>" (per rank, zero where
 // the bucket runs none) and "q/<param>" (its Q at the high rank's width): a resume continues
 // the choices, the Accordion history and the sub-compressors exactly.
