@@ -10,6 +10,8 @@
 #include <string>
 #include <tuple>
 
+#include <spdlog/spdlog.h>
+
 #include "dtk/compress/internal.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
@@ -458,8 +460,11 @@ class Auto final : public Compressor {
     save_decision();
   }
 
-  // The link: a DTK_AUTO_LINK override, or timed all-reduces of four sizes up to the largest
-  // bucket (at most 4 MiB; the line extends beyond), the median of three each, the slowest rank's.
+  // The link: a DTK_AUTO_LINK override, or timed all-reduces (the median of three after a
+  // warm-up, the slowest rank's): the bandwidth fitted (comm::fit_cost) on 512 KiB, 1 and 2 MiB,
+  // the latency the time of 4 KiB. Not one fit over all sizes: a shaped link lets a burst through
+  // at full speed (netlab's token bucket: 256 KB), and a fit from 4 KiB to 4 MiB on a 100 Mbit/s
+  // link came out at 2.6 GB/s, its small sizes weighing as much as its large ones.
   void measure_link(int64_t step) {
     link_measured_ = true;
     link_step_ = step;
@@ -467,33 +472,31 @@ class Auto final : public Compressor {
       link_env_ = true;
       return;
     }
-    double hi = 65536;
-    for (const BucketCost& b : costs_.buckets) hi = std::max(hi, b.none_bytes);
-    hi = std::min(hi, 4.0 * 1024 * 1024);
-    const double lo = 4096;
-    const int64_t elems = static_cast<int64_t>(hi / 4);
-    Tensor buf = Tensor::zeros({elems}, DType::f32, device_);
-    constexpr int kSizes = 4, kReps = 3;
-    std::vector<double> bytes, med;
-    for (int i = 0; i < kSizes; ++i) {
-      const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(lo * std::pow(hi / lo, i / (kSizes - 1.0)) / 4));
+    const std::vector<double> sizes = {4096, 512 * 1024, 1024 * 1024, 2048 * 1024};
+    Tensor buf = Tensor::zeros({static_cast<int64_t>(sizes.back() / 4)}, DType::f32, device_);
+    constexpr int kReps = 3;
+    std::vector<double> med;
+    for (double bytes : sizes) {
+      const auto n = static_cast<size_t>(bytes / 4);
       std::vector<double> t;
       for (int rep = 0; rep <= kReps; ++rep) {
         comm_.barrier();
         const auto t0 = Clock::now();
-        const comm::Buffer b{buf.data(), static_cast<size_t>(n), DType::f32, device_};
+        const comm::Buffer b{buf.data(), n, DType::f32, device_};
         comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::async).synchronize();
         if (rep > 0) t.push_back(since(t0));  // the first is a warm-up
       }
       std::sort(t.begin(), t.end());
-      bytes.push_back(4.0 * static_cast<double>(n));
       med.push_back(t[t.size() / 2]);
     }
     const std::vector<comm::Range> r = comm::min_max_over_ranks(comm_, med, device_);
-    std::vector<comm::Sample> samples;
-    for (size_t i = 0; i < med.size(); ++i) samples.push_back({bytes[i], r[i].max});
-    costs_.link = comm::fit_cost(samples);
+    std::vector<comm::Sample> large;
+    for (size_t i = 1; i < sizes.size(); ++i) large.push_back({sizes[i], r[i].max});
+    costs_.link = {r[0].max, comm::fit_cost(large).beta_s_per_byte};
     link_env_ = false;
+    for (size_t i = 0; i < sizes.size(); ++i) spdlog::debug("auto: all-reduce of {} B: {:.1f} us", sizes[i], r[i].max * 1e6);
+    spdlog::info("auto: the link measured at step {}: {:.1f} us + {:.4g} GB/s", step, costs_.link.alpha_s * 1e6,
+                 costs_.link.gbps());
   }
 
   // Compressing each bucket at each candidate rank: its matrices' operations timed on their

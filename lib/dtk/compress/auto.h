@@ -14,8 +14,9 @@
 //    the high rank of auto_ranks, else at the low one.
 //  - The cost model (predict_step below) chooses, per bucket, none or PowerSGD at Accordion's
 //    rank, whichever makes the predicted step shorter (a change needs kSwitchMargin of gain):
-//    from the fitted alpha-beta model of the all-reduce (a sweep of timed all-reduces at the
-//    first decision, again every auto_refresh steps), the measured compute of compressing
+//    from the alpha-beta model of the all-reduce (timed all-reduces at the first decision and
+//    every auto_refresh steps: the latency of 4 KiB, the bandwidth fitted on 512 KiB to 2 MiB),
+//    the measured compute of compressing
 //    each bucket at each rank (timed on the bucket's shapes, when the link is), and the time at which
 //    backward makes each bucket ready (the last step's, compression excluded). Compression's
 //    compute is not hidden (on the CPU it takes the cores backward runs on; on a GPU, its

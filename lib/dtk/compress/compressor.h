@@ -113,7 +113,7 @@ struct Config {
   std::vector<int> auto_ranks = {1, 4};
   double accordion_eta = 0.5;
   int64_t auto_interval = 20;
-  int64_t auto_refresh = 200;
+  int64_t auto_refresh = 1000;
   void validate() const;  // UsageError naming the field: rank < 1, ratio not in (0, 1], ...
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Config, kind, rank, start_iter, min_compression_rate, warm_start,

@@ -41,7 +41,7 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"comm_bytes", MetricSource::loop, ""},
     {"comm_bytes_uncompressed", MetricSource::compression, ""},
     {"compression_ratio", MetricSource::compression, ""},
-    {"compress_ranks", MetricSource::compression, "auto: the PowerSGD rank per bucket, 0 for none"},
+    {"compress_ranks", MetricSource::compression, "auto: the PowerSGD rank of each bucket or 0 for none"},
     {"all_gather_bytes", MetricSource::sharded, ""},
     {"reduce_scatter_bytes", MetricSource::sharded, ""},
     {"all_reduce_bytes", MetricSource::sharded, "HSDP"},
