@@ -141,7 +141,9 @@ std::map<std::string, Tensor> by_name(std::vector<PlacedTensor> s) {
 }
 
 // The decision's inputs, flattened for checkpoints and the max over ranks.
-constexpr size_t kHead = 7;  // valid, alpha, beta, link step, link from the environment, backward, decided at
+// valid, alpha, beta, link step, link from the environment, backward, decided at, the measured
+// overheads of none and of compressing (-1: not measured)
+constexpr size_t kHead = 9;
 constexpr size_t kPerRank = 5, kPerBucket = 2 + 2 * kPerRank;
 
 class Auto final : public Compressor {
@@ -187,6 +189,8 @@ class Auto final : public Compressor {
     acc_t_ = Tensor::zeros({static_cast<int64_t>(K), 4}, DType::f64);
     costs_t_ = Tensor::zeros({static_cast<int64_t>(kHead + K * kPerBucket)}, DType::f64);
     ready_now_.assign(K, 0);
+    norms_ = Tensor::zeros({static_cast<int64_t>(params.size())}, DType::f32, device_);
+    ovh_t_ = Tensor::zeros({2}, DType::f64);
   }
 
   void begin(std::vector<nn::Param>& params, int64_t step) override {
@@ -221,9 +225,10 @@ class Auto final : public Compressor {
     const auto t = Clock::now();
     ++next_;
     Sub& s = subs_[k];
-    double sq = 0;  // Accordion: the norm of this rank's estimate of the mean gradient, W grad_r
-    for (const nn::Param& p : s.params) sq += ops::dot(p.grad, p.grad);
-    acc_[k].add(world_ * std::sqrt(sq));
+    for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) {  // Accordion's norms, read in finish()
+      Tensor out = norms_.slice(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
+      ops::reduce(ops::Reduce::norm2, ops::Axis::all, (*params_)[i].grad.flatten(), out);
+    }
     for (auto& [i, err] : s.flush) {  // what left compression: its error, into this step's contribution
       Tensor g = (*params_)[i].grad;
       ops::axpy(1.0 / world_, err.reshape(g.shape()), g);
@@ -243,6 +248,18 @@ class Auto final : public Compressor {
     while (next_ < buckets_.size()) bucket_ready(next_);
     for (Sub& s : subs_) s.c->finish();
     measured_ = true;
+    if (step_now_ > 0) {  // what aggregation added to backward (step 0 sets connections up)
+      ovh_sum_ += since(t0_) - backward_now_;
+      ovh_count_ += 1;
+    }
+    // Accordion: the norm of this rank's estimate of the mean gradient, W grad_r, per bucket
+    // (one device-to-host copy a step).
+    const std::vector<double> norms = norms_.to_doubles();
+    for (size_t k = 0; k < subs_.size(); ++k) {
+      double sq = 0;
+      for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) sq += norms[i] * norms[i];
+      acc_[k].add(world_ * std::sqrt(sq));
+    }
     params_ = nullptr;
     step_.ptr<int64_t>()[0] = step_now_ + 1;
   }
@@ -288,7 +305,8 @@ class Auto final : public Compressor {
     // another number of ranks, their mean: approximate).
     std::vector<PlacedTensor> out = {{"auto/choice", choice_t_},
                                      {"auto/accordion", acc_t_, Placement::per_rank, -1, false, Rows{}, Resize::mean_approximate},
-                                     {"auto/costs", costs_t_}};
+                                     {"auto/costs", costs_t_},
+                                     {"auto/overhead", ovh_t_, Placement::per_rank, -1, false, Rows{}, Resize::mean_approximate}};
     for (size_t i : mats_) {
       if (ef)
         out.push_back({"error/" + params0_[i].name, err_.at(i), Placement::per_rank, -1, false, Rows{}, Resize::mean});
@@ -308,6 +326,8 @@ class Auto final : public Compressor {
                  {"algbw_gbps", costs_.link.gbps()},
                  {"source", link_env_ ? kAutoLinkEnv : "measured"}};
     j["backward_ms"] = costs_.backward_s * 1e3;
+    auto ms = [](double s) { return s >= 0 ? nlohmann::json(s * 1e3) : nlohmann::json(nullptr); };
+    j["measured_overhead_ms"] = {{"none", ms(measured_none_)}, {"powersgd", ms(measured_psgd_)}};
     nlohmann::json buckets = nlohmann::json::array();
     for (size_t k = 0; k < subs_.size(); ++k) {
       const BucketCost& b = costs_.buckets[k];
@@ -428,6 +448,7 @@ class Auto final : public Compressor {
     if (!link_measured_ || (cfg_.auto_refresh > 0 && step - link_step_ >= cfg_.auto_refresh)) {
       measure_link(step);
       measure_compute();
+      measured_none_ = measured_psgd_ = -1;  // conditions may have changed: the model tries again
     }
     if (measured_) {  // the last step's timeline
       costs_.backward_s = backward_now_;
@@ -437,11 +458,21 @@ class Auto final : public Compressor {
     save_decision();
     std::vector<double> v = costs_t_.to_doubles(), a = acc_t_.to_doubles();
     v.insert(v.end(), a.begin(), a.end());
+    v.push_back(ovh_count_ > 0 ? ovh_sum_ / ovh_count_ : -1);  // the interval's measured overhead
     const std::vector<comm::Range> r = comm::min_max_over_ranks(comm_, v, device_);
     for (size_t i = 0; i < v.size(); ++i) v[i] = r[i].max;
     costs_t_.copy_from(Tensor::from_doubles({v.begin(), v.begin() + costs_t_.numel()}, costs_t_.shape(), DType::f64));
-    acc_t_.copy_from(Tensor::from_doubles({v.begin() + costs_t_.numel(), v.end()}, acc_t_.shape(), DType::f64));
+    acc_t_.copy_from(Tensor::from_doubles({v.begin() + costs_t_.numel(), v.end() - 1}, acc_t_.shape(), DType::f64));
     load_decision();
+    // What the last interval's choice measured (not with DTK_AUTO_LINK: that link is not the one
+    // measured). Once both none and compression have been measured under the same link, the
+    // measurement decides between them: the model's prediction rests on a link model that a
+    // shaped link can defeat (netlab's token bucket lets a 312 KB all-reduce through in 5 ms
+    // where its rate predicts 26).
+    bool compressing = false;
+    for (const Sub& s : subs_) compressing = compressing || s.rank > 0;
+    if (v.back() >= 0 && !link_env_) (compressing ? measured_psgd_ : measured_none_) = v.back();
+    ovh_sum_ = ovh_count_ = 0;
 
     std::vector<int> want(subs_.size()), current(subs_.size());
     for (size_t k = 0; k < subs_.size(); ++k) {
@@ -452,7 +483,14 @@ class Auto final : public Compressor {
       want[k] = any ? r : 0;
       current[k] = subs_[k].rank;
     }
-    const std::vector<int> ch = choose(costs_, want, current);
+    std::vector<int> ch = choose(costs_, want, current);
+    if (measured_none_ >= 0 && measured_psgd_ >= 0) {
+      const bool pays = measured_psgd_ < measured_none_ - kSwitchMargin * (costs_.backward_s + measured_none_);
+      bool any = false;
+      for (int x : ch) any = any || x > 0;
+      if (!pays) std::fill(ch.begin(), ch.end(), 0);
+      else if (!any) ch = want;
+    }
     for (size_t k = 0; k < subs_.size(); ++k)
       if (ch[k] != subs_[k].rank) rebuild(k, ch[k]);
     decided_ = true;
@@ -555,6 +593,10 @@ class Auto final : public Compressor {
     c[4] = link_env_ ? 1 : 0;
     c[5] = costs_.backward_s;
     c[6] = decided_ ? static_cast<double>(decided_at_) : -1;
+    c[7] = measured_none_;
+    c[8] = measured_psgd_;
+    ovh_t_.ptr<double>()[0] = ovh_sum_;
+    ovh_t_.ptr<double>()[1] = ovh_count_;
     for (size_t k = 0; k < subs_.size(); ++k) {
       double* b = c + kHead + k * kPerBucket;
       const BucketCost& bc = costs_.buckets[k];
@@ -580,6 +622,10 @@ class Auto final : public Compressor {
     costs_.backward_s = c[5];
     decided_ = c[6] >= 0;
     decided_at_ = static_cast<int64_t>(c[6]);
+    measured_none_ = c[7];
+    measured_psgd_ = c[8];
+    ovh_sum_ = ovh_t_.ptr<double>()[0];
+    ovh_count_ = ovh_t_.ptr<double>()[1];
     for (size_t k = 0; k < subs_.size(); ++k) {
       const double* b = c + kHead + k * kPerBucket;
       BucketCost& bc = costs_.buckets[k];
@@ -615,6 +661,11 @@ class Auto final : public Compressor {
   double inside_ = 0, backward_now_ = 0;
   std::vector<double> ready_now_;
   bool measured_ = false;
+  Tensor norms_;  // f32 [parameters]: each grad's norm before aggregation, this step
+  // The time aggregation adds to backward: this interval's sum and steps (ovh_t_ in checkpoints),
+  // and the last interval's mean under none and under compression (-1: not measured).
+  double ovh_sum_ = 0, ovh_count_ = 0, measured_none_ = -1, measured_psgd_ = -1;
+  Tensor ovh_t_;
   // State: the step counter, the decision, and (from the first state() call) the mirrors of the
   // sub-compressors' error buffers and Q.
   Tensor step_, choice_t_, acc_t_, costs_t_;

@@ -21,6 +21,12 @@
 //    backward makes each bucket ready (the last step's, compression excluded). Compression's
 //    compute is not hidden (on the CPU it takes the cores backward runs on; on a GPU, its
 //    stream); a collective hides behind the backward that follows its start.
+//  - Measured, not predicted, once it can be: the time aggregation adds to backward (compute and
+//    exposed communication) is averaged over each interval; once an interval under none and one
+//    under compression have been measured since the link was, compression stays only where it
+//    measured faster by kSwitchMargin of the step (a shaped link defeated the model: netlab's
+//    token bucket passes a 312 KB all-reduce in 5 ms where its rate predicts 26). With
+//    DTK_AUTO_LINK the model alone decides (that link is not the one measured).
 // Every input is the maximum over ranks, so every rank decides alike. A bucket whose rank
 // changes gets a new PowerSGD that carries the old one's error buffers and the common columns
 // of Q; a matrix that leaves compression (none, or no longer compressed at the new rank) adds
@@ -28,7 +34,7 @@
 // step's gradient contribution, so error feedback loses nothing.
 // The state (checkpoints): "auto/choice" (the rank per bucket, 0 none), "auto/accordion" (per
 // rank and bucket: the previous interval's mean norm, the current sums, the regime), "auto/costs" (the
-// last decision's inputs), and per compressible matrix "error/<param>" (per rank, zero where
+// last decision's inputs and measurements), "auto/overhead" (per rank: this interval's sums), and per compressible matrix "error/<param>" (per rank, zero where
 // the bucket runs none) and "q/<param>" (its Q at the high rank's width): a resume continues
 // the choices, the Accordion history and the sub-compressors exactly.
 // Testing aid: DTK_AUTO_LINK="ALPHA_US,GBYTES_PER_S" replaces the measured link model (a slow
