@@ -496,6 +496,13 @@ class Auto final : public Compressor {
     decided_ = true;
     decided_at_ = step;
     save_decision();
+    if (comm_.rank() == 0) {
+      const nlohmann::json p = plan();
+      spdlog::info("auto: step {}: ranks {} (predicted {:.2f} ms, none {:.2f}; measured overhead none {}, powersgd {} ms)",
+                   step + 1, p["ranks"].dump(), p["predicted"]["step_ms"].get<double>(),
+                   p["predicted"]["none_step_ms"].get<double>(), p["measured_overhead_ms"]["none"].dump(),
+                   p["measured_overhead_ms"]["powersgd"].dump());
+    }
   }
 
   // The link: a DTK_AUTO_LINK override, or timed all-reduces (the median of three after a
