@@ -48,7 +48,7 @@ expect_has() {
 }
 
 expect "long options by prefix" "--compress-ratio --compressor" psgd-train --compr
-expect "--compressor's values" "powersgd none topk randomk signum" psgd-train --compressor ""
+expect "--compressor's values" "powersgd none topk randomk signum auto" psgd-train --compressor ""
 expect "a value by prefix" "topk" psgd-train --compressor t
 expect "--model's values, from prose" "llama-1b llama-small llama-tiny" psgd-train --model ll
 expect "--opt=value in one word" "--model=resnet-18 --model=resnet-20 --model=resnet-8" psgd-train --model=res

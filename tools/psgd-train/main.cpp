@@ -2,10 +2,13 @@
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
 #include "dtk/train/command_line.h"
+#include "dtk/compress/auto.h"
 #include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/data_parallel.h"
 #include "dtk/train/trainer.h"
+
+#include <algorithm>
 
 namespace {
 using namespace dtk;
@@ -13,6 +16,7 @@ using namespace dtk;
 struct Args {
   train::Options train;
   train::CompressorOptions compressor;
+  bool print_plan = false;
 };
 
 cli::Program program(Args& a) {
@@ -23,25 +27,45 @@ cli::Program program(Args& a) {
       "Data-parallel training with PowerSGD gradient compression (Vogels et al., 2019): rank-r power iteration "
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "
       "aggregation as baselines.";
-  p.footer = train::metrics_help(train::MetricSource::compression) +
+  p.footer = train::metrics_help(train::MetricSource::compression, train::MetricSource::auto_compression) +
              "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp +
              ".\n"
              "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 "
              "--steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
-    train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
+    train::add_compressor_options(app, a.compressor, "bucketed all-reduce", true);
+    app.add_flag("--print-plan", a.print_plan,
+                 "with auto: print its first plan (JSON: per bucket the choice, the measured costs and the predicted "
+                 "step) once made at --start-iter, then stop without saving")->group("Compression: auto");
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
-    train::Options o = train::validate(a.train, rt.size());
+    train::Options t = a.train;
+    const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
+    if (a.print_plan && !is_auto) fail_usage("--print-plan prints auto's plan: it needs --compressor auto");
+    if (a.print_plan) {  // nothing is saved: a job's checkpoint options (its --config's) stay idle
+      t.checkpoint_dir.clear();
+      t.save.clear();
+      t.checkpoint_every = t.stop_at = 0;
+      t.auto_resume = false;
+      t.steps = std::max<int64_t>(t.steps, a.compressor.compressor.start_iter + 1);  // the plan is made at --start-iter
+      t.epochs = 0;
+    }
+    train::Options o = train::validate(t, rt.size());
     const compress::Config c = a.compressor.config(o.seed);
+    if (comm::CostModel link; is_auto) compress::auto_link_from_env(link);  // malformed: exit 2 now
+    // --print-plan: stdout carries the plan alone (the metrics go nowhere unless --metrics names a file).
+    if (a.print_plan && o.metrics == "-") o.metrics = "/dev/null";
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
     s.config = c;
     if (c.kind != compress::Kind::none) {
       // The replicated placement with the compressor, its buckets of --bucket-size.
-      s.parallelism = [c, bucket_bytes = o.bucket_bytes](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
-        return std::make_unique<parallel::GradSync>(model, world,
-                                                    compress::make_compressor(c, world, model.params(), bucket_bytes));
+      s.parallelism = [c, bucket_bytes = o.bucket_bytes, print = a.print_plan](nn::Model& model, comm::Communicator& world,
+                                                                                comm::Communicator&) {
+        auto sync = std::make_unique<parallel::GradSync>(model, world,
+                                                         compress::make_compressor(c, world, model.params(), bucket_bytes));
+        if (print) sync->print_plan();
+        return sync;
       };
       s.extra["compressor"] = nullptr;  // the checkpoint holds a compressor's state
     }

@@ -15,6 +15,13 @@ void Config::validate() const {
   if (comm_dtype != DType::f32 && comm_dtype != DType::bf16)
     fail_usage("compressor: comm_dtype must be f32 or bf16, got " + std::string(dtype_name(comm_dtype)));
   if (!(ratio > 0 && ratio <= 1)) fail_usage("compressor: ratio must be in (0, 1], got {}", ratio);
+  if (auto_ranks.size() != 2 || auto_ranks[0] < 1 || auto_ranks[1] < auto_ranks[0])
+    fail_usage("compressor: auto_ranks must be two ranks LOW,HIGH with 1 <= LOW <= HIGH, got {} value(s)",
+               auto_ranks.size());
+  if (!(accordion_eta > 0) || !std::isfinite(accordion_eta))
+    fail_usage("compressor: accordion_eta must be finite and > 0, got {}", accordion_eta);
+  if (auto_interval < 1) fail_usage("compressor: auto_interval must be >= 1, got {}", auto_interval);
+  if (auto_refresh < 0) fail_usage("compressor: auto_refresh must be >= 0, got {}", auto_refresh);
 }
 
 std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicator& comm,
@@ -27,6 +34,11 @@ std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicato
     case Kind::topk: return detail::make_topk(cfg, comm, params, bucket_bytes, topology);
     case Kind::randomk: return detail::make_randomk(cfg, comm, params, bucket_bytes, topology);
     case Kind::signum: return detail::make_signum(cfg, comm, params, bucket_bytes, topology);
+    case Kind::auto_:
+      // Its sub-compressors are per bucket of replicated parameters (psgd-train's placement).
+      if (topology.shard != nullptr || !topology.buckets.empty())
+        fail_usage("compressor: auto chooses per bucket of replicated parameters, not over shards");
+      return detail::make_auto(cfg, comm, params, bucket_bytes);
   }
   throw Error("unknown compressor kind");
 }

@@ -31,6 +31,9 @@
 //             sign(sum_r sign(M_r)) * (sum_r ||M_r||_1 / W) / n (0 where the vote ties); with error
 //             feedback (EF-signSGD) error_r = M_r - (||M_r||_1 / n) sign(M_r), the rank's own
 //             compression error. Sent: sum of n * (1, 2 or 4) + 4.
+//   auto      per bucket, none or powersgd at a rank it chooses and changes as the run goes
+//             (compress/auto.h): from the measured cost of the collectives, of compressing and
+//             of backward, and Accordion's detection of critical regimes. Sent: its buckets'.
 // Steps before start_iter are plain all-reduces (every kind), and error buffers are zero when
 // compression begins.
 // Resuming on another number of ranks (ckpt::load_state, Resize in core/placed.h): every new
@@ -64,9 +67,9 @@
 
 namespace dtk::compress {
 
-enum class Kind { powersgd, none, topk, randomk, signum };
+enum class Kind { powersgd, none, topk, randomk, signum, auto_ };
 DTK_ENUM_NAMES(Kind, {Kind::powersgd, "powersgd"}, {Kind::none, "none"}, {Kind::topk, "topk"},
-               {Kind::randomk, "randomk"}, {Kind::signum, "signum"})
+               {Kind::randomk, "randomk"}, {Kind::signum, "signum"}, {Kind::auto_, "auto"})
 // Error feedback's buffer: "full" M - P Q^T, "projection" M - P (P^T M) (see Config::error_mode).
 enum class ErrorMode { projection, full };
 DTK_ENUM_NAMES(ErrorMode, {ErrorMode::projection, "projection"}, {ErrorMode::full, "full"})
@@ -103,10 +106,19 @@ struct Config {
   DType comm_dtype = DType::f32;   // P and Q on the wire: f32 | bf16
   double ratio = 0.01;             // topk / randomk: fraction of coordinates kept per tensor
   uint64_t seed = 0;               // Q initialisation and randomk selection (shared by all ranks)
+  // auto (compress/auto.h): the PowerSGD ranks it chooses between, {low, high} (Accordion: low in
+  // regular regimes, high in critical ones); Accordion's threshold eta on the relative change of
+  // a bucket's mean gradient norm between intervals, and the interval (steps) at which it
+  // decides; the steps between measurements of the link (0: once).
+  std::vector<int> auto_ranks = {1, 4};
+  double accordion_eta = 0.5;
+  int64_t auto_interval = 20;
+  int64_t auto_refresh = 1000;
   void validate() const;  // UsageError naming the field: rank < 1, ratio not in (0, 1], ...
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Config, kind, rank, start_iter, min_compression_rate, warm_start,
-                                                error_feedback, error_mode, orthogonalize, comm_dtype, ratio, seed)
+                                                error_feedback, error_mode, orthogonalize, comm_dtype, ratio, seed, auto_ranks,
+                                                accordion_eta, auto_interval, auto_refresh)
 
 struct Bytes {
   int64_t sent = 0;          // payload bytes this rank contributed to collectives in the last step
@@ -147,6 +159,9 @@ class Compressor {
   // The state for checkpoints ("q/<param>" and "step" replicated, "error/<param>" per rank:
   // each rank's own): allocated at construction; restoring is copy_from into them.
   virtual std::vector<PlacedTensor> state() = 0;
+  // auto: its decisions (JSON, compress/auto.h: "ranks" per bucket, 0 for none; the whole plan
+  // with its costs once made); null for the other kinds.
+  virtual nlohmann::json plan() const { return nullptr; }
 };
 
 // Where the gradients are, beyond the default (whole tensors on every rank of `comm`, bucketed by

@@ -116,6 +116,8 @@ std::unique_ptr<Compressor> make_topk(const Config& cfg, comm::Communicator& com
 std::unique_ptr<Compressor> make_randomk(const Config& cfg, comm::Communicator& comm, const Params& params,
                                          size_t bucket_bytes,
                                           const Topology& topology);
+std::unique_ptr<Compressor> make_auto(const Config& cfg, comm::Communicator& comm, const Params& params,
+                                      size_t bucket_bytes);
 std::unique_ptr<Compressor> make_signum(const Config& cfg, comm::Communicator& comm, const Params& params,
                                         size_t bucket_bytes,
                                           const Topology& topology);

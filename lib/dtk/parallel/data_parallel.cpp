@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "dtk/core/error.h"
 #include "dtk/optim/optimizer.h"
@@ -95,7 +96,17 @@ void GradSync::metrics(nlohmann::ordered_json& m) const {
   if (compressed_) {  // a compressor chosen by the program
     m["comm_bytes_uncompressed"] = b.uncompressed;
     m["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
+    if (const nlohmann::json p = c_.plan(); !p.is_null()) m["compress_ranks"] = p["ranks"];
   }
+}
+
+bool GradSync::before_step(int64_t) {
+  if (!print_plan_) return true;
+  const nlohmann::json p = c_.plan();
+  if (p.is_null() || !p.contains("buckets")) return true;
+  if (comm_.rank() == 0) std::printf("%s\n", p.dump(2).c_str());
+  std::fflush(stdout);
+  return false;
 }
 
 }  // namespace dtk::parallel

@@ -52,8 +52,13 @@ class GradSync final : public Parallelism {
   // After backward: every rank's gradients hold the aggregate on return.
   void finish() override;
   double clip_grad_norm(double max_norm) override;
-  // comm_bytes; with a compressor also comm_bytes_uncompressed and compression_ratio.
+  // comm_bytes; with a compressor also comm_bytes_uncompressed and compression_ratio; with one
+  // that plans (auto) compress_ranks.
   void metrics(nlohmann::ordered_json& m) const override;
+  // psgd-train --print-plan: stop before the first step after the compressor's plan is made,
+  // printing it (JSON, rank 0).
+  void print_plan() { print_plan_ = true; }
+  bool before_step(int64_t step) override;
   compress::Bytes bytes() const { return c_.last_bytes(); }  // of the last step
 
  private:
@@ -66,6 +71,7 @@ class GradSync final : public Parallelism {
   std::vector<int> min_block_;  // per bucket: the lowest block it covers (ready once that block is)
   size_t next_ = 0;             // the next bucket to start
   bool armed_ = false;          // between begin() and finish()
+  bool print_plan_ = false;
 };
 
 }  // namespace dtk::parallel

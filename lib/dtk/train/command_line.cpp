@@ -308,14 +308,19 @@ compress::Config CompressorOptions::config(uint64_t seed) const {
   c.error_feedback = !no_error_feedback;
   c.seed = seed;
   c.validate();
+  if (c.kind == compress::Kind::auto_ && rank != nullptr && rank->count() > 0)
+    fail_usage("--compressor auto chooses the rank itself: give it --auto-ranks LOW,HIGH, not --rank");
   return c;
 }
 
-void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::string& none_help) {
+void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::string& none_help, bool with_auto) {
   compress::Config& c = o.compressor;
   const char* g = "Compression";
-  add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")")->group(g);
-  app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(at_least(1));
+  using compress::Kind;
+  std::vector<Kind> kinds = {Kind::powersgd, Kind::none, Kind::topk, Kind::randomk, Kind::signum};
+  if (with_auto) kinds.push_back(Kind::auto_);
+  add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")", kinds)->group(g);
+  o.rank = app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(at_least(1));
   app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")->group(g)->check(at_least(0));
   app.add_option("--min-compression-rate", c.min_compression_rate,
                  "compress a matrix only when it shrinks at least this much")->group(g)->check(positive());
@@ -327,6 +332,18 @@ void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::stri
   add_enum(app, "--comm-dtype", c.comm_dtype, "P and Q on the wire", {DType::f32, DType::bf16})->group(g);
   app.add_option("--compress-ratio", c.ratio, "topk/randomk: fraction of each gradient's coordinates sent")
       ->group(g)->check(positive())->check(at_most(1));
+  if (!with_auto) return;
+  const char* ga = "Compression: auto";
+  app.add_option("--auto-ranks", c.auto_ranks,
+                 "the PowerSGD ranks auto chooses between, LOW,HIGH: Accordion's low in regular regimes, high in "
+                 "critical ones")->group(ga)->delimiter(',')->expected(2)->check(at_least(1))->type_name("LOW,HIGH");
+  app.add_option("--accordion-eta", c.accordion_eta,
+                 "a bucket's regime is critical when its mean gradient norm changed by at least this fraction since "
+                 "the last interval")->group(ga)->check(positive());
+  app.add_option("--auto-interval", c.auto_interval, "auto decides every K steps from --start-iter on")
+      ->group(ga)->check(at_least(1));
+  app.add_option("--auto-refresh", c.auto_refresh, "auto measures the link again every K steps (0: once)")
+      ->group(ga)->check(at_least(0));
 }
 
 }  // namespace dtk::train

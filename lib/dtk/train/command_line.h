@@ -22,13 +22,17 @@ void add_options(CLI::App& app, Options& o);
 void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c);
 
 // The gradient compressor's options (group "Compression": --compressor, --rank, --start-iter, ...),
-// psgd-train's and fsdp-train's; config() resolves them with the run's seed (and validates).
+// psgd-train's and fsdp-train's; config() resolves them with the run's seed (and validates:
+// --compressor auto with --rank is bad input).
 struct CompressorOptions {
   compress::Config compressor;
   bool no_warm_start = false, no_error_feedback = false;
+  CLI::Option* rank = nullptr;  // --rank, to tell a given one from the default
   compress::Config config(uint64_t seed) const;
 };
-// `none_help`: what --compressor none means in the program.
-void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help);
+// `none_help`: what --compressor none means in the program. with_auto: --compressor auto and its
+// options (group "Compression: auto"; psgd-train's: auto chooses per bucket of replicated
+// parameters), else --compressor offers every other kind.
+void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help, bool with_auto);
 
 }  // namespace dtk::train

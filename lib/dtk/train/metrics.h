@@ -10,9 +10,10 @@
 
 namespace dtk::train {
 
-// Who writes a metric: the loop (every *-train program), the replicated placement with a
-// compressor chosen by the program (psgd-train), the sharded placement (fsdp-train).
-enum class MetricSource { loop, compression, sharded };
+// Who writes a metric: the loop (every *-train program), a compressor chosen by the program
+// (psgd-train, fsdp-train's HSDP), the compressor auto (psgd-train), the sharded placement
+// (fsdp-train).
+enum class MetricSource { loop, compression, auto_compression, sharded };
 
 // The schema of the metrics lines, in the order a line has them: every key once. The --help
 // footers (train::metrics_help) are made from it; tests/repo/metrics_keys.sh checks that runs
@@ -41,6 +42,7 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"comm_bytes", MetricSource::loop, ""},
     {"comm_bytes_uncompressed", MetricSource::compression, ""},
     {"compression_ratio", MetricSource::compression, ""},
+    {"compress_ranks", MetricSource::auto_compression, "auto: the PowerSGD rank of each bucket or 0 for none"},
     {"all_gather_bytes", MetricSource::sharded, ""},
     {"reduce_scatter_bytes", MetricSource::sharded, ""},
     {"all_reduce_bytes", MetricSource::sharded, "HSDP"},

@@ -22,7 +22,8 @@ namespace {
 
 // Options that shape the state a checkpoint holds: a resume cannot change them.
 constexpr std::string_view kStateOptions[] = {"--optimizer", "--compressor", "--rank", "--max-preconditioner-dim",
-                                              "--factor-dtype", "--no-error-feedback", "--error-mode"};
+                                              "--factor-dtype", "--no-error-feedback", "--error-mode",
+                                              "--auto-ranks"};
 
 }  // namespace
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# psgd-train --compressor auto end to end: on loopback it chooses none; on a slow link
+# (DTK_AUTO_LINK, the documented testing aid that replaces the measured link model: CI has no
+# netlab) it compresses, and Accordion's rule lowers the rank after the first (critical) interval;
+# a resume continues exactly (choices, Accordion history, the sub-compressors' error and Q);
+# options that do not fit exit 2 on every rank.
+#   psgd_auto.sh MPIEXEC PSGD_TRAIN SHARD_INSPECT
+set -u
+. "$(dirname "$0")/../common/train_lib.sh"
+mpiexec=$1 psgd=$2 si=$3
+common="$small --data synthetic --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
+auto="--compressor auto --start-iter 3 --auto-interval 4 --bucket-size 20KB"
+slow="-x DTK_AUTO_LINK=50,0.00125"  # 10 Mbit/s, 50 us: a bucket of 20 KB takes 16 ms, far above any compute timing here
+
+# choices: the plan's per-bucket choices (--print-plan's JSON on stdout), one word each
+choices() { python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(" ".join(b["choice"] for b in p["buckets"]))' "$tmp/o"; }
+
+# ---- loopback: none ----
+run $mpiexec -n 2 $psgd $common $auto --print-plan
+if [ $rc = 0 ] && c=$(choices) && [ -n "$c" ] && [ -z "$(echo $c | tr -d ' ' | sed 's/none//g')" ]; then
+  ok "loopback: auto chooses none for every bucket ($(echo $c | wc -w) buckets)"
+else bad "loopback plan (exit $rc): ${c:-}" "$(cat $tmp/o)" "$(cat $tmp/e)"; fi
+
+# ---- a slow link: PowerSGD ----
+run $mpiexec $slow -n 2 $psgd $common $auto --print-plan
+if [ $rc = 0 ] && c=$(choices) && [ -z "$(echo $c | tr -d ' ' | sed 's/powersgd//g')" ] &&
+   python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["link"]["source"]=="DTK_AUTO_LINK"; assert p["predicted"]["step_ms"] < p["predicted"]["none_step_ms"]' "$tmp/o"; then
+  ok "slow link: auto compresses every bucket"
+else bad "slow-link plan (exit $rc): ${c:-}" "$(cat $tmp/o)" "$(cat $tmp/e)"; fi
+
+# ---- the run: plain steps, then the high rank (the first interval is critical), then the low one;
+# the bytes follow; the metrics carry the ranks ----
+run $mpiexec $slow -n 2 $psgd $common $auto --steps 12 --metrics slow.jsonl
+if [ $rc = 0 ] && python3 - slow.jsonl <<'PY'; then ok "slow link: ranks 0 -> 4 (critical) -> 1 where regular, bytes shrink"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ranks = [r["compress_ranks"] for r in rows]
+# plain steps; the first interval is critical (high rank everywhere); then each bucket by its own
+# regime (llama's early gradients change fast: some stay critical), at least one regular
+assert all(set(x) == {0} for x in ranks[:3]) and all(set(x) == {4} for x in ranks[3:7]), ranks
+assert all(set(x) <= {1, 4} for x in ranks[7:]) and any(1 in x for x in ranks[7:]), ranks
+b = [r["comm_bytes"] for r in rows]
+assert b[0] > b[3] > min(b[7:]), b
+PY
+else bad "slow-link run (exit $rc)" "$(cat $tmp/e)" "$(cat slow.jsonl 2>/dev/null | tail -3)"; fi
+
+# ---- resume: 16 steps == 8 + resume + 8, bit for bit (a rank change at step 8, another at 12) ----
+rm -f a.jsonl b.jsonl
+run $mpiexec $slow -n 2 $psgd $common $auto --steps 16 --save full.h5 --metrics a.jsonl
+[ $rc = 0 ] || bad "resume: uninterrupted run (exit $rc)" "$(cat $tmp/e)"
+rm -rf ck; run $mpiexec $slow -n 2 $psgd $common $auto --steps 16 --stop-at 8 --checkpoint-dir ck --metrics b.jsonl
+[ $rc = 0 ] || bad "resume: first half (exit $rc)" "$(cat $tmp/e)"
+run $mpiexec $slow -n 2 $psgd $common $auto --steps 16 --resume ck --save resumed.h5 --metrics b.jsonl
+[ $rc = 0 ] || bad "resume: second half (exit $rc)" "$(cat $tmp/e)"
+# everything but auto/costs and auto/overhead (measured times, as they came out of each run)
+run $si diff full.h5 resumed.h5 model/ optim/ ranks/0/compress/error/ ranks/1/compress/error/ ranks/0/compress/auto/accordion \
+  ranks/1/compress/auto/accordion compress/q/ compress/step compress/auto/choice --rtol 0 --atol 0
+strip() { python3 -c 'import json,sys; [print(json.dumps({k: r[k] for k in ("step","loss","grad_norm","comm_bytes","compress_ranks")})) for r in map(json.loads, open(sys.argv[1]))]' "$1"; }
+if [ $rc = 0 ] && cmp -s <(strip a.jsonl) <(strip b.jsonl); then ok "auto: resume is exact (weights, optimizer, compressor state, losses)"
+else bad "auto: resume differs (diff exit $rc)" "$(cat $tmp/o | tail -5)" "$(diff <(strip a.jsonl) <(strip b.jsonl))"; fi
+
+# ---- options that do not fit: exit 2 on every rank ----
+expect2 "auto with --rank" "auto chooses the rank itself" $mpiexec -n 2 $psgd $common --compressor auto --rank 2 --steps 2
+expect2 "--print-plan without auto" "needs --compressor auto" $mpiexec -n 2 $psgd $common --compressor powersgd --print-plan
+expect2 "--auto-ranks HIGH,LOW" "auto_ranks must be two ranks" $mpiexec -n 2 $psgd $common --compressor auto --auto-ranks 4,1 --steps 2
+expect2 "a bad DTK_AUTO_LINK" "DTK_AUTO_LINK='fast'" $mpiexec -x DTK_AUTO_LINK=fast -n 2 $psgd $common $auto --steps 5
+finish
