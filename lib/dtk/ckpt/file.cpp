@@ -1,10 +1,13 @@
 // One HDF5 file of the checkpoint schema (checkpoint.h): FileWriter writes one (a full
 // checkpoint, or a rank file or the index of a sharded state), Reader reads a full checkpoint or
 // a sharded state through its index; the metadata attributes of both.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -354,10 +357,34 @@ void FileWriter::create_virtual(const std::string& name, const Shape& shape, DTy
   });
 }
 
+// HDF5 1.10's metadata flush cannot fail safely: a write that fails inside it (a full disk)
+// leaves the cache's skip list enabled, every later flush of the file fails ("slist already
+// enabled?"), so its close does too, and the library crashes at exit as described above. So the
+// space the flush writes into is reserved first, beyond the file's end (FALLOC_FL_KEEP_SIZE:
+// the file's size is unchanged, and the close truncates what is not used): the file's size so
+// far and a margin for the metadata the flush allocates (fractal heaps' blocks get their
+// addresses then). No room: the commit fails here, before the flush, and the destructor's
+// discard closes the file. A file system without fallocate (EOPNOTSUPP) is written as before.
+namespace {
+void reserve_for_flush(hid_t file) {
+  hsize_t size = 0;
+  void* handle = nullptr;
+  if (H5Fget_filesize(file, &size) < 0 || H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle) {
+    H5Eclear2(H5E_DEFAULT);
+    return;
+  }
+  const off_t margin = std::max<off_t>(off_t{16} << 10, static_cast<off_t>(size / 64));
+  if (::fallocate(*static_cast<int*>(handle), FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size) + margin) != 0 &&
+      errno != EOPNOTSUPP && errno != ENOSYS)
+    fail("reserve space to flush: {}", std::strerror(errno));
+}
+}  // namespace
+
 void FileWriter::commit() {
   as_output(path_, [&] {
     {
       const auto g = h5::lock();
+      reserve_for_flush(impl_->file);
       check_status(H5Fflush(impl_->file, H5F_SCOPE_GLOBAL), "flush");
       check_status(impl_->file.close(), "close");
     }
