@@ -876,26 +876,37 @@ class Shampoo final : public Optimizer {
       Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
       Tensor Qn = Tensor::zeros({nb, b, b}, fdtype_, device_);
       if (warm) ops::cast(Q, Qn);
-      const std::vector<char> ok = ops::eigenbases(Fc, o, Qn);
-      if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
-        ops::cast(Qn, Q);
-        return;
-      }
-      for (int64_t i = 0; i < nb; ++i) {
-        Tensor Qi = Q.select(i);
-        if (ok[static_cast<size_t>(i)]) {
-          ops::cast(Qn.select(i), Qi);
-          continue;
-        }
-        // Retry in f64 from no basis (a full eigh, in the method's column order).
-        Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Qd = Tensor::zeros({1, b, b}, DType::f64, device_);
-        ops::cast(Fc.slice(i, i + 1), Fd);
-        if (ops::eigenbases(Fd, o, Qd)[0])
-          ops::cast(Qd.select(0), Qi);
-        else
-          failed[static_cast<size_t>(r0 + i)] = 1;  // Qi keeps its previous basis
-      }
+      // A failed block: again in f64 from no basis (a full eigh, in the method's column order).
+      take_or_retry(ops::eigenbases(Fc, o, Qn), Fc, Qn, Q, failed, r0,
+                    [&](const Tensor& Fd, Tensor& Qd) { return ops::eigenbases(Fd, o, Qd)[0] != 0; });
     });
+  }
+
+  // A batch's results out [nb, b, b] into dst (of the factors Fc [nb, b, b]), where ok says they
+  // succeeded; a block that failed is computed again alone in f64 by retry(F [1, b, b], result
+  // [1, b, b], zeroed) and, if that fails too, keeps dst's block and is marked in failed (from
+  // index r0).
+  template <typename Retry>
+  void take_or_retry(const std::vector<char>& ok, const Tensor& Fc, const Tensor& out, Tensor dst,
+                     std::vector<char>& failed, int64_t r0, Retry&& retry) {
+    if (std::all_of(ok.begin(), ok.end(), [](char v) { return v != 0; })) {
+      ops::cast(out, dst);
+      return;
+    }
+    const int64_t b = Fc.dim(1);
+    for (int64_t i = 0; i < Fc.dim(0); ++i) {
+      Tensor di = dst.select(i);
+      if (ok[static_cast<size_t>(i)]) {
+        ops::cast(out.select(i), di);
+        continue;
+      }
+      Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Rd = Tensor::zeros({1, b, b}, DType::f64, device_);
+      ops::cast(Fc.slice(i, i + 1), Fd);
+      if (retry(Fd, Rd))
+        ops::cast(Rd.select(0), di);
+      else
+        failed[static_cast<size_t>(r0 + i)] = 1;
+    }
   }
 
   // The amortized computation (roots or eigenbases) of the chunk's blocks [c0, c1): for every
@@ -951,27 +962,12 @@ class Shampoo final : public Optimizer {
       if (cfg_.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
       const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
       Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
-      if (std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; })) {
-        ops::cast(out, R);
-      } else {
-        for (int64_t i = 0; i < nb; ++i) {
-          Tensor Ri = R.select(i);
-          if (ok[static_cast<size_t>(i)]) {
-            ops::cast(out.select(i), Ri);
-            continue;
-          }
-          // Retry in f64: an eigendecomposition with the same rule (the pseudo-inverse's, or
-          // epsilon and the shift).
-          Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Od = Tensor::empty({1, b, b}, DType::f64, device_);
-          ops::cast(Fc.slice(i, i + 1), Fd);
-          ops::RootOptions o = root_options();
-          if (o.method != RootMethod::pseudo_inverse) o.method = RootMethod::eigh;
-          if (ops::inverse_roots(Fd, p, o, Od)[0])
-            ops::cast(Od.select(0), Ri);
-          else
-            failed[static_cast<size_t>(r0 + i)] = 1;  // Ri keeps its previous root
-        }
-      }
+      // A failed block: again in f64 by an eigendecomposition with the same rule (the
+      // pseudo-inverse's, or epsilon and the shift).
+      ops::RootOptions o64 = root_options();
+      if (o64.method != RootMethod::pseudo_inverse) o64.method = RootMethod::eigh;
+      take_or_retry(ok, Fc, out, R, failed, r0,
+                    [&](const Tensor& Fd, Tensor& Od) { return ops::inverse_roots(Fd, p, o64, Od)[0] != 0; });
       // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
       ops::symmetrize(R);
     });
