@@ -162,6 +162,10 @@ class Compressor {
   // auto: its decisions (JSON, compress/auto.h: "ranks" per bucket, 0 for none; the whole plan
   // with its costs once made); null for the other kinds.
   virtual nlohmann::json plan() const { return nullptr; }
+  // Collective over every rank (both communicators when sharded), right before a checkpoint that
+  // one shard group writes (fsdp-train's HSDP): state that differs between ranks but is saved as
+  // one copy made identical (auto: its per-rank sums, their maximum). Nothing by default.
+  virtual void before_save() {}
 };
 
 // Where the gradients are, beyond the default (whole tensors on every rank of `comm`, bucketed by

@@ -108,9 +108,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FsdpConfig, param_dtype, reduce_dtype, reshar
 // --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
 // without auto.
 void validate(const FsdpConfig& cfg, int world_size);
-// A compressor (of HSDP's all-reduce across the replica groups) needs replicate > 1: UsageError
-// naming --compressor and --replicate otherwise.
-void validate_compressor(const compress::Config& compressor, int replicate);
+// A compressor (of HSDP's all-reduce across the replica groups) needs replicate > 1, and auto
+// (which decides per bucket of the plan) a plan that stays: not --buckets auto. UsageError naming
+// the options otherwise.
+void validate_compressor(const compress::Config& compressor, int replicate, const std::string& buckets);
 
 class Fsdp final : public Parallelism {
  public:

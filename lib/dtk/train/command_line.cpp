@@ -223,11 +223,11 @@ void add_options(CLI::App& app, train::Options& o) {
   app.final_callback([&app, &o] { keep_checkpoint_options(app, o); });
 }
 
-std::string metrics_help(train::MetricSource added, train::MetricSource also) {
+std::string metrics_help(std::initializer_list<train::MetricSource> added) {
   std::string s = "Metrics (JSON lines on stdout or --metrics):";
   const char* sep = " ";
   for (const auto& k : train::kMetricKeys) {
-    if (k.source != train::MetricSource::loop && k.source != added && k.source != also) continue;
+    if (k.source != train::MetricSource::loop && std::find(added.begin(), added.end(), k.source) == added.end()) continue;
     s += sep + std::string(k.name) + (k.when.empty() ? "" : " (" + std::string(k.when) + ")");
     sep = ", ";
   }

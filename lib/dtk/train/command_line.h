@@ -1,6 +1,7 @@
 // The command line of the *-train programs: the options every one of them shares, Shampoo's, and
 // the --help footer's list of metrics. They fill dtk::train::Options; the loop knows nothing of CLI11.
 #pragma once
+#include <initializer_list>
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -12,8 +13,8 @@
 namespace dtk::train {
 
 // The --help footer's line of metrics (train/metrics.h's schema): the loop's own and those of
-// `added` and `also`, the program's placement and compressor.
-std::string metrics_help(MetricSource added, MetricSource also = MetricSource::loop);
+// the sources `added`, the program's placement and compressor.
+std::string metrics_help(std::initializer_list<MetricSource> added);
 
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, Options& o);
