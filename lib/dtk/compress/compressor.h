@@ -34,6 +34,7 @@
 //   auto      per bucket, none or powersgd at a rank it chooses and changes as the run goes
 //             (compress/auto.h): from the measured cost of the collectives, of compressing and
 //             of backward, and Accordion's detection of critical regimes. Sent: its buckets'.
+//             With a Topology, per given bucket, PowerSGD over the bucket's rows (as below).
 // Steps before start_iter are plain all-reduces (every kind), and error buffers are zero when
 // compression begins.
 // Resuming on another number of ranks (ckpt::load_state, Resize in core/placed.h): every new

@@ -40,6 +40,8 @@
 // buckets are the plan's, last first; the shard group is its shard communicator, so PowerSGD
 // compresses whole matrices and gives psgd-train's result on any R x S); finish() completes it.
 // Its error buffers live on the shards; checkpoints save their mean over the replicas, by rows.
+// --compressor auto decides per bucket of the plan (compress/auto.h): its metrics add
+// compress_ranks, --print-plan its first decisions, and a save calls its before_save().
 #pragma once
 #include <optional>
 #include <cstdint>
