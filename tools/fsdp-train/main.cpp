@@ -42,7 +42,7 @@ cli::Program program(Args& a) {
     app.remove_option(app.get_option("--bucket-size"));  // the replicated all-reduce's; FSDP buckets by --buckets
     train::add_shampoo_options(app, a.shampoo);
     a.compressor.compressor.kind = compress::Kind::none;  // today's HSDP unless asked
-    train::add_compressor_options(app, a.compressor, "HSDP's plain all-reduce across the replica groups", true);
+    train::add_compressor_options(app, a.compressor, "HSDP's plain all-reduce across the replica groups");
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
                   {DType::bf16, DType::f32})->group("Precision");

@@ -34,7 +34,7 @@ cli::Program program(Args& a) {
              "--steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
-    train::add_compressor_options(app, a.compressor, "bucketed all-reduce", true);
+    train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
     app.add_flag("--print-plan", a.print_plan,
                  "with auto: print its first plan (JSON: per bucket the choice, the measured costs and the predicted "
                  "step) once made at --start-iter, then stop without saving")->group("Compression: auto");

@@ -31,9 +31,9 @@ struct CompressorOptions {
   CLI::Option* rank = nullptr;  // --rank, to tell a given one from the default
   compress::Config config(uint64_t seed) const;
 };
-// `none_help`: what --compressor none means in the program. with_auto: --compressor auto and its
-// options (group "Compression: auto"; psgd-train's: auto chooses per bucket of replicated
-// parameters), else --compressor offers every other kind.
-void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help, bool with_auto);
+// `none_help`: what --compressor none means in the program. Every kind, auto's options in group
+// "Compression: auto" (psgd-train per bucket of replicated parameters, fsdp-train per bucket of
+// its plan on HSDP's replica hop).
+void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help);
 
 }  // namespace dtk::train
