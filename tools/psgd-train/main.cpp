@@ -48,7 +48,8 @@ cli::Program program(Args& a) {
       t.save.clear();
       t.checkpoint_every = t.stop_at = 0;
       t.auto_resume = false;
-      t.steps = std::max<int64_t>(t.steps, a.compressor.compressor.start_iter + 1);  // the plan is made at --start-iter
+      // The plan is made at step --start-iter and printed before the next one.
+      t.steps = std::max<int64_t>(t.steps, a.compressor.compressor.start_iter + 2);
       t.epochs = 0;
     }
     train::Options o = train::validate(t, rt.size());
