@@ -590,8 +590,9 @@ class Auto final : public Compressor {
     costs_.link = {r[0].max, comm::fit_cost(large).beta_s_per_byte};
     link_env_ = false;
     for (size_t i = 0; i < sizes.size(); ++i) spdlog::debug("auto: all-reduce of {} B: {:.1f} us", sizes[i], r[i].max * 1e6);
-    spdlog::info("auto: the link measured at step {}: {:.1f} us + {:.4g} GB/s", step, costs_.link.alpha_s * 1e6,
-                 costs_.link.gbps());
+    // This rank's replica group's (the decision takes the maximum over every rank: the plan's "link").
+    spdlog::info("auto: the link measured at step {}: {:.1f} us + {:.4g} GB/s{}", step, costs_.link.alpha_s * 1e6,
+                 costs_.link.gbps(), shard_ && shard_->size() > 1 ? " (this shard rank's replica group)" : "");
   }
 
   // Compressing each bucket at each candidate rank: its matrices' operations timed on their
