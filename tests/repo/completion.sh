@@ -50,6 +50,8 @@ expect_has() {
 expect "long options by prefix" "--compress-ratio --compressor" psgd-train --compr
 expect "--compressor's values" "powersgd none topk randomk signum auto" psgd-train --compressor ""
 expect "a value by prefix" "topk" psgd-train --compressor t
+expect "fsdp-train's --compressor (auto too)" "powersgd none topk randomk signum auto" fsdp-train --compressor ""
+expect "fsdp-train's auto options" "--auto-interval --auto-ranks --auto-refresh --auto-resume" fsdp-train --auto-
 expect "--model's values, from prose" "llama-1b llama-small llama-tiny" psgd-train --model ll
 expect "--opt=value in one word" "--model=resnet-18 --model=resnet-20 --model=resnet-8" psgd-train --model=res
 expect "--opt=value split at =" "resnet-18 resnet-20 resnet-8" psgd-train --model = res

@@ -4,6 +4,7 @@
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
 #include "dtk/train/command_line.h"
+#include "dtk/compress/auto.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/fsdp.h"
 #include "dtk/train/trainer.h"
@@ -30,7 +31,8 @@ cli::Program program(Args& a) {
       "default) before it computes and its gradients reduce-scattered after its backward, bucketed and reordered so "
       "that communication hides behind compute.";
   p.footer =
-      train::metrics_help(train::MetricSource::sharded, train::MetricSource::compression) +
+      train::metrics_help(
+          {train::MetricSource::sharded, train::MetricSource::compression, train::MetricSource::auto_compression}) +
       "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 fsdp-train --model llama-small --buckets auto --activation-checkpointing --steps 300";
   p.add_options = [&a](CLI::App& app) {
@@ -40,7 +42,7 @@ cli::Program program(Args& a) {
     app.remove_option(app.get_option("--bucket-size"));  // the replicated all-reduce's; FSDP buckets by --buckets
     train::add_shampoo_options(app, a.shampoo);
     a.compressor.compressor.kind = compress::Kind::none;  // today's HSDP unless asked
-    train::add_compressor_options(app, a.compressor, "HSDP's plain all-reduce across the replica groups", false);
+    train::add_compressor_options(app, a.compressor, "HSDP's plain all-reduce across the replica groups");
     const char* g = "Sharding";
     cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
                   {DType::bf16, DType::f32})->group("Precision");
@@ -58,7 +60,8 @@ cli::Program program(Args& a) {
                   "auto: the largest gathered bucket (default: twice the largest block's)")->group(g);
     app.add_flag("--print-plan", c.print_plan,
                  "print the bucket plan as JSON with its predicted exposed communication (after calibrating the "
-                 "collectives and timing two steps), then exit; checkpoint options are ignored")->group(g);
+                 "collectives and timing two steps; with --compressor auto, and its first decisions, made at "
+                 "--start-iter, under \"compressor\"), then exit; checkpoint options are ignored")->group(g);
     app.add_option("--replicate", c.replicate, "HSDP: R groups of N/R ranks, sharded within, replicated across")
         ->group(g)->check(cli::at_least(1));
     app.add_flag("--no-overlap", a.no_overlap, "issue every collective when needed and wait at once (the baseline)")
@@ -74,7 +77,9 @@ cli::Program program(Args& a) {
       t.save.clear();
       t.checkpoint_every = t.stop_at = 0;
       t.auto_resume = false;
-      t.steps = std::max<int64_t>(t.steps, 3);  // the plan comes after two timed steps
+      // The plan comes after two timed steps; --compressor auto's after its first decision, at --start-iter.
+      t.steps = std::max<int64_t>({t.steps, 3, a.compressor.compressor.kind == compress::Kind::auto_
+                                                   ? a.compressor.compressor.start_iter + 2 : 0});
       t.epochs = 0;
     }
     train::Options o = train::validate(t, rt.size());
@@ -82,7 +87,8 @@ cli::Program program(Args& a) {
     c.overlap = !a.no_overlap;
     parallel::validate(c, rt.size());
     const compress::Config cc = a.compressor.config(o.seed);
-    parallel::validate_compressor(cc, c.replicate);
+    parallel::validate_compressor(cc, c.replicate, c.buckets);
+    if (comm::CostModel link; cc.kind == compress::Kind::auto_) compress::auto_link_from_env(link);  // malformed: exit 2 now
     std::optional<compress::Config> compressor;
     if (cc.kind != compress::Kind::none) compressor = cc;
     // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere

@@ -27,14 +27,14 @@ cli::Program program(Args& a) {
       "Data-parallel training with PowerSGD gradient compression (Vogels et al., 2019): rank-r power iteration "
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "
       "aggregation as baselines.";
-  p.footer = train::metrics_help(train::MetricSource::compression, train::MetricSource::auto_compression) +
+  p.footer = train::metrics_help({train::MetricSource::compression, train::MetricSource::auto_compression}) +
              "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp +
              ".\n"
              "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 "
              "--steps 300";
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
-    train::add_compressor_options(app, a.compressor, "bucketed all-reduce", true);
+    train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
     app.add_flag("--print-plan", a.print_plan,
                  "with auto: print its first plan (JSON: per bucket the choice, the measured costs and the predicted "
                  "step) once made at --start-iter, then stop without saving")->group("Compression: auto");
@@ -48,7 +48,8 @@ cli::Program program(Args& a) {
       t.save.clear();
       t.checkpoint_every = t.stop_at = 0;
       t.auto_resume = false;
-      t.steps = std::max<int64_t>(t.steps, a.compressor.compressor.start_iter + 1);  // the plan is made at --start-iter
+      // The plan is made at step --start-iter and printed before the next one.
+      t.steps = std::max<int64_t>(t.steps, a.compressor.compressor.start_iter + 2);
       t.epochs = 0;
     }
     train::Options o = train::validate(t, rt.size());

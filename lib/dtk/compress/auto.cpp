@@ -148,14 +148,16 @@ constexpr size_t kPerRank = 5, kPerBucket = 2 + 2 * kPerRank;
 
 class Auto final : public Compressor {
  public:
-  Auto(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes)
-      : cfg_(cfg), comm_(comm), world_(comm.size()), params0_(params) {
+  Auto(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes,
+       const Topology& topology)
+      : cfg_(cfg), comm_(comm), world_(comm.size()), params0_(params), topo_(topology), shard_(topology.shard) {
     cfg_.validate();
-    {  // the buckets (and the parameters' checks) of the plain all-reduce
+    {  // the buckets (given, or by size) and the parameters' checks (their rows) of the plain all-reduce
       Config c = cfg_;
       c.kind = Kind::none;
-      buckets_ = make_none(c, comm, params, bucket_bytes, {})->buckets();
+      buckets_ = make_none(c, comm, params, bucket_bytes, topology)->buckets();
     }
+    lead_ = comm.rank() == 0 && (!shard_ || shard_->rank() == 0);
     if (!params.empty()) device_ = params[0].grad.device();
     for (size_t i = 0; i < params.size(); ++i) {
       index_[params[i].name] = i;
@@ -174,8 +176,8 @@ class Auto final : public Compressor {
         rc.rank = r;
         for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) {
           const auto [cr, n, m] = compressed(i, r);
-          if (cr > 0) {
-            rc.p_bytes += static_cast<double>(n * cr) * static_cast<double>(dtype_size(cfg_.comm_dtype));
+          if (cr > 0) {  // P: this rank's rows (sharded: the shard group's padded row count); Q: whole
+            rc.p_bytes += static_cast<double>(local_rows(i) * cr) * static_cast<double>(dtype_size(cfg_.comm_dtype));
             rc.q_bytes += static_cast<double>(m * cr) * static_cast<double>(dtype_size(cfg_.comm_dtype));
           } else {
             rc.p_bytes += 4.0 * static_cast<double>(params[i].grad.numel());
@@ -253,13 +255,18 @@ class Auto final : public Compressor {
       ovh_count_ += 1;
     }
     // Accordion: the norm of this rank's estimate of the mean gradient, W grad_r, per bucket
-    // (one device-to-host copy a step).
+    // (one device-to-host copy a step). Sharded: of the whole tensors, their squares summed over
+    // the shard group (one small collective a step), so that it does not depend on the shard count.
     const std::vector<double> norms = norms_.to_doubles();
-    for (size_t k = 0; k < subs_.size(); ++k) {
-      double sq = 0;
-      for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) sq += norms[i] * norms[i];
-      acc_[k].add(world_ * std::sqrt(sq));
+    std::vector<double> sq(subs_.size(), 0.0);
+    for (size_t k = 0; k < subs_.size(); ++k)
+      for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) sq[k] += norms[i] * norms[i];
+    if (shard_ && shard_->size() > 1 && !sq.empty()) {
+      Tensor t = Tensor::from_doubles(sq, {static_cast<int64_t>(sq.size())}, DType::f64, device_);
+      shard_->all_reduce(comm::buffer_of(t), comm::buffer_of(t), comm::ReduceOp::sum, comm::Mode::sync);
+      sq = t.to_doubles();
     }
+    for (size_t k = 0; k < subs_.size(); ++k) acc_[k].add(world_ * std::sqrt(sq[k]));
     params_ = nullptr;
     step_.ptr<int64_t>()[0] = step_now_ + 1;
   }
@@ -302,18 +309,36 @@ class Auto final : public Compressor {
     save_decision();
     dirty_ = true;  // restored into the sub-compressors before the next step (a load writes these)
     // Accordion's sums are each rank's own until a decision takes their maximum: per rank (on
-    // another number of ranks, their mean: approximate).
+    // another number of ranks, their mean: approximate). Sharded (one shard group writes):
+    // replicated, as before_save() made them identical on every rank.
+    const Placement own = shard_ ? Placement::replicated : Placement::per_rank;
     std::vector<PlacedTensor> out = {{"auto/choice", choice_t_},
-                                     {"auto/accordion", acc_t_, Placement::per_rank, -1, false, Rows{}, Resize::mean_approximate},
+                                     {"auto/accordion", acc_t_, own, -1, false, Rows{}, Resize::mean_approximate},
                                      {"auto/costs", costs_t_},
-                                     {"auto/overhead", ovh_t_, Placement::per_rank, -1, false, Rows{}, Resize::mean_approximate}};
+                                     {"auto/overhead", ovh_t_, own, -1, false, Rows{}, Resize::mean_approximate}};
     for (size_t i : mats_) {
-      if (ef)
-        out.push_back({"error/" + params0_[i].name, err_.at(i), Placement::per_rank, -1, false, Rows{}, Resize::mean});
+      if (ef) {  // per rank, or (sharded) by rows as PowerSGD's own (Base::error_state)
+        PlacedTensor e{"error/" + params0_[i].name, err_.at(i), Placement::per_rank, -1, false, Rows{}, Resize::mean};
+        if (shard_) e.placement = Placement::sharded, e.rows = topo_.rows[i];
+        out.push_back(std::move(e));
+      }
       out.push_back({"q/" + params0_[i].name, q_.at(i)});
     }
     out.push_back({"step", step_});
     return out;
+  }
+
+  // Sharded (fsdp-train's HSDP, one shard group writes): the per-rank sums that a decision takes
+  // the maximum of (Accordion's norms, the measured overhead) made identical on every rank, their
+  // maximum, in place, so that the run and a resume continue alike. Collective over every rank.
+  void before_save() override {
+    if (!shard_) return;
+    std::vector<double> v;
+    for (const Accordion& a : acc_) v.push_back(a.sum);
+    v.push_back(ovh_sum_);
+    max_over_ranks(v);
+    for (size_t k = 0; k < acc_.size(); ++k) acc_[k].sum = v[k];
+    ovh_sum_ = v.back();
   }
 
   nlohmann::json plan() const override {
@@ -366,15 +391,33 @@ class Auto final : public Compressor {
     std::vector<std::pair<size_t, Tensor>> flush;   // error buffers to add to this step's grads
   };
 
-  // PowerSGD's rule (powersgd.cpp): parameter i's matrix [n, m] at rank min(r, n, m), compressed
-  // when (n + m) r * min_compression_rate < n m; {0, n, m} when not.
+  // PowerSGD's rule (powersgd.cpp): parameter i's matrix [n, m] (sharded: the whole tensor's) at
+  // rank min(r, n, m), compressed when (n + m) r * min_compression_rate < n m; {0, n, m} when not.
   std::tuple<int64_t, int64_t, int64_t> compressed(size_t i, int r) const {
-    const Tensor& g = params0_[i].grad;
-    if (g.shape().size() < 2 || g.numel() == 0) return {0, 0, 0};
-    const int64_t n = g.shape()[0], m = g.numel() / n, cr = std::min<int64_t>({r, n, m});
+    const Shape& w = shard_ ? topo_.rows[i].shape : params0_[i].grad.shape();
+    if (w.size() < 2 || shape_numel(w) == 0) return {0, 0, 0};
+    const int64_t n = w[0], m = shape_numel(w) / n, cr = std::min<int64_t>({r, n, m});
     if (static_cast<double>(n + m) * static_cast<double>(cr) * cfg_.min_compression_rate >= static_cast<double>(n) * static_cast<double>(m))
       return {0, n, m};
     return {cr, n, m};
+  }
+
+  // The rows of parameter i's matrix that this rank's P holds: all, or (sharded) the shard
+  // group's padded row count (powersgd.cpp).
+  int64_t local_rows(size_t i) const {
+    if (!shard_) return std::get<1>(compressed(i, 1));
+    const std::vector<int64_t>& l = topo_.rows[i].lengths;
+    return *std::max_element(l.begin(), l.end());
+  }
+
+  // The maximum of each value over every rank (both communicators when sharded): what every rank
+  // decides from.
+  void max_over_ranks(std::vector<double>& v) const {
+    for (comm::Communicator* c : {&comm_, shard_}) {
+      if (!c) continue;
+      const std::vector<comm::Range> r = comm::min_max_over_ranks(*c, v, device_);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = r[i].max;
+    }
   }
 
   std::unique_ptr<Compressor> make_sub(size_t k, int rank) const {
@@ -383,9 +426,14 @@ class Auto final : public Compressor {
     c.rank = std::max(rank, 1);
     c.start_iter = 0;
     c.seed = cfg_.seed + 0x9E3779B97F4A7C15ull * (k + 1);  // each bucket its own Q stream
-    const std::vector<nn::Param> ps(params0_.begin() + static_cast<std::ptrdiff_t>(buckets_[k].first),
-                                    params0_.begin() + static_cast<std::ptrdiff_t>(buckets_[k].last));
-    return make_compressor(c, comm_, ps, SIZE_MAX);
+    const auto first = static_cast<std::ptrdiff_t>(buckets_[k].first), last = static_cast<std::ptrdiff_t>(buckets_[k].last);
+    const std::vector<nn::Param> ps(params0_.begin() + first, params0_.begin() + last);
+    Topology t;  // sharded: the bucket's rows over the same shard group, one bucket
+    if (shard_) {
+      t.shard = shard_;
+      t.rows.assign(topo_.rows.begin() + first, topo_.rows.begin() + last);
+    }
+    return make_compressor(c, comm_, ps, SIZE_MAX, t);
   }
 
   // Bucket k to `rank`: a new sub-compressor carrying the old one's error buffers, Q's common
@@ -436,7 +484,10 @@ class Auto final : public Compressor {
                                    static_cast<double>(cfg_.auto_ranks[1]), cfg_.accordion_eta,
                                    static_cast<double>(cfg_.auto_interval), static_cast<double>(cfg_.auto_refresh),
                                    static_cast<double>(cfg_.start_iter)};
-    for (const comm::Range& r : comm::min_max_over_ranks(comm_, v, device_))
+    std::vector<comm::Range> all = comm::min_max_over_ranks(comm_, v, device_);
+    if (shard_)
+      for (const comm::Range& r : comm::min_max_over_ranks(*shard_, v, device_)) all.push_back(r);
+    for (const comm::Range& r : all)
       if (r.min != r.max)
         fail_usage("compressor 'auto': the ranks disagree on its buckets or options (from {} to {}); every rank must "
                    "build the same model and compressor options",
@@ -459,8 +510,7 @@ class Auto final : public Compressor {
     std::vector<double> v = costs_t_.to_doubles(), a = acc_t_.to_doubles();
     v.insert(v.end(), a.begin(), a.end());
     v.push_back(ovh_count_ > 0 ? ovh_sum_ / ovh_count_ : -1);  // the interval's measured overhead
-    const std::vector<comm::Range> r = comm::min_max_over_ranks(comm_, v, device_);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = r[i].max;
+    max_over_ranks(v);
     costs_t_.copy_from(Tensor::from_doubles({v.begin(), v.begin() + costs_t_.numel()}, costs_t_.shape(), DType::f64));
     acc_t_.copy_from(Tensor::from_doubles({v.begin() + costs_t_.numel(), v.end() - 1}, acc_t_.shape(), DType::f64));
     load_decision();
@@ -496,7 +546,7 @@ class Auto final : public Compressor {
     decided_ = true;
     decided_at_ = step;
     save_decision();
-    if (comm_.rank() == 0) {
+    if (lead_) {
       const nlohmann::json p = plan();
       spdlog::info("auto: step {}: ranks {} (predicted {:.2f} ms, none {:.2f}; measured overhead none {}, powersgd {} ms)",
                    step + 1, p["ranks"].dump(), p["predicted"]["step_ms"].get<double>(),
@@ -540,21 +590,29 @@ class Auto final : public Compressor {
     costs_.link = {r[0].max, comm::fit_cost(large).beta_s_per_byte};
     link_env_ = false;
     for (size_t i = 0; i < sizes.size(); ++i) spdlog::debug("auto: all-reduce of {} B: {:.1f} us", sizes[i], r[i].max * 1e6);
-    spdlog::info("auto: the link measured at step {}: {:.1f} us + {:.4g} GB/s", step, costs_.link.alpha_s * 1e6,
-                 costs_.link.gbps());
+    // This rank's replica group's (the decision takes the maximum over every rank: the plan's "link").
+    spdlog::info("auto: the link measured at step {}: {:.1f} us + {:.4g} GB/s{}", step, costs_.link.alpha_s * 1e6,
+                 costs_.link.gbps(), shard_ && shard_->size() > 1 ? " (this shard rank's replica group)" : "");
   }
 
   // Compressing each bucket at each candidate rank: its matrices' operations timed on their
   // shapes (the fastest of five, after a warm-up: on loaded cores a median still caught
-  // preemptions of 2 to 16 ms in 10 us of work; one timing per distinct shape).
+  // preemptions of 2 to 16 ms in 10 us of work; one timing per distinct shape). Sharded, on this
+  // rank's rows (ns of the whole n) with the shard group's own collectives, which are synchronous
+  // and so compute-side time: P's all-gather and the whole P's orthonormalisation, Q's sum over
+  // the shards (every rank of the group times the same shapes in the same order). Batched
+  // matrices of one shape are timed one by one (their collectives' latency counted per matrix).
   void measure_compute() {
-    std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<double, double>> timed;
-    auto time_shape = [&](int64_t n, int64_t m, int64_t r) {
-      auto it = timed.find({n, m, r});
+    const bool split = shard_ && shard_->size() > 1;
+    std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::pair<double, double>> timed;
+    auto time_shape = [&](int64_t n, int64_t m, int64_t r, int64_t ns) {
+      auto it = timed.find({n, m, r, ns});
       if (it != timed.end()) return it->second;
-      Tensor M = Tensor::empty({n, m}, DType::f32, device_), G = Tensor::empty({n, m}, DType::f32, device_);
-      Tensor P = Tensor::empty({n, r}, DType::f32, device_), Q = Tensor::empty({m, r}, DType::f32, device_);
+      Tensor M = Tensor::empty({ns, m}, DType::f32, device_), G = Tensor::empty({ns, m}, DType::f32, device_);
+      Tensor P = Tensor::empty({ns, r}, DType::f32, device_), Q = Tensor::empty({m, r}, DType::f32, device_);
       Tensor Ql = Tensor::empty({m, r}, DType::f32, device_);
+      Tensor all = split ? Tensor::empty({shard_->size() * ns * r}, DType::f32, device_) : Tensor{};
+      Tensor W = split ? Tensor::empty({n, r}, DType::f32, device_) : P;  // the whole P
       ops::normal_(M, 1, 0);
       ops::normal_(G, 2, 0);
       ops::normal_(Q, 3, 0);
@@ -567,15 +625,21 @@ class Auto final : public Compressor {
         (void)ops::reduce_all(ops::Reduce::sum, P.slice(0, 1));  // waits for the device
         const double s = since(t0);
         t0 = Clock::now();
-        if (mgs) ops::orthonormalize_mgs(P, 1e-16);
-        else ops::orthonormalize_qr(P);
+        if (split) {
+          shard_->all_gather(comm::buffer_of(P), comm::buffer_of(all), comm::Mode::sync);
+          copy(W, all.slice(0, n * r).reshape({n, r}));
+        }
+        if (mgs) ops::orthonormalize_mgs(W, 1e-16);
+        else ops::orthonormalize_qr(W);
+        if (split) copy(P, W.slice(0, ns));
         ops::gemm(true, false, 1.0, M, P, 0.0, Ql);
+        if (split) shard_->all_reduce(comm::buffer_of(Ql), comm::buffer_of(Ql), comm::ReduceOp::sum, comm::Mode::sync);
         if (cfg_.error_feedback && cfg_.error_mode == ErrorMode::projection) ops::gemm(false, true, -1.0, P, Ql, 1.0, M);
         ops::gemm(false, true, 1.0, P, Ql, 0.0, G);
         (void)ops::reduce_all(ops::Reduce::sum, G.slice(0, 1));
         if (rep > 0) send.push_back(s), fin.push_back(since(t0));
       }
-      return timed[{n, m, r}] = {*std::min_element(send.begin(), send.end()), *std::min_element(fin.begin(), fin.end())};
+      return timed[{n, m, r, ns}] = {*std::min_element(send.begin(), send.end()), *std::min_element(fin.begin(), fin.end())};
     };
     for (size_t k = 0; k < subs_.size(); ++k)
       for (RankCost& rc : costs_.buckets[k].ranks) {
@@ -583,7 +647,7 @@ class Auto final : public Compressor {
         for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) {
           const auto [cr, n, m] = compressed(i, rc.rank);
           if (cr == 0) continue;
-          const auto [s, f] = time_shape(n, m, cr);
+          const auto [s, f] = time_shape(n, m, cr, local_rows(i));
           rc.send_s += s;
           rc.finish_s += f;
         }
@@ -651,6 +715,9 @@ class Auto final : public Compressor {
   comm::Communicator& comm_;
   int world_ = 1;
   std::vector<nn::Param> params0_;  // the parameters it was built for (their shapes)
+  Topology topo_;                   // sharded: the rows of each (compressor.h)
+  comm::Communicator* shard_ = nullptr;  // sharded: the shard group
+  bool lead_ = false;               // the rank that logs the decisions (rank 0 of both)
   std::map<std::string, size_t> index_;
   Device device_;
   int64_t total_ = 0;
@@ -683,8 +750,9 @@ class Auto final : public Compressor {
 
 }  // namespace
 
-std::unique_ptr<Compressor> make_auto(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes) {
-  return std::make_unique<Auto>(cfg, comm, params, bucket_bytes);
+std::unique_ptr<Compressor> make_auto(const Config& cfg, comm::Communicator& comm, const Params& params, size_t bucket_bytes,
+                                      const Topology& topology) {
+  return std::make_unique<Auto>(cfg, comm, params, bucket_bytes, topology);
 }
 
 }  // namespace detail

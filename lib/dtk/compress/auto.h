@@ -37,6 +37,16 @@
 // last decision's inputs and measurements), "auto/overhead" (per rank: this interval's sums), and per compressible matrix "error/<param>" (per rank, zero where
 // the bucket runs none) and "q/<param>" (its Q at the high rank's width): a resume continues
 // the choices, the Accordion history and the sub-compressors exactly.
+// With a Topology (fsdp-train's HSDP, compressor.h): the buckets are the topology's, and each
+// sub-compressor gets the topology restricted to its bucket (the shard group, its parameters'
+// rows), so a compressed bucket is PowerSGD over whole matrices; the link timed is `comm`, the
+// replica hop; every input is the maximum over both communicators (the sub-compressors'
+// collectives run in both); Accordion's norm is the whole tensors' (squares summed over the shard
+// group each step), so the choices do not depend on the shard count; bytes and compute are this
+// rank's on its shard shapes, the compute timed with the shard group's own collectives (P's
+// all-gather, Q's sum: synchronous, so compute-side). State: the errors by rows
+// (Placement::sharded), "auto/accordion" and "auto/overhead" replicated: before_save() (one shard
+// group writes) makes them their maximum over every rank, in place.
 // Testing aid: DTK_AUTO_LINK="ALPHA_US,GBYTES_PER_S" replaces the measured link model (a slow
 // link in a test without one); the plan says "source": "DTK_AUTO_LINK".
 #pragma once

@@ -34,11 +34,7 @@ std::unique_ptr<Compressor> make_compressor(const Config& cfg, comm::Communicato
     case Kind::topk: return detail::make_topk(cfg, comm, params, bucket_bytes, topology);
     case Kind::randomk: return detail::make_randomk(cfg, comm, params, bucket_bytes, topology);
     case Kind::signum: return detail::make_signum(cfg, comm, params, bucket_bytes, topology);
-    case Kind::auto_:
-      // Its sub-compressors are per bucket of replicated parameters (psgd-train's placement).
-      if (topology.shard != nullptr || !topology.buckets.empty())
-        fail_usage("compressor: auto chooses per bucket of replicated parameters, not over shards");
-      return detail::make_auto(cfg, comm, params, bucket_bytes);
+    case Kind::auto_: return detail::make_auto(cfg, comm, params, bucket_bytes, topology);
   }
   throw Error("unknown compressor kind");
 }

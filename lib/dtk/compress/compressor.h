@@ -34,6 +34,7 @@
 //   auto      per bucket, none or powersgd at a rank it chooses and changes as the run goes
 //             (compress/auto.h): from the measured cost of the collectives, of compressing and
 //             of backward, and Accordion's detection of critical regimes. Sent: its buckets'.
+//             With a Topology, per given bucket, PowerSGD over the bucket's rows (as below).
 // Steps before start_iter are plain all-reduces (every kind), and error buffers are zero when
 // compression begins.
 // Resuming on another number of ranks (ckpt::load_state, Resize in core/placed.h): every new
@@ -162,6 +163,10 @@ class Compressor {
   // auto: its decisions (JSON, compress/auto.h: "ranks" per bucket, 0 for none; the whole plan
   // with its costs once made); null for the other kinds.
   virtual nlohmann::json plan() const { return nullptr; }
+  // Collective over every rank (both communicators when sharded), right before a checkpoint that
+  // one shard group writes (fsdp-train's HSDP): state that differs between ranks but is saved as
+  // one copy made identical (auto: its per-rank sums, their maximum). Nothing by default.
+  virtual void before_save() {}
 };
 
 // Where the gradients are, beyond the default (whole tensors on every rank of `comm`, bucketed by

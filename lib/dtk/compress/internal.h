@@ -117,7 +117,7 @@ std::unique_ptr<Compressor> make_randomk(const Config& cfg, comm::Communicator& 
                                          size_t bucket_bytes,
                                           const Topology& topology);
 std::unique_ptr<Compressor> make_auto(const Config& cfg, comm::Communicator& comm, const Params& params,
-                                      size_t bucket_bytes);
+                                      size_t bucket_bytes, const Topology& topology);
 std::unique_ptr<Compressor> make_signum(const Config& cfg, comm::Communicator& comm, const Params& params,
                                         size_t bucket_bytes,
                                           const Topology& topology);

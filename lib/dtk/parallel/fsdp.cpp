@@ -87,8 +87,10 @@ struct Fsdp::Impl {
     if (cfg.replicate > 1) replica = world.split(sr, world.rank());
   }
 
+  bool settle_plan(Fsdp& f);  // --buckets auto, --print-plan: the first steps measure (before_step)
+
   void make_compressor(const std::vector<nn::Param>& params, const std::vector<Rows>& rows, const BucketPlan& plan) {
-    validate_compressor(*ccfg, cfg.replicate);
+    validate_compressor(*ccfg, cfg.replicate, cfg.buckets);
     compress::Topology t;
     for (size_t k = plan.size(); k-- > 0;) t.buckets.push_back({plan[k].first, plan[k].end});
     t.shard = shard.get();
@@ -340,10 +342,13 @@ struct Fsdp::Impl {
   }
 };
 
-void validate_compressor(const compress::Config& compressor, int replicate) {
+void validate_compressor(const compress::Config& compressor, int replicate, const std::string& buckets) {
   if (compressor.kind != compress::Kind::none && replicate <= 1)
     fail_usage("--compressor {} compresses the all-reduce across replica groups: it needs --replicate > 1",
                name_of(compressor.kind));
+  if (compressor.kind == compress::Kind::auto_ && buckets == "auto")
+    fail_usage("--compressor auto decides per bucket of the plan, and --buckets auto plans again after the first two "
+               "steps of every run (a resume's too): give --buckets block, N or a plan file (--print-plan writes one)");
 }
 
 Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg,
@@ -435,6 +440,7 @@ void Fsdp::metrics(nlohmann::ordered_json& j) const {
     const compress::Bytes b = m.comp->last_bytes();
     j["comm_bytes_uncompressed"] = b.uncompressed;
     j["compression_ratio"] = b.sent > 0 ? static_cast<double>(b.uncompressed) / static_cast<double>(b.sent) : 1.0;
+    if (const nlohmann::json p = m.comp->plan(); !p.is_null()) j["compress_ranks"] = p["ranks"];
   }
   j["all_gather_bytes"] = m.ag_bytes;
   j["reduce_scatter_bytes"] = m.rs_bytes;
@@ -455,6 +461,7 @@ std::vector<PlacedTensor> Fsdp::sync_state() {
 
 std::vector<PlacedTensor> Fsdp::saved_sync_state() {
   Impl& m = *impl_;
+  if (m.comp) m.comp->before_save();  // auto: its per-rank sums alike on every rank (one copy is saved)
   std::vector<PlacedTensor> s = sync_state();
   // The error buffers (sharded, one per replica): their mean over the replicas, which is what
   // the writing shard group saves. PowerSGD's and randomk's later steps depend on them only
@@ -564,15 +571,29 @@ Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpC
 
 bool Fsdp::before_step(int64_t) {
   Impl& m = *impl_;
-  if (!m.measuring) return true;
-  // Costs: the collectives calibrated once; per-block compute from the second step on the
-  // measuring plan (the first one allocates activation buffers and warms caches).
+  if (m.measuring && !m.settle_plan(*this)) return true;
+  if (!m.cfg.print_plan) return true;
+  // --compressor auto: its first decisions too, made at --start-iter.
+  if (m.comp) {
+    const nlohmann::json p = m.comp->plan();
+    if (!p.is_null() && !p.contains("buckets")) return true;
+  }
+  if (m.host_world.rank() == 0) std::printf("%s\n", plan_json().dump(2).c_str());
+  std::fflush(stdout);
+  return false;
+}
+
+// Costs: the collectives calibrated once; per-block compute from the second step on the measuring
+// plan (the first one allocates activation buffers and warms caches). False until the plan is final.
+bool Fsdp::Impl::settle_plan(Fsdp& f) {
+  Impl& m = *this;
+  BucketPlan& plan_ = f.plan_;
   if (m.steps_seen == 0) {
     double lo = 1e300, total = 0;
     for (double x : m.wire.gather) lo = std::min(lo, x), total += x;
     m.costs = calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
   }
-  if (m.steps_seen++ < 2) return true;
+  if (m.steps_seen++ < 2) return false;
   // One pass's costs (the prediction runs one forward and one backward), from the last step's.
   m.costs.forward_s = m.fwd_s;
   m.costs.backward_s = m.bwd_s;
@@ -585,13 +606,8 @@ bool Fsdp::before_step(int64_t) {
   if (m.cfg.buckets == "auto") {
     plan_ = plan_auto(m.model, m.wire, m.costs, m.cfg);
     m.build(plan_);
-    if (m.comp) m.make_compressor(params_, rows_, plan_);
+    if (m.comp) m.make_compressor(f.params_, f.rows_, plan_);
     spdlog::info("fsdp: automatic bucket plan of {} bucket(s) for {} blocks", plan_.size(), m.model.num_blocks());
-  }
-  if (m.cfg.print_plan) {
-    if (m.host_world.rank() == 0) std::printf("%s\n", plan_json().dump(2).c_str());
-    std::fflush(stdout);
-    return false;
   }
   return true;
 }
@@ -614,6 +630,8 @@ nlohmann::json Fsdp::plan_json() const {
                       {"reduce_dtype", dtype_name(m.cfg.reduce_dtype)},
                       {"prefetch", m.cfg.prefetch},
                       {"overlap", m.cfg.overlap}};
+  if (m.comp)  // --compressor auto: its decisions on the replica hop (compress/auto.h)
+    if (nlohmann::json p = m.comp->plan(); !p.is_null()) j["compressor"] = std::move(p);
   if (!m.costs.forward_s.empty()) {
     const Prediction p = predict(plan_, m.wire, m.costs, m.cfg, m.model.num_blocks());
     const Prediction none = predict(plan_, m.wire, m.costs, [&] {

@@ -40,6 +40,8 @@
 // buckets are the plan's, last first; the shard group is its shard communicator, so PowerSGD
 // compresses whole matrices and gives psgd-train's result on any R x S); finish() completes it.
 // Its error buffers live on the shards; checkpoints save their mean over the replicas, by rows.
+// --compressor auto decides per bucket of the plan (compress/auto.h): its metrics add
+// compress_ranks, --print-plan its first decisions, and a save calls its before_save().
 #pragma once
 #include <optional>
 #include <cstdint>
@@ -108,9 +110,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FsdpConfig, param_dtype, reduce_dtype, reshar
 // --buckets none of its forms (a plan file is read when the model is known), --bucket-memory
 // without auto.
 void validate(const FsdpConfig& cfg, int world_size);
-// A compressor (of HSDP's all-reduce across the replica groups) needs replicate > 1: UsageError
-// naming --compressor and --replicate otherwise.
-void validate_compressor(const compress::Config& compressor, int replicate);
+// A compressor (of HSDP's all-reduce across the replica groups) needs replicate > 1, and auto
+// (which decides per bucket of the plan) a plan that stays: not --buckets auto. UsageError naming
+// the options otherwise.
+void validate_compressor(const compress::Config& compressor, int replicate, const std::string& buckets);
 
 class Fsdp final : public Parallelism {
  public:

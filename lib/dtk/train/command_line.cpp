@@ -223,11 +223,11 @@ void add_options(CLI::App& app, train::Options& o) {
   app.final_callback([&app, &o] { keep_checkpoint_options(app, o); });
 }
 
-std::string metrics_help(train::MetricSource added, train::MetricSource also) {
+std::string metrics_help(std::initializer_list<train::MetricSource> added) {
   std::string s = "Metrics (JSON lines on stdout or --metrics):";
   const char* sep = " ";
   for (const auto& k : train::kMetricKeys) {
-    if (k.source != train::MetricSource::loop && k.source != added && k.source != also) continue;
+    if (k.source != train::MetricSource::loop && std::find(added.begin(), added.end(), k.source) == added.end()) continue;
     s += sep + std::string(k.name) + (k.when.empty() ? "" : " (" + std::string(k.when) + ")");
     sep = ", ";
   }
@@ -313,12 +313,11 @@ compress::Config CompressorOptions::config(uint64_t seed) const {
   return c;
 }
 
-void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::string& none_help, bool with_auto) {
+void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::string& none_help) {
   compress::Config& c = o.compressor;
   const char* g = "Compression";
   using compress::Kind;
-  std::vector<Kind> kinds = {Kind::powersgd, Kind::none, Kind::topk, Kind::randomk, Kind::signum};
-  if (with_auto) kinds.push_back(Kind::auto_);
+  const std::vector<Kind> kinds = {Kind::powersgd, Kind::none, Kind::topk, Kind::randomk, Kind::signum, Kind::auto_};
   add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")", kinds)->group(g);
   o.rank = app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(at_least(1));
   app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")->group(g)->check(at_least(0));
@@ -332,7 +331,6 @@ void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::stri
   add_enum(app, "--comm-dtype", c.comm_dtype, "P and Q on the wire", {DType::f32, DType::bf16})->group(g);
   app.add_option("--compress-ratio", c.ratio, "topk/randomk: fraction of each gradient's coordinates sent")
       ->group(g)->check(positive())->check(at_most(1));
-  if (!with_auto) return;
   const char* ga = "Compression: auto";
   app.add_option("--auto-ranks", c.auto_ranks,
                  "the PowerSGD ranks auto chooses between, LOW,HIGH: Accordion's low in regular regimes, high in "

@@ -1,6 +1,7 @@
 // The command line of the *-train programs: the options every one of them shares, Shampoo's, and
 // the --help footer's list of metrics. They fill dtk::train::Options; the loop knows nothing of CLI11.
 #pragma once
+#include <initializer_list>
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -12,8 +13,8 @@
 namespace dtk::train {
 
 // The --help footer's line of metrics (train/metrics.h's schema): the loop's own and those of
-// `added` and `also`, the program's placement and compressor.
-std::string metrics_help(MetricSource added, MetricSource also = MetricSource::loop);
+// the sources `added`, the program's placement and compressor.
+std::string metrics_help(std::initializer_list<MetricSource> added);
 
 // Registers the common options in groups "Model", "Data", "Optimization", "Run".
 void add_options(CLI::App& app, Options& o);
@@ -30,9 +31,9 @@ struct CompressorOptions {
   CLI::Option* rank = nullptr;  // --rank, to tell a given one from the default
   compress::Config config(uint64_t seed) const;
 };
-// `none_help`: what --compressor none means in the program. with_auto: --compressor auto and its
-// options (group "Compression: auto"; psgd-train's: auto chooses per bucket of replicated
-// parameters), else --compressor offers every other kind.
-void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help, bool with_auto);
+// `none_help`: what --compressor none means in the program. Every kind, auto's options in group
+// "Compression: auto" (psgd-train per bucket of replicated parameters, fsdp-train per bucket of
+// its plan on HSDP's replica hop).
+void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help);
 
 }  // namespace dtk::train
