@@ -67,10 +67,12 @@ then ok "--iters-json: schema, counts, the table's columns"; else bad "--iters-j
 # The straggler report: rank 1 (neither first nor last of 4) made 50 ms late before each timed
 # iteration is named, as a straggler, at every size of every operation where everyone waits
 # (table and JSON); broadcast's root waits for no one: not inferred. On one rank no report.
+# Lateness is counted from the rank before it in arrival order, which on oversubscribed cores can
+# itself be descheduled: at least 45 ms (CI once measured 49.2 ms).
 delay=DTK_COMM_BENCH_DELAY_RANK
 if [ "$n" -gt 1 ]; then
   env $delay=1:50000 $run --op allreduce -b 1K -e 2K -n 20 -w 1 >"$tmp/o" 2>&1
-  want='^# straggler (allreduce) \(1024\|2048\) B: rank 1, last to arrive in \(1[89]\|20\)/20 iterations (p [0-9.e-]*), 5[0-9]\{4\}\.[0-9]* us late (median; [0-9.]*% of the median time)$'
+  want='^# straggler (allreduce) \(1024\|2048\) B: rank 1, last to arrive in \(1[89]\|20\)/20 iterations (p [0-9.e-]*), \(4[5-9]\|5[0-9]\)[0-9]\{3\}\.[0-9]* us late (median; [0-9.]*% of the median time)$'
   if [ "$(grep -c "$want" "$tmp/o")" = 2 ] && grep -q "^# $delay: rank 1 sleeps 50000 us" "$tmp/o"; then
     ok "straggler named in the table, rank 1 of $n"; else bad "straggler in the table, rank 1 of $n" "$(cat "$tmp/o")"; fi
   env $delay=1:50000 $run --op all -b 1K -e 1K -n 20 -w 1 --json >"$tmp/j" 2>"$tmp/e"
