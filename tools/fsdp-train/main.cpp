@@ -3,6 +3,7 @@
 
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
+#include "dtk/ops/kernels.h"
 #include "dtk/train/command_line.h"
 #include "dtk/compress/auto.h"
 #include "dtk/core/error.h"
@@ -25,6 +26,7 @@ cli::Program program(Args& a) {
   cli::Program p;
   p.name = "fsdp-train";
   p.marks_launch = true;  // after the first step (train::run)
+  p.cpu_kernels = ops::select_cpu_kernels;
   p.description =
       "Fully sharded data-parallel training after SimpleFSDP (Zhang et al., 2024): every rank keeps a dim-0 shard "
       "of each parameter in f32 with its gradient and optimizer state; a bucket of blocks is all-gathered (bf16 by "

@@ -1,6 +1,7 @@
 // psgd-train: data-parallel training with PowerSGD gradient compression (see man psgd-train).
 #include "dtk/cli/checks.h"
 #include "dtk/cli/cli.h"
+#include "dtk/ops/kernels.h"
 #include "dtk/train/command_line.h"
 #include "dtk/compress/auto.h"
 #include "dtk/compress/compressor.h"
@@ -23,6 +24,7 @@ cli::Program program(Args& a) {
   cli::Program p;
   p.name = "psgd-train";
   p.marks_launch = true;  // after the first step (train::run)
+  p.cpu_kernels = ops::select_cpu_kernels;
   p.description =
       "Data-parallel training with PowerSGD gradient compression (Vogels et al., 2019): rank-r power iteration "
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "

@@ -1,5 +1,6 @@
 // shampoo-train: data-parallel training with Distributed Shampoo (see man shampoo-train).
 #include "dtk/cli/cli.h"
+#include "dtk/ops/kernels.h"
 #include "dtk/train/command_line.h"
 #include "dtk/core/error.h"
 #include "dtk/optim/shampoo.h"
@@ -17,6 +18,7 @@ cli::Program program(Args& a) {
   cli::Program p;
   p.name = "shampoo-train";
   p.marks_launch = true;  // after the first step (train::run)
+  p.cpu_kernels = ops::select_cpu_kernels;
   p.description =
       "Data-parallel training with Distributed Shampoo (Shi et al., 2023): blocked Kronecker-factored "
       "preconditioning with grafting; each rank computes the inverse roots and search directions of its own "

@@ -109,6 +109,7 @@ std::string version_string(const std::string& program) {
 std::string build_info() { return "CUDA: " + cuda::describe() + "; NCCL: " + comm::nccl_version(); }
 
 int main(int argc, char** argv, const Program& p) {
+  const std::string kernels = p.cpu_kernels ? p.cpu_kernels(argv) : "";  // first: it may execute the program again
   std::string message;
   std::unique_ptr<comm::Runtime> rt;
   rt = std::make_unique<comm::Runtime>(&argc, &argv, comm::Runtime::Options{});
@@ -121,7 +122,9 @@ int main(int argc, char** argv, const Program& p) {
 
   CLI::App app{p.description, p.name};
   app.footer(p.footer);
-  app.set_version_flag("--version", std::function<std::string()>([&p] { return version_string(p.name) + "\n" + build_info(); }));
+  app.set_version_flag("--version", std::function<std::string()>([&] {
+    return version_string(p.name) + "\n" + build_info() + (kernels.empty() ? "" : "\n" + kernels);
+  }));
   const auto toml_config = use_toml_config(app);
   Common common;
   app.add_option("--log-level", common.log_level, "trace, debug, info, warn, error or off")

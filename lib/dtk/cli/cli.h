@@ -45,6 +45,10 @@ struct Program {
   // The work calls mark_launched itself (the *-train programs: after their first step); else
   // main() does, once every rank has validated its options.
   bool marks_launch = false;
+  // A program that computes on the CPU: ops::select_cpu_kernels (ops/kernels.h), which main()
+  // calls first, before MPI starts (it may execute the program again, once, with better BLAS
+  // kernels); --version ends with the lines it returns.
+  std::string (*cpu_kernels)(char** argv) = nullptr;
 };
 
 // share/dtk/slurm/*.sbatch tell a launch that failed (a task killed in its start-up, inside Open

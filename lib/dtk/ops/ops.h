@@ -241,14 +241,4 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
 // 0 where the solver failed or the basis is not finite (that basis is zeroed).
 std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis);
 
-// ---------------------------------------------------------------------------- CPU threads
-// The threads the CPU backend's loops and OpenBLAS use (OpenMP's max threads, for this thread).
-void set_cpu_threads(int n);
-
-// ---------------------------------------------------------------------------- backend notes
-// A warning about the CPU backend's set-up, empty when there is none: OpenBLAS's pthread build
-// runs its own thread pool beside the ops' OpenMP threads, and the two compete for the cores
-// (llama-tiny trains 3.3x slower on 2 cores); the OpenMP build shares one pool.
-std::string cpu_backend_warning();
-
 }  // namespace dtk::ops

@@ -14,6 +14,7 @@
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
+#include "dtk/ops/kernels.h"
 #include "dtk/ops/ops.h"
 #include "dtk/train/metrics.h"
 #include "dtk/train/run_state.h"
@@ -36,7 +37,8 @@ class Trainer {
       : o_(o), s_(s), rt_(rt), device_(parse_device(o.device)), cfg_(resolve_model(o)) {
     const auto [threads, why] = resolve_threads(o, rt);
     ops::set_cpu_threads(threads);
-    spdlog::info("CPU threads per rank: {} ({})", threads, why);
+    spdlog::info("CPU threads per rank: {} ({}); BLAS: {}", threads, why, ops::blas_description(false));
+    spdlog::info("CPU: {}", ops::cpu_features().describe());
     device_ = rt.bind_device(device_);
     comm_ = rt.world(o.backend, device_);
     host_ = rt.world(comm::Backend::automatic, Device::cpu());
@@ -145,6 +147,10 @@ class Trainer {
           if (!background) complete_checkpoint(m);
           m["checkpoint_blocked_ms"] = seconds_since(t_ckpt) * 1e3;
         }
+      }
+      if (step == start_step_) {  // what ran: a rate is never read without the kernels that made it
+        m["blas"] = ops::blas_description();
+        m["cpu"] = ops::cpu_features().describe();
       }
       metrics.write(m);
       if (step == start_step_) cli::mark_launched(rank_);  // every rank is through a step: launched
@@ -287,8 +293,17 @@ class Trainer {
     spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}", s_.program, cfg_.preset,
                  cfg_.num_params(), world_, device_.str(), o_.global_batch);
     spdlog::info("data: {}", train_->describe().dump());
-    if (!device_.is_cuda())
-      if (const std::string w = ops::cpu_backend_warning(); !w.empty()) spdlog::warn("{}", w);
+    if (!device_.is_cuda()) {
+      // The kernels' warnings: once, from rank 0, when every rank has the same ones (one kind of
+      // node), else from each rank that has any.
+      const std::vector<std::string> warnings = ops::cpu_kernel_warnings();
+      std::string all;
+      for (const std::string& w : warnings) all += w + "\n";
+      const double h = static_cast<double>(std::hash<std::string>{}(all) >> 12);  // exact in a double
+      const comm::Range same = comm::min_max_over_ranks(*host_, {h}, Device::cpu())[0];
+      if (rank_ == 0 || same.min != same.max)
+        for (const std::string& w : warnings) spdlog::warn("{}", w);
+    }
     const double opt = train_->optimal_loss();
     if (std::isfinite(opt)) spdlog::info("the optimal loss on this data is {:.4f} nats", opt);
   }

@@ -1,7 +1,6 @@
 // CPU gemm: OpenBLAS cblas_?gemm in row-major layout, one call per matrix of a batch (OpenBLAS
 // threads each call; small batched products are rare in dtk and stay correct this way).
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -106,20 +105,3 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
 }
 
 }  // namespace dtk::ops::cpu
-
-namespace dtk::ops {
-
-void set_cpu_threads(int n) {
-  omp_set_num_threads(n);
-  openblas_set_num_threads(n);
-}
-
-std::string cpu_backend_warning() {
-  if (openblas_get_parallel() != 1) return {};  // 0 sequential, 2 OpenMP
-  return "OpenBLAS is its pthread build, whose threads compete with dtk's OpenMP threads for the cores "
-         "(several times slower on small models); select the OpenMP build: scripts/install-deps does, or "
-         "update-alternatives --set libopenblas.so.0-$(gcc -print-multiarch) "
-         "/usr/lib/$(gcc -print-multiarch)/openblas-openmp/libopenblas.so.0";
-}
-
-}  // namespace dtk::ops
