@@ -19,6 +19,7 @@
 
 #include "dtk/core/device.h"
 #include "dtk/core/tensor.h"
+#include "dtk/ops/kernels.h"
 #include "dtk/ops/ops.h"
 
 #ifdef DTK_HAVE_CUDA
@@ -196,6 +197,10 @@ void bench_cuda_gemm(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The kernels, chosen as the programs choose them; every figure below was measured with these.
+  std::string kernels = "# " + dtk::ops::select_cpu_kernels(argv);
+  for (size_t at = kernels.find('\n'); at != std::string::npos; at = kernels.find('\n', at + 1)) kernels.insert(at + 1, "# ");
+  std::printf("%s\n", kernels.c_str());
   Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -53,8 +53,8 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"val_accuracy", MetricSource::loop, "evaluation steps of classifiers"},
     {"checkpoint_write_ms", MetricSource::loop, "steps that complete a checkpoint: from its start to its files written"},
     {"checkpoint_blocked_ms", MetricSource::loop, "checkpoint steps: the time the step was held by checkpointing"},
-    {"blas", MetricSource::loop, "a run's first line: the CPU backend's BLAS, its build and threads, its kernels and who chose them"},
-    {"cpu", MetricSource::loop, "a run's first line: the processor and the features dtk chose the kernels by"},
+    {"blas", MetricSource::loop, "the run's first line: the CPU backend's BLAS and its kernels"},
+    {"cpu", MetricSource::loop, "the run's first line: the processor and its features"},
 };
 
 class Metrics {
