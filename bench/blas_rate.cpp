@@ -1,4 +1,4 @@
-// blas-rate: one library's GEMM (or eigh) rate, for bench/bench-blas, which runs it once per
+// blas-rate: one library's GEMM (or eigh) rate, for bench/bench-kernels, which runs it once per
 // library and kernel choice in a process of its own (OpenBLAS takes OPENBLAS_CORETYPE only when
 // it is loaded), interleaved. The library is loaded with dlopen, so that libraries that export
 // the same cblas_sgemm never meet in one process.
