@@ -10,6 +10,7 @@
 // number of threads.
 #pragma once
 #include <cblas.h>
+#include <lapacke.h>
 
 #include <cmath>
 #include <cstdint>
@@ -83,6 +84,15 @@ inline void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const
                       int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
               b, ldb, beta, c, ldc);
+}
+
+// The symmetric eigendecomposition of a [n, n] (row-major, overwritten by the eigenvectors, as
+// columns) with ascending eigenvalues w, by LAPACKE. uplo 'L' names the lower triangle of the
+// matrix as LAPACKE's row-major caller sees it (LAPACKE transposes the triangle it hands to the
+// column-major solver accordingly).
+inline lapack_int syevd(lapack_int n, float* a, float* w) { return LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
+inline lapack_int syevd(lapack_int n, double* a, double* w) {
+  return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w);
 }
 
 // y[0, n) = scale * softmax(x[0, n)) in one exp pass (y may be x); returns the row's log-sum-exp.

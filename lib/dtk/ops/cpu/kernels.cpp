@@ -6,7 +6,6 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
-#include <lapacke.h>
 #include <omp.h>
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -222,9 +221,6 @@ std::string check_gemm(int m, int n, int k) {
   return {};
 }
 
-lapack_int syevd(lapack_int n, float* a, float* w) { return LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
-lapack_int syevd(lapack_int n, double* a, double* w) { return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
-
 // The symmetric eigendecomposition A = V diag(w) V^T by LAPACK (the call ops::eigh makes),
 // checked by its residuals in f64 plain loops: A v_j = w_j v_j, V^T V = I, w ascending. Together
 // they prove the decomposition right whatever computed it.
@@ -235,7 +231,7 @@ std::string check_eigh(int n) {
     for (int j = 0; j < i; ++j) a[size_t(j) * n + i] = a[size_t(i) * n + j];
   std::vector<T> v(a.begin(), a.end()), w(n);
   const char* name = sizeof(T) == 4 ? "ssyevd" : "dsyevd";
-  if (const lapack_int info = syevd(n, v.data(), w.data()); info != 0)
+  if (const lapack_int info = cpu::syevd(n, v.data(), w.data()); info != 0)
     return fmt::format("{} {}x{}: LAPACK's info is {}", name, n, n, info);
   double norm = 0;
   for (const double e : a) norm = std::max(norm, std::abs(e));

@@ -72,12 +72,6 @@ lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, float* a, lapack_int 
 lapack_int orgqr(lapack_int m, lapack_int n, lapack_int k, double* a, lapack_int lda, const double* tau) {
   return LAPACKE_dorgqr(LAPACK_ROW_MAJOR, m, n, k, a, lda, tau);
 }
-// uplo 'L' names the lower triangle of the matrix as LAPACKE's row-major caller sees it
-// (LAPACKE transposes the triangle it hands to the column-major solver accordingly), and the
-// eigenvectors come back as the columns of the row-major matrix.
-lapack_int syevd(lapack_int n, float* a, float* w) { return LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
-lapack_int syevd(lapack_int n, double* a, double* w) { return LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, a, n, w); }
-
 const char* syevd_name(float*) { return "LAPACKE_ssyevd"; }
 const char* syevd_name(double*) { return "LAPACKE_dsyevd"; }
 
@@ -166,7 +160,7 @@ bool root_eigh(int n, const std::vector<double>& a, double p, double eps, double
   std::vector<double> v(a);
   std::vector<double> w(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[size_t(i) * n + i] += eps;
-  if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'L', n, v.data(), n, w.data()) != 0) return false;
+  if (syevd(n, v.data(), w.data()) != 0) return false;
   std::vector<double> d(static_cast<size_t>(n));
   if (!inverse_root_scales(w.data(), n, p, eps, d.data())) return false;
   reconstruct(n, v, d, x);
