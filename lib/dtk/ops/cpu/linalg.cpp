@@ -13,6 +13,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/cpu/internal.h"
 
 namespace dtk::ops::cpu {
 
