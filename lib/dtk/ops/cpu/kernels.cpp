@@ -101,6 +101,10 @@ CpuFeatures read_cpu_features() { return {}; }  // no x86 features: OpenBLAS's c
 
 // ---------------------------------------------------------------------------- the core ladder
 
+bool iequals(std::string_view a, std::string_view b) {  // OpenBLAS matches core names so
+  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
+}
+
 // OpenBLAS's x86 cores by the features their kernels use (ops/kernels.h): the ladder of
 // preferred_core, best first, with the level a processor needs for each.
 struct Rung {
@@ -122,9 +126,7 @@ int feature_level(const CpuFeatures& f) {
 // The level of the kernels of an OpenBLAS core; -1 for the cores OpenBLAS picks only for the
 // processors they are named after (AMD's Bulldozer to Excavator), which dtk never replaces.
 int core_level(std::string_view core) {
-  auto is = [&](std::string_view name) {
-    return core.size() == name.size() && strncasecmp(core.data(), name.data(), core.size()) == 0;
-  };
+  auto is = [&](std::string_view name) { return iequals(core, name); };
   for (const Rung& r : kLadder)
     if (is(r.core)) return r.level;
   if (is("Zen")) return 2;  // Haswell's kernels, tuned
@@ -132,10 +134,6 @@ int core_level(std::string_view core) {
                                "Nehalem", "Athlon", "Opteron", "Opteron_SSE3", "Barcelona", "Nano", "Bobcat"})
     if (is(sse)) return 0;
   return -1;
-}
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
 
 // ---------------------------------------------------------------------------- OpenBLAS
