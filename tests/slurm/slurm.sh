@@ -323,7 +323,10 @@ same_weights warned.h5 refck/step-00000300.h5
 echo "stopped at step $stop by SIGUSR1; requeued, the weights equal the uninterrupted run's at step 300"
 
 echo "== psgd-train: a resubmission after the run finished exits 0 at once"
-j=$(sbatch --parsable "${sizes[@]}" --time=2 --output=again-%j.out \
+# 5 minutes: the script's --signal=B:USR1@120 comes 120 s before the limit, give or take 60 s;
+# with --time=2 it came 0.7 s after the start, during start-up, and the job was requeued as a
+# launch that failed (the test then saw it PENDING).
+j=$(sbatch --parsable "${sizes[@]}" --time=5 --output=again-%j.out \
       "$src/share/dtk/slurm/psgd-train.sbatch" "${train[@]}" --checkpoint-dir ck)
 [ "$(wait_state "$j" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL' 120)" = COMPLETED ] || fail "resubmitted job $j"
 grep -q "the run is complete, nothing to do" "again-$j.out" || fail "job $j did not say the run was complete"
