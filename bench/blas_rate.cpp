@@ -6,9 +6,13 @@
 //     KIND: cblas-sgemm, cblas-dgemm (any CBLAS: OpenBLAS, BLIS), dnnl-sgemm (oneDNN),
 //           lapacke-ssyevd (M x M; LIBRARY the LAPACKE it calls)
 // The product is row-major C = A B^T (dtk's linear layers, y = x W^T) for M x N x K; prints
-// "GFLOPS SECONDS": the median over REPS (default 5, after one warm-up) of wall-clock time.
-// The threads are the libraries' own settings (OMP_NUM_THREADS, BLIS_NUM_THREADS).
+// "GFLOPS SECONDS CPU_GFLOPS": the rate and time by the median over REPS (default 5, after one
+// warm-up) of wall-clock time, and the rate by the median of the process's CPU time, which
+// another process on the core does not change (with one thread, the single-thread rate:
+// tests/tools/cpu_kernels.sh). The threads are the libraries' own settings (OMP_NUM_THREADS,
+// BLIS_NUM_THREADS).
 #include <dlfcn.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,6 +41,17 @@ void* symbol(void* lib, const char* name) {
     std::exit(1);
   }
   return s;
+}
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 template <typename T>
@@ -71,13 +86,13 @@ int main(int argc, char** argv) {
   std::function<void()> call;
   if (kind == "cblas-sgemm") {
     auto f = reinterpret_cast<SgemmC>(symbol(lib, "cblas_sgemm"));
-    call = [&] { f(kRowMajor, kNoTrans, kTrans, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); };
+    call = [&, f] { f(kRowMajor, kNoTrans, kTrans, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); };
   } else if (kind == "cblas-dgemm") {
     auto f = reinterpret_cast<DgemmC>(symbol(lib, "cblas_dgemm"));
-    call = [&] { f(kRowMajor, kNoTrans, kTrans, m, n, k, 1.0, ad.data(), k, bd.data(), k, 0.0, cd.data(), n); };
+    call = [&, f] { f(kRowMajor, kNoTrans, kTrans, m, n, k, 1.0, ad.data(), k, bd.data(), k, 0.0, cd.data(), n); };
   } else if (kind == "dnnl-sgemm") {
     auto f = reinterpret_cast<SgemmDnnl>(symbol(lib, "dnnl_sgemm"));
-    call = [&] { f('N', 'T', m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); };
+    call = [&, f] { f('N', 'T', m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); };
   } else if (kind == "lapacke-ssyevd") {
     auto f = reinterpret_cast<Syevd>(symbol(lib, "LAPACKE_ssyevd"));
     sym = values<float>(size_t(m) * m, 3);
@@ -85,7 +100,7 @@ int main(int argc, char** argv) {
       for (int j = 0; j < i; ++j) sym[size_t(j) * m + i] = sym[size_t(i) * m + j];
     w.resize(m);
     flops = 9.0 * m * m * m;  // ~ the flops of a symmetric eigendecomposition with vectors (for a rate)
-    call = [&] {
+    call = [&, f] {
       work = sym;
       if (f(kLapackRowMajor, 'V', 'L', m, work.data(), m, w.data()) != 0) {
         std::fprintf(stderr, "blas-rate: ssyevd failed\n");
@@ -97,14 +112,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   call();  // warm-up: the library's buffers and threads
-  std::vector<double> t;
+  std::vector<double> wall, cpu;
   for (int r = 0; r < reps; ++r) {
+    const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     call();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cpu.push_back(cpu_seconds() - c0);
   }
-  std::sort(t.begin(), t.end());
-  const double med = t[t.size() / 2];
-  std::printf("%.1f %.6f\n", flops / med / 1e9, med);
+  const double med = median(wall);
+  std::printf("%.1f %.6f %.1f\n", flops / med / 1e9, med, flops / median(cpu) / 1e9);
   return 0;
 }

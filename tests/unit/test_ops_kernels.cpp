@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "dtk/ops/kernels.h"
 
@@ -98,19 +99,13 @@ TEST(CpuKernels, CpuidAgreesWithProcCpuinfo) {
   std::set<std::string> have;
   std::istringstream words(flags);
   for (std::string w; words >> w;) have.insert(w);
-  auto on = [&](const char* flag) { return have.count(flag) > 0; };
-  EXPECT_EQ(f.sse4_2, on("sse4_2"));
-  EXPECT_EQ(f.avx, on("avx"));
-  EXPECT_EQ(f.avx2, on("avx2"));
-  EXPECT_EQ(f.fma, on("fma"));
-  EXPECT_EQ(f.avx512f, on("avx512f"));
-  EXPECT_EQ(f.avx512bw, on("avx512bw"));
-  EXPECT_EQ(f.avx512dq, on("avx512dq"));
-  EXPECT_EQ(f.avx512vl, on("avx512vl"));
-  EXPECT_EQ(f.avx512cd, on("avx512cd"));
-  EXPECT_EQ(f.avx512_bf16, on("avx512_bf16"));
-  EXPECT_EQ(f.amx_tile, on("amx_tile"));
-  EXPECT_EQ(f.amx_bf16, on("amx_bf16"));
+  const std::pair<bool CpuFeatures::*, const char*> kFlags[] = {
+      {&CpuFeatures::sse4_2, "sse4_2"},     {&CpuFeatures::avx, "avx"},           {&CpuFeatures::avx2, "avx2"},
+      {&CpuFeatures::fma, "fma"},           {&CpuFeatures::avx512f, "avx512f"},   {&CpuFeatures::avx512bw, "avx512bw"},
+      {&CpuFeatures::avx512dq, "avx512dq"}, {&CpuFeatures::avx512vl, "avx512vl"}, {&CpuFeatures::avx512cd, "avx512cd"},
+      {&CpuFeatures::avx512_bf16, "avx512_bf16"}, {&CpuFeatures::amx_tile, "amx_tile"},
+      {&CpuFeatures::amx_bf16, "amx_bf16"}};
+  for (const auto& [member, flag] : kFlags) EXPECT_EQ(f.*member, have.count(flag) > 0) << flag;
   EXPECT_NE(f.describe().find(std::to_string(f.model)), std::string::npos);
 }
 

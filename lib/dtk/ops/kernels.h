@@ -4,8 +4,8 @@
 // Debian's OpenBLAS is one library with kernels for many x86 generations, its "cores" (Prescott,
 // Haswell, SkylakeX, Cooperlake, ...); it picks one when it is loaded, by the processor's vendor,
 // family and model. A processor newer than the library gets its generic Prescott kernels (SSE3):
-// Debian 12's 0.3.21 does not know Intel's family 6 model 207 and ran dtk's llama-small 3.8x
-// slower there. OpenBLAS reads OPENBLAS_CORETYPE only while it is loaded, so a program that
+// Debian 12's 0.3.21 does not know Intel's family 6 model 207 and ran dtk's llama-small 4.1x
+// slower there (docs/cpu-kernels.md). OpenBLAS reads OPENBLAS_CORETYPE only while it is loaded, so a program that
 // computes calls select_cpu_kernels() first, before MPI starts: when OpenBLAS's core is below
 // what the processor can run (CPUID's features, preferred_core), it executes the program again,
 // once, with OPENBLAS_CORETYPE naming the best core the library has for those features. The same

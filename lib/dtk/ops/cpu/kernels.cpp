@@ -182,35 +182,44 @@ bool pretend_wrong() {
   return w != nullptr && iequals(w, openblas_core());
 }
 
-// C = alpha op(A) op(B) + beta C0 by the BLAS, in the four transpositions, against the same
-// product in f64 plain loops; the bound is a few units of roundoff of sum |a||b| per element.
+// The product A B (m x k times k x n) of test_values and sum |a||b| per element, in f64 plain
+// loops: the reference of check_gemm, computed once per shape for both precisions.
+struct GemmReference {
+  int m, n, k;
+  std::vector<double> a, b, c0, ab, mag;
+  GemmReference(int m_, int n_, int k_)
+      : m(m_), n(n_), k(k_), a(test_values(size_t(m) * k, 1)), b(test_values(size_t(k) * n, 2)),
+        c0(test_values(size_t(m) * n, 3)), ab(size_t(m) * n, 0.0), mag(size_t(m) * n, 0.0) {
+    for (int i = 0; i < m; ++i)
+      for (int l = 0; l < k; ++l)
+        for (int j = 0; j < n; ++j) {
+          ab[size_t(i) * n + j] += a[size_t(i) * k + l] * b[size_t(l) * n + j];
+          mag[size_t(i) * n + j] += std::abs(a[size_t(i) * k + l] * b[size_t(l) * n + j]);
+        }
+  }
+};
+
+// C = op(A) op(B) + beta C0 by the BLAS, in the four transpositions (beta 0 and 0.5), against
+// the reference; the bound is a few units of roundoff of sum |a||b| per element.
 template <typename T>
-std::string check_gemm(int m, int n, int k) {
-  const std::vector<double> a = test_values(size_t(m) * k, 1), b = test_values(size_t(k) * n, 2),
-                            c0 = test_values(size_t(m) * n, 3);
-  std::vector<double> ab(size_t(m) * n, 0.0), mag(size_t(m) * n, 0.0);
-  for (int i = 0; i < m; ++i)
-    for (int l = 0; l < k; ++l)
-      for (int j = 0; j < n; ++j) {
-        ab[size_t(i) * n + j] += a[size_t(i) * k + l] * b[size_t(l) * n + j];
-        mag[size_t(i) * n + j] += std::abs(a[size_t(i) * k + l] * b[size_t(l) * n + j]);
-      }
+std::string check_gemm(const GemmReference& r) {
+  const int m = r.m, n = r.n, k = r.k;
   const double eps = std::numeric_limits<T>::epsilon();
   const char* name = sizeof(T) == 4 ? "sgemm" : "dgemm";
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 1, tb = t & 2;
-    const double alpha = 1.0, beta = t == 1 || t == 2 ? 0.5 : 0.0;
+    const double beta = t == 1 || t == 2 ? 0.5 : 0.0;
     // op(A) = A: stored as A, or as A^T with the transposition asked for.
-    std::vector<T> as(a.size()), bs(b.size()), c(c0.begin(), c0.end());
+    std::vector<T> as(r.a.size()), bs(r.b.size()), c(r.c0.begin(), r.c0.end());
     for (int i = 0; i < m; ++i)
-      for (int l = 0; l < k; ++l) as[ta ? size_t(l) * m + i : size_t(i) * k + l] = static_cast<T>(a[size_t(i) * k + l]);
+      for (int l = 0; l < k; ++l) as[ta ? size_t(l) * m + i : size_t(i) * k + l] = static_cast<T>(r.a[size_t(i) * k + l]);
     for (int l = 0; l < k; ++l)
-      for (int j = 0; j < n; ++j) bs[tb ? size_t(j) * k + l : size_t(l) * n + j] = static_cast<T>(b[size_t(l) * n + j]);
-    cpu::blas_gemm(ta, tb, m, n, k, alpha, as.data(), ta ? m : k, bs.data(), tb ? k : n, beta, c.data(), n);
+      for (int j = 0; j < n; ++j) bs[tb ? size_t(j) * k + l : size_t(l) * n + j] = static_cast<T>(r.b[size_t(l) * n + j]);
+    cpu::blas_gemm(ta, tb, m, n, k, 1.0, as.data(), ta ? m : k, bs.data(), tb ? k : n, beta, c.data(), n);
     if (t == 0 && pretend_wrong()) c[0] += 1;
     for (size_t e = 0; e < c.size(); ++e) {
-      const double want = alpha * ab[e] + beta * c0[e];
-      const double bound = 4 * (k + 2) * eps * (mag[e] + std::abs(beta * c0[e])) + std::numeric_limits<T>::min();
+      const double want = r.ab[e] + beta * r.c0[e];
+      const double bound = 4 * (k + 2) * eps * (r.mag[e] + std::abs(beta * r.c0[e])) + std::numeric_limits<T>::min();
       if (!(std::abs(static_cast<double>(c[e]) - want) <= bound))
         return fmt::format("{} ({}, {}) {}x{}x{}: element ({}, {}) is {:.9g} where the reference is {:.9g}", name,
                            ta ? "A^T" : "A", tb ? "B^T" : "B", m, n, k, e / n, e % n, static_cast<double>(c[e]), want);
@@ -260,11 +269,13 @@ std::string check_eigh(int n) {
 // verification and the program runs again with OpenBLAS's own.
 constexpr const char* kCarry = "DTK_BLAS_CHOICE";
 
+enum class Chooser { openblas, dtk, user };
 struct Choice {
-  bool selected = false;
-  std::string chosen_by;  // "dtk", "OpenBLAS", "OPENBLAS_CORETYPE"
-  std::string detected;   // OpenBLAS's own choice (when dtk chose another)
-  std::string rejected;   // dtk's choice, when it failed verification
+  bool selected = false;  // select_cpu_kernels has run
+  // Before select_cpu_kernels (a program that does not choose): OpenBLAS's or the user's.
+  Chooser by = std::getenv("OPENBLAS_CORETYPE") ? Chooser::user : Chooser::openblas;
+  std::string detected;  // Chooser::dtk: OpenBLAS's own choice
+  std::string rejected;  // Chooser::openblas: dtk's choice, which failed verification
   std::vector<std::string> warnings;
 };
 Choice& choice() {
@@ -298,7 +309,7 @@ void choose(Choice& c, char** argv) {
     const size_t semi = carry.find(';');
     c.detected = carry.substr(0, semi);
     if (semi == std::string::npos) {
-      c.chosen_by = "dtk";
+      c.by = Chooser::dtk;
       not_taken();
       const std::string why = verify_blas();
       if (why.empty()) return;
@@ -314,16 +325,16 @@ void choose(Choice& c, char** argv) {
     }
     const std::string rest = carry.substr(semi + 1);
     const size_t semi2 = rest.find(';');
-    c.chosen_by = "OpenBLAS";
+    c.by = Chooser::openblas;
     c.rejected = rest.substr(0, semi2);
     c.warnings.push_back(fmt::format("OpenBLAS's {} kernels disagreed with the reference at start-up ({}): running "
                                      "OpenBLAS's own choice, {}; OPENBLAS_CORETYPE chooses another",
                                      c.rejected, rest.substr(semi2 + 1), core));
   } else if (user != nullptr) {
-    c.chosen_by = "OPENBLAS_CORETYPE";
+    c.by = Chooser::user;
     not_taken();
   } else {
-    c.chosen_by = "OpenBLAS";
+    c.by = Chooser::openblas;
     if (const std::string want = preferred_core(cpu_features(), core, openblas_has_core); !want.empty()) {
       setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
       setenv(kCarry, core.c_str(), 1);
@@ -390,9 +401,11 @@ std::string preferred_core(const CpuFeatures& cpu, std::string_view openblas_cor
 }
 
 std::string verify_blas() {
-  for (const auto& why : {check_gemm<float>(67, 61, 129), check_gemm<float>(96, 80, 136),
-                          check_gemm<double>(67, 61, 129), check_gemm<double>(96, 80, 136), check_eigh<float>(64),
-                          check_eigh<double>(64)})
+  // Odd sizes: partial tiles at every edge of OpenBLAS's blocking.
+  for (const GemmReference& r : {GemmReference(67, 61, 129), GemmReference(96, 80, 136)})
+    for (const std::string& why : {check_gemm<float>(r), check_gemm<double>(r)})
+      if (!why.empty()) return why;
+  for (const std::string& why : {check_eigh<float>(64), check_eigh<double>(64)})
     if (!why.empty()) return why;
   return {};
 }
@@ -409,15 +422,11 @@ std::string select_cpu_kernels(char** argv) {
 std::string blas_description(bool threads) {
   const Choice& c = choice();
   const std::string core = openblas_core();
-  std::string who;
-  if (c.chosen_by == "dtk")
-    who = fmt::format("chosen by dtk (OpenBLAS chose {})", c.detected);
-  else if (c.chosen_by == "OPENBLAS_CORETYPE" || (!c.selected && std::getenv("OPENBLAS_CORETYPE") != nullptr))
-    who = "set by OPENBLAS_CORETYPE";
-  else if (!c.rejected.empty())
-    who = fmt::format("OpenBLAS's choice (dtk's {} disagreed with the reference)", c.rejected);
-  else
-    who = "OpenBLAS's choice";
+  const std::string who =
+      c.by == Chooser::dtk    ? fmt::format("chosen by dtk (OpenBLAS chose {})", c.detected)
+      : c.by == Chooser::user ? std::string("set by OPENBLAS_CORETYPE")
+      : c.rejected.empty()    ? std::string("OpenBLAS's choice")
+                              : fmt::format("OpenBLAS's choice (dtk's {} disagreed with the reference)", c.rejected);
   const std::string t = threads ? fmt::format(", {} thread{}", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s")
                                 : "";
   return fmt::format("{} ({}{}), {} kernels, {}", openblas_version(), threading(), t, core, who);
