@@ -90,6 +90,50 @@ TEST(LinalgGpu, GemmMatchesCpu) {
   }
 }
 
+// gemm with Math::tf32 (cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32) against the CPU's definition (the
+// f32 product of operands rounded to TF32, to nearest): how cuBLAS rounds the operands is its
+// own, so the bound is TF32's: each product within 2 * 2^-10 of |a||b| (both operands truncated,
+// the worse case), k terms of unit scale, 2^-9 sqrt(k) of the largest result. The GPU's product
+// must differ from its exact f32 product (the tensor cores ran), and agree with the CPU's tf32
+// far better than with exact f32 when cuBLAS rounds as the CPU does: both figures are printed.
+TEST(LinalgGpu, GemmTf32MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t batch, m, n, k;
+  };
+  const Case cases[] = {{0, 7, 33, 100}, {0, 257, 129, 65}, {3, 33, 7, 100}, {0, 512, 512, 512}};
+  uint64_t seed = 900;
+  double vs_cpu = 0, vs_exact = INFINITY, bound = 0;
+  for (const Case& c : cases)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        Shape as = ta ? Shape{c.k, c.m} : Shape{c.m, c.k};
+        Shape bs = tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
+        Shape cs{c.m, c.n};
+        if (c.batch) {
+          as.insert(as.begin(), c.batch);
+          bs.insert(bs.begin(), c.batch);
+          cs.insert(cs.begin(), c.batch);
+        }
+        const Vec av = random_values(size_t(shape_numel(as)), seed++);
+        const Vec bv = random_values(size_t(shape_numel(bs)), seed++);
+        const Vec cv = random_values(size_t(shape_numel(cs)), seed++);
+        Tensor a = Tensor::from_doubles(av, as, DType::f32), b = Tensor::from_doubles(bv, bs, DType::f32);
+        Tensor cc = Tensor::from_doubles(cv, cs, DType::f32);
+        Tensor ag = a.to(kGpu), bg = b.to(kGpu), cg = cc.to(kGpu), eg = cc.to(kGpu);
+        ops::gemm(ta, tb, 1.5, a, b, -0.5, cc, ops::Math::tf32);
+        ops::gemm(ta, tb, 1.5, ag, bg, -0.5, cg, ops::Math::tf32);
+        ops::gemm(ta, tb, 1.5, ag, bg, -0.5, eg);
+        const Vec got = cg.to_doubles();
+        vs_cpu = std::max(vs_cpu, max_rel_err(got, cc.to_doubles()));
+        vs_exact = std::min(vs_exact, max_rel_err(got, eg.to_doubles()));
+        bound = std::max(bound, std::ldexp(1.0, -9) * std::sqrt(double(c.k)));
+      }
+  report("gemm_tf32_vs_cpu_tf32", "f32", vs_cpu, bound);
+  std::printf("gemm tf32: the smallest difference from the exact f32 product %.3g (must be > 0)\n", vs_exact);
+  EXPECT_GT(vs_exact, 0) << "the tf32 gemm gave the exact f32 product: no tensor cores";
+}
+
 // gemm with k = 0: the product is empty, so C = beta C whatever alpha (the BLAS rule), and
 // beta == 0 (or -0) writes zeros without reading C, so the NaN and Inf that C held are gone; the
 // CPU does this in a loop, the GPU by cudaMemsetAsync or cuBLAS ?scal. Every transpose

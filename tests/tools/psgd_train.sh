@@ -199,6 +199,25 @@ want = [0.005, 0.01, 0.01, 0.01, 0.005, 0.005, 0.0025, 0.0025]
 assert len(lr) == 8 and all(abs(a - b) < 1e-12 for a, b in zip(lr, want)), lr
 PY
 
+# ---- --precision tf32: the weight products of TF32 operands (the CPU rounds as the GPU's tensor
+# cores do, at no gain in speed): losses within TF32's reach of f32's and not equal to them; the
+# first metrics line says which; a resume continues in the run's precision unrestated ----
+run $psgd $common --steps 10 --metrics p32.jsonl
+run $psgd $common --steps 10 --precision tf32 --metrics ptf.jsonl --save ptf.h5
+python3 - p32.jsonl ptf.jsonl <<'PY' && ok "--precision tf32: losses within 1e-3 of f32's, not equal" \
+  || bad "--precision tf32 against f32" "$(cat $tmp/e)" "$(head -c 600 ptf.jsonl)"
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+assert a[0]["precision"] == "f32" and b[0]["precision"] == "tf32", (a[0].get("precision"), b[0].get("precision"))
+d = [abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)]
+assert len(d) == 10 and 0 < max(d) < 1e-3, d
+PY
+rm -rf pck; run $psgd $common --steps 10 --precision tf32 --stop-at 5 --checkpoint-dir pck --metrics pres.jsonl
+run $psgd $common --steps 10 --resume pck --save pres.h5 --metrics pres.jsonl
+run $si diff ptf.h5 pres.h5 --rtol 0 --atol 0
+if [ $rc = 0 ] && [ "$(grep -c '"precision":"tf32"' pres.jsonl)" = 2 ]; then ok "--precision tf32: the resume keeps it, exactly"
+else bad "--precision tf32 resume (diff exit $rc)" "$(cat $tmp/o | tail -3)" "$(grep precision pres.jsonl)"; fi
+
 # ---- bad input: exit 2 on every rank, nothing written, existing files untouched ----
 cp full.h5 keep.h5; sum=$(md5sum < keep.h5)
 expect2 "missing data file" "no such file" $mpiexec -n 2 $psgd $common --data nothere.h5 --steps 2 --save keep.h5

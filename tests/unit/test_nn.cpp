@@ -161,6 +161,41 @@ TEST(NnLayers, LinearWithAndWithoutBias) {
   }
 }
 
+// Inside a GemmMathScope(tf32), Linear's three weight products are gemm's tf32 ones (x W^T,
+// dy^T x, dy W), bit for bit; outside it, exact again.
+TEST(NnLayers, LinearTf32Products) {
+  const auto f32 = [](const Tensor& t) {
+    Tensor o = Tensor::empty(t.shape(), DType::f32);
+    ops::cast(t, o);
+    return o;
+  };
+  Param w;
+  w.value = f32(rand_tensor({4, 5}, 1));
+  w.grad = Tensor::zeros({4, 5}, DType::f32);
+  w.shape = {4, 5};
+  const Tensor x = f32(rand_tensor({6, 5}, 3)), dy = f32(rand_tensor({6, 4}, 4));
+  Tensor y = Tensor::empty({6, 4}, DType::f32), dx = Tensor::empty({6, 5}, DType::f32);
+  Tensor want_y = y.clone(), want_dx = dx.clone(), want_dw = Tensor::zeros({4, 5}, DType::f32);
+  ops::gemm(false, true, 1.0, x, w.value, 0.0, want_y, ops::Math::tf32);
+  ops::gemm(true, false, 1.0, dy, x, 1.0, want_dw, ops::Math::tf32);
+  ops::gemm(false, false, 1.0, dy, w.value, 0.0, want_dx, ops::Math::tf32);
+  Linear lin;
+  lin.bind(&w);
+  {
+    GemmMathScope scope(ops::Math::tf32);
+    EXPECT_EQ(gemm_math(), ops::Math::tf32);
+    lin.forward(x, y);
+    lin.backward(dy, &dx);
+  }
+  EXPECT_EQ(gemm_math(), ops::Math::exact);
+  EXPECT_EQ(y.to_doubles(), want_y.to_doubles());
+  EXPECT_EQ(dx.to_doubles(), want_dx.to_doubles());
+  EXPECT_EQ(w.grad.to_doubles(), want_dw.to_doubles());
+  Tensor exact_y = y.clone();
+  ops::gemm(false, true, 1.0, x, w.value, 0.0, exact_y);
+  EXPECT_NE(exact_y.to_doubles(), want_y.to_doubles());
+}
+
 // Conv2d: the ops' convolution through the layer; gradients by central differences.
 TEST(NnLayers, Conv2dStrideAndPadding) {
   Param w = make_param("w", {3, 2, 3, 3}, 11);
@@ -732,6 +767,47 @@ TEST(NnLlama, GradReadyHookOrderAndFinality) {
       }
     }
   }
+}
+
+// --precision tf32: the weight products round their operands to TF32 (ops::Math::tf32), which
+// moves the loss and the gradients by about TF32's 2^-11 and no more; the same run twice is
+// bit-identical; a pending backward keeps its forward's precision; f64 models multiply exactly.
+TEST(NnLlama, PrecisionTf32) {
+  const Batch b = tiny_batch(3, 12, 13, 8);
+  const auto run = [&](Model& m, Precision fwd, Precision bwd) {
+    m.set_precision(fwd);
+    m.zero_grad();
+    const double loss = m.forward(b);
+    m.set_precision(bwd);
+    m.backward(1.0);
+    return std::make_pair(loss, grads_f32(m));
+  };
+  auto m = make_model(small_llama(), Device::cpu());
+  m->init(7);
+  const auto [l32, g32] = run(*m, Precision::f32, Precision::f32);
+  const auto [lt, gt] = run(*m, Precision::tf32, Precision::tf32);
+  EXPECT_NE(lt, l32);
+  EXPECT_LT(std::fabs(lt - l32), 1e-3 * std::fabs(l32));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g32.size(); ++i) {
+    diff += (double(gt[i]) - g32[i]) * (double(gt[i]) - g32[i]);
+    norm += double(g32[i]) * g32[i];
+  }
+  EXPECT_GT(diff, 0);
+  EXPECT_LT(std::sqrt(diff / norm), 1e-2);
+  const auto [lt2, gt2] = run(*m, Precision::tf32, Precision::f32);  // the backward keeps tf32
+  EXPECT_EQ(lt2, lt);
+  EXPECT_EQ(std::memcmp(gt2.data(), gt.data(), gt.size() * sizeof(float)), 0);
+  const auto [l32b, g32b] = run(*m, Precision::f32, Precision::tf32);  // ... and f32
+  EXPECT_EQ(l32b, l32);
+  EXPECT_EQ(std::memcmp(g32b.data(), g32.data(), g32.size() * sizeof(float)), 0);
+
+  auto m64 = make_model(small_llama(), Device::cpu(), DType::f64);
+  m64->init(7);
+  m64->set_precision(Precision::f32);
+  const double e64 = m64->evaluate(b);
+  m64->set_precision(Precision::tf32);
+  EXPECT_EQ(m64->evaluate(b), e64);
 }
 
 TEST(NnLlama, EvaluateMatchesForwardAndKeepsThePendingBackward) {

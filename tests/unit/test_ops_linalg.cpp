@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtk/core/error.h"
+#include "dtk/core/half.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/ops.h"
 #include "../common/test_util.h"
@@ -216,6 +217,67 @@ TEST(LinalgGemm, BatchedMatchesPerMatrix) {
           for (int64_t i = 0; i < m * n; ++i) want[size_t(i)] = 2 * want[size_t(i)] + cv[size_t(bi * m * n + i)];
           EXPECT_LT(rel_err(g, want), tol_for(t) * 3) << dtype_name(t) << " batch " << bi << " ta=" << ta << " tb=" << tb;
         }
+      }
+}
+
+// TF32 rounding: 10 explicit mantissa bits, to nearest with ties away from zero; NaN, infinity
+// kept; past TF32's largest finite, infinity.
+TEST(LinalgGemm, RoundTf32) {
+  const float ulp = std::ldexp(1.0f, -10);  // TF32's spacing in [1, 2)
+  EXPECT_EQ(round_tf32(1.0f), 1.0f);
+  EXPECT_EQ(round_tf32(1.0f + ulp), 1.0f + ulp);
+  EXPECT_EQ(round_tf32(1.0f + ulp / 2), 1.0f + ulp);      // a tie: away from zero
+  EXPECT_EQ(round_tf32(-(1.0f + ulp / 2)), -(1.0f + ulp));
+  EXPECT_EQ(round_tf32(1.0f + ulp / 2 - std::ldexp(1.0f, -23)), 1.0f);  // just below the tie
+  EXPECT_EQ(round_tf32(1.0f + 3 * ulp / 4), 1.0f + ulp);
+  EXPECT_EQ(float_bits(round_tf32(bits_float(0x00001000u))), 0x00002000u);  // subnormals: a tie, away
+  EXPECT_EQ(float_bits(round_tf32(bits_float(0x00000fffu))), 0x00000000u);
+  EXPECT_TRUE(std::isnan(round_tf32(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(round_tf32(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(round_tf32(std::numeric_limits<float>::max()), std::numeric_limits<float>::infinity());
+}
+
+// Math::tf32 on f32: exactly the f32 product of the operands rounded to TF32 (the CPU's
+// definition, bit for bit), within TF32's bound of the exact product and not equal to it; f64
+// ignores it.
+TEST(LinalgGemm, Tf32IsTheProductOfRoundedOperands) {
+  uint64_t seed = 300;
+  for (int batched = 0; batched < 2; ++batched)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t B = batched ? 3 : 1, m = 19, n = 37, k = 65;
+        const Mat av = random_values(size_t(B * m * k), seed++), bv = random_values(size_t(B * k * n), seed++);
+        const Mat cv = random_values(size_t(B * m * n), seed++);
+        Shape as = ta ? Shape{k, m} : Shape{m, k}, bs = tb ? Shape{n, k} : Shape{k, n}, cs = {m, n};
+        if (batched) {
+          as.insert(as.begin(), B);
+          bs.insert(bs.begin(), B);
+          cs.insert(cs.begin(), B);
+        }
+        const auto tf32 = [](const Mat& v) {
+          Mat r(v.size());
+          for (size_t i = 0; i < v.size(); ++i) r[i] = round_tf32(static_cast<float>(v[i]));
+          return r;
+        };
+        Tensor a = Tensor::from_doubles(av, as, DType::f32), b = Tensor::from_doubles(bv, bs, DType::f32);
+        Tensor ar = Tensor::from_doubles(tf32(av), as, DType::f32), br = Tensor::from_doubles(tf32(bv), bs, DType::f32);
+        Tensor c = Tensor::from_doubles(cv, cs, DType::f32), want = c.clone(), exact = c.clone();
+        ops::gemm(ta, tb, 1.5, a, b, -0.5, c, ops::Math::tf32);
+        ops::gemm(ta, tb, 1.5, ar, br, -0.5, want);
+        ops::gemm(ta, tb, 1.5, a, b, -0.5, exact);
+        const std::string what = "batched=" + std::to_string(batched) + " ta=" + std::to_string(ta) +
+                                 " tb=" + std::to_string(tb);
+        EXPECT_EQ(c.to_doubles(), want.to_doubles()) << what;
+        // Each product's error is below 2 * 2^-11 of |a||b| (two roundings); sums of k terms of
+        // unit-scale values: the difference from the exact product stays near 2^-10 sqrt(k).
+        const double err = rel_err(c.to_doubles(), exact.to_doubles());
+        EXPECT_GT(err, 0) << what;
+        EXPECT_LT(err, std::ldexp(1.0, -10) * std::sqrt(double(k))) << what;
+        Tensor a64 = Tensor::from_doubles(av, as, DType::f64), b64 = Tensor::from_doubles(bv, bs, DType::f64);
+        Tensor c64 = Tensor::from_doubles(cv, cs, DType::f64), e64 = c64.clone();
+        ops::gemm(ta, tb, 1.5, a64, b64, -0.5, c64, ops::Math::tf32);
+        ops::gemm(ta, tb, 1.5, a64, b64, -0.5, e64);
+        EXPECT_EQ(c64.to_doubles(), e64.to_doubles()) << what << " f64";
       }
 }
 

@@ -31,6 +31,15 @@ DTK_HD uint16_t float_to_bf16(float f) {
 }
 DTK_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
+// f32 rounded to TF32, the tensor cores' 19-bit float (f32's exponent, 10 explicit mantissa
+// bits), kept in an f32: round to nearest, ties away from zero (PTX cvt.rna.tf32.f32); NaN and
+// infinity unchanged, a value past TF32's largest finite rounds to infinity.
+DTK_HD float round_tf32(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return f;
+  return bits_float((u + 0x1000u) & 0xffffe000u);
+}
+
 DTK_HD uint16_t float_to_f16(float f) {
   const uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;

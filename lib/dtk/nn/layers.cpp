@@ -25,6 +25,17 @@ void need_bound(const void* p, const char* layer) {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------- GEMM arithmetic
+
+namespace {
+thread_local ops::Math current_gemm_math = ops::Math::exact;
+}
+
+ops::Math gemm_math() { return current_gemm_math; }
+
+GemmMathScope::GemmMathScope(ops::Math m) : saved_(current_gemm_math) { current_gemm_math = m; }
+GemmMathScope::~GemmMathScope() { current_gemm_math = saved_; }
+
 // ---------------------------------------------------------------------------- buffers
 
 Tensor Buffer::get(const Shape& shape, DType t, Device d) {
@@ -77,7 +88,7 @@ void Linear::forward(const Tensor& x, Tensor& y) {
   Tensor y2 = as_rows(y, W.dim(0), "Linear.forward", "y");
   if (y2.dim(0) != x_.dim(0))
     fail_usage("Linear.forward: y {} must have {} rows like x {}", y.str(), x_.dim(0), x.str());
-  ops::gemm(false, true, 1.0, x_, W, 0.0, y2);  // y = x W^T
+  ops::gemm(false, true, 1.0, x_, W, 0.0, y2, gemm_math());  // y = x W^T
   if (b_) {
     Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());
     ops::fill(ones, 1.0);
@@ -92,7 +103,7 @@ void Linear::backward(const Tensor& dy, Tensor* dx, bool accumulate_dx) {
   Tensor dy2 = as_rows(dy, W.dim(0), "Linear.backward", "dy");
   if (dy2.dim(0) != x_.dim(0))
     fail_usage("Linear.backward: dy {} must have the {} rows of x", dy.str(), x_.dim(0));
-  ops::gemm(true, false, 1.0, dy2, x_, 1.0, w_->grad);  // dW += dy^T x
+  ops::gemm(true, false, 1.0, dy2, x_, 1.0, w_->grad, gemm_math());  // dW += dy^T x
   if (b_) {
     Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());  // filled by forward
     Tensor db = b_->grad.reshape({W.dim(0), 1});
@@ -100,7 +111,7 @@ void Linear::backward(const Tensor& dy, Tensor* dx, bool accumulate_dx) {
   }
   if (dx) {
     Tensor dx2 = as_rows(*dx, W.dim(1), "Linear.backward", "dx");
-    ops::gemm(false, false, 1.0, dy2, W, accumulate_dx ? 1.0 : 0.0, dx2);  // dx (+)= dy W
+    ops::gemm(false, false, 1.0, dy2, W, accumulate_dx ? 1.0 : 0.0, dx2, gemm_math());  // dx (+)= dy W
   }
 }
 
@@ -346,7 +357,7 @@ void Conv2d::forward(const Tensor& x, Tensor& y) {
   const Shape out = out_shape(x.shape());
   const Tensor& W = w_->value;
   Tensor cols = cols_.get({x.dim(1) * win_.kh * win_.kw, out[2] * out[3]}, W.dtype(), W.device());
-  ops::conv2d_forward(x, W, win_, cols, y);
+  ops::conv2d_forward(x, W, win_, cols, y, gemm_math());
   x_ = x;
 }
 
@@ -355,7 +366,7 @@ void Conv2d::backward(const Tensor& dy, Tensor* dx) {
   const Tensor& W = w_->value;
   const Shape cs{x_.dim(1) * win_.kh * win_.kw, dy.dim(2) * dy.dim(3)};
   Tensor cols = cols_.get(cs, W.dtype(), W.device()), dcols = dcols_.get(cs, W.dtype(), W.device());
-  ops::conv2d_backward(x_, W, dy, win_, cols, dcols, w_->grad, dx);
+  ops::conv2d_backward(x_, W, dy, win_, cols, dcols, w_->grad, dx, gemm_math());
 }
 
 void Conv2d::release() {

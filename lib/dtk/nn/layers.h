@@ -23,6 +23,21 @@
 
 namespace dtk::nn {
 
+// The arithmetic of the layers' weight GEMMs (Linear's three products, Conv2d's): the model sets
+// it for the duration of its forward, backward and evaluate from its Precision, as PyTorch's
+// autocast is a thread's context; Math::exact outside them. Bias products stay exact.
+ops::Math gemm_math();
+class GemmMathScope {
+ public:
+  explicit GemmMathScope(ops::Math m);
+  ~GemmMathScope();
+  GemmMathScope(const GemmMathScope&) = delete;
+  GemmMathScope& operator=(const GemmMathScope&) = delete;
+
+ private:
+  ops::Math saved_;
+};
+
 // A reusable allocation: get() returns a view of the requested shape, allocating only when the
 // held storage is too small or of another dtype or device.
 class Buffer {

@@ -13,6 +13,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/nn/internal.h"
+#include "dtk/nn/layers.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::nn {
@@ -312,17 +313,26 @@ void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
 
 // ---------------------------------------------------------------------------- the driver
 
+namespace {
+ops::Math math_of(Precision p, DType t) {
+  return p == Precision::tf32 && t == DType::f32 ? ops::Math::tf32 : ops::Math::exact;
+}
+}  // namespace
+
 double Model::forward(const Batch& batch) {
   pending_ = false;
   const Checkpointing mode = checkpointing_;
+  GemmMathScope math(math_of(precision_, dtype_));
   begin(batch, Pass::train, mode);
   const double loss = run_forward(Pass::train, mode);
   pending_ = true;
   pending_mode_ = mode;
+  pending_precision_ = precision_;
   return loss;
 }
 
 double Model::evaluate(const Batch& batch) {
+  GemmMathScope math(math_of(precision_, dtype_));
   begin(batch, Pass::evaluate, Checkpointing::none);
   return run_forward(Pass::evaluate, Checkpointing::none);
 }
@@ -343,6 +353,7 @@ double Model::run_forward(Pass pass, Checkpointing mode) {
 void Model::backward(double scale) {
   if (!pending_) fail(std::string(name_of(config_.arch)) + " backward: no forward to differentiate (each backward needs its own forward)");
   pending_ = false;
+  GemmMathScope math(math_of(pending_precision_, dtype_));
   BlockHooks& hk = hooks();
   for (size_t i = block_fns_.size(); i-- > 0;) {
     const Block& blk = block_fns_[i];

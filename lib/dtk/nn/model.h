@@ -168,6 +168,9 @@ enum class Pass { train, evaluate, recompute };
 //              torchtitan's selective activation checkpointing: less memory than none, more than
 //              full, for a fraction of full's recomputation.
 enum class Checkpointing { none, full, selective };
+// The arithmetic of a model's weight GEMMs (--precision; Model::set_precision).
+enum class Precision { f32, tf32 };
+DTK_ENUM_NAMES(Precision, {Precision::f32, "f32"}, {Precision::tf32, "tf32"})
 DTK_ENUM_NAMES(Checkpointing, {Checkpointing::none, "none"}, {Checkpointing::full, "full"},
                {Checkpointing::selective, "selective"})
 
@@ -263,6 +266,12 @@ class Model {
   // keeps the mode of its forward.
   void set_activation_checkpointing(Checkpointing c) { checkpointing_ = c; }
   Checkpointing activation_checkpointing() const { return checkpointing_; }
+  // The arithmetic of the model's weight GEMMs from the next forward on (a pending backward
+  // keeps its forward's): f32, true f32 products; tf32, on tensor cores with the operands
+  // rounded to TF32 (ops::Math::tf32). Parameters, gradients, activations and optimizer state
+  // are f32 either way; f64 models (gradient checks) always multiply exactly.
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
   // The strategy's block hooks (not owned; null: none).
   void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
@@ -296,6 +305,7 @@ class Model {
   std::vector<NamedTensor> buffers_;
   Tensor buffer_values_;
   Checkpointing checkpointing_ = Checkpointing::none;
+  Precision precision_ = Precision::f32;
   // The hooks to call (a no-op set when none are given).
   BlockHooks& hooks() {
     static BlockHooks none;
@@ -310,6 +320,7 @@ class Model {
   std::vector<Block> block_fns_;
   bool pending_ = false;                              // a training forward awaits its backward
   Checkpointing pending_mode_ = Checkpointing::none;  // ... in this mode
+  Precision pending_precision_ = Precision::f32;      // ... and this precision
 };
 
 // Validates cfg (UsageError naming the field). dtype: f32 (training) or f64 (gradient checks).

@@ -83,7 +83,8 @@ inline double rope_frequency(int64_t i, int64_t hd, double theta) {
   void scatter_add(const Tensor& indices, const Tensor& values, Tensor& out);                                   \
   void uniform_(Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi);                             \
   void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean, double std);                           \
-  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c); \
+  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,    \
+            Math math);                                                                                         \
   void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c);                                 \
   void symmetrize(Tensor& c);                                                                                   \
   void orthonormalize_mgs(Tensor& a, double eps);                                                               \

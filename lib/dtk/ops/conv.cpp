@@ -92,19 +92,19 @@ void check_conv(const char* op, const Tensor& x, const Tensor& w, const Window& 
 
 }  // namespace
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Window& win, Tensor& cols, Tensor& y) {
+void conv2d_forward(const Tensor& x, const Tensor& w, const Window& win, Tensor& cols, Tensor& y, Math math) {
   check_conv("conv2d_forward", x, w, win, cols, y, "y");
   const int64_t K = w.dim(0), PQ = cols.dim(1);
   const Tensor wm = w.reshape({K, cols.dim(0)});
   for (int64_t n = 0; n < x.dim(0); ++n) {
     DTK_DISPATCH(x, im2col(x.select(n), win, cols));
     Tensor yn = y.select(n).reshape({K, PQ});
-    gemm(false, false, 1.0, wm, cols, 0.0, yn);  // y[n] = W cols
+    gemm(false, false, 1.0, wm, cols, 0.0, yn, math);  // y[n] = W cols
   }
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Window& win, Tensor& cols,
-                     Tensor& dcols, Tensor& dw, Tensor* dx) {
+                     Tensor& dcols, Tensor& dw, Tensor* dx, Math math) {
   check_conv("conv2d_backward", x, w, win, cols, dy, "dy");
   detail::check_like("conv2d_backward", cols, dcols, "dcols");
   detail::check_shape("conv2d_backward", dcols, cols.shape(), "dcols");
@@ -120,9 +120,9 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const W
   for (int64_t n = 0; n < x.dim(0); ++n) {
     const Tensor dyn = dy.select(n).reshape({K, PQ});
     DTK_DISPATCH(x, im2col(x.select(n), win, cols));
-    gemm(false, true, 1.0, dyn, cols, 1.0, dwm);  // dW += dy[n] cols^T
+    gemm(false, true, 1.0, dyn, cols, 1.0, dwm, math);  // dW += dy[n] cols^T
     if (dx) {
-      gemm(true, false, 1.0, wm, dyn, 0.0, dcols);  // dcols = W^T dy[n]
+      gemm(true, false, 1.0, wm, dyn, 0.0, dcols, math);  // dcols = W^T dy[n]
       Tensor dxn = dx->select(n);
       DTK_DISPATCH(x, col2im(dcols, win, dxn));
     }

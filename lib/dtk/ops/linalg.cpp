@@ -11,7 +11,8 @@
 namespace dtk::ops {
 using namespace dtk::ops::detail;
 
-void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
+          Math math) {
   const char* op = "gemm";
   check_matrix_rank(op, a, "a");
   check_matrix_rank(op, b, "b");
@@ -50,7 +51,7 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
     fail_usage("gemm: dimensions beyond 2^31 - 1 are not supported by BLAS, got a " + a.str() + ", b " + b.str());
   if (overlaps(a, c) || overlaps(b, c)) fail_usage("gemm: c must not overlap a or b in memory");
   if (!std::isfinite(alpha) || !std::isfinite(beta)) fail_usage("gemm: alpha and beta must be finite");
-  DTK_DISPATCH(c, gemm(trans_a, trans_b, alpha, a, b, beta, c));
+  DTK_DISPATCH(c, gemm(trans_a, trans_b, alpha, a, b, beta, c, math));
 }
 
 void symmetrize(Tensor& c) {

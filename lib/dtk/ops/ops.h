@@ -17,6 +17,16 @@
 
 namespace dtk::ops {
 
+// How gemm (and the convolutions through it) multiply f32 operands. exact: true f32 products.
+// tf32 (f32 operands only; f64 and bf16 ignore it): each element of A and B rounded to TF32 (10
+// explicit mantissa bits, to nearest, ties away from zero: round_tf32 in core/half.h) before the
+// products, which are then exact in f32, accumulated in f32: cuBLAS's
+// CUBLAS_COMPUTE_32F_FAST_TF32 on tensor cores, PyTorch's allow_tf32. The CPU rounds copies of the
+// operands and runs the f32 BLAS on them. For the models' weight products (--precision tf32)
+// only: optimizers, compressors and the linear algebra below always multiply exactly.
+enum class Math { exact, tf32 };
+DTK_ENUM_NAMES(Math, {Math::exact, "exact"}, {Math::tf32, "tf32"})
+
 // ---------------------------------------------------------------------------- elementwise
 // Shapes equal (numel equal is enough); float. In place allowed (out may be a or b).
 void add(const Tensor& a, const Tensor& b, Tensor& out);       // a + b
@@ -119,11 +129,13 @@ void im2col(const Tensor& x, const Window& win, Tensor& cols);
 void col2im(const Tensor& cols, const Window& win, Tensor& dx);
 // Convolution without bias, one image at a time through im2col and gemm: x [N, C, H, W],
 // w [K, C, kh, kw] (win's kernel), y [N, K, P, Q]; cols [C kh kw, P Q] is scratch.
-void conv2d_forward(const Tensor& x, const Tensor& w, const Window& win, Tensor& cols, Tensor& y);
+// math: gemm's, for the products.
+void conv2d_forward(const Tensor& x, const Tensor& w, const Window& win, Tensor& cols, Tensor& y,
+                    Math math = Math::exact);
 // dw += the weight gradient (accumulates); dx (when given, overwritten) the input gradient.
 // cols and dcols [C kh kw, P Q] are scratch.
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Window& win, Tensor& cols,
-                     Tensor& dcols, Tensor& dw, Tensor* dx);
+                     Tensor& dcols, Tensor& dw, Tensor* dx, Math math = Math::exact);
 // Max pooling: y [N, C, P, Q] the maximum of each window of x [N, C, H, W] (padding never wins);
 // argmax i32 [N, C, P, Q] the winner's index h W + w within its channel (the first in row-major
 // window order among equal values; a NaN wins).
@@ -169,7 +181,9 @@ void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean = 0, doubl
 // C = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. 2-D: A [m, k] (or [k, m] transposed),
 // B [k, n] (or [n, k]), C [m, n]. 3-D: the same for every batch index (strided batched).
 // f32 or f64 throughout; on CUDA also A and B bf16 with C f32 (f32 accumulation).
-void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c);
+// math: see Math (the top of this file).
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
+          Math math = Math::exact);
 // C = alpha * A A^T + beta * C (trans: alpha * A^T A + beta * C), A [n, k] (or [k, n]), C [n, n],
 // f32 or f64, 2-D or batched as gemm. Exactly symmetric: the lower triangle is computed (the CPU:
 // BLAS ?syrk, half of gemm's products; CUDA: a strided-batched gemm, cuBLAS's ?syrk not being

@@ -180,6 +180,14 @@ void add_options(CLI::App& app, train::Options& o) {
   app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(cli::positive());
   app.add_option("--seed", o.seed, "seed of initialisation, data order and synthetic data")->group(g);
 
+  g = "Precision";
+  add_enum(app, "--precision", o.precision,
+           "the arithmetic of the model's weight products (linear layers, convolutions): f32, true f32 products; "
+           "tf32, each operand rounded to TF32 (10 mantissa bits) and f32 sums, on the GPU's tensor cores as "
+           "PyTorch's allow_tf32 (the CPU rounds the same way, at no gain in speed). Weights, gradients, "
+           "activations and optimizer state stay f32; optimizers and compressors always multiply in f32")
+      ->group(g);
+
   g = "Run";
   app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
   add_enum(app, "--backend", o.backend,

@@ -26,6 +26,7 @@ struct Options {
   std::vector<int64_t> input_shape;  // resnet: C, H, W (default: the image file's, else the preset's)
   bool sync_batchnorm = false;       // batch statistics over all ranks (SyncBatchNorm)
   nn::Checkpointing activation_checkpointing = nn::Checkpointing::none;
+  nn::Precision precision = nn::Precision::f32;  // the weight products' arithmetic
   // data
   std::string data = "synthetic", val_data;
   int64_t global_batch = 32, micro_batch = 0;  // micro_batch 0: the rank's whole share at once

@@ -47,6 +47,7 @@ class Trainer {
 
     model_ = nn::make_model(cfg_, device_, DType::f32, s.storage);
     model_->set_activation_checkpointing(o.activation_checkpointing);
+    model_->set_precision(o.precision);
     par_ = s.parallelism(*model_, *comm_, *host_);
     model_->set_hooks(par_.get());
     if (o.sync_batchnorm) model_->set_batchnorm_sync([this](Tensor& sums, double& count) {
@@ -151,6 +152,7 @@ class Trainer {
       if (step == start_step_) {  // what ran: a rate is never read without the kernels that made it
         m["blas"] = ops::blas_description();
         m["cpu"] = ops::cpu_features().describe();
+        m["precision"] = name_of(o_.precision);
       }
       metrics.write(m);
       if (step == start_step_) cli::mark_launched(rank_);  // every rank is through a step: launched
@@ -290,8 +292,8 @@ class Trainer {
   }
 
   void describe() {
-    spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}", s_.program, cfg_.preset,
-                 cfg_.num_params(), world_, device_.str(), o_.global_batch);
+    spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}, precision {}", s_.program, cfg_.preset,
+                 cfg_.num_params(), world_, device_.str(), o_.global_batch, name_of(o_.precision));
     spdlog::info("data: {}", train_->describe().dump());
     if (!device_.is_cuda()) {
       // The kernels' warnings: once, from rank 0, when every rank has the same ones (one kind of

@@ -1,9 +1,15 @@
 // CPU gemm: OpenBLAS cblas_?gemm in row-major layout, one call per matrix of a batch (OpenBLAS
 // threads each call; small batched products are rare in dtk and stay correct this way).
+// Math::tf32 multiplies copies of A and B rounded to TF32 (the products of two TF32 values are
+// exact in f32, so this is the tensor cores' arithmetic up to the order of the f32 sums).
 #include <cblas.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "dtk/core/half.h"
 
 #include "dtk/ops/backend.h"
 #include "dtk/ops/cpu/internal.h"
@@ -13,7 +19,8 @@ namespace dtk::ops::cpu {
 namespace {
 
 template <typename T>
-void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
+                Math math) {
   const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1;
   const int m = static_cast<int>(c.dim(-2));
   const int n = static_cast<int>(c.dim(-1));
@@ -33,6 +40,19 @@ void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const
   const int ldb = std::max<int>(1, static_cast<int>(b.dim(-1)));
   const T* ap = a.ptr<T>();
   const T* bp = b.ptr<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    if (math == Math::tf32) {
+      thread_local std::vector<float> ra, rb;  // the rounded copies, reused between calls
+      const auto rounded = [](const float* p, int64_t n, std::vector<float>& out) {
+        out.resize(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = round_tf32(p[i]);
+        return out.data();
+      };
+      ap = rounded(ap, a.numel(), ra);
+      bp = rounded(bp, b.numel(), rb);
+    }
+  }
   for (int64_t i = 0; i < batch; ++i)
     blas_gemm(trans_a, trans_b, m, n, k, alpha, ap + i * a_stride, lda, bp + i * b_stride, ldb, beta, cp + i * c_stride, n);
 }
@@ -97,11 +117,12 @@ void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
     syrk_typed<double>(trans, alpha, a, beta, c);
 }
 
-void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
+          Math math) {
   if (c.dtype() == DType::f32)
-    gemm_typed<float>(trans_a, trans_b, alpha, a, b, beta, c);
+    gemm_typed<float>(trans_a, trans_b, alpha, a, b, beta, c, math);
   else
-    gemm_typed<double>(trans_a, trans_b, alpha, a, b, beta, c);
+    gemm_typed<double>(trans_a, trans_b, alpha, a, b, beta, c, math);
 }
 
 }  // namespace dtk::ops::cpu

@@ -80,11 +80,12 @@ void symmetrize(Tensor& c) {
 // cuBLAS's ?syrk is not batched: one strided-batched gemm of A with itself, whose lower triangle
 // is then mirrored into the upper (exactly symmetric, like the CPU's).
 void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
-  gemm(trans, !trans, alpha, a, a, beta, c);
+  cuda::gemm(trans, !trans, alpha, a, a, beta, c, Math::exact);
   symmetrize(c);
 }
 
-void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c) {
+void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
+          Math math) {
   const int64_t batch = c.ndim() == 3 ? c.dim(0) : 1;
   const int m = static_cast<int>(c.dim(-2));
   const int n = static_cast<int>(c.dim(-1));
@@ -145,6 +146,21 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
       check_cublas(DTK_CUBLAS(cublasDgemmStridedBatched)(h, op_b, op_a, n, m, k, &alpha, bp, ldb, stride_b, ap, lda, stride_a,
                                              &beta, cp, ldc, stride_c, count),
                    "cublasDgemmStridedBatched");
+  } else if (math == Math::tf32) {
+    // f32 in and out on tensor cores: the operands rounded to TF32, f32 accumulation (ops.h).
+    const float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
+    if (c.ndim() == 2) {
+      check_cublas(DTK_CUBLAS_AS(GemmEx, cublasGemmEx)(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_32F, ldb, a.data(),
+                                                       CUDA_R_32F, lda, &bf, c.data(), CUDA_R_32F, ldc,
+                                                       CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (tf32)");
+    } else {
+      check_cublas(DTK_CUBLAS_AS(GemmStridedBatchedEx, cublasGemmStridedBatchedEx)(
+                       h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_32F, ldb, stride_b, a.data(), CUDA_R_32F, lda,
+                       stride_a, &bf, c.data(), CUDA_R_32F, ldc, stride_c, count, CUBLAS_COMPUTE_32F_FAST_TF32,
+                       CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmStridedBatchedEx (tf32)");
+    }
   } else {
     // f32 in the handle's default math mode: true f32 products, no TF32 down-conversion.
     const float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
