@@ -542,6 +542,185 @@ TEST(OpsNN, AttentionUsageErrors) {
   EXPECT_NO_THROW(ops::attention_forward(q, k, k, out, lse));
 }
 
+// ---------------------------------------------------------------------------- attention in bf16
+// The bf16 contract (ops.h) against f64 references computed from the same bf16 inputs. Each
+// rounding to bf16 (8 significant bits, to nearest) moves a value by at most 2^-8 of itself, and
+// the contract rounds P before P V and dS before dS K, dS^T Q, then each result once. So with P the
+// exact softmax, the references bound how far each element may be from the exact value:
+//   out = sum_j P_j v_j                 by 2^-8 (sum_j P_j |v_j| + |out|)
+//   dv  = sum_{h,t} P_t dout_t          by 2^-8 (sum P_t |dout_t| + |dv|)
+//   dq  = scale sum_j dS_j k_j          by 2^-8 (scale sum_j |dS_j| |k_j| + |dq|)
+//   dk  = scale sum_{h,t} dS_t q_t      by 2^-8 (scale sum |dS_t| |q_t| + |dk|)
+// (1% over it for the second-order terms), plus 2e-4 for the f32 arithmetic: sums of up to a few
+// hundred products, relative 2^-24 each, and exp to 2 ulp. lse is f32 throughout: 1e-4.
+constexpr double kBf16Step = 1.0 / 256;
+
+struct AttnRef {
+  Vec out, lse, out_bound;
+  Vec dq, dk, dv, dq_bound, dk_bound, dv_bound;
+};
+
+// The exact forward, and the backward given dout and the forward's stored out (bf16 values, as the
+// op's D = rowsum(dout * out) reads them).
+AttnRef ref_attention_bf16(const Vec& q, const Vec& k, const Vec& v, const Vec& out_given, const Vec& dout,
+                           const AttnCase& c) {
+  const int64_t B = c.B, T = c.T, H = c.H, Hkv = c.Hkv, hd = c.hd, G = H / Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  AttnRef r;
+  const size_t nq = static_cast<size_t>(B * T * H * hd), nk = static_cast<size_t>(B * T * Hkv * hd);
+  r.out.assign(nq, 0.0), r.out_bound.assign(nq, 0.0), r.dq.assign(nq, 0.0), r.dq_bound.assign(nq, 0.0);
+  r.dk.assign(nk, 0.0), r.dv.assign(nk, 0.0), r.dk_bound.assign(nk, 0.0), r.dv_bound.assign(nk, 0.0);
+  r.lse.assign(static_cast<size_t>(B * H * T), 0.0);
+  auto qi = [&](int64_t b, int64_t t, int64_t h) { return static_cast<size_t>(((b * T + t) * H + h) * hd); };
+  auto ki = [&](int64_t b, int64_t t, int64_t g) { return static_cast<size_t>(((b * T + t) * Hkv + g) * hd); };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t g = h / G;
+        Vec p(static_cast<size_t>(t + 1)), dp(static_cast<size_t>(t + 1));
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          double s = 0, e = 0;
+          for (int64_t x = 0; x < hd; ++x) {
+            s += q[qi(b, t, h) + x] * k[ki(b, j, g) + x];
+            e += dout[qi(b, t, h) + x] * v[ki(b, j, g) + x];
+          }
+          p[j] = s * scale, dp[j] = e;
+          m = std::fmax(m, p[j]);
+        }
+        double l = 0, D = 0;
+        for (int64_t j = 0; j <= t; ++j) l += std::exp(p[j] - m);
+        for (int64_t j = 0; j <= t; ++j) p[j] = std::exp(p[j] - m) / l;
+        r.lse[static_cast<size_t>((b * H + h) * T + t)] = m + std::log(l);
+        for (int64_t x = 0; x < hd; ++x) D += dout[qi(b, t, h) + x] * out_given[qi(b, t, h) + x];
+        for (int64_t j = 0; j <= t; ++j) {
+          const double ds = p[j] * (dp[j] - D);
+          for (int64_t x = 0; x < hd; ++x) {
+            const size_t at = qi(b, t, h) + x, kat = ki(b, j, g) + x;
+            r.out[at] += p[j] * v[kat];
+            r.out_bound[at] += p[j] * std::fabs(v[kat]);
+            r.dq[at] += scale * ds * k[kat];
+            r.dq_bound[at] += scale * std::fabs(ds * k[kat]);
+            r.dk[kat] += scale * ds * q[at];
+            r.dk_bound[kat] += scale * std::fabs(ds * q[at]);
+            r.dv[kat] += p[j] * dout[at];
+            r.dv_bound[kat] += p[j] * std::fabs(dout[at]);
+          }
+        }
+      }
+  return r;
+}
+
+// |got - want| <= 1.01 * 2^-8 * (bound + |want|) + 2e-4 for every element.
+void expect_within_bf16(const Vec& got, const Vec& want, const Vec& bound, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = 1.01 * kBf16Step * (bound[i] + std::fabs(want[i])) + 2e-4;
+    if (!(std::fabs(got[i] - want[i]) <= tol)) {
+      if (bad < 5)
+        ADD_FAILURE() << what << ": element " << i << " got " << got[i] << ", want " << want[i] << " +- " << tol;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// GQA groups of 1, 2 and 4; T below, at and across the 64-row tiles (130, 250: a partial last
+// tile); both head dims.
+const AttnCase kAttnBf16Cases[] = {{2, 100, 4, 2, 64}, {1, 130, 4, 1, 128}, {2, 64, 2, 2, 64},
+                                   {1, 1, 2, 1, 128},  {1, 250, 4, 4, 128}, {1, 63, 4, 1, 64}};
+
+TEST(OpsNN, AttentionBf16AgainstF64) {
+  for (const AttnCase& c : kAttnBf16Cases) {
+    const Shape qs{c.B, c.T, c.H, c.hd}, ks{c.B, c.T, c.Hkv, c.hd};
+    const Tensor q = make(randn(shape_numel(qs), 181, 1.5), qs, DType::bf16);
+    const Tensor k = make(randn(shape_numel(ks), 182, 1.5), ks, DType::bf16);
+    const Tensor v = make(randn(shape_numel(ks), 183), ks, DType::bf16);
+    const Tensor dout = make(randn(shape_numel(qs), 184), qs, DType::bf16);
+    Tensor out = Tensor::empty(qs, DType::bf16), lse = Tensor::empty({c.B, c.H, c.T}, DType::f32);
+    ops::attention_forward(q, k, v, out, lse);
+    Tensor dq = Tensor::empty(qs, DType::bf16), dk = Tensor::empty(ks, DType::bf16);
+    Tensor dv = Tensor::empty(ks, DType::bf16);
+    ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv);
+    const AttnRef r = ref_attention_bf16(q.to_doubles(), k.to_doubles(), v.to_doubles(), out.to_doubles(),
+                                         dout.to_doubles(), c);
+    const std::string what = "bf16 attention B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                             " H=" + std::to_string(c.H) + " Hkv=" + std::to_string(c.Hkv) +
+                             " hd=" + std::to_string(c.hd);
+    expect_within_bf16(out.to_doubles(), r.out, r.out_bound, what + " out");
+    expect_close(lse.to_doubles(), r.lse, 1e-4, what + " lse");
+    expect_within_bf16(dq.to_doubles(), r.dq, r.dq_bound, what + " dq");
+    expect_within_bf16(dk.to_doubles(), r.dk, r.dk_bound, what + " dk");
+    expect_within_bf16(dv.to_doubles(), r.dv, r.dv_bound, what + " dv");
+  }
+}
+
+// What the element bounds leave room for, pinned down: the first row sees key 0 alone, so P = 1
+// exactly, out = v_0 exactly and lse is the scaled score; and the error over all rows is that of
+// independent roundings, whose norm (about 2^-9.5 of the result's) stays below 2^-8 of it, where
+// an error of a whole bf16 step in every element, which the element bounds can admit, would not.
+TEST(OpsNN, AttentionBf16ExactCases) {
+  const AttnCase c{1, 96, 2, 1, 64};
+  const Shape qs{c.B, c.T, c.H, c.hd}, ks{c.B, c.T, c.Hkv, c.hd};
+  const Tensor q = make(randn(shape_numel(qs), 191, 1.5), qs, DType::bf16);
+  const Tensor k = make(randn(shape_numel(ks), 192, 1.5), ks, DType::bf16);
+  const Tensor v = make(randn(shape_numel(ks), 193), ks, DType::bf16);
+  Tensor out = Tensor::empty(qs, DType::bf16), lse = Tensor::empty({c.B, c.H, c.T}, DType::f32);
+  ops::attention_forward(q, k, v, out, lse);
+  const Vec got = out.to_doubles(), vv = v.to_doubles(), qq = q.to_doubles(), kk = k.to_doubles();
+  const AttnRef r = ref_attention_bf16(qq, kk, vv, got, Vec(got.size(), 0.0), c);
+  double err2 = 0, want2 = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err2 += (got[i] - r.out[i]) * (got[i] - r.out[i]);
+    want2 += r.out[i] * r.out[i];
+  }
+  EXPECT_LT(std::sqrt(err2 / want2), kBf16Step);
+  double s0 = 0;
+  for (size_t x = 0; x < 64; ++x) {
+    EXPECT_EQ(got[x], vv[x]) << "out[0, 0, 0, " << x << "]";
+    s0 += qq[x] * kk[x];
+  }
+  EXPECT_NEAR(lse.to_doubles()[0], s0 / 8.0, 1e-5);  // hd 64: scale 1/8
+}
+
+TEST(OpsNN, AttentionBf16UsageErrors) {
+  const Shape qs{1, 3, 4, 64}, ks{1, 3, 2, 64};
+  Tensor q = Tensor::zeros(qs, DType::bf16), k = Tensor::zeros(ks, DType::bf16), v = Tensor::zeros(ks, DType::bf16);
+  Tensor out = Tensor::empty(qs, DType::bf16), lse = Tensor::empty({1, 4, 3}, DType::f32);
+  EXPECT_NO_THROW(ops::attention_forward(q, k, v, out, lse));
+  // mixed dtypes: k, v or out f32 with q bf16
+  Tensor k32 = Tensor::zeros(ks, DType::f32), out32 = Tensor::empty(qs, DType::f32);
+  EXPECT_THROW(ops::attention_forward(q, k32, k32, out, lse), UsageError);
+  EXPECT_THROW(ops::attention_forward(q, k, k32, out, lse), UsageError);
+  EXPECT_THROW(ops::attention_forward(q, k, v, out32, lse), UsageError);
+  // lse must be f32 (not bf16, not f64)
+  Tensor lse16 = Tensor::empty({1, 4, 3}, DType::bf16), lse64 = Tensor::empty({1, 4, 3}, DType::f64);
+  EXPECT_THROW(ops::attention_forward(q, k, v, out, lse16), UsageError);
+  EXPECT_THROW(ops::attention_forward(q, k, v, out, lse64), UsageError);
+  // head dims other than 64 and 128; the message names the supported ones
+  const Shape q32{1, 3, 4, 32}, k32s{1, 3, 2, 32};
+  Tensor qh = Tensor::zeros(q32, DType::bf16), kh = Tensor::zeros(k32s, DType::bf16);
+  Tensor oh = Tensor::empty(q32, DType::bf16);
+  try {
+    ops::attention_forward(qh, kh, kh, oh, lse);
+    ADD_FAILURE() << "hd 32 in bf16 accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("64 and 128"), std::string::npos) << e.what();
+  }
+  // f16 is not an attention dtype
+  Tensor q16 = Tensor::zeros(qs, DType::f16), k16 = Tensor::zeros(ks, DType::f16), o16 = Tensor::empty(qs, DType::f16);
+  EXPECT_THROW(ops::attention_forward(q16, k16, k16, o16, lse), UsageError);
+  // the backward checks the same, and its outputs' dtypes
+  Tensor dq = Tensor::empty(qs, DType::bf16), dk = Tensor::empty(ks, DType::bf16), dv = Tensor::empty(ks, DType::bf16);
+  Tensor dk32 = Tensor::empty(ks, DType::f32);
+  EXPECT_NO_THROW(ops::attention_backward(q, k, v, out, lse, out, dq, dk, dv));
+  EXPECT_THROW(ops::attention_backward(q, k, v, out, lse16, out, dq, dk, dv), UsageError);
+  EXPECT_THROW(ops::attention_backward(q, k, v, out, lse, out, dq, dk32, dv), UsageError);
+  EXPECT_THROW(ops::attention_backward(q, k, v, out, lse, out32, dq, dk, dv), UsageError);
+  EXPECT_THROW(ops::attention_backward(qh, kh, kh, oh, lse, oh, oh, kh, kh), UsageError);
+}
+
 TEST(OpsNN, SoftmaxUsageErrors) {
   Tensor x = Tensor::zeros({3, 4}, DType::f32);
   Tensor y = Tensor::empty({4, 3}, DType::f32), y64 = Tensor::empty({3, 4}, DType::f64);

@@ -35,7 +35,10 @@ void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& tar
 }
 
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
-  detail::check_float(op, q, "q");
+  detail::check_defined(op, q, "q");
+  const bool bf16 = q.dtype() == DType::bf16;
+  if (q.dtype() != DType::f32 && q.dtype() != DType::f64 && !bf16)
+    fail_usage(std::string(op) + ": q must be f32, f64 or bf16, got " + q.str());
   if (q.ndim() != 4) fail_usage(std::string(op) + ": q must be [B, T, H, hd], got " + q.str());
   detail::check_defined(op, k, "k");
   if (k.ndim() != 4 || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3) || k.dim(2) < 1)
@@ -46,10 +49,15 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
     fail_usage("{}: the query heads ({}) must be a multiple of the key/value heads ({})", op, q.dim(2), k.dim(2));
   check_same(op, k, v, "v");
   detail::check_defined(op, lse, "lse");
+  if (bf16 && lse.dtype() != DType::f32)
+    fail_usage(std::string(op) + ": lse must be f32 when q is bf16, got " + lse.str());
   if (lse.dtype() != DType::f32 && lse.dtype() != q.dtype())
     fail_usage(std::string(op) + ": lse must be f32 or the dtype of q, got " + lse.str());
   detail::check_on(op, q, lse, "lse");
   detail::check_shape(op, lse, {q.dim(0), q.dim(2), q.dim(1)}, "lse");
+  // The bf16 CUDA kernels are compiled for these two head dims (the CPU accepts the same).
+  if (bf16 && q.dim(3) != 64 && q.dim(3) != 128)
+    fail_usage("{}: bf16 attention supports head dims 64 and 128, got hd = {} in q {}", op, q.dim(3), q.str());
 }
 
 }  // namespace

@@ -108,6 +108,18 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable); 
 // Causal self-attention, softmax scale 1/sqrt(hd), grouped-query: q [B, T, H, hd], k and v
 // [B, T, Hkv, hd] with H % Hkv == 0 (query head h reads kv head h / (H / Hkv)); out [B, T, H, hd];
 // lse [B, H, T] (f32 or the dtype of q) saves the log-sum-exp of each score row for the backward.
+// f32 and f64 compute in that dtype. bf16: q, k, v, out, dout, dq, dk, dv all bf16, lse f32, hd 64
+// or 128 (the CUDA kernels are FlashAttention-2's, on tensor cores); both backends round at these
+// points and nowhere else. Forward: S = scale Q K^T accumulated in f32; online softmax in f32
+// (running max m, running sum l of the f32 P); P = exp(S - m) in f32, rounded to bf16 for P V;
+// O accumulated in f32, divided by l at the end, rounded to bf16 when stored; lse = m + log l
+// (f32). Backward: D = rowsum(dout * out) in f32 from the bf16 values; P = exp(S - lse) in f32;
+// dv = sum P^T dout with P rounded to bf16; dP = dout V^T in f32; dS = P (dP - D) in f32, rounded
+// to bf16 for dq = scale dS K and dk = scale dS^T Q; dq, dk, dv accumulated in f32 (dk and dv of a
+// kv head over all the query heads of its group) and rounded to bf16 once, when stored. The CPU
+// takes each row's softmax in one block (m the row's max), the GPU in tiles of 32 or 64 keys, so
+// P's bf16 rounding may differ by a step between them. Deterministic on both: no atomics, fixed
+// orders.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);

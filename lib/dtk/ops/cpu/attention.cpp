@@ -20,6 +20,11 @@
 //
 // Layouts: q, out, dq [B, T, H, hd]; k, v, dk, dv [B, T, Hkv, hd]; lse [B, H, T].
 // Query head h reads kv head h / (H / Hkv).
+//
+// bf16 (lse f32) runs the same tiles and tasks with f32 GEMMs and rounds at ops.h's points: the
+// inputs are widened to f32 copies (exactly); a row's softmax takes its visible keys in one block,
+// so m is the row's max; P, dS and the outputs are rounded to bf16 where ops.h says; dk and dv
+// accumulate in f32 buffers over the group's heads and tiles and are rounded at the end.
 #include <omp.h>
 
 #include <algorithm>
@@ -27,6 +32,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtk/core/half.h"
 #include "dtk/ops/backend.h"
 #include "dtk/ops/cpu/internal.h"
 
@@ -174,9 +180,127 @@ void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   });
 }
 
+
+// ---------------------------------------------------------------------------- bf16
+
+// x (bf16) widened to f32, exactly.
+std::vector<float> widen(const Tensor& x) {
+  const int64_t n = x.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint16_t* p = x.ptr<uint16_t>();
+#pragma omp parallel for if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(p[i]);
+  return out;
+}
+
+// f32 rounded to the nearest bf16 (ties to even), kept as f32.
+inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+void forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+  const Dims d = dims_of(q, k);
+  const std::vector<float> qf = widen(q), kf = widen(k), vf = widen(v);
+  uint16_t* op = out.ptr<uint16_t>();
+  float* lp = lse.ptr<float>();
+  const int hd = static_cast<int>(d.hd);
+  for_tasks(d.B * d.H * d.tiles, [&](int64_t task) {
+    const int64_t tile = d.tiles - 1 - task % d.tiles, h = (task / d.tiles) % d.H, b = task / (d.tiles * d.H);
+    const int64_t g = h / d.group, t0 = tile * kTile, t1 = std::min(d.T, t0 + kTile), m = t1 - t0;
+    const int n = static_cast<int>(t1);
+    float* S = scratch<float>(static_cast<size_t>(kTile * (d.T + d.hd)));
+    float* O = S + kTile * d.T;
+    float l[kTile];
+    blas_gemm(false, true, static_cast<int>(m), n, hd, d.scale, qf.data() + d.q_at(b, t0, h), d.q_ld,
+              kf.data() + d.kv_at(b, 0, g), d.kv_ld, 0.0, S, n);  // S = scale Q K^T (f32)
+    for (int64_t r = 0; r < m; ++r) {  // the row's visible keys 0..t; P = exp(S - m), l = sum P (f32)
+      float* row = S + r * n;
+      const int64_t seen = t0 + r + 1;
+      const float mx = *std::max_element(row, row + seen);
+      float sum = 0;
+      for (int64_t j = 0; j < seen; ++j) {
+        const float p = vexp(row[j] - mx);
+        sum += p;
+        row[j] = round_bf16(p);  // bf16(P) for P V
+      }
+      std::fill(row + seen, row + n, 0.0f);
+      l[r] = sum;
+      lp[d.lse_at(b, h, t0 + r)] = mx + std::log(sum);
+    }
+    blas_gemm(false, false, static_cast<int>(m), hd, n, 1.0, S, n, vf.data() + d.kv_at(b, 0, g), d.kv_ld, 0.0, O, hd);
+    for (int64_t r = 0; r < m; ++r) {
+      uint16_t* orow = op + d.q_at(b, t0 + r, h);
+      for (int c = 0; c < hd; ++c) orow[c] = float_to_bf16(O[r * hd + c] / l[r]);
+    }
+  });
+}
+
+void backward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const Dims d = dims_of(q, k);
+  const std::vector<float> qf = widen(q), kf = widen(k), vf = widen(v), of = widen(out), gf = widen(dout);
+  std::vector<float> dkf(static_cast<size_t>(dk.numel()), 0.0f), dvf(static_cast<size_t>(dv.numel()), 0.0f);
+  const float* lp = lse.ptr<float>();
+  uint16_t* dqp = dq.ptr<uint16_t>();
+  uint16_t* dkp = dk.ptr<uint16_t>();
+  uint16_t* dvp = dv.ptr<uint16_t>();
+  const int hd = static_cast<int>(d.hd);
+  for_tasks(d.B * d.Hkv, [&](int64_t task) {
+    const int64_t g = task % d.Hkv, b = task / d.Hkv;
+    float* S = scratch<float>(static_cast<size_t>(kTile * (2 * d.T + d.hd)));
+    float* dP = S + kTile * d.T;
+    float* dQ = dP + kTile * d.T;
+    const float* kg = kf.data() + d.kv_at(b, 0, g);
+    const float* vg = vf.data() + d.kv_at(b, 0, g);
+    float* dkg = dkf.data() + d.kv_at(b, 0, g);
+    float* dvg = dvf.data() + d.kv_at(b, 0, g);
+    for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
+      for (int64_t tile = 0; tile < d.tiles; ++tile) {
+        const int64_t t0 = tile * kTile, t1 = std::min(d.T, t0 + kTile);
+        const int m = static_cast<int>(t1 - t0), n = static_cast<int>(t1);
+        const float* qt = qf.data() + d.q_at(b, t0, h);
+        const float* gt = gf.data() + d.q_at(b, t0, h);
+        blas_gemm(false, true, m, n, hd, d.scale, qt, d.q_ld, kg, d.kv_ld, 0.0, S, n);  // S = scale q K^T
+        blas_gemm(false, true, m, n, hd, 1.0, gt, d.q_ld, vg, d.kv_ld, 0.0, dP, n);     // dP = dout V^T
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t t = t0 + r;
+          const float* orow = of.data() + d.q_at(b, t, h);
+          const float* grow = gf.data() + d.q_at(b, t, h);
+          float D = 0;
+          for (int c = 0; c < hd; ++c) D += grow[c] * orow[c];
+          const float L = lp[d.lse_at(b, h, t)];
+          float* srow = S + r * n;
+          float* prow = dP + r * n;
+          for (int64_t j = 0; j <= t; ++j) {
+            const float p = vexp(srow[j] - L);
+            const float ds = p * (prow[j] - D);
+            srow[j] = round_bf16(p);   // bf16(P) for dv
+            prow[j] = round_bf16(ds);  // bf16(dS) for dq and dk
+          }
+          std::fill(srow + t + 1, srow + n, 0.0f);
+          std::fill(prow + t + 1, prow + n, 0.0f);
+        }
+        blas_gemm(false, false, m, hd, n, d.scale, dP, n, kg, d.kv_ld, 0.0, dQ, hd);  // dq = scale dS K
+        for (int r = 0; r < m; ++r) {
+          uint16_t* qrow = dqp + d.q_at(b, t0 + r, h);
+          for (int c = 0; c < hd; ++c) qrow[c] = float_to_bf16(dQ[r * hd + c]);
+        }
+        blas_gemm(true, false, n, hd, m, d.scale, dP, n, qt, d.q_ld, 1.0, dkg, d.kv_ld);  // dk += scale dS^T q
+        blas_gemm(true, false, n, hd, m, 1.0, S, n, gt, d.q_ld, 1.0, dvg, d.kv_ld);       // dv += P^T dout
+      }
+    }
+    for (int64_t t = 0; t < d.T; ++t) {
+      const int64_t at = d.kv_at(b, t, g);
+      for (int c = 0; c < hd; ++c) {
+        dkp[at + c] = float_to_bf16(dkf[at + c]);
+        dvp[at + c] = float_to_bf16(dvf[at + c]);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+  if (q.dtype() == DType::bf16) return forward_bf16(q, k, v, out, lse);
   visit_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (lse.dtype() == DType::f64) forward_typed<T, double>(q, k, v, out, lse);
@@ -186,6 +310,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (q.dtype() == DType::bf16) return backward_bf16(q, k, v, out, lse, dout, dq, dk, dv);
   visit_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (lse.dtype() == DType::f64) backward_typed<T, double>(q, k, v, out, lse, dout, dq, dk, dv);

@@ -14,10 +14,19 @@
 // a lane keeps S accumulators in registers, and heads wider than 32 S are done in chunks of 32 S
 // dims (the scores are recomputed per chunk, in the same order, so every chunk sees the same P).
 // Consecutive warps of a block take consecutive rows of one head, so K/V rows are shared in L1.
+//
+// bf16 tensors go to the tensor-core kernels of flash_attention.cu instead (their rounding points
+// are ops.h's), through aligned copies when a tensor's data is not 16-byte aligned.
 #include "dtk/ops/cuda/common.cuh"
 
 namespace dtk::ops::cuda {
 using namespace kern;
+
+// flash_attention.cu: bf16 q, k, v, out, dout, dq, dk, dv, f32 lse, hd 64 or 128, every pointer
+// 16-byte aligned.
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
 namespace {
 
@@ -225,9 +234,34 @@ void visit_lse(const Tensor& lse, F&& f) {
     f(float{});
 }
 
+// The flash kernels move 16-byte chunks: a tensor whose data is not 16-byte aligned (a view at an
+// odd offset) is replaced by an aligned copy, queued on the ops' stream. `t` itself when aligned.
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
+
+Tensor aligned(const Tensor& t) {
+  if (aligned16(t)) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
+  c.copy_from_async(t, dtk::cuda::current_stream());
+  return c;
+}
+
+// Where to compute output `t`: `t` itself when aligned, else a fresh tensor that copy_back copies
+// into `t` afterwards, in stream order.
+Tensor aligned_out(const Tensor& t) { return aligned16(t) ? t : Tensor::empty(t.shape(), t.dtype(), t.device()); }
+
+void copy_back(Tensor& t, const Tensor& computed) {
+  if (computed.data() != t.data()) t.copy_from_async(computed, dtk::cuda::current_stream());
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+  if (q.dtype() == DType::bf16) {
+    Tensor o = aligned_out(out);
+    flash_attention_forward(aligned(q), aligned(k), aligned(v), o, lse);
+    copy_back(out, o);
+    return;
+  }
   const Dims dm = dims_of(q, k);
   const int64_t rows = dm.B * dm.H * dm.T;
   if (rows == 0 || dm.hd == 0) return;
@@ -250,6 +284,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (q.dtype() == DType::bf16) {
+    Tensor gq = aligned_out(dq), gk = aligned_out(dk), gv = aligned_out(dv);
+    flash_attention_backward(aligned(q), aligned(k), aligned(v), aligned(out), lse, aligned(dout), gq, gk, gv);
+    copy_back(dq, gq);
+    copy_back(dk, gk);
+    copy_back(dv, gv);
+    return;
+  }
   const Dims dm = dims_of(q, k);
   const int64_t rows = dm.B * dm.H * dm.T, kv_rows = dm.B * dm.Hkv * dm.T;
   if (rows == 0 || dm.hd == 0) return;
