@@ -16,8 +16,20 @@ by global norm, the cosine schedule of lib/dtk/optim), and the metrics are psgd-
 raw little-endian token stream (h5dump -b of a data-pack token file); sample k is the window of
 seq_len + 1 tokens at k * seq_len, as dtk reads token files, and step s takes samples
 s * global_batch .. (s + 1) * global_batch - 1 (wrapping around), each rank its contiguous share.
+
+On a GPU (--device cuda, one process; scripts/gpu-check's perf-llama3-1b), --dtype bf16 trains as
+PyTorch users train today: f32 master weights, forward and loss under torch.autocast(bfloat16),
+attention by scaled_dot_product_attention(is_causal=True) (the flash kernel in bf16; the stderr
+line says whether it applies to the model's shapes), AdamW with fused=True. --dtype f32 keeps
+every product in f32 (SDPA then falls back to its math kernel for grouped-query attention). The
+metrics add model_flops_per_s (PaLM's accounting, dtk's ModelConfig::train_flops_per_item: 6 x the
+matmul weights of the layers and the output head + 12 x layers x dim x seq_len, per token), and
+on the GPU peak_mem_bytes and persistent_mem_bytes as psgd-train reports them: the largest bytes
+of live tensors during the step (torch.cuda.max_memory_allocated after reset_peak_memory_stats at
+its start), and those allocated when it began. On the CPU (the default) nothing else changes.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -50,11 +62,13 @@ def rope_tables(seq_len, head_dim, theta):
 
 
 def apply_rope(x, cos, sin):
-    """Rotates the pairs (2i, 2i + 1) of each head of x [batch, seq, heads, head_dim]."""
+    """Rotates the pairs (2i, 2i + 1) of each head of x [batch, seq, heads, head_dim]. The rotation
+    is computed in f32 (cos and sin are f32) and given back in x's dtype, as Meta's code does: bf16
+    under autocast, so that q, k and v reach attention in one dtype (f32: unchanged)."""
     pairs = x.unflatten(-1, (-1, 2))
     x0, x1 = pairs[..., 0], pairs[..., 1]
     cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
@@ -188,6 +202,32 @@ def lr_at(step, a):
     return a.lr * (a.min_lr_ratio + (1.0 - a.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * q)))
 
 
+def train_flops_per_token(c):
+    """dtk's ModelConfig::train_flops_per_item for a llama (PaLM's MFU accounting): 6 x (every
+    linear of the layers + the output head; not the embedding or the norms) + the two T x T
+    products of attention per layer, 2 x 2 x seq_len x dim forward, times 3 for forward and
+    backward (no causal discount)."""
+    d, hd = c["dim"], c["dim"] // c["n_heads"]
+    per_layer = 2 * d * c["n_heads"] * hd + 2 * d * c["n_kv_heads"] * hd + 3 * d * c["ffn_hidden"]
+    return 6.0 * (c["n_layers"] * per_layer + c["vocab"] * d) + 12.0 * c["n_layers"] * d * c["seq_len"]
+
+
+def flash_applies(c, device):
+    """Whether SDPA's flash kernel takes this model's attention in bf16 (forward and backward,
+    grouped-query as the model calls it), tried on a short sequence under sdpa_kernel(FLASH)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    hd, gqa = c["dim"] // c["n_heads"], c["n_kv_heads"] != c["n_heads"]
+    q = torch.zeros(1, c["n_heads"], 64, hd, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.zeros(1, c["n_kv_heads"], 64, hd, device=device, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).sum().backward()
+        return True
+    except RuntimeError:
+        return False
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -218,6 +258,11 @@ def parse_args(argv):
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (inductor; the first step compiles, its time is logged)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu (default), or cuda: one process on the current GPU")
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                   help="f32 (default); bf16: autocast to bfloat16 around forward and loss, f32 master weights "
+                        "(--device cuda only)")
     p.add_argument("--metrics", default="-", help="JSON-lines metrics file (- for stdout)")
     return p.parse_args(argv)
 
@@ -264,8 +309,19 @@ def main(argv):
         sys.exit(f"--model-config: arch {c.get('arch')!r}, only llama is supported")
     if a.global_batch % world:
         sys.exit(f"--global-batch {a.global_batch} does not split evenly over {world} processes")
+    cuda = a.device == "cuda"
+    if a.dtype == "bf16" and not cuda:
+        sys.exit("--dtype bf16 needs --device cuda")
+    if cuda and (world > 1 or a.fsdp):
+        sys.exit("--device cuda trains in one process, without --fsdp")
+    if cuda and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no GPU")
 
-    model = Llama(c)
+    if cuda:
+        with torch.device("cuda"):  # parameters and RoPE tables made on the GPU
+            model = Llama(c)
+    else:
+        model = Llama(c)
     model.checkpointing = a.activation_checkpointing
     if a.init_from:
         load_npz(model, a.init_from)
@@ -291,7 +347,13 @@ def main(argv):
     if a.compile:
         ddp = torch.compile(ddp)  # over DDP: dynamo splits the graph at the gradient buckets
     params = list(model.parameters())
-    optim = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
+    optim = torch.optim.AdamW(params, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay,
+                              **({"fused": True} if cuda else {}))
+    # forward and loss under autocast (bf16), f32 otherwise
+    autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if a.dtype == "bf16" else (
+        lambda: contextlib.nullcontext())
+    flops_per_token = train_flops_per_token(c)
+    flash = flash_applies(c, a.device) if cuda else None
 
     windows = load_windows(a, c["seq_len"])
     share = a.global_batch // world
@@ -301,15 +363,25 @@ def main(argv):
         print(f"pytorch_llama: torch {torch.__version__}, llama {sum(p.numel() for p in params)} parameters, "
               f"{world} process(es) x {torch.get_num_threads()} thread(s), {a.compressor}, "
               f"{windows.shape[0]} windows of {c['seq_len'] + 1} tokens", file=sys.stderr)
+        if cuda:
+            print(f"pytorch_llama: {torch.cuda.get_device_name()}, {a.dtype}"
+                  f"{' (autocast)' if a.dtype == 'bf16' else ''}, fused AdamW, SDPA's flash kernel "
+                  f"{'applies' if flash else 'does not apply'} to this attention in bf16", file=sys.stderr)
     out = (sys.stdout if a.metrics == "-" else open(a.metrics, "w")) if rank == 0 else None
 
     for step in range(a.steps):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            persistent = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         lr = lr_at(step, a)
         for group in optim.param_groups:
             group["lr"] = lr
         batch = windows[(step * a.global_batch + rows) % windows.shape[0]]
-        loss = ddp(batch[:, :-1], batch[:, 1:])
+        if cuda:
+            batch = batch.to("cuda", non_blocking=True)
+        with autocast():
+            loss = ddp(batch[:, :-1], batch[:, 1:])
         optim.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, a.clip) if a.clip > 0 else torch.zeros(())
@@ -322,6 +394,8 @@ def main(argv):
         if isinstance(grad_norm, torch.distributed.tensor.DTensor):
             grad_norm = grad_norm.full_tensor()
         loss = loss.item()
+        if cuda:
+            torch.cuda.synchronize()  # the optimizer's kernels are part of the step
         dt = time.perf_counter() - t0
         if step == 0 and a.compile and rank == 0:
             print(f"pytorch_llama: torch.compile (inductor): the first step, compiling forward and backward, took "
@@ -330,7 +404,12 @@ def main(argv):
             sys.exit(f"the loss is {loss} at step {step + 1}")
         if out:
             record = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
-                      "tokens_per_s": tokens_per_step / dt, "step_time_ms": dt * 1e3}
+                      "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_token * tokens_per_step / dt,
+                      "step_time_ms": dt * 1e3}
+            if cuda:
+                record.update({"peak_mem_bytes": torch.cuda.max_memory_allocated(), "persistent_mem_bytes": persistent})
+                if step == 0:
+                    record.update({"device": torch.cuda.get_device_name(), "dtype": a.dtype, "sdpa_flash": flash})
             if step == 0 and a.compile:
                 record["compile_s"] = dt  # the first step: tracing and inductor's code generation
             out.write(json.dumps(record) + "\n")

@@ -52,7 +52,8 @@ expect "--compressor's values" "powersgd none topk randomk signum auto" psgd-tra
 expect "a value by prefix" "topk" psgd-train --compressor t
 expect "fsdp-train's --compressor (auto too)" "powersgd none topk randomk signum auto" fsdp-train --compressor ""
 expect "fsdp-train's auto options" "--auto-interval --auto-ranks --auto-refresh --auto-resume" fsdp-train --auto-
-expect "--model's values, from prose" "llama-1b llama-small llama-tiny" psgd-train --model ll
+expect "--model's values, from prose" "llama-1b llama-small llama-tiny llama3-1b llama3-8b" psgd-train --model ll
+expect "--model: the Llama 3 presets" "llama3-1b llama3-8b" fsdp-train --model llama3
 expect "--opt=value in one word" "--model=resnet-18 --model=resnet-20 --model=resnet-8" psgd-train --model=res
 expect "--opt=value split at =" "resnet-18 resnet-20 resnet-8" psgd-train --model = res
 expect "--activation-checkpointing's [a|b|c]" "none full selective" fsdp-train --activation-checkpointing ""

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # data-pack end to end: text, MNIST idx (plain and gzip) and CIFAR-10 records packed and read back
-# with HDF5's own tools (h5ls, h5dump, h5diff), the synthetic data materialised, and bad input
-# (missing files, bad magic numbers, truncated records, bad options) exiting 2 without output.
-#   data_pack.sh DATA_PACK
+# with HDF5's own tools (h5ls, h5dump, h5diff), the synthetic data materialised, token ids above
+# 65535 (u32 files that psgd-train, beside data-pack in the build, trains on, checkpoints and
+# resumes from), and bad input (missing files, bad magic numbers, truncated records, bad options)
+# exiting 2 without output.
+#   data_pack.sh DATA_PACK   (psgd-train: DATA_PACK/../../psgd-train/psgd-train, as the build lays them)
 set -u
 dp=$(realpath "$1")
 . "$(dirname "$0")/../common/check_lib.sh"
@@ -109,6 +111,64 @@ run synthetic --kind classes --samples 300 --input-dim 12 --classes 4 -o cls.h5
 [ $rc = 0 ] && h5ls cls.h5 | grep -Eq '^features +Dataset \{300, 12\}$' && h5ls cls.h5 | grep -Eq '^labels +Dataset \{300\}$' \
   && h5dump -a /classes cls.h5 | grep -q '(0): 4' && h5dump -a /optimal_loss cls.h5 | grep -q 'H5T_IEEE_F64LE' \
   && ok "synthetic classes: features, labels, Bayes loss" || bad "synthetic classes" "$out" "$err"
+
+# ---- token ids above 65535 (Llama 3's vocabulary has 128256) ----
+# The language over 70000 tokens is stored u32 (a vocabulary up to 65536 keeps u16, as text's
+# 256 above), its ids run past 65535 and stay below vocab_size.
+run synthetic --kind tokens --samples 24 --seq-len 16 --vocab 70000 --seed 5 -o big.h5
+[ $rc = 0 ] && h5dump -H -d /tokens big.h5 | grep -q 'H5T_STD_U32LE' && h5dump -a /vocab_size big.h5 | grep -q '(0): 70000' \
+  && ok "synthetic tokens, vocab 70000: u32" || bad "synthetic tokens, vocab 70000" "$out" "$err" "$(h5dump -H big.h5 2>&1)"
+run synthetic --kind tokens --samples 24 --seq-len 16 --vocab 65536 --seed 5 -o edge.h5
+[ $rc = 0 ] && h5dump -H -d /tokens edge.h5 | grep -q 'H5T_STD_U16LE' && ok "synthetic tokens, vocab 65536: u16" \
+  || bad "synthetic tokens, vocab 65536" "$out" "$err"
+raw big.h5 /tokens big.raw
+python3 - <<'PY' && ok "vocab 70000: 385 ids, some above 65535, all below 70000" || bad "vocab 70000 ids"
+import struct
+d = open("big.raw", "rb").read()
+t = struct.unpack("<%dI" % (len(d) // 4), d)
+assert len(t) == 24 * 16 + 1, len(t)
+assert 65535 < max(t) < 70000 and sum(x > 65535 for x in t) >= 5, (max(t), sum(x > 65535 for x in t))
+PY
+# A llama of that vocabulary trains on the file: a finite loss from about ln 70000 down, a
+# checkpoint holding the 70000-row embedding, and a run stopped at step 3 and resumed from its
+# checkpoint equal to the run that never stopped.
+psgd=$(dirname "$(dirname "$dp")")/psgd-train/psgd-train
+si=$(dirname "$(dirname "$dp")")/shard-inspect/shard-inspect
+if [ -x "$psgd" ] && [ -x "$si" ]; then
+  job="--model llama-tiny --dim 32 --layers 1 --heads 2 --kv-heads 1 --ffn-hidden 64 --vocab 70000 --seq-len 16
+       --data big.h5 --global-batch 4 --steps 6 --lr 1e-2 --warmup 1 --eval-every 0 --log-level warn"
+  # shellcheck disable=SC2086
+  if "$psgd" $job --metrics full.jsonl --save full.h5 >/dev/null 2>"$tmp/e" && python3 - full.jsonl <<'PY'
+import json, math, sys
+loss = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+assert len(loss) == 6 and all(math.isfinite(x) for x in loss), loss
+assert abs(loss[0] - math.log(70000)) < 0.2 and min(loss[1:]) < loss[0] - 0.01, loss
+PY
+  then ok "psgd-train, vocab 70000 on the u32 file: the loss finite, from ln 70000 down"
+  else bad "psgd-train, vocab 70000" "$(cat "$tmp/e")" "$(cat full.jsonl 2>/dev/null)"; fi
+  if "$si" show --json full.h5 >show.json 2>"$tmp/e" && "$si" ls --json full.h5 >ls.json 2>>"$tmp/e" \
+     && python3 - show.json ls.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["model_config"]["vocab"] == 70000, s["model_config"]
+shapes = {t["name"]: t["shape"] for t in json.load(open(sys.argv[2]))["tensors"]}
+assert shapes["model/tok_embeddings.weight"] == [70000, 32] and shapes["model/output.weight"] == [70000, 32], shapes
+PY
+  then ok "the checkpoint: vocab 70000, tok_embeddings and output [70000, 32]"
+  else bad "the checkpoint of vocab 70000" "$(cat "$tmp/e")"; fi
+  # shellcheck disable=SC2086
+  if "$psgd" $job --stop-at 3 --checkpoint-dir ck --metrics part.jsonl >/dev/null 2>"$tmp/e" \
+     && "$psgd" --resume ck --metrics part.jsonl --save resumed.h5 >/dev/null 2>>"$tmp/e" \
+     && "$si" diff full.h5 resumed.h5 model/ optim/ >/dev/null 2>>"$tmp/e" && python3 - full.jsonl part.jsonl <<'PY'
+import json, sys
+cols = lambda f: [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in map(json.loads, open(f))]
+assert cols(sys.argv[1]) == cols(sys.argv[2]), (cols(sys.argv[1]), cols(sys.argv[2]))
+PY
+  then ok "vocab 70000: stopped at step 3 and resumed, the run that never stopped (metrics, model and AdamW state)"
+  else bad "vocab 70000: stop and resume" "$(cat "$tmp/e")"; fi
+else
+  bad "no psgd-train or shard-inspect beside data-pack" "$psgd" "$si"
+fi
 
 # ---- bad input: exit 2, no output ----
 expect_bad "missing input" "nope.txt: no such file" o1.h5 text nope.txt -o o1.h5

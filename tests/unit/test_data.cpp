@@ -1,7 +1,7 @@
 // dtk::data: the synthetic language (determinism, chain edges, the entropy rate against an
 // independent computation and against sampling), the Gaussian mixture, token and classification
-// files (windows, scaling, every kind of bad file), atomic writes, and the sampler (epochs are
-// permutations, world-size invariance, determinism).
+// files (windows, scaling, every kind of bad file, u16 and u32 tokens), atomic writes, and the
+// sampler (epochs are permutations, world-size invariance, determinism).
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -12,6 +12,8 @@
 #include <limits>
 #include <numeric>
 #include <set>
+#include <string>
+#include <tuple>
 
 #include "dtk/core/error.h"
 #include "dtk/data/augment.h"
@@ -368,6 +370,32 @@ TEST_F(DataFiles, LargeVocabIsU32) {
   EXPECT_EQ(ints(d->get(std::vector<int64_t>{0, 1}).inputs), (std::vector<int32_t>{69999, 1, 65536, 2}));
   EXPECT_THROW(write_token_file(path("bad.h5"), tok, 1000), UsageError);  // a token >= vocab_size
   EXPECT_FALSE(fs::exists(path("bad.h5")));
+  // The width follows the vocabulary: u16 up to 65536 tokens (ids to 65535), u32 from 65537 (ids
+  // above 65535, Llama 3's 128256), every id read back as written.
+  const std::vector<uint32_t> edge = {65535, 0, 1, 65534, 32768, 65535, 7, 2, 65535};
+  const std::vector<uint32_t> wide = {65536, 0, 65535, 128255, 70000, 99999, 65537, 1, 128255};
+  for (const auto& [v, ids, dtype] : {std::tuple{int64_t{65536}, edge, "u16"}, std::tuple{int64_t{65537}, edge, "u32"},
+                                      std::tuple{int64_t{128256}, wide, "u32"}}) {
+    const std::string f = path("w" + std::to_string(v) + ".h5");
+    write_token_file(f, ids, v);
+    auto w = open_dataset(f, llama(v, 8), false, 0);
+    EXPECT_EQ(w->describe()["dtype"], dtype) << v;
+    EXPECT_EQ(w->describe()["vocab_size"], v);
+    const nn::Batch b = w->get(std::vector<int64_t>{0});
+    std::vector<int32_t> want(ids.begin(), ids.end());
+    EXPECT_EQ(ints(b.inputs), std::vector<int32_t>(want.begin(), want.end() - 1)) << v;
+    EXPECT_EQ(ints(b.targets), std::vector<int32_t>(want.begin() + 1, want.end())) << v;
+  }
+  // The synthetic language over Llama 3's vocabulary: the chain builds (its stationary
+  // distribution and entropy rate), and its sequences use ids above 65535.
+  const MarkovChain chain(128256, 0);
+  EXPECT_TRUE(std::isfinite(chain.entropy_rate()));
+  EXPECT_GT(chain.entropy_rate(), 0.0);
+  std::vector<int32_t> s(4096);
+  chain.sample(MarkovChain::kTrain, 0, s);
+  EXPECT_GT(*std::max_element(s.begin(), s.end()), 65535);
+  EXPECT_LT(*std::max_element(s.begin(), s.end()), 128256);
+  EXPECT_GE(*std::min_element(s.begin(), s.end()), 0);
 }
 
 // Images are stored H, W, C bytes and given as C, H, W floats in [0, 1] (PyTorch's layout); a

@@ -853,6 +853,49 @@ TEST(NnLlama, BatchChecks) {
   EXPECT_NEAR(m->forward(tiny_batch(2, 5, 11, 1)), std::log(11.0), 0.1);
 }
 
+// Token ids above 65535 (Llama 3's vocabulary has 128256): a 70000-token llama reads embedding
+// rows past 2^16, its loss covers all 70000 logits, gradients reach exactly the rows of the ids
+// given, and AdamW learns the batch.
+TEST(NnLlama, TokenIdsAbove65535) {
+  auto m = make_model(llama_config(16, 1, 2, 1, 32, 70000, 8), Device::cpu());
+  m->init(3);
+  const std::vector<int32_t> seq = {65535, 65536, 69999, 3, 65537, 0, 69998, 65536, 69999};
+  const std::vector<int32_t> in(seq.begin(), seq.end() - 1), tg(seq.begin() + 1, seq.end());
+  const Batch b{ids_tensor(in, {1, 8}), ids_tensor(tg, {1, 8})};
+  m->zero_grad();
+  const double first = m->forward(b);
+  EXPECT_TRUE(std::isfinite(first));
+  EXPECT_NEAR(first, std::log(70000.0), 0.1);
+  m->backward(1.0);
+  const Tensor& emb = m->param("tok_embeddings.weight").grad;
+  const auto row_norm = [](const Tensor& g, int64_t r) {
+    const Vec v = g.to_doubles();
+    const int64_t D = g.dim(1);
+    double s = 0;
+    for (int64_t d = 0; d < D; ++d) s += v[static_cast<size_t>(r * D + d)] * v[static_cast<size_t>(r * D + d)];
+    return std::sqrt(s);
+  };
+  for (int64_t r : {0, 3, 65535, 65536, 65537, 69998, 69999}) EXPECT_GT(row_norm(emb, r), 0.0) << "row " << r;
+  for (int64_t r : {1, 2, 65534, 65538, 69997}) EXPECT_EQ(row_norm(emb, r), 0.0) << "row " << r;
+  // The output head: a target's row takes -(1 - p) h, any other row p h with p ~ 1 / 70000.
+  const Tensor& out = m->param("output.weight").grad;
+  EXPECT_GT(row_norm(out, 69999), 1000 * row_norm(out, 100));
+  EXPECT_GT(row_norm(out, 65537), 1000 * row_norm(out, 65538));
+  Tensor mom = Tensor::zeros({m->values().numel()}, DType::f32), var = Tensor::zeros({m->values().numel()}, DType::f32);
+  double last = first;
+  for (int step = 1; step <= 20; ++step) {
+    if (step > 1) {
+      m->zero_grad();
+      last = m->forward(b);
+      m->backward(1.0);
+    }
+    ops::adamw_step(m->values(), m->grads(), mom, var, 1e-2, 0.9, 0.95, 1e-8, 0.0, step);
+  }
+  std::printf("[ llama    ] vocab 70000, ids above 65535: loss %.4f -> %.4f after 20 AdamW steps\n", first, last);
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LT(last, 0.5 * first);
+}
+
 TEST(NnLlama, InitIsDeterministic) {
   const ModelConfig c = small_llama();
   auto a = make_model(c, Device::cpu()), b = make_model(c, Device::cpu()), d = make_model(c, Device::cpu());
@@ -1125,10 +1168,13 @@ TEST(NnResNet, HooksAndBatchChecks) {
 TEST(NnConfig, PresetParameterCounts) {
   // resnet-18: 11,173,962 as the PowerSGD paper's (kuangliu's) CIFAR ResNet-18; resnet-20 and
   // resnet-8 by hand in NnResNet.PresetsNamesAndBuffers.
-  const std::map<std::string, int64_t> want = {{"llama-tiny", 853120},   {"llama-small", 27795968},
-                                               {"llama-1b", 1104218112}, {"mlp-small", 6922},
-                                               {"mlp-mnist", 235146},    {"resnet-8", 78042},
-                                               {"resnet-20", 272474},    {"resnet-18", 11173962}};
+  // llama3-8b: Meta's Llama 3 8B (8,030,261,248); llama3-1b: Llama 3.2 1B's 1,235,814,400 plus
+  // the output matrix that Meta ties to the embedding and dtk does not (128256 x 2048).
+  const std::map<std::string, int64_t> want = {{"llama-tiny", 853120},      {"llama-small", 27795968},
+                                               {"llama-1b", 1104218112},    {"llama3-1b", 1235814400 + 128256 * 2048},
+                                               {"llama3-8b", 8030261248LL}, {"mlp-small", 6922},
+                                               {"mlp-mnist", 235146},       {"resnet-8", 78042},
+                                               {"resnet-20", 272474},       {"resnet-18", 11173962}};
   EXPECT_EQ(preset_names().size(), want.size());
   for (const std::string& name : preset_names()) {
     const ModelConfig c = preset(name);
@@ -1144,6 +1190,24 @@ TEST(NnConfig, PresetParameterCounts) {
     auto m = make_model(preset(name), Device::cpu());
     EXPECT_EQ(m->values().numel(), preset(name).num_params()) << name;
   }
+  // Llama 3's vocabulary, RoPE base and heads; the sequence lengths the presets train at (Llama
+  // 3 8B's 8192; 2048 for llama3-1b, one GPU's batch, where Meta's model reaches 128K with the
+  // RoPE scaling dtk does not have).
+  for (const char* name : {"llama3-1b", "llama3-8b"}) {
+    const ModelConfig c = preset(name);
+    EXPECT_EQ(c.vocab, 128256) << name;
+    EXPECT_EQ(c.rope_theta, 500000.0) << name;
+    EXPECT_EQ(c.n_heads, 32) << name;
+    EXPECT_EQ(c.n_kv_heads, 8) << name;
+    EXPECT_EQ(c.norm_eps, 1e-5) << name;
+  }
+  EXPECT_EQ(preset("llama3-1b").seq_len, 2048);
+  EXPECT_EQ(preset("llama3-8b").seq_len, 8192);
+  // PaLM's accounting, as bench/pytorch_llama.py computes it for the same shapes: 6 x (the
+  // layers' matmul weights + the output head) + 12 x layers x dim x seq_len per token.
+  EXPECT_DOUBLE_EQ(preset("llama3-1b").train_flops_per_item(),
+                   6.0 * (16.0 * (2 * 2048.0 * 2048 + 2 * 2048.0 * 512 + 3 * 2048.0 * 8192) + 128256.0 * 2048) +
+                       12.0 * 16 * 2048 * 2048);
   try {
     preset("llama-huge");
     ADD_FAILURE() << "no error for an unknown preset";

@@ -239,6 +239,15 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama-small", llama("llama-small", 512, 8, 8, 4, 1408, 4096, 256, 10000.0)},
       // Llama-3.2-1B-like sizes with a 32000-token vocabulary (untied output): ~1.10B.
       {"llama-1b", llama("llama-1b", 2048, 16, 32, 8, 8192, 32000, 2048, 10000.0)},
+      // Meta's Llama 3.2 1B and Llama 3 8B shapes, with Llama 3's 128256-token vocabulary (token
+      // ids above 65535: token files store them as u32) and RoPE theta 500000; sequence length
+      // 2048 for llama3-1b (a batch for one GPU), Llama 3 8B's 8192 for llama3-8b. dtk's RoPE has
+      // no Llama 3.1/3.2 frequency scaling (rope_scaling "llama3"), and dtk's llama does not tie
+      // the output to the embedding: Llama 3.2 1B ties them (1,235,814,400 parameters), llama3-1b
+      // has its own output.weight, 262,668,288 more (1,498,482,688). Llama 3 8B has no tying:
+      // llama3-8b is its 8,030,261,248.
+      {"llama3-1b", llama("llama3-1b", 2048, 16, 32, 8, 8192, 128256, 2048, 500000.0)},
+      {"llama3-8b", llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.0)},
       {"mlp-small", mlp("mlp-small", 32, {64, 64}, 10)},
       {"mlp-mnist", mlp("mlp-mnist", 784, {256, 128}, 10)},
       // He et al. (2016) section 4.2: 6n + 2 layers, widths 16, 32, 64 (n = 1 and n = 3).

@@ -137,7 +137,9 @@ ModelConfig with_sizes(ModelConfig preset_cfg, const SizeOptions& s);
 // llama's seq_len may change (RoPE has no trained length).
 ModelConfig restated(ModelConfig ckpt_cfg, const SizeOptions& s);
 
-// Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, mlp-small, mlp-mnist,
+// Named presets: llama-tiny (~1M params), llama-small (~25M), llama-1b, llama3-1b and llama3-8b
+// (Llama 3.2 1B's and Llama 3 8B's shapes, vocabulary 128256, RoPE theta 500000; untied output,
+// so llama3-1b has 1.50B parameters where Meta's tied model has 1.24B), mlp-small, mlp-mnist,
 // resnet-8, resnet-20 (He et al.'s CIFAR ResNets, 78K and 272K parameters) and resnet-18 (the
 // PowerSGD paper's CIFAR variant, 11.2M); the resnets take 3x32x32 images and 10 classes.
 ModelConfig preset(const std::string& name);  // UsageError listing the presets when unknown
