@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     if (mode == "gone-at-stop-patient") patient.emplace();
     double v = 1;
     world->all_reduce({&v, 1, dtk::DType::f64, {}}, {&v, 1, dtk::DType::f64, {}}, dtk::comm::ReduceOp::sum,
-                      dtk::comm::Mode::sync);
+                      dtk::comm::Mode::sync).wait();
     return v == rt.size() ? 0 : 1;
   };
   dtk::cli::Program p;

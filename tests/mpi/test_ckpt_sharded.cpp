@@ -104,7 +104,7 @@ TEST(ShardedState, IndexPresentsWholeTensors) {
       fs::rename(dir / "moved.h5", state / rank_file_name(1));
     }
   }
-  world->barrier();
+  world->barrier().wait();
   // A writer that is destroyed before commit (a crash) leaves the committed state untouched.
   {
     ShardedWriter w(state, *world);
@@ -113,13 +113,13 @@ TEST(ShardedState, IndexPresentsWholeTensors) {
     split_rows(s.shape[0], n, off, len);
     w.write_shard(s.name, s.shape, Tensor::zeros({len[r], 8}, DType::f32), off, len);
   }
-  world->barrier();
+  world->barrier().wait();
   if (r == 0) {
     Reader rd(state);
     EXPECT_EQ(rd.read(specs[0].name).to_doubles(), full_tensor(specs[0].shape, specs[0].dtype, 0).to_doubles());
     fs::remove_all(dir);
   }
-  world->barrier();
+  world->barrier().wait();
 }
 
 // A directory of this process alone (these tests run in every process of the job independently).

@@ -107,7 +107,7 @@ TEST(CkptState, SaveAndLoadAcrossRanks) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("model/w"), std::string::npos) << e.what();
   }
-  comm->barrier();
+  comm->barrier().wait();
   if (rank == 0) fs::remove_all(dir);
 }
 
@@ -162,7 +162,7 @@ TEST(CkptState, SymmetricMatricesStoredPacked) {
   expect_same(own_back[0].tensor, symmetric(3 + rank, DType::f64, 20 + rank));
 
   // Stored whole (not packed): read as it is.
-  comm->barrier();
+  comm->barrier().wait();
   if (rank == 0) {
     std::vector<StateEntry> whole{entry(0, false, 0)};
     whole[0].symmetric = false;
@@ -172,7 +172,7 @@ TEST(CkptState, SymmetricMatricesStoredPacked) {
     EXPECT_EQ(load_state(Reader(dir / "whole.h5"), in, 0, 1), Restored::exact);
     expect_same(in[0].tensor, symmetric(3, DType::f64, 20));
   }
-  comm->barrier();
+  comm->barrier().wait();
   if (rank == 0) fs::remove_all(dir);
 }
 
@@ -224,7 +224,7 @@ TEST(CkptState, ShardedStateWithPerRankEntriesOfDifferentShapes) {
     expect_same(one[0].tensor, whole);
     EXPECT_EQ(ops::reduce_all(ops::Reduce::absmax, one[1].tensor), 0.0);
   }
-  comm->barrier();
+  comm->barrier().wait();
   if (rank == 0) fs::remove_all(dir);
 }
 
@@ -261,7 +261,7 @@ TEST(CkptState, FailedWriteLeavesThePreviousFileAndFailsEveryRank) {
   // A destination whose directory does not exist: rank 0 cannot write; every rank throws.
   EXPECT_THROW(save_state(dir / "missing" / "a.h5", e, meta, *comm), Error);
   EXPECT_EQ(fs::file_size(dir / "a.h5"), size);
-  comm->barrier();
+  comm->barrier().wait();
   if (comm->rank() == 0) fs::remove_all(dir);
 }
 
@@ -276,10 +276,10 @@ std::vector<std::string> hidden_entries(const fs::path& dir) {
 // Every rank must hold the same message: rank 0's, broadcast, compared on each.
 void expect_same_everywhere(comm::Communicator& comm, const std::string& msg) {
   int64_t n = static_cast<int64_t>(msg.size());
-  comm.broadcast({&n, 1, DType::i64, {}}, 0, comm::Mode::sync);
+  comm.broadcast({&n, 1, DType::i64, {}}, 0, comm::Mode::sync).wait();
   std::string root(static_cast<size_t>(n), '\0');
   if (comm.rank() == 0) root = msg;
-  if (n > 0) comm.broadcast({root.data(), root.size(), DType::u8, {}}, 0, comm::Mode::sync);
+  if (n > 0) comm.broadcast({root.data(), root.size(), DType::u8, {}}, 0, comm::Mode::sync).wait();
   EXPECT_EQ(msg, root) << "rank " << comm.rank();
 }
 
@@ -296,7 +296,7 @@ TEST(CkptState, FailedFullWriteIsAnAgreedErrorOnEveryRank) {
       agreed_error_of([&] { save_state(dir / "missing" / "a.h5", e, meta, *comm); }, comm->rank());
   EXPECT_NE(msg.find("missing/a.h5"), std::string::npos) << msg;
   expect_same_everywhere(*comm, msg);
-  comm->barrier();
+  comm->barrier().wait();
   if (comm->rank() == 0) fs::remove_all(dir);
 }
 
@@ -316,7 +316,7 @@ TEST(CkptState, OneRanksFailedShardedWriteFailsEveryRankAlike) {
   const std::string msg = agreed_error_of([&] { save_sharded_state(dir / "state", e, meta, *comm); }, rank);
   EXPECT_NE(msg.find("model/w"), std::string::npos) << msg;
   expect_same_everywhere(*comm, msg);
-  comm->barrier();
+  comm->barrier().wait();
   if (rank == 0) {
     EXPECT_FALSE(fs::exists(dir / "state"));
     EXPECT_EQ(hidden_entries(dir), std::vector<std::string>{});
@@ -345,7 +345,7 @@ TEST(CkptState, OneRanksFailedCommitFailsEveryRankWithoutHanging) {
   }, rank);
   EXPECT_NE(msg.find(rank_file_name(n - 1)), std::string::npos) << msg;
   expect_same_everywhere(*comm, msg);
-  comm->barrier();
+  comm->barrier().wait();
   if (rank == 0) {
     EXPECT_FALSE(fs::exists(dir / "state"));
     EXPECT_EQ(hidden_entries(dir), std::vector<std::string>{});

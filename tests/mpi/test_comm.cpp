@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../common/comm_checks.h"
+#include "dtk/comm/flight.h"
 #include "dtk/core/error.h"
 
 namespace dtk::testing {
@@ -121,7 +122,7 @@ TEST(Comm, ManyOperationsInFlight) {
     for (size_t k = 0; k < bufs.size(); ++k)
       for (size_t i = 0; i < 100; ++i) wrong += bufs[k][i] != static_cast<float>(n * (k + i) + n * (n - 1) / 2);
     EXPECT_EQ(wrong, 0);
-    c->barrier();
+    c->barrier().wait();
     c->barrier(Mode::async).wait();
   }
 }
@@ -149,12 +150,12 @@ TEST(Comm, AsyncCollectivesProgressWhileTheCallerComputes) {
     auto op = [&](Mode m) {
       return gather ? c->all_gather(s, r, m) : c->reduce_scatter(r, s, ReduceOp::sum, m);
     };
-    c->barrier();
+    c->barrier().wait();
     auto t0 = Clock::now();
     op(Mode::async).wait();
     double alone = secs(t0);
-    c->all_reduce({&alone, 1, DType::f64, {}}, {&alone, 1, DType::f64, {}}, ReduceOp::max);
-    c->barrier();
+    c->all_reduce({&alone, 1, DType::f64, {}}, {&alone, 1, DType::f64, {}}, ReduceOp::max).wait();
+    c->barrier().wait();
     comm::Work w = op(Mode::async);
     t0 = Clock::now();
     volatile double sink = 0;
@@ -174,7 +175,7 @@ TEST(Comm, SplitByColour) {
     EXPECT_EQ(sub->size(), colour_size);
     EXPECT_EQ(sub->rank(), colour_size - 1 - c->rank() / 2);
     int64_t v = c->rank(), sum = 0;
-    sub->all_reduce({&v, 1, DType::i64, {}}, {&sum, 1, DType::i64, {}}, ReduceOp::sum, Mode::sync);
+    sub->all_reduce({&v, 1, DType::i64, {}}, {&sum, 1, DType::i64, {}}, ReduceOp::sum, Mode::sync).wait();
     int64_t want = 0;
     for (int r = c->rank() % 2; r < c->size(); r += 2) want += r;
     EXPECT_EQ(sum, want);
@@ -182,18 +183,61 @@ TEST(Comm, SplitByColour) {
   }
 }
 
+// A split is an operation of its parent in the flight recorder, and the communicator it makes is
+// enrolled with its members' world ranks in its rank order, which name the ranks of a hung
+// HSDP group (the same check runs on NCCL in tests/gpu/test_comm_gpu.cpp).
+TEST(Comm, SplitsAreRecordedWithTheirWorldRanks) {
+  auto c = Runtime::get().world(Backend::mpi);
+  const auto comm_of = [](const comm::flight::Report& r, const std::string& label) {
+    for (const comm::flight::Comm& x : r.comms)
+      if (x.label == label) return x;
+    ADD_FAILURE() << "no communicator " << label;
+    return comm::flight::Comm{};
+  };
+  const uint64_t before = comm_of(comm::flight::snapshot(0, {}), "world").issued;
+  auto sub = c->split(c->rank() % 2, -c->rank());  // backwards within each colour
+  const comm::flight::Report r = comm::flight::snapshot(0, {});
+  EXPECT_EQ(comm_of(r, "world").issued, before + 1);
+  EXPECT_EQ(r.ops.back().kind, "split");
+  EXPECT_GE(r.ops.back().done_ago, 0);
+  const comm::flight::Comm& mine = r.comms.back();  // the newest
+  EXPECT_EQ(mine.label.rfind("world/", 0), 0u) << mine.label;
+  std::vector<int> want;
+  for (int q = c->size() - 1; q >= 0; --q)
+    if (q % 2 == c->rank() % 2) want.push_back(q);
+  EXPECT_EQ(mine.members, want);
+  EXPECT_EQ(static_cast<int>(mine.members.size()), sub->size());
+}
+
+// An async Work dropped unwaited (comm.h) on MPI's own nonblocking calls (no communication
+// thread): its destructor completes it, its result there and its record completed.
+TEST(Comm, ADroppedWorkIsCompleted) {
+  if (const char* e = std::getenv("DTK_COMM_THREAD"); !(e && std::string(e) == "0"))
+    GTEST_SKIP() << "the communication thread completes its operations itself (DTK_COMM_THREAD=0 runs this)";
+  auto c = Runtime::get().world(Backend::mpi);
+  std::vector<float> v(1000, static_cast<float>(c->rank() + 1));
+  { comm::Work dropped = c->all_reduce({v.data(), v.size(), DType::f32, {}}, {v.data(), v.size(), DType::f32, {}},
+                                       ReduceOp::sum); }
+  const float want = static_cast<float>(c->size() * (c->size() + 1) / 2);
+  int wrong = 0;
+  for (float x : v) wrong += x != want;
+  EXPECT_EQ(wrong, 0);
+  for (const comm::flight::Comm& x : comm::flight::snapshot(0, {}).comms)
+    if (x.label == "world") EXPECT_EQ(x.completed, x.issued);
+}
+
 TEST(Comm, BadArgumentsAreUsageErrors) {
   for (auto& c : communicators()) {
     std::vector<float> a(8), b(3);
     Buffer A{a.data(), 8, DType::f32, {}}, B{b.data(), 3, DType::f32, {}};
-    EXPECT_THROW(c->all_reduce(A, B, ReduceOp::sum), UsageError);
-    EXPECT_THROW(c->all_gather(A, B, Mode::sync), UsageError);
-    EXPECT_THROW(c->broadcast(A, c->size()), UsageError);
-    EXPECT_THROW(c->send(A, -1), UsageError);
+    EXPECT_THROW((void)c->all_reduce(A, B, ReduceOp::sum), UsageError);
+    EXPECT_THROW((void)c->all_gather(A, B, Mode::sync), UsageError);
+    EXPECT_THROW((void)c->broadcast(A, c->size()), UsageError);
+    EXPECT_THROW((void)c->send(A, -1), UsageError);
     Buffer I{a.data(), 8, DType::i32, {}};
-    EXPECT_THROW(c->all_reduce(A, I, ReduceOp::sum), UsageError);
-    EXPECT_THROW(c->reduce_scatter_v(A, B, {1}, ReduceOp::sum), UsageError);
-    EXPECT_THROW(c->all_to_all(A, B), UsageError);
+    EXPECT_THROW((void)c->all_reduce(A, I, ReduceOp::sum), UsageError);
+    EXPECT_THROW((void)c->reduce_scatter_v(A, B, {1}, ReduceOp::sum), UsageError);
+    EXPECT_THROW((void)c->all_to_all(A, B), UsageError);
   }
 }
 

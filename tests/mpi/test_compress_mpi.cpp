@@ -37,7 +37,7 @@ int R() { return world().rank(); }
 Vec sum_over_ranks(Vec v) {
   Tensor t = Tensor::from_doubles(v, {static_cast<int64_t>(v.size())}, DType::f64);
   comm::Buffer b{t.data(), v.size(), DType::f64, Device::cpu()};
-  world().all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
+  world().all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync).wait();
   return t.to_doubles();
 }
 // Is v the same (bitwise) on every rank?
@@ -46,7 +46,7 @@ bool same_on_all_ranks(const Vec& v) {
   for (double x : v) both.push_back(-x);
   Tensor t = Tensor::from_doubles(both, {static_cast<int64_t>(both.size())}, DType::f64);
   comm::Buffer b{t.data(), both.size(), DType::f64, Device::cpu()};
-  world().all_reduce(b, b, comm::ReduceOp::max, comm::Mode::sync);
+  world().all_reduce(b, b, comm::ReduceOp::max, comm::Mode::sync).wait();
   const Vec r = t.to_doubles();
   for (size_t i = 0; i < v.size(); ++i)
     if (r[i] != -r[v.size() + i]) return false;

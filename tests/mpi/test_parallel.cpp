@@ -85,7 +85,7 @@ TEST(GradSync, BucketedSumsEqualOnePlainAllReduce) {
   ref->backward(1.0);
   Tensor want = ref->grads().clone();
   comm::Buffer b{want.data(), static_cast<size_t>(want.numel()), DType::f32, Device::cpu()};
-  world().all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
+  world().all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync).wait();
   const std::vector<double> w = want.to_doubles();
   double scale = 0;
   for (double v : w) scale = std::max(scale, std::abs(v));
@@ -176,7 +176,7 @@ Reference reference(nn::Checkpointing checkpointing) {
   r.m->backward(1.0);
   Tensor g = r.m->grads().clone();
   comm::Buffer b{g.data(), static_cast<size_t>(g.numel()), DType::f32, Device::cpu()};
-  world().all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync);
+  world().all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync).wait();
   r.grad = g.to_doubles();
   for (double v : r.grad) r.scale = std::max(r.scale, std::abs(v));
   return r;

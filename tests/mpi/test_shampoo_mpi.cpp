@@ -90,7 +90,7 @@ std::string file_tag(std::string label) {
 }
 
 int sum_over_ranks(comm::Communicator& c, int v) {
-  c.all_reduce({&v, 1, DType::i32, {}}, {&v, 1, DType::i32, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+  c.all_reduce({&v, 1, DType::i32, {}}, {&v, 1, DType::i32, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
   return v;
 }
 
@@ -359,7 +359,7 @@ TEST(ShampooMpi, StateRestoresOnAnotherWorldSize) {
           meta.step = 4;
           ckpt::save_state(file, entries(*o1, a), meta, *local);
         }
-        world->barrier();
+        world->barrier().wait();
         RunState b = make_run();
         for (auto& p : b.params) ops::fill(p.value, 0.0);
         auto od = make_shampoo(cd, b.params, *world);
@@ -371,7 +371,7 @@ TEST(ShampooMpi, StateRestoresOnAnotherWorldSize) {
       }
     }
   }
-  world->barrier();
+  world->barrier().wait();
   if (rank == 0) fs::remove_all(dir);
 }
 

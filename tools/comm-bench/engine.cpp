@@ -303,7 +303,7 @@ class Engine {
     const bool delayed = params_.rank == o_.delay.rank;
     const auto delay = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::micro>(o_.delay.us));
     std::vector<double> mine(2 * static_cast<size_t>(iters), 0.0);  // times, then own parts
-    comm_->barrier(Mode::sync);
+    comm_->barrier(Mode::sync).wait();
     const auto t0 = clock::now();
     auto prev = t0;
     for (int k = 0; k < iters; ++k) {
@@ -330,9 +330,9 @@ class Engine {
     comm::ReduceOp agg = o_.agg == TimeAgg::max   ? comm::ReduceOp::max
                          : o_.agg == TimeAgg::min ? comm::ReduceOp::min
                                                   : comm::ReduceOp::avg;
-    host_->all_reduce({&us, 1, DType::f64, Device::cpu()}, {&us, 1, DType::f64, Device::cpu()}, agg, Mode::sync);
+    host_->all_reduce({&us, 1, DType::f64, Device::cpu()}, {&us, 1, DType::f64, Device::cpu()}, agg, Mode::sync).wait();
     host_->all_reduce({&wrong, 1, DType::i64, Device::cpu()}, {&wrong, 1, DType::i64, Device::cpu()},
-                      comm::ReduceOp::sum, Mode::sync);
+                      comm::ReduceOp::sum, Mode::sync).wait();
 
     const uint64_t bytes = std::max(n.send, n.recv) * es;
     const double algbw = us > 0 ? static_cast<double>(bytes) / (us * 1e3) : 0;  // GB/s
@@ -349,7 +349,7 @@ class Engine {
     const int ranks = params_.nranks;
     row.iterations.assign(mine.size() * ranks, 0.0);
     host_->all_gather({mine.data(), mine.size(), DType::f64, Device::cpu()},
-                      {row.iterations.data(), row.iterations.size(), DType::f64, Device::cpu()}, Mode::sync);
+                      {row.iterations.data(), row.iterations.size(), DType::f64, Device::cpu()}, Mode::sync).wait();
     row.per_iter = per_iteration();
     if (row.per_iter) {
       std::vector<double> slowest(iters, 0.0);  // an iteration takes as long as its slowest rank

@@ -69,9 +69,9 @@ std::string new_state_id() {
 // Broadcasts a string from `root` to every rank of comm.
 std::string broadcast_string(comm::Communicator& comm, std::string s, int root) {
   int64_t n = static_cast<int64_t>(s.size());
-  comm.broadcast({&n, 1, DType::i64, {}}, root, comm::Mode::sync);
+  comm.broadcast({&n, 1, DType::i64, {}}, root, comm::Mode::sync).wait();
   s.resize(static_cast<size_t>(n));
-  if (n > 0) comm.broadcast({s.data(), s.size(), DType::u8, {}}, root, comm::Mode::sync);
+  if (n > 0) comm.broadcast({s.data(), s.size(), DType::u8, {}}, root, comm::Mode::sync).wait();
   return s;
 }
 
@@ -79,7 +79,7 @@ std::string broadcast_string(comm::Communicator& comm, std::string s, int root) 
 
 std::string agree(comm::Communicator& comm, const std::string& error) {
   int32_t first = error.empty() ? comm.size() : comm.rank();
-  comm.all_reduce({&first, 1, DType::i32, {}}, {&first, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync);
+  comm.all_reduce({&first, 1, DType::i32, {}}, {&first, 1, DType::i32, {}}, comm::ReduceOp::min, comm::Mode::sync).wait();
   if (first == comm.size()) return {};
   return broadcast_string(comm, first == comm.rank() ? error : std::string(), first);
 }
@@ -122,7 +122,7 @@ void ShardedWriter::settle(const std::string& error) {
   // Name the destination, not the temporary directory that is about to go.
   if (!tmp_dir_.empty() && e.starts_with(tmp_dir_.string())) e = dir_.string() + e.substr(tmp_dir_.string().size());
   mine_.reset();  // this rank's temporary file
-  comm_.barrier(comm::Mode::sync);
+  comm_.barrier(comm::Mode::sync).wait();
   if (comm_.rank() == 0 && !tmp_dir_.empty()) {
     std::error_code ec;
     fs::remove_all(tmp_dir_, ec);
@@ -158,7 +158,7 @@ void ShardedWriter::set_metadata(const Metadata& m) {
     char stamp[64] = {};
     const std::string now = now_iso8601();
     std::snprintf(stamp, sizeof stamp, "%s", now.c_str());
-    comm_.broadcast({stamp, sizeof stamp, DType::u8, {}}, 0, comm::Mode::sync);
+    comm_.broadcast({stamp, sizeof stamp, DType::u8, {}}, 0, comm::Mode::sync).wait();
     meta_.created = stamp;
   }
 }

@@ -23,15 +23,15 @@ bool mine(const StateEntry& e, int rank) {
 
 void send_bytes(comm::Communicator& c, const std::string& s) {
   int64_t n = static_cast<int64_t>(s.size());
-  c.send({&n, 1, DType::i64, {}}, 0, 0, comm::Mode::sync);
-  if (n > 0) c.send({const_cast<char*>(s.data()), s.size(), DType::u8, {}}, 0, 0, comm::Mode::sync);
+  c.send({&n, 1, DType::i64, {}}, 0, 0, comm::Mode::sync).wait();
+  if (n > 0) c.send({const_cast<char*>(s.data()), s.size(), DType::u8, {}}, 0, 0, comm::Mode::sync).wait();
 }
 
 std::string recv_bytes(comm::Communicator& c, int src) {
   int64_t n = 0;
-  c.recv({&n, 1, DType::i64, {}}, src, 0, comm::Mode::sync);
+  c.recv({&n, 1, DType::i64, {}}, src, 0, comm::Mode::sync).wait();
   std::string s(static_cast<size_t>(n), '\0');
-  if (n > 0) c.recv({s.data(), s.size(), DType::u8, {}}, src, 0, comm::Mode::sync);
+  if (n > 0) c.recv({s.data(), s.size(), DType::u8, {}}, src, 0, comm::Mode::sync).wait();
   return s;
 }
 
@@ -183,7 +183,7 @@ StateWrite::StateWrite(std::filesystem::path path, const std::vector<StateEntry>
         }
       send_bytes(comm, list.dump());
       for (const Tensor& h : sent)
-        if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync);
+        if (h.numel() > 0) comm.send(comm::buffer_of(h), 0, 0, comm::Mode::sync).wait();
       return;
     }
     for (const auto& e : entries)
@@ -192,7 +192,7 @@ StateWrite::StateWrite(std::filesystem::path path, const std::vector<StateEntry>
       const auto list = nlohmann::json::parse(recv_bytes(comm, r));
       for (const auto& item : list) {
         Tensor h = Tensor::empty(item["shape"].get<Shape>(), parse_dtype(item["dtype"].get<std::string>()));
-        if (h.numel() > 0) comm.recv(comm::buffer_of(h), r, 0, comm::Mode::sync);
+        if (h.numel() > 0) comm.recv(comm::buffer_of(h), r, 0, comm::Mode::sync).wait();
         take({item["name"].get<std::string>(), h}, false);
       }
     }

@@ -64,7 +64,13 @@ struct Buffer {
 inline Buffer buffer_of(const Tensor& t) { return {t.data(), static_cast<size_t>(t.numel()), t.dtype(), t.device()}; }
 
 // A handle on an operation in flight. Copyable; wait() and synchronize() are idempotent.
-class Work {
+// [[nodiscard]]: an async operation is waited where its result is needed; a sync call's Work is
+// complete already (`.wait()` on it does nothing: the way to discard it). Dropping the last copy
+// of an async Work unwaited is safe but serialises: NCCL's makes the stream that issued it wait
+// for it (so that stream's later work, the caching allocator's reuse of scratch included, never
+// runs ahead of it), MPI's completes it on the host (an operation of the communication thread
+// completes there, in order, but the caller is not ordered after it).
+class [[nodiscard]] Work {
  public:
   struct State {
     virtual ~State() = default;

@@ -42,7 +42,7 @@ std::vector<Range> min_max_over_ranks(Communicator& comm, const std::vector<doub
   }
   Tensor t = Tensor::from_doubles(both, {static_cast<int64_t>(2 * n)}, DType::f64, d);
   const Buffer b{t.data(), 2 * n, DType::f64, d};
-  comm.all_reduce(b, b, ReduceOp::max, Mode::sync);
+  comm.all_reduce(b, b, ReduceOp::max, Mode::sync).wait();
   const std::vector<double> r = t.to_doubles();
   std::vector<Range> out(n);
   for (size_t i = 0; i < n; ++i) out[i] = {-r[n + i], r[i]};

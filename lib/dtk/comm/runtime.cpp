@@ -57,11 +57,15 @@ void wait_for_device(const char* what, size_t bytes, bool (*done)(void*), void* 
       std::this_thread::yield();
       continue;
     }
+    if (watchdog::ending()) break;
 #ifdef DTK_HAVE_NCCL
     nccl_check_async_errors(what);
 #endif
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, 1 << std::min(i - kSpins, 8))));
   }
+  // The watchdog is ending the job: its expiry aborted NCCL, which ends the kernels this waited
+  // for without their results. Nothing may go on from here.
+  if (watchdog::ending()) watchdog::park();
 }
 
 Runtime::Runtime(int* argc, char*** argv, Options opts)
@@ -171,7 +175,10 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
       init_mpi();
       if (!mpi_world_) {  // a duplicate: its communication thread never meets the runtime's own calls
         MPI_Comm dup;
-        MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+        {
+          watchdog::Scope scope("the world communicator's set-up", 0);
+          MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+        }
         mpi_world_ = make_mpi_communicator(dup, true, "world");
       }
       return mpi_world_;
@@ -180,7 +187,7 @@ std::shared_ptr<Communicator> Runtime::world(Backend b, Device d) {
       if (!nccl_world_) {
         // Agreed: every rank raises the same usage error (exit 2) together.
         if (const std::string problem = gpu_sharing(); !problem.empty()) throw AgreedError(problem, 2);
-        nccl_world_ = make_nccl_communicator(MPI_COMM_WORLD, mpi_);
+        nccl_world_ = make_nccl_communicator(MPI_COMM_WORLD, mpi_, runtime_comm_);
       }
       return nccl_world_;
 #else

@@ -49,6 +49,7 @@ std::atomic<long long> g_timeout_ns{600'000'000'000LL};
 std::atomic<long long> g_hurry_ns{0};  // when a stop was requested; 0: none
 std::atomic<int> g_patient{0};         // Patient scopes alive
 std::atomic<void (*)()> g_on_expire{nullptr};
+std::atomic<bool> g_ending{false};  // the job is being ended (ending())
 int g_rank = 0, g_size = 1;
 
 std::mutex g_mu;
@@ -143,6 +144,7 @@ std::vector<int> other_ranks() {
 }
 
 [[noreturn]] void end_job() {
+  g_ending = true;
   run_expire_hook();
   std::_Exit(1);
 }
@@ -308,6 +310,12 @@ void set_debug_dir(const std::string& dir) {
 }
 
 void on_expire(void (*hook)()) { g_on_expire.store(hook); }
+
+bool ending() { return g_ending.load(); }
+
+void park() {
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
 
 Scope::Scope(const char* what, size_t bytes) : slot_(&my_slot()) {
   Slot& s = *static_cast<Slot*>(slot_);

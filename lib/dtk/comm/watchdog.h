@@ -30,6 +30,12 @@ void set_debug_dir(const std::string& dir);
 // Called by the watchdog thread before it ends the job, for at most kExpireHookS seconds.
 inline constexpr double kExpireHookS = 3;
 void on_expire(void (*hook)());
+// True once this process's watchdog has decided to end the job (it then runs the expiry hook
+// and exits within kExpireHookS). A thread that the expiry hook releases (NCCL's abort ends the
+// kernels it waited for) must not carry on with results that never arrived: park() blocks it
+// until the exit.
+bool ending();
+[[noreturn]] void park();
 void set_timeout(double timeout_s);
 void stop();
 

@@ -263,7 +263,7 @@ class Auto final : public Compressor {
       for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i) sq[k] += norms[i] * norms[i];
     if (shard_ && shard_->size() > 1 && !sq.empty()) {
       Tensor t = Tensor::from_doubles(sq, {static_cast<int64_t>(sq.size())}, DType::f64, device_);
-      shard_->all_reduce(comm::buffer_of(t), comm::buffer_of(t), comm::ReduceOp::sum, comm::Mode::sync);
+      shard_->all_reduce(comm::buffer_of(t), comm::buffer_of(t), comm::ReduceOp::sum, comm::Mode::sync).wait();
       sq = t.to_doubles();
     }
     for (size_t k = 0; k < subs_.size(); ++k) acc_[k].add(world_ * std::sqrt(sq[k]));
@@ -575,7 +575,7 @@ class Auto final : public Compressor {
       const auto n = static_cast<size_t>(bytes / 4);
       std::vector<double> t;
       for (int rep = 0; rep <= kReps; ++rep) {
-        comm_.barrier();
+        comm_.barrier().wait();
         const auto t0 = Clock::now();
         const comm::Buffer b{buf.data(), n, DType::f32, device_};
         comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::async).synchronize();
@@ -626,14 +626,14 @@ class Auto final : public Compressor {
         const double s = since(t0);
         t0 = Clock::now();
         if (split) {
-          shard_->all_gather(comm::buffer_of(P), comm::buffer_of(all), comm::Mode::sync);
+          shard_->all_gather(comm::buffer_of(P), comm::buffer_of(all), comm::Mode::sync).wait();
           copy(W, all.slice(0, n * r).reshape({n, r}));
         }
         if (mgs) ops::orthonormalize_mgs(W, 1e-16);
         else ops::orthonormalize_qr(W);
         if (split) copy(P, W.slice(0, ns));
         ops::gemm(true, false, 1.0, M, P, 0.0, Ql);
-        if (split) shard_->all_reduce(comm::buffer_of(Ql), comm::buffer_of(Ql), comm::ReduceOp::sum, comm::Mode::sync);
+        if (split) shard_->all_reduce(comm::buffer_of(Ql), comm::buffer_of(Ql), comm::ReduceOp::sum, comm::Mode::sync).wait();
         if (cfg_.error_feedback && cfg_.error_mode == ErrorMode::projection) ops::gemm(false, true, -1.0, P, Ql, 1.0, M);
         ops::gemm(false, true, 1.0, P, Ql, 0.0, G);
         (void)ops::reduce_all(ops::Reduce::sum, G.slice(0, 1));

@@ -148,7 +148,7 @@ class RandomK final : public Sparse {
       remove_sent(i, idx[i]);
     }
     if (k_total_ > 0) {
-      comm_.all_reduce(comm::buffer_of(vals_), comm::buffer_of(vals_), comm::ReduceOp::sum, comm::Mode::sync);
+      comm_.all_reduce(comm::buffer_of(vals_), comm::buffer_of(vals_), comm::ReduceOp::sum, comm::Mode::sync).wait();
       ops::scale(vals_, 1.0 / world_, vals_);
     }
     for (size_t i = 0; i < params.size(); ++i) {
@@ -217,7 +217,7 @@ class Signum final : public Base {
     }
     comm::Work wv;
     if (total_ > 0) wv = comm_.all_reduce(comm::buffer_of(votes_), comm::buffer_of(votes_), comm::ReduceOp::sum, comm::Mode::async);
-    if (t > 0) comm_.all_reduce(comm::buffer_of(norms_), comm::buffer_of(norms_), comm::ReduceOp::sum, comm::Mode::sync);
+    if (t > 0) comm_.all_reduce(comm::buffer_of(norms_), comm::buffer_of(norms_), comm::ReduceOp::sum, comm::Mode::sync).wait();
     wv.wait();
     const std::vector<double> sums = t > 0 ? norms_.to_doubles() : std::vector<double>{};
     for (size_t i = 0; i < t; ++i) {

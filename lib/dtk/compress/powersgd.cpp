@@ -16,7 +16,11 @@
 // Sharded gradients (Topology::shard, compressor.h): M_r holds this rank's rows of the whole
 // matrix (padded to the shard group's common row count, the padding rows zero throughout); P's
 // rows are gathered over the shard group before the orthonormalisation, and the local Q summed
-// over it before Q goes to the replicas, so each whole matrix is compressed as above.
+// over it before Q goes to the replicas, so each whole matrix is compressed as above. Those two
+// shard-group collectives are asynchronous like the rest, each a stage of its own (the gather
+// waited at the next bucket_ready, the sum at the one after), so that a block of backward hides
+// each instead of the GPU idling while the host waits for it; the data and the order of every
+// operation are the same, only the waits move.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -59,11 +63,14 @@ struct Slot {  // where a parameter goes
 // A bucket's share of the buffers and its progress through the step. pbuf_[p_begin, p_end) is
 // its P, [p_end, u_end) its uncompressed grads (so f32 P and those grads travel in one
 // collective); q_ and qlocal_ [q_begin, q_end) its Q; wire_ [w_begin, ...) its bf16 P, then Q.
+// Sharded, gathered_ [g_begin, g_begin + shards * (p_end - p_begin)) receives every shard's P.
 struct Region {
   std::vector<int> groups;
-  int64_t p_begin = 0, p_end = 0, u_end = 0, q_begin = 0, q_end = 0, w_begin = 0;
-  enum class Stage { idle, p_sent, q_sent, done } stage = Stage::idle;
-  size_t wp = 0, wu = 0, wq = 0;  // the collectives in flight (Base::track numbers)
+  int64_t p_begin = 0, p_end = 0, u_end = 0, q_begin = 0, q_end = 0, w_begin = 0, g_begin = 0;
+  // Sharded, a bucket goes p_sent -> p_gathered (P's all-gather over the shard group issued) ->
+  // q_summed (Q_local's sum over it issued) -> q_sent; unsharded, p_sent -> q_sent at once.
+  enum class Stage { idle, p_sent, p_gathered, q_summed, q_sent, done } stage = Stage::idle;
+  size_t wp = 0, wu = 0, wq = 0, wg = 0, ws = 0;  // the collectives in flight (Base::track numbers)
 };
 
 class PowerSGD final : public Base {
@@ -89,8 +96,9 @@ class PowerSGD final : public Base {
       slots_[i].q_param_off = q_param;
       q_param += m * r;
     }
-    int64_t pb = 0, wb = 0;  // offsets in pbuf_ and wire_
-    int64_t whole_max = 0, region_p_max = 0;  // sharded: the largest whole P, the largest bucket's P
+    int64_t pb = 0, wb = 0, gb = 0;  // offsets in pbuf_, wire_ and gathered_
+    int64_t whole_max = 0;  // sharded: the largest whole P
+    const int64_t shards = split_ ? topo_.shard->size() : 0;
     regions_.resize(buckets_.size());
     for (size_t k = 0; k < buckets_.size(); ++k) {
       Region& reg = regions_[k];
@@ -130,7 +138,8 @@ class PowerSGD final : public Base {
       }
       reg.p_end = pb;
       reg.q_end = q_total_;
-      region_p_max = std::max(region_p_max, reg.p_end - reg.p_begin);
+      reg.g_begin = gb;
+      gb += shards * (reg.p_end - reg.p_begin);
       p_total_ += reg.p_end - reg.p_begin;
       for (size_t i = buckets_[k].first; i < buckets_[k].last; ++i)
         if (slots_[i].group < 0) {
@@ -147,8 +156,8 @@ class PowerSGD final : public Base {
     qlocal_ = Tensor::zeros({q_total_}, DType::f32, device_);
     if (cfg_.comm_dtype == DType::bf16 && wb > 0) wire_ = Tensor::zeros({wb}, DType::bf16, device_);
     if (colmax_total_ > 0) colmax_ = Tensor::zeros({colmax_total_}, DType::f32, device_);
-    if (split_ && region_p_max > 0) {
-      gathered_ = Tensor::zeros({topo_.shard->size() * region_p_max}, DType::f32, device_);
+    if (split_ && gb > 0) {  // a bucket's own: its gather may be in flight beside another bucket's use
+      gathered_ = Tensor::zeros({gb}, DType::f32, device_);
       whole_p_ = Tensor::zeros({whole_max}, DType::f32, device_);
     }
     draw_q(0);
@@ -208,8 +217,19 @@ class PowerSGD final : public Base {
 
  private:
   void advance(std::vector<nn::Param>& params, size_t k) {
-    switch (regions_[k].stage) {
-      case Region::Stage::p_sent: send_q(k); break;
+    Region& reg = regions_[k];
+    switch (reg.stage) {
+      case Region::Stage::p_sent:
+        if (split_ && reg.p_end > reg.p_begin) {
+          gather_p(k);
+        } else {
+          receive_p(reg);
+          project(k);
+          send_q(k);
+        }
+        break;
+      case Region::Stage::p_gathered: project(k); break;
+      case Region::Stage::q_summed: send_q(k); break;
       case Region::Stage::q_sent: decompress(params, k); break;
       default: break;
     }
@@ -252,22 +272,36 @@ class PowerSGD final : public Base {
         reg.wp = all_reduce(ws, comm::ReduceOp::sum);
       }
     }
+    reg.wg = reg.ws = kNoWork;
     reg.stage = Region::Stage::p_sent;
   }
 
-  // P^ = orthonormalise(P); Q_r = M_r^T P^, averaged over ranks into Q while the projection
-  // error is computed from the local Q_r.
-  void send_q(size_t k) {
-    Region& reg = regions_[k];
+  // The replicas' sum of P has arrived (the bf16 wire's copied back into pbuf_).
+  void receive_p(Region& reg) {
     wait(reg.wp);
     if (cfg_.comm_dtype == DType::bf16 && reg.p_end > reg.p_begin) {
       Tensor ps = pbuf_.slice(reg.p_begin, reg.p_end);
       ops::cast(wire_p(reg), ps);
     }
-    if (split_ && reg.p_end > reg.p_begin)  // every shard's rows of P, for the whole matrices
-      topo_.shard->all_gather(comm::buffer_of(pbuf_.slice(reg.p_begin, reg.p_end)),
-                              comm::buffer_of(gathered_.slice(0, topo_.shard->size() * (reg.p_end - reg.p_begin))),
-                              comm::Mode::sync);
+  }
+
+  // Sharded: every shard's rows of P, for the whole matrices (its own slice of gathered_).
+  void gather_p(size_t k) {
+    Region& reg = regions_[k];
+    receive_p(reg);
+    const int64_t n = reg.p_end - reg.p_begin;
+    reg.wg = track(topo_.shard->all_gather(comm::buffer_of(pbuf_.slice(reg.p_begin, reg.p_end)),
+                                           comm::buffer_of(gathered_.slice(reg.g_begin, reg.g_begin + topo_.shard->size() * n)),
+                                           comm::Mode::async));
+    reg.stage = Region::Stage::p_gathered;
+  }
+
+  // P^ = orthonormalise(P) and Q_r = M_r^T P^. Sharded, Q_g = sum over the shards of
+  // M_s^T P^_s, this replica's M^T P^ (the fast hop), goes out.
+  void project(size_t k) {
+    Region& reg = regions_[k];
+    wait(reg.wg);
+    reg.wg = kNoWork;
     for (int gi : reg.groups) {
       Group& g = groups_[gi];
       Tensor p = p_of(g);
@@ -278,11 +312,21 @@ class PowerSGD final : public Base {
       Tensor ql = qlocal_group(g);
       ops::gemm(true, false, 1.0, g.mat, p, 0.0, ql);
     }
-    // Sharded: Q_g = sum over the shards of M_s^T P^_s, this replica's M^T P^ (fast hop).
+    reg.ws = kNoWork;
     if (split_ && reg.q_end > reg.q_begin) {
       const Tensor ql = qlocal_.slice(reg.q_begin, reg.q_end);
-      topo_.shard->all_reduce(comm::buffer_of(ql), comm::buffer_of(ql), comm::ReduceOp::sum, comm::Mode::sync);
+      reg.ws = track(topo_.shard->all_reduce(comm::buffer_of(ql), comm::buffer_of(ql), comm::ReduceOp::sum,
+                                             comm::Mode::async));
     }
+    reg.stage = Region::Stage::q_summed;
+  }
+
+  // Q_r (sharded: Q_g) averaged over the replicas into Q, while the projection error is computed
+  // from the local one.
+  void send_q(size_t k) {
+    Region& reg = regions_[k];
+    wait(reg.ws);
+    reg.ws = kNoWork;
     reg.wq = kNoWork;
     if (reg.q_end > reg.q_begin) {
       const Tensor ql = qlocal_.slice(reg.q_begin, reg.q_end);
@@ -359,7 +403,7 @@ class PowerSGD final : public Base {
     for (int64_t b = 0; b < B; ++b)
       for (size_t s = 0; s < g.lengths.size(); ++s) {
         if (g.lengths[s] == 0) continue;
-        const int64_t src = static_cast<int64_t>(s) * region + (g.p_off - reg.p_begin) + b * ns * r;
+        const int64_t src = reg.g_begin + static_cast<int64_t>(s) * region + (g.p_off - reg.p_begin) + b * ns * r;
         Tensor dst = whole.slice(b * n * r + g.offsets[s] * r, b * n * r + (g.offsets[s] + g.lengths[s]) * r);
         copy(dst, gathered_.slice(src, src + g.lengths[s] * r));
       }
@@ -451,7 +495,7 @@ class PowerSGD final : public Base {
   Tensor qlocal_;  // f32 [every Q]: this rank's Q_r = M_r^T P^
   Tensor wire_;    // bf16 [per bucket: max(its P, its Q)] when comm_dtype is bf16
   Tensor colmax_;  // f32 [sum of ranks]: max |Q| per column
-  Tensor gathered_, whole_p_;  // sharded: a bucket's P from every shard; a group's whole P
+  Tensor gathered_, whole_p_;  // sharded: every bucket's P from every shard; a group's whole P
 };
 
 }  // namespace

@@ -399,7 +399,7 @@ class Shampoo final : public Optimizer {
     size_t mine_at = 0;
     for (int q = 0; q < me; ++q) mine_at += gather_counts_[static_cast<size_t>(q)];
     shard_comm_->all_gather_v(all.slice(mine_at, gather_counts_[static_cast<size_t>(me)]), all, gather_counts_,
-                              comm::Mode::sync);
+                              comm::Mode::sync).wait();
   }
 
   // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
@@ -1026,7 +1026,7 @@ class Shampoo final : public Optimizer {
     if (group_size_ > 1) {
       agree_.copy_from(Tensor::from_host(codes, {2}, DType::i64));
       comm::Buffer buf{agree_.data(), 2, DType::i64, device_};
-      group_->all_reduce(buf, buf, comm::ReduceOp::min, comm::Mode::sync);
+      group_->all_reduce(buf, buf, comm::ReduceOp::min, comm::Mode::sync).wait();
       const Tensor host = agree_.to(Device::cpu());
       codes[0] = host.ptr<int64_t>()[0];
       codes[1] = host.ptr<int64_t>()[1];
@@ -1055,13 +1055,13 @@ class Shampoo final : public Optimizer {
       if (mine) ops::cast(my32, my16);
       if (group_size_ > 1) {
         comm::Buffer all{recv16_.data(), static_cast<size_t>(total_), DType::bf16, device_};
-        group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync);
+        group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync).wait();
       }
       Tensor all16 = recv16_.slice(0, total_), all32 = recv_.slice(0, total_);
       ops::cast(all16, all32);  // every rank applies the same rounded directions
     } else if (group_size_ > 1) {
       comm::Buffer all{recv_.data(), static_cast<size_t>(total_), DType::f32, device_};
-      group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync);
+      group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync).wait();
     }
   }
 

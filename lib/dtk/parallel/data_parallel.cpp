@@ -38,7 +38,7 @@ void check_replicated(const Tensor& t, comm::Communicator& comm, const std::stri
 
 void broadcast_params(nn::Model& model, comm::Communicator& comm) {
   if (comm.size() == 1) return;
-  comm.broadcast(comm::buffer_of(model.values()), 0, comm::Mode::sync);
+  comm.broadcast(comm::buffer_of(model.values()), 0, comm::Mode::sync).wait();
   check_replicated(model.values(), comm, "the model's parameters");
 }
 

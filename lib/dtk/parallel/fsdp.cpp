@@ -427,7 +427,7 @@ double Fsdp::clip_grad_norm(double max_norm) {
   Impl& m = *impl_;
   const double local = ops::reduce_all(ops::Reduce::norm2, m.shard_grads);
   double sumsq = local * local;
-  m.host_shard->all_reduce({&sumsq, 1, DType::f64, {}}, {&sumsq, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+  m.host_shard->all_reduce({&sumsq, 1, DType::f64, {}}, {&sumsq, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
   const double norm = std::sqrt(sumsq);
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) ops::scale(m.shard_grads, max_norm / norm, m.shard_grads);
   return norm;
@@ -480,7 +480,7 @@ std::vector<PlacedTensor> Fsdp::saved_sync_state() {
       dst = m.saved_error.slice(off, off + t.value.numel()).reshape(t.value.shape());
       off += t.value.numel();
     }
-    m.replica->all_reduce(comm::buffer_of(t.value), comm::buffer_of(dst), comm::ReduceOp::avg, comm::Mode::sync);
+    m.replica->all_reduce(comm::buffer_of(t.value), comm::buffer_of(dst), comm::ReduceOp::avg, comm::Mode::sync).wait();
     t.value = dst;
   }
   return s;
@@ -547,7 +547,7 @@ Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpC
       const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(bytes / es / S), 1, max_chunk);
       std::vector<double> times;
       for (int rep = 0; rep <= kReps; ++rep) {
-        host.barrier();
+        host.barrier().wait();
         const auto t0 = Clock::now();
         comm::Work w = gather ? shard.all_gather(comm::buffer_of(small.slice(0, n)), comm::buffer_of(big.slice(0, n * S)), comm::Mode::async)
                               : shard.reduce_scatter(comm::buffer_of(big.slice(0, n * S)), comm::buffer_of(small.slice(0, n)),
@@ -557,7 +557,7 @@ Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpC
       }
       std::sort(times.begin(), times.end());
       double t = times[times.size() / 2];
-      host.all_reduce({&t, 1, DType::f64, {}}, {&t, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+      host.all_reduce({&t, 1, DType::f64, {}}, {&t, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
       samples.push_back({static_cast<double>(n * S) * es, t});
     }
     return comm::fit_cost(samples);
@@ -601,7 +601,7 @@ bool Fsdp::Impl::settle_plan(Fsdp& f) {
     for (double& x : *v) x /= static_cast<double>(std::max<int64_t>(1, m.passes));
   for (auto* v : {&m.costs.forward_s, &m.costs.backward_s})
     m.host_world.all_reduce({v->data(), v->size(), DType::f64, {}}, {v->data(), v->size(), DType::f64, {}},
-                            comm::ReduceOp::max, comm::Mode::sync);
+                            comm::ReduceOp::max, comm::Mode::sync).wait();
   m.measuring = false;
   if (m.cfg.buckets == "auto") {
     plan_ = plan_auto(m.model, m.wire, m.costs, m.cfg);

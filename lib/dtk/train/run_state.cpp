@@ -167,7 +167,7 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
   // approximately (topk's and signum's error feedback) or not at all. The worst over the ranks,
   // so that every rank rebuilds the optimizer alike and rank 0 says so.
   int64_t worst = static_cast<int64_t>(restored);
-  host.all_reduce({&worst, 1, DType::i64, {}}, {&worst, 1, DType::i64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+  host.all_reduce({&worst, 1, DType::i64, {}}, {&worst, 1, DType::i64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
   restored = static_cast<ckpt::Restored>(worst);
   if (restored == ckpt::Restored::fresh && sharded(par)) optim = strategy.optimizer(par);  // Shampoo afresh
   if (first && restored != ckpt::Restored::exact) {

@@ -51,8 +51,8 @@ class Trainer {
     par_ = s.parallelism(*model_, *comm_, *host_);
     model_->set_hooks(par_.get());
     if (o.sync_batchnorm) model_->set_batchnorm_sync([this](Tensor& sums, double& count) {
-      comm_->all_reduce(comm::buffer_of(sums), comm::buffer_of(sums), comm::ReduceOp::sum, comm::Mode::sync);
-      host_->all_reduce({&count, 1, DType::f64, {}}, {&count, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+      comm_->all_reduce(comm::buffer_of(sums), comm::buffer_of(sums), comm::ReduceOp::sum, comm::Mode::sync).wait();
+      host_->all_reduce({&count, 1, DType::f64, {}}, {&count, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     });
     par_->init(o.seed);
     train_ = data::open_dataset(o.data, cfg_, false, o.seed);
@@ -75,7 +75,7 @@ class Trainer {
     {  // optimizer state held by this rank; the metrics report the largest over ranks
       double bytes = 0;
       for (const PlacedTensor& t : optim_->state()) bytes += static_cast<double>(t.value.bytes());
-      host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync);
+      host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
       optim_state_bytes_ = static_cast<int64_t>(bytes);
     }
     if (const std::string from = resume_from(o); !from.empty()) resume(checkpoint_path(from));
@@ -226,7 +226,7 @@ class Trainer {
     // part and how many failed (run_state.h's PendingSave): the writer threads never communicate.
     double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, pending_ && pending_->done() ? 1.0 : 0.0,
                    pending_ && pending_->failed() ? 1.0 : 0.0};
-    host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     accuracy_ = v[2] / static_cast<double>(o_.global_batch);
     writers_done_ = v[3] == static_cast<double>(host_->size());
     writer_failed_ = v[4] > 0;
@@ -249,7 +249,7 @@ class Trainer {
         v[0] += model_->evaluate(batch) * static_cast<double>(k);
         v[1] += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       });
-    host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync);
+    host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     const double n = static_cast<double>(o_.global_batch * o_.eval_batches);
     return {v[0] / n, v[1] / n};
   }
@@ -274,7 +274,7 @@ class Trainer {
   // model's. Before every evaluation and checkpoint; training forwards use batch statistics.
   void sync_buffers() {
     if (Tensor& b = model_->buffer_values(); b.defined() && world_ > 1)
-      comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync);
+      comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync).wait();
   }
 
   // ---- checkpoints (run_state.h)

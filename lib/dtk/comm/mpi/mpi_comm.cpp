@@ -43,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <vector>
 #include <mutex>
 #include <string_view>
@@ -354,12 +355,37 @@ bool comm_thread_wanted() {
   return on;
 }
 
+// Staging memory of operations abandoned while an exception unwinds: MPI may still use it, so it
+// is never freed (the job is on its way to MPI_Abort).
+void abandon(std::vector<std::shared_ptr<void>> keep) {
+  static std::mutex mu;
+  static auto* held = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard lock(mu);
+  for (auto& k : keep) held->push_back(std::move(k));
+}
+
 struct MpiWork final : Work::State {
   MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // send_recv uses two
   const char* what = "";
   size_t bytes = 0;
   Staging staging;
   flight::Ticket ticket;
+  bool finished = false;
+
+  // Dropped unwaited (comm.h): completed here, since MPI still uses its staging memory and a
+  // staged result has yet to reach the device. Not while an exception unwinds: a peer may never
+  // complete it then, and the staging is abandoned instead.
+  ~MpiWork() override {
+    if (finished) return;
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        wait();
+        return;
+      } catch (const std::exception&) {
+      }
+    }
+    abandon(std::move(staging.keep));
+  }
 
   bool test() override {
     int flag = 0;
@@ -375,6 +401,7 @@ struct MpiWork final : Work::State {
     finish();
   }
   void finish() {
+    finished = true;
     flight::complete(ticket);
     auto steps = std::move(staging.on_done);
     staging.on_done.clear();
@@ -399,7 +426,10 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&w);
     flight_ = flight::enrol(label, world);
     MPI_Comm node;
-    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    {
+      watchdog::Scope scope("communicator set-up (its ranks per host)", 0);
+      MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    }
     MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_size(node, &local_size_);
     MPI_Comm_free(&node);
@@ -622,9 +652,13 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  // A collective over this communicator: after what is queued (program order), watched and
+  // recorded as one of its operations.
   std::shared_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
-    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "split");
+    Staging none;
+    now(flight::issue(flight_, "split", 0), "communicator split", 0, none,
+        [&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), "split"); }).wait();
     return make_mpi_communicator(sub, true, flight::split_label(flight_, color));
   }
 

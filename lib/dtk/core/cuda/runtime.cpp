@@ -4,7 +4,10 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "dtk/core/device.h"
@@ -168,16 +171,40 @@ struct OnDevice {
 };
 
 // Gives every cached block back to the driver (the lock held). cudaFree waits for the whole
-// device: the watched wait for the current stream comes first, so a stuck collective that the
-// stream waits on ends the job instead of hanging it here.
+// device, every stream included (NCCL's, whose collective may be stuck on a peer that died,
+// and which the current stream need not wait on), and nothing bounds that wait. So the frees
+// run on a thread of their own while this one waits for them through the wait hook, as for any
+// wait for the GPU: watched, a stuck collective ends the job with its line instead of hanging it
+// here. If the wait fails (the hook found NCCL failed), the thread keeps the blocks.
 void release_cached() {
   if (g_cache.free.empty()) return;
-  stream_synchronize(current_stream(), "the GPU's work before cached memory is freed");
+  struct Frees {
+    std::vector<std::pair<int, void*>> blocks;  // (device, pointer)
+    std::atomic<bool> done{false};
+  };
+  auto f = std::make_shared<Frees>();
+  size_t bytes = 0;
   for (auto& [key, q] : g_cache.free) {
-    cudaFree(q);
-    g_cache.stats.reserved -= key.second;
+    f->blocks.emplace_back(key.first, q);
+    bytes += key.second;
   }
   g_cache.free.clear();
+  g_cache.stats.reserved -= bytes;
+  const auto free_all = [f] {
+    for (auto [device, q] : f->blocks) {
+      cudaSetDevice(device);
+      cudaFree(q);
+    }
+    f->done.store(true, std::memory_order_release);
+  };
+  if (WaitHook hook = g_wait_hook.load()) {
+    std::thread(free_all).detach();
+    hook("the GPU's work before cached memory is freed", bytes,
+         [](void* d) { return static_cast<std::atomic<bool>*>(d)->load(std::memory_order_acquire); }, &f->done);
+  } else {
+    const OnDevice keep(current_device());  // free_all switches devices
+    free_all();
+  }
 }
 
 size_t round_block(size_t bytes) {
