@@ -223,7 +223,9 @@ TEST(Comm, ADroppedWorkIsCompleted) {
   for (float x : v) wrong += x != want;
   EXPECT_EQ(wrong, 0);
   for (const comm::flight::Comm& x : comm::flight::snapshot(0, {}).comms)
-    if (x.label == "world") EXPECT_EQ(x.completed, x.issued);
+    if (x.label == "world") {
+      EXPECT_EQ(x.completed, x.issued);
+    }
 }
 
 TEST(Comm, BadArgumentsAreUsageErrors) {
