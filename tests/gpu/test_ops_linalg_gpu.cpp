@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -56,26 +57,29 @@ Vec random_symmetric(int64_t batch, int64_t n, uint64_t seed, bool spd) {
 }
 
 
+// A gemm case: op(A) [m, k], op(B) [k, n], C [m, n], each with a leading batch dim when batch > 0.
+struct GemmCase {
+  int64_t batch, m, n, k;
+};
+
+// The stored shapes of A, B and C for a case and its transpositions.
+std::array<Shape, 3> gemm_shapes(const GemmCase& c, bool ta, bool tb) {
+  std::array<Shape, 3> s{ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, Shape{c.m, c.n}};
+  if (c.batch)
+    for (Shape& x : s) x.insert(x.begin(), c.batch);
+  return s;
+}
+
 TEST(LinalgGpu, GemmMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  struct Case {
-    int64_t batch, m, n, k;
-  };
-  const Case cases[] = {{0, 1, 1, 1}, {0, 7, 33, 100}, {0, 100, 7, 33}, {0, 257, 129, 65}, {3, 33, 7, 100}, {4, 1, 5, 9}};
+  const GemmCase cases[] = {{0, 1, 1, 1}, {0, 7, 33, 100}, {0, 100, 7, 33}, {0, 257, 129, 65}, {3, 33, 7, 100}, {4, 1, 5, 9}};
   uint64_t seed = 1;
   for (DType t : kFloatTypes) {
     double worst = 0;
-    for (const Case& c : cases)
+    for (const GemmCase& c : cases)
       for (int ta = 0; ta < 2; ++ta)
         for (int tb = 0; tb < 2; ++tb) {
-          Shape as = ta ? Shape{c.k, c.m} : Shape{c.m, c.k};
-          Shape bs = tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
-          Shape cs{c.m, c.n};
-          if (c.batch) {
-            as.insert(as.begin(), c.batch);
-            bs.insert(bs.begin(), c.batch);
-            cs.insert(cs.begin(), c.batch);
-          }
+          const auto [as, bs, cs] = gemm_shapes(c, ta, tb);
           const Vec av = random_values(size_t(shape_numel(as)), seed++);
           const Vec bv = random_values(size_t(shape_numel(bs)), seed++);
           const Vec cv = random_values(size_t(shape_numel(cs)), seed++);
@@ -98,23 +102,13 @@ TEST(LinalgGpu, GemmMatchesCpu) {
 // far better than with exact f32 when cuBLAS rounds as the CPU does: both figures are printed.
 TEST(LinalgGpu, GemmTf32MatchesCpu) {
   SKIP_WITHOUT_GPU();
-  struct Case {
-    int64_t batch, m, n, k;
-  };
-  const Case cases[] = {{0, 7, 33, 100}, {0, 257, 129, 65}, {3, 33, 7, 100}, {0, 512, 512, 512}};
+  const GemmCase cases[] = {{0, 7, 33, 100}, {0, 257, 129, 65}, {3, 33, 7, 100}, {0, 512, 512, 512}};
   uint64_t seed = 900;
   double vs_cpu = 0, vs_exact = INFINITY, bound = 0;
-  for (const Case& c : cases)
+  for (const GemmCase& c : cases)
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
-        Shape as = ta ? Shape{c.k, c.m} : Shape{c.m, c.k};
-        Shape bs = tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
-        Shape cs{c.m, c.n};
-        if (c.batch) {
-          as.insert(as.begin(), c.batch);
-          bs.insert(bs.begin(), c.batch);
-          cs.insert(cs.begin(), c.batch);
-        }
+        const auto [as, bs, cs] = gemm_shapes(c, ta, tb);
         const Vec av = random_values(size_t(shape_numel(as)), seed++);
         const Vec bv = random_values(size_t(shape_numel(bs)), seed++);
         const Vec cv = random_values(size_t(shape_numel(cs)), seed++);
