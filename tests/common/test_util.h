@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtk/core/dtype.h"
+#include "dtk/core/half.h"
 #include "dtk/core/json_config.h"
 #include "dtk/core/philox.h"
 
@@ -40,12 +41,16 @@ inline Vec random_values(size_t n, uint64_t seed) {
   return v;
 }
 
-// The values a tensor of dtype t (f32 or f64) holds when given v: f32 rounds each once. The
-// f64 references start from these, so that only the operation's own error is measured.
+// The values a tensor of dtype t (f32, bf16 or f64) holds when given v: f32 and bf16 round each
+// once (bf16 to nearest even). The f64 references start from these, so that only the operation's
+// own error is measured.
 inline Vec rounded(const Vec& v, DType t) {
   if (t == DType::f64) return v;
   Vec r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<float>(v[i]));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float f = static_cast<float>(v[i]);
+    r[i] = t == DType::bf16 ? static_cast<double>(round_bf16(f)) : static_cast<double>(f);
+  }
   return r;
 }
 

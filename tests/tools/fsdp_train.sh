@@ -119,6 +119,29 @@ assert abs(tail(a) / tail(b) - 1) < 0.02
 PY
 else bad "bf16/f32 runs"; fi
 
+# ---- --precision bf16: the layers compute with the gathered bf16 as it came (--param-dtype bf16)
+# or rounded from the f32 gather: either way psgd-train's bf16 run, bit for bit on one rank
+# (--clip 0: the clip's norm sums in another order on the shards), losses within 1e-3 on 2
+# ranks; and the learning run above in bf16 ----
+bfc="--precision bf16 --clip 0 --steps 20 --metrics"
+run $psgd $common $bfc pb.jsonl --compressor none --save pb.h5
+for pd in bf16 f32; do
+  run $fsdp $common $bfc fb.jsonl --param-dtype $pd --reduce-dtype f32 --save fb.ckpt
+  [ $rc = 0 ] && run $si diff pb.h5 fb.ckpt model/ optim/ --rtol 0 --atol 0
+  [ $rc = 0 ] && ok "--precision bf16, --param-dtype $pd, 1 rank == psgd-train --precision bf16, exactly" \
+    || bad "--precision bf16 --param-dtype $pd differs (exit $rc)" "$(tail -3 $tmp/o)" "$(cat $tmp/e)"
+  rm -rf fb.ckpt fb.jsonl
+done
+run $mpiexec -n 2 $fsdp $common $bfc fb2.jsonl
+[ $rc = 0 ] && python3 - pb.jsonl fb2.jsonl <<'PY' && ok "--precision bf16 on 2 ranks: losses within 1e-3 of psgd-train's" \
+  || bad "--precision bf16 on 2 ranks" "$(cat $tmp/e)"
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert b[0]["precision"] == "bf16", b[0].get("precision")
+d = [abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b)]
+assert len(d) == 20 and max(d) < 1e-3, d
+PY
+
 # ---- bytes and memory per rank ----
 for n in 1 4; do run $mpiexec -n $n $fsdp $common $exact --steps 2 --reshard-after-forward never --metrics bytes$n.jsonl; done
 python3 - bytes1.jsonl bytes4.jsonl <<'PY' && ok "bytes per step and shard memory per rank" || bad "bytes and memory"

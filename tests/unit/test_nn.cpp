@@ -161,7 +161,7 @@ TEST(NnLayers, LinearWithAndWithoutBias) {
   }
 }
 
-// Inside a GemmMathScope(tf32), Linear's three weight products are gemm's tf32 ones (x W^T,
+// Inside a ComputeScope(tf32), Linear's three weight products are gemm's tf32 ones (x W^T,
 // dy^T x, dy W), bit for bit; outside it, exact again.
 TEST(NnLayers, LinearTf32Products) {
   const auto f32 = [](const Tensor& t) {
@@ -182,7 +182,7 @@ TEST(NnLayers, LinearTf32Products) {
   Linear lin;
   lin.bind(&w);
   {
-    GemmMathScope scope(ops::Math::tf32);
+    ComputeScope scope(ops::Math::tf32, false);
     EXPECT_EQ(gemm_math(), ops::Math::tf32);
     lin.forward(x, y);
     lin.backward(dy, &dx);
@@ -810,6 +810,69 @@ TEST(NnLlama, PrecisionTf32) {
   EXPECT_EQ(m64->evaluate(b), e64);
 }
 
+// The relative distance between two gradient vectors (L2).
+double rel_dist(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// --precision bf16 (Model::set_precision): loss and gradients within bf16's reach of f32's and
+// not equal to them; gradients bit-identical in every checkpointing mode; the backward keeps its
+// forward's precision; evaluate gives the forward's loss; the bf16 copy follows the f32 values
+// (a changed value changes the next forward); bf16 needs an f32 model. Head dim 64 runs the bf16
+// attention, head dim 4 the f32 attention on widened copies.
+TEST(NnLlama, PrecisionBf16) {
+  for (const int64_t hd : {4, 64}) {
+    ModelConfig c = small_llama();
+    if (hd == 64) c.dim = 128, c.n_heads = 2, c.n_kv_heads = 1, c.ffn_hidden = 96;
+    const std::string what = "head dim " + std::to_string(hd);
+    const Batch b = tiny_batch(3, 12, 13, 8);
+    auto m = make_model(c, Device::cpu());
+    m->init(7);
+    const auto run = [&](Precision fwd, Precision bwd, Checkpointing mode = Checkpointing::none) {
+      m->set_activation_checkpointing(mode);
+      m->set_precision(fwd);
+      m->zero_grad();
+      const double loss = m->forward(b);
+      m->set_precision(bwd);
+      m->backward(1.0);
+      return std::make_pair(loss, grads_f32(*m));
+    };
+    const auto [l32, g32] = run(Precision::f32, Precision::f32);
+    const auto [lb, gb] = run(Precision::bf16, Precision::bf16);
+    EXPECT_NE(lb, l32) << what;
+    EXPECT_LT(std::fabs(lb - l32), 1e-2 * std::fabs(l32)) << what;
+    EXPECT_GT(rel_dist(gb, g32), 0) << what;
+    EXPECT_LT(rel_dist(gb, g32), 5e-2) << what;
+    for (Checkpointing mode : kModes) {
+      const auto [lm, gm] = run(Precision::bf16, Precision::f32, mode);  // the backward keeps bf16
+      EXPECT_EQ(lm, lb) << what << ", " << mode_str(mode);
+      EXPECT_EQ(std::memcmp(gm.data(), gb.data(), gb.size() * sizeof(float)), 0) << what << ", " << mode_str(mode);
+    }
+    m->set_activation_checkpointing(Checkpointing::none);
+    m->set_precision(Precision::bf16);
+    EXPECT_EQ(m->evaluate(b), lb) << what;
+    m->set_precision(Precision::f32);
+    EXPECT_EQ(m->evaluate(b), l32) << what;  // the bf16 copy is not read in f32
+    // An optimizer's step between passes: the next bf16 forward reads the new values.
+    Tensor v = m->values();
+    ops::scale(v, 1.5, v);
+    auto m2 = make_model(c, Device::cpu());
+    m2->values().copy_from(m->values());
+    m->set_precision(Precision::bf16);
+    m2->set_precision(Precision::bf16);
+    const double moved = m->evaluate(b);
+    EXPECT_NE(moved, lb) << what;
+    EXPECT_EQ(moved, m2->evaluate(b)) << what;
+  }
+  auto m64 = make_model(small_llama(), Device::cpu(), DType::f64);
+  EXPECT_THROW(m64->set_precision(Precision::bf16), UsageError);
+}
+
 TEST(NnLlama, EvaluateMatchesForwardAndKeepsThePendingBackward) {
   auto m = make_model(small_llama(), Device::cpu());
   m->init(3);
@@ -999,6 +1062,38 @@ TEST(NnMlp, ParametersAndGradients) {
   // f32 inputs into the f64 model are cast.
   const Batch b32 = mlp_batch(5, DType::f32, 5);
   EXPECT_NEAR(m->forward(b32), l, 1e-6);
+}
+
+// bf16 in the classifiers: the mlp's Linear layers take bf16 operands (inputs cast, as autocast)
+// into f32 activations; resnet keeps f32 weights and activations with bf16-rounded operands in
+// its convolutions and fc. Losses and gradients within bf16's reach of f32's, not equal.
+TEST(NnMlp, PrecisionBf16InTheClassifiers) {
+  struct Case {
+    ModelConfig cfg;
+    Batch batch;
+  };
+  const ModelConfig rn = tiny_resnet();
+  for (const Case& k : {Case{tiny_mlp(), mlp_batch(5, DType::f32, 5)}, Case{rn, image_batch(rn, 4, 9, DType::f32)}}) {
+    const std::string what(name_of(k.cfg.arch));
+    auto m = make_model(k.cfg, Device::cpu());
+    m->init(3);
+    const auto run = [&](Precision p) {
+      m->set_precision(p);
+      m->zero_grad();
+      const double loss = m->forward(k.batch);
+      m->backward(1.0);
+      return std::make_pair(loss, grads_f32(*m));
+    };
+    const auto [l32, g32] = run(Precision::f32);
+    const auto [lb, gb] = run(Precision::bf16);
+    EXPECT_NE(lb, l32) << what;
+    EXPECT_LT(std::fabs(lb - l32), 1e-2 * std::fabs(l32)) << what;
+    EXPECT_GT(rel_dist(gb, g32), 0) << what;
+    EXPECT_LT(rel_dist(gb, g32), 5e-2) << what;
+    const auto [lb2, gb2] = run(Precision::bf16);
+    EXPECT_EQ(lb2, lb) << what;
+    EXPECT_EQ(std::memcmp(gb2.data(), gb.data(), gb.size() * sizeof(float)), 0) << what;
+  }
 }
 
 TEST(NnMlp, BatchChecksAndF32Training) {

@@ -281,6 +281,61 @@ TEST(LinalgGemm, Tf32IsTheProductOfRoundedOperands) {
       }
 }
 
+// bf16 operands with f32 accumulation (ops.h), against an f64 product of the same bf16 values:
+// an f32 C within f32 summation error of it; a bf16 C exactly that f32 result rounded once (RNE)
+// on the CPU, and so within half a bf16 ulp of it. Math::bf16 on f32 operands is exactly the f32
+// product of the operands rounded to bf16; f64 ignores it.
+TEST(LinalgGemm, Bf16OperandsAccumulateInF32) {
+  uint64_t seed = 400;
+  for (int batched = 0; batched < 2; ++batched)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t B = batched ? 2 : 1, m = 13, n = 29, k = 70;
+        const Mat av = rounded(random_values(size_t(B * m * k), seed++), DType::bf16);
+        const Mat bv = rounded(random_values(size_t(B * k * n), seed++), DType::bf16);
+        const Mat cv = rounded(random_values(size_t(B * m * n), seed++), DType::bf16);
+        Shape as = ta ? Shape{k, m} : Shape{m, k}, bs = tb ? Shape{n, k} : Shape{k, n}, cs = {m, n};
+        if (batched) {
+          as.insert(as.begin(), B);
+          bs.insert(bs.begin(), B);
+          cs.insert(cs.begin(), B);
+        }
+        const std::string what = "batched=" + std::to_string(batched) + " ta=" + std::to_string(ta) +
+                                 " tb=" + std::to_string(tb);
+        Mat want(cv.size());
+        for (int64_t i = 0; i < B; ++i) {
+          const Mat p = ref_matmul(ta, tb, av.data() + i * m * k, bv.data() + i * k * n, m, n, k);
+          for (int64_t e = 0; e < m * n; ++e) want[size_t(i * m * n + e)] = 1.5 * p[size_t(e)] - 0.5 * cv[size_t(i * m * n + e)];
+        }
+        Tensor a = Tensor::from_doubles(av, as, DType::bf16), b = Tensor::from_doubles(bv, bs, DType::bf16);
+        Tensor c32 = Tensor::from_doubles(cv, cs, DType::f32), c16 = Tensor::from_doubles(cv, cs, DType::bf16);
+        ops::gemm(ta, tb, 1.5, a, b, -0.5, c32);
+        ops::gemm(ta, tb, 1.5, a, b, -0.5, c16);
+        const Mat g32 = c32.to_doubles(), g16 = c16.to_doubles();
+        EXPECT_LT(rel_err(g32, want), 1e-6) << what;
+        EXPECT_EQ(g16, rounded(g32, DType::bf16)) << what;
+        for (size_t e = 0; e < want.size(); ++e)
+          ASSERT_LE(std::fabs(g16[e] - g32[e]), std::ldexp(std::fabs(g32[e]), -8)) << what << " element " << e;
+        // Math::bf16: f32 operands rounded to bf16, then exact products.
+        const Mat af = random_values(av.size(), seed++), bf = random_values(bv.size(), seed++);
+        Tensor a32 = Tensor::from_doubles(af, as, DType::f32), b32 = Tensor::from_doubles(bf, bs, DType::f32);
+        Tensor ar = Tensor::from_doubles(rounded(af, DType::bf16), as, DType::f32);
+        Tensor br = Tensor::from_doubles(rounded(bf, DType::bf16), bs, DType::f32);
+        Tensor c = Tensor::from_doubles(cv, cs, DType::f32), ref = c.clone(), exact = c.clone();
+        ops::gemm(ta, tb, 1.5, a32, b32, -0.5, c, ops::Math::bf16);
+        ops::gemm(ta, tb, 1.5, ar, br, -0.5, ref);
+        ops::gemm(ta, tb, 1.5, a32, b32, -0.5, exact);
+        EXPECT_EQ(c.to_doubles(), ref.to_doubles()) << what;
+        EXPECT_GT(rel_err(c.to_doubles(), exact.to_doubles()), 0) << what;
+        EXPECT_LT(rel_err(c.to_doubles(), exact.to_doubles()), std::ldexp(1.0, -7) * std::sqrt(double(k))) << what;
+        Tensor a64 = Tensor::from_doubles(af, as, DType::f64), b64 = Tensor::from_doubles(bf, bs, DType::f64);
+        Tensor c64 = Tensor::from_doubles(cv, cs, DType::f64), e64 = c64.clone();
+        ops::gemm(ta, tb, 1.5, a64, b64, -0.5, c64, ops::Math::bf16);
+        ops::gemm(ta, tb, 1.5, a64, b64, -0.5, e64);
+        EXPECT_EQ(c64.to_doubles(), e64.to_doubles()) << what << " f64";
+      }
+}
+
 // syrk against A A^T (A^T A) in f64, from a symmetric C, batched, k = 0; exactly symmetric
 // (its upper triangle mirrors the lower); usage errors.
 TEST(LinalgSyrk, MatchesGemmAndIsSymmetric) {
@@ -357,7 +412,10 @@ TEST(LinalgGemm, UsageErrors) {
   Tensor b64 = Tensor::zeros({3, 5}, DType::f64);
   EXPECT_THROW(ops::gemm(false, false, 1, a, b64, 0, c), UsageError);  // mixed dtypes
   Tensor abf = Tensor::zeros({4, 3}, DType::bf16), bbf = Tensor::zeros({3, 5}, DType::bf16);
-  EXPECT_THROW(ops::gemm(false, false, 1, abf, bbf, 0, c), UsageError);  // bf16 on the CPU
+  EXPECT_NO_THROW(ops::gemm(false, false, 1, abf, bbf, 0, c));             // bf16 operands, f32 c
+  Tensor c64 = Tensor::zeros({4, 5}, DType::f64);
+  EXPECT_THROW(ops::gemm(false, false, 1, abf, bbf, 0, c64), UsageError);  // ... but not an f64 c
+  EXPECT_THROW(ops::gemm(false, false, 1, abf, b, 0, c), UsageError);      // one bf16 operand
   Tensor ai = Tensor::zeros({4, 3}, DType::i32), bi = Tensor::zeros({3, 5}, DType::i32);
   Tensor ci = Tensor::zeros({4, 5}, DType::i32);
   EXPECT_THROW(ops::gemm(false, false, 1, ai, bi, 0, ci), UsageError);

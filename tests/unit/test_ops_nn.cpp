@@ -2,6 +2,7 @@
 // every backward against central finite differences in f64, and usage errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -11,6 +12,7 @@
 #include "dtk/core/philox.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/ops.h"
+#include "../common/mixed_ops.h"
 #include "../common/test_util.h"
 
 namespace dtk {
@@ -719,6 +721,37 @@ TEST(OpsNN, AttentionBf16UsageErrors) {
   EXPECT_THROW(ops::attention_backward(q, k, v, out, lse, out, dq, dk32, dv), UsageError);
   EXPECT_THROW(ops::attention_backward(q, k, v, out, lse, out32, dq, dk, dv), UsageError);
   EXPECT_THROW(ops::attention_backward(qh, kh, kh, oh, lse, oh, oh, kh, kh), UsageError);
+}
+
+// The mixed-precision ops (ops.h) on the CPU: with bf16 tensors each op is its f32 self on the
+// widened values, every bf16 output rounded once to nearest even and every f32 output unchanged:
+// bit for bit (the contract the GPU test holds CUDA to, within its f32 arithmetic's ulps).
+TEST(OpsNN, MixedPrecisionRoundsOnceWhereItStores) {
+  for (const test_util::MixedCase& c : test_util::mixed_cases()) {
+    const std::vector<Tensor> got = c.run(DType::bf16, Device::cpu()), f32 = c.run(DType::f32, Device::cpu());
+    ASSERT_EQ(got.size(), f32.size()) << c.name;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const Vec want = got[i].dtype() == DType::bf16 ? rounded(f32[i].to_doubles(), DType::bf16) : f32[i].to_doubles();
+      EXPECT_EQ(got[i].to_doubles(), want) << c.name << ", output " << i;
+      EXPECT_NE(std::count(want.begin(), want.end(), 0.0), static_cast<long>(want.size())) << c.name;
+    }
+  }
+}
+
+TEST(OpsNN, MixedPrecisionUsageErrors) {
+  Tensor x64 = Tensor::zeros({2, 4}, DType::f64), w16 = Tensor::zeros({4}, DType::bf16);
+  Tensor y64 = Tensor::zeros({2, 4}, DType::f64), r64 = Tensor::zeros({2}, DType::f64);
+  EXPECT_THROW(ops::rmsnorm_forward(x64, w16, 1e-5, y64, r64), UsageError);  // f64 never mixes
+  Tensor x16 = Tensor::zeros({2, 4}, DType::bf16), y16 = Tensor::zeros({2, 4}, DType::bf16);
+  Tensor r16 = Tensor::zeros({2}, DType::bf16);
+  EXPECT_THROW(ops::rmsnorm_forward(x16, w16, 1e-5, y16, r16), UsageError);  // the statistics stay f32
+  Tensor a32 = Tensor::zeros({2, 4}, DType::f32);
+  EXPECT_THROW(ops::swiglu_forward(a32, x16, y16), UsageError);  // swiglu: one dtype
+  EXPECT_THROW(ops::add(x64, x16, y16), UsageError);
+  Tensor logits = Tensor::zeros({2, 4}, DType::bf16), targets = Tensor::zeros({2}, DType::i32);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, targets, r16), UsageError);  // bf16 losses
+  Tensor d32 = Tensor::zeros({2, 4}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_backward(logits, targets, 1.0, d32), UsageError);  // dlogits: the logits' dtype
 }
 
 TEST(OpsNN, SoftmaxUsageErrors) {

@@ -46,7 +46,7 @@ cli::Program program(Args& a) {
     a.compressor.compressor.kind = compress::Kind::none;  // today's HSDP unless asked
     train::add_compressor_options(app, a.compressor, "HSDP's plain all-reduce across the replica groups");
     const char* g = "Sharding";
-    cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (compute upcasts to f32)",
+    cli::add_enum(app, "--param-dtype", c.param_dtype, "parameters all-gathered in this precision (--precision bf16 computes with them as gathered; f32 and tf32 upcast)",
                   {DType::bf16, DType::f32})->group("Precision");
     cli::add_enum(app, "--reduce-dtype", c.reduce_dtype, "gradients reduce-scattered in this precision",
                   {DType::f32, DType::bf16})->group("Precision");

@@ -30,6 +30,8 @@ DTK_HD uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 DTK_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+// f32 rounded to the nearest bf16 (ties to even), kept in an f32: a bf16 value stored as f32.
+DTK_HD float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 // f32 rounded to TF32, the tensor cores' 19-bit float (f32's exponent, 10 explicit mantissa
 // bits), kept in an f32: round to nearest, ties away from zero (PTX cvt.rna.tf32.f32); NaN and

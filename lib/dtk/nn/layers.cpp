@@ -4,6 +4,7 @@
 
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
@@ -23,18 +24,49 @@ void need_bound(const void* p, const char* layer) {
   if (p == nullptr) fail(std::string(layer) + ": used before bind()");
 }
 
+// dy in the activations' dtype dt: itself, or (an f32 residual gradient into bf16 layers) cast
+// into workspace slot `slot`, the rounding autocast makes at a bf16 output's gradient.
+Tensor activation_grad(const Tensor& dy, DType dt, Workspace& ws, size_t slot) {
+  if (dy.dtype() == dt) return dy;
+  Tensor c = ws.get(slot, dy.shape(), dt, dy.device());
+  ops::cast(dy, c);
+  return c;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- GEMM arithmetic
 
 namespace {
 thread_local ops::Math current_gemm_math = ops::Math::exact;
+thread_local bool current_bf16_weights = false;
+
+// t itself when it has dtype d, else a copy cast into buf.
+Tensor as_dtype(const Tensor& t, DType d, Buffer& buf) {
+  if (t.dtype() == d) return t;
+  Tensor c = buf.get(t.shape(), d, t.device());
+  ops::cast(t, c);
+  return c;
 }
+}  // namespace
 
 ops::Math gemm_math() { return current_gemm_math; }
+bool bf16_weights() { return current_bf16_weights; }
 
-GemmMathScope::GemmMathScope(ops::Math m) : saved_(current_gemm_math) { current_gemm_math = m; }
-GemmMathScope::~GemmMathScope() { current_gemm_math = saved_; }
+ComputeScope::ComputeScope(ops::Math m, bool bf16) : saved_math_(current_gemm_math), saved_bf16_(current_bf16_weights) {
+  current_gemm_math = m;
+  current_bf16_weights = bf16;
+}
+ComputeScope::~ComputeScope() {
+  current_gemm_math = saved_math_;
+  current_bf16_weights = saved_bf16_;
+}
+
+const Tensor& weight_of(const Param& p) {
+  if (!current_bf16_weights) return p.value;
+  if (!p.half.defined()) fail("bf16 weights: " + p.name + " has no bf16 copy bound");
+  return p.half;
+}
 
 // ---------------------------------------------------------------------------- buffers
 
@@ -83,8 +115,9 @@ int64_t Linear::out_features() const { return w_ ? w_->shape[0] : 0; }
 
 void Linear::forward(const Tensor& x, Tensor& y) {
   need_bound(w_, "Linear");
-  const Tensor& W = w_->value;
+  const Tensor& W = weight_of(*w_);
   x_ = as_rows(x, W.dim(1), "Linear.forward", "x");
+  if (W.dtype() == DType::bf16) x_ = as_dtype(x_, DType::bf16, x16_);  // autocast's cast, kept for backward
   Tensor y2 = as_rows(y, W.dim(0), "Linear.forward", "y");
   if (y2.dim(0) != x_.dim(0))
     fail_usage("Linear.forward: y {} must have {} rows like x {}", y.str(), x_.dim(0), x.str());
@@ -92,15 +125,15 @@ void Linear::forward(const Tensor& x, Tensor& y) {
   if (b_) {
     Tensor ones = ones_.get({x_.dim(0), 1}, W.dtype(), W.device());
     ops::fill(ones, 1.0);
-    ops::gemm(false, false, 1.0, ones, b_->value.reshape({1, W.dim(0)}), 1.0, y2);  // y += 1 b^T
+    ops::gemm(false, false, 1.0, ones, weight_of(*b_).reshape({1, W.dim(0)}), 1.0, y2);  // y += 1 b^T
   }
 }
 
 void Linear::backward(const Tensor& dy, Tensor* dx, bool accumulate_dx) {
   need_bound(w_, "Linear");
   if (!x_.defined()) fail("Linear.backward: no forward to differentiate");
-  const Tensor& W = w_->value;
-  Tensor dy2 = as_rows(dy, W.dim(0), "Linear.backward", "dy");
+  const Tensor& W = weight_of(*w_);
+  Tensor dy2 = as_dtype(as_rows(dy, W.dim(0), "Linear.backward", "dy"), x_.dtype(), dy16_);
   if (dy2.dim(0) != x_.dim(0))
     fail_usage("Linear.backward: dy {} must have the {} rows of x", dy.str(), x_.dim(0));
   ops::gemm(true, false, 1.0, dy2, x_, 1.0, w_->grad, gemm_math());  // dW += dy^T x
@@ -117,7 +150,7 @@ void Linear::backward(const Tensor& dy, Tensor* dx, bool accumulate_dx) {
 
 void Linear::release() {
   x_ = Tensor();
-  ones_.release();
+  for (Buffer* b : {&ones_, &x16_, &dy16_}) b->release();
 }
 
 // ---------------------------------------------------------------------------- Embedding
@@ -127,7 +160,7 @@ void Embedding::bind(Param* table) { table_ = table; }
 void Embedding::forward(const Tensor& ids, Tensor& out) {
   need_bound(table_, "Embedding");
   ids_ = ids;
-  ops::embedding_forward(table_->value, ids, out);
+  ops::embedding_forward(weight_of(*table_), ids, out);
 }
 
 void Embedding::backward(const Tensor& dout) {
@@ -145,24 +178,24 @@ void RMSNorm::bind(Param* weight, double eps) {
 
 void RMSNorm::forward(const Tensor& x, Tensor& y) {
   need_bound(w_, "RMSNorm");
-  const int64_t D = w_->value.numel();
+  const int64_t D = shape_numel(w_->shape);
   x_ = x;
-  rstd_ = rstd_buf().get({as_rows(x, D, "RMSNorm.forward", "x").dim(0)}, x.dtype(), x.device());
-  ops::rmsnorm_forward(x, w_->value, eps_, y, rstd_);
+  rstd_ = rstd_buf().get({as_rows(x, D, "RMSNorm.forward", "x").dim(0)}, x.dtype(), x.device());  // x's: f32 or f64
+  ops::rmsnorm_forward(x, weight_of(*w_), eps_, y, rstd_);
 }
 
 void RMSNorm::forward_add(const Tensor& a, const Tensor& b, Tensor& x, Tensor& y) {
   need_bound(w_, "RMSNorm");
-  const int64_t D = w_->value.numel();
+  const int64_t D = shape_numel(w_->shape);
   rstd_ = rstd_buf().get({as_rows(a, D, "RMSNorm.forward_add", "a").dim(0)}, a.dtype(), a.device());
-  ops::add_rmsnorm_forward(a, b, w_->value, eps_, x, y, rstd_);
+  ops::add_rmsnorm_forward(a, b, weight_of(*w_), eps_, x, y, rstd_);
   x_ = x;
 }
 
 void RMSNorm::backward(const Tensor& dy, Tensor& dx, bool accumulate) {
   need_bound(w_, "RMSNorm");
   if (!x_.defined()) fail("RMSNorm.backward: no forward to differentiate");
-  ops::rmsnorm_backward(x_, w_->value, rstd_, dy, dx, w_->grad, accumulate);
+  ops::rmsnorm_backward(x_, weight_of(*w_), rstd_, dy, dx, w_->grad, accumulate);
 }
 
 void RMSNorm::release() {
@@ -183,7 +216,7 @@ void Attention::bind(Param* wq, Param* wk, Param* wv, Param* wo, const Attention
 void Attention::forward(const Tensor& x, Tensor& y) {
   if (x.ndim() != 3) fail_usage("Attention.forward: x must be [B, T, D], got " + x.str());
   const int64_t B = x.dim(0), T = x.dim(1);
-  const DType dt = x.dtype();
+  const DType dt = x.dtype();  // the activations' dtype (bf16 under bf16 weights: xn is)
   const Device dev = x.device();
   q_ = q_buf_.get({B, T, d_.n_heads, d_.head_dim}, dt, dev);
   k_ = k_buf_.get({B, T, d_.n_kv_heads, d_.head_dim}, dt, dev);
@@ -194,9 +227,23 @@ void Attention::forward(const Tensor& x, Tensor& y) {
   ops::rope(q_, d_.rope_theta, 0, false, q_);
   ops::rope(k_, d_.rope_theta, 0, false, k_);
   out_ = out_buf_.get(q_.shape(), dt, dev);
-  lse_ = lse_buf_.get({B, d_.n_heads, T}, dt, dev);
-  ops::attention_forward(q_, k_, v_, out_, lse_);
+  lse_ = lse_buf_.get({B, d_.n_heads, T}, dt == DType::bf16 ? DType::f32 : dt, dev);
+  if (widened()) {  // bf16 at a head dim without a bf16 kernel: f32 attention on widened copies
+    for (auto [src, buf, dst] : {std::tuple{&q_, &q32_buf_, &q32_}, std::tuple{&k_, &k32_buf_, &k32_},
+                                 std::tuple{&v_, &v32_buf_, &v32_}, std::tuple{&out_, &out32_buf_, &out32_}}) {
+      *dst = buf->get(src->shape(), DType::f32, dev);
+      if (src != &out_) ops::cast(*src, *dst);
+    }
+    ops::attention_forward(q32_, k32_, v32_, out32_, lse_);
+    ops::cast(out32_, out_);
+  } else {
+    ops::attention_forward(q_, k_, v_, out_, lse_);
+  }
   wo_.forward(out_, y);
+}
+
+bool Attention::widened() const {
+  return q_.dtype() == DType::bf16 && d_.head_dim != 64 && d_.head_dim != 128;
 }
 
 void Attention::recompute_output(Tensor& y) {
@@ -209,11 +256,21 @@ void Attention::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slo
   const DType dt = q_.dtype();
   const Device dev = q_.device();
   Tensor dout = ws.get(slot0, q_.shape(), dt, dev);
-  wo_.backward(dy, &dout);  // dWo += dy^T out; dout = dy Wo
+  wo_.backward(activation_grad(dy, dt, ws, slot0 + 4), &dout);  // dWo += dy^T out; dout = dy Wo
   Tensor dq = ws.get(slot0 + 1, q_.shape(), dt, dev);
   Tensor dk = ws.get(slot0 + 2, k_.shape(), dt, dev);
   Tensor dv = ws.get(slot0 + 3, v_.shape(), dt, dev);
-  ops::attention_backward(q_, k_, v_, out_, lse_, dout, dq, dk, dv);
+  if (widened()) {  // as forward: in f32, each gradient rounded to bf16 once
+    Tensor dout32 = ws.get(slot0 + 5, q_.shape(), DType::f32, dev), dq32 = ws.get(slot0 + 6, q_.shape(), DType::f32, dev);
+    Tensor dk32 = ws.get(slot0 + 7, k_.shape(), DType::f32, dev), dv32 = ws.get(slot0 + 8, v_.shape(), DType::f32, dev);
+    ops::cast(dout, dout32);
+    ops::attention_backward(q32_, k32_, v32_, out32_, lse_, dout32, dq32, dk32, dv32);
+    ops::cast(dq32, dq);
+    ops::cast(dk32, dk);
+    ops::cast(dv32, dv);
+  } else {
+    ops::attention_backward(q_, k_, v_, out_, lse_, dout, dq, dk, dv);
+  }
   // RoPE is a rotation: its backward rotates the gradient back.
   ops::rope(dq, d_.rope_theta, 0, true, dq);
   ops::rope(dk, d_.rope_theta, 0, true, dk);
@@ -224,8 +281,9 @@ void Attention::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slo
 
 void Attention::release() {
   for (Linear* l : {&wq_, &wk_, &wv_, &wo_}) l->release();
-  for (Buffer* b : {&q_buf_, &k_buf_, &v_buf_, &out_buf_, &lse_buf_}) b->release();
-  q_ = k_ = v_ = out_ = lse_ = Tensor();
+  for (Buffer* b : {&q_buf_, &k_buf_, &v_buf_, &out_buf_, &lse_buf_, &q32_buf_, &k32_buf_, &v32_buf_, &out32_buf_})
+    b->release();
+  q_ = k_ = v_ = out_ = lse_ = q32_ = k32_ = v32_ = out32_ = Tensor();
 }
 
 // ---------------------------------------------------------------------------- FeedForward
@@ -259,7 +317,7 @@ void FeedForward::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t s
   const DType dt = a_.dtype();
   const Device dev = a_.device();
   Tensor dg = ws.get(slot0, a_.shape(), dt, dev);
-  w2_.backward(dy, &dg);  // dW2 += dy^T g; dg = dy W2
+  w2_.backward(activation_grad(dy, dt, ws, slot0 + 3), &dg);  // dW2 += dy^T g; dg = dy W2
   Tensor da = ws.get(slot0 + 1, a_.shape(), dt, dev);
   Tensor db = ws.get(slot0 + 2, a_.shape(), dt, dev);
   ops::swiglu_backward(a_, b_, dg, da, db);
@@ -286,11 +344,12 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
   for (int64_t i = 0; i < N; ++i) count_ += t[i] >= 0;
   logits_ = logits;
   targets_ = targets.reshape({N});
-  losses_ = losses_buf_.get({N}, logits.dtype(), logits.device());
+  const DType lt = logits.dtype() == DType::bf16 ? DType::f32 : logits.dtype();  // the loss in f32 for bf16 logits
+  losses_ = losses_buf_.get({N}, lt, logits.device());
   ops::cross_entropy_forward(logits_, targets_, losses_);
   if (count_ == 0) return 0.0;
   // The sum into our own buffers (ops::reduce_all and Tensor::item allocate).
-  Tensor sum = sum_buf_.get({1}, logits.dtype(), logits.device());
+  Tensor sum = sum_buf_.get({1}, lt, logits.device());
   ops::reduce(ops::Reduce::sum, ops::Axis::all, losses_, sum);
   if (sum.is_cuda()) {
     Tensor h = host_sum_.get({1}, sum.dtype(), Device::cpu());
@@ -310,9 +369,14 @@ int64_t CrossEntropy::correct() {
   if (!logits_.defined()) fail("CrossEntropy.correct: no forward");
   const int64_t N = logits_.dim(0), V = logits_.dim(1);
   Tensor logits = logits_, targets = targets_;
-  if (logits.is_cuda()) {
-    logits = host_logits_.get(logits_.shape(), logits_.dtype(), Device::cpu());
-    logits.copy_from(logits_);
+  if (logits.is_cuda() || logits.dtype() == DType::bf16) {  // on the host, bf16 widened to f32
+    logits = host_logits_.get(logits_.shape(), logits_.dtype() == DType::f64 ? DType::f64 : DType::f32, Device::cpu());
+    if (logits_.dtype() == DType::bf16) {
+      Tensor h = logits_.to(Device::cpu());
+      ops::cast(h, logits);
+    } else {
+      logits.copy_from(logits_);
+    }
     targets = host_targets_.get({N}, DType::i32, Device::cpu());
     targets.copy_from(targets_);
   }

@@ -23,20 +23,26 @@
 
 namespace dtk::nn {
 
-// The arithmetic of the layers' weight GEMMs (Linear's three products, Conv2d's): the model sets
-// it for the duration of its forward, backward and evaluate from its Precision, as PyTorch's
-// autocast is a thread's context; Math::exact outside them. Bias products stay exact.
+// The arithmetic of the layers, which the model sets for the duration of its forward, backward
+// and evaluate from its Precision, as PyTorch's autocast is a thread's context (exact f32 weights
+// outside them): the math of the weight GEMMs (Linear's three products, Conv2d's; bias products
+// stay exact), and whether the layers read the bf16 copies of their weights (Param::half: Linear,
+// Embedding and RMSNorm; Model::uses_bf16_weights).
 ops::Math gemm_math();
-class GemmMathScope {
+bool bf16_weights();
+class ComputeScope {
  public:
-  explicit GemmMathScope(ops::Math m);
-  ~GemmMathScope();
-  GemmMathScope(const GemmMathScope&) = delete;
-  GemmMathScope& operator=(const GemmMathScope&) = delete;
+  ComputeScope(ops::Math m, bool bf16_weights);
+  ~ComputeScope();
+  ComputeScope(const ComputeScope&) = delete;
+  ComputeScope& operator=(const ComputeScope&) = delete;
 
  private:
-  ops::Math saved_;
+  ops::Math saved_math_;
+  bool saved_bf16_;
 };
+// The tensor a layer computes with for parameter p: its bf16 copy under bf16_weights(), else its value.
+const Tensor& weight_of(const Param& p);
 
 // A reusable allocation: get() returns a view of the requested shape, allocating only when the
 // held storage is too small or of another dtype or device.
@@ -63,6 +69,10 @@ class Workspace {
 };
 
 // y [.., out] = x [.., in] W^T + b, W [out, in] (PyTorch's layout), b [out] optional.
+// Under bf16_weights() the products take bf16 operands (W's copy; x as given when bf16, else
+// cast to a bf16 copy that the layer keeps for its backward, as autocast does) with f32
+// accumulation; y, dx and dy may each be f32 or bf16 (a non-bf16 dy is cast first), the weight
+// gradient accumulates in f32.
 class Linear {
  public:
   void bind(Param* weight, Param* bias = nullptr);
@@ -79,7 +89,8 @@ class Linear {
   Param* w_ = nullptr;
   Param* b_ = nullptr;
   Tensor x_;
-  Buffer ones_;  // [rows, 1] of ones: the bias as a rank-1 gemm
+  Buffer ones_;         // [rows, 1] of ones: the bias as a rank-1 gemm
+  Buffer x16_, dy16_;  // bf16 weights: x and dy cast to bf16 when they come in f32
 };
 
 // out [.., D] = table[ids], ids i32 (any shape), table [V, D].
@@ -133,16 +144,23 @@ class Attention {
   // y = out Wo^T again from the saved out: forward's last gemm on the same inputs, so the same
   // values (selective checkpointing recomputes the residual stream from it rather than keep it).
   void recompute_output(Tensor& y);
-  // dx overwritten. Uses workspace slots slot0 .. slot0 + 3.
+  // dx overwritten (f32 or bf16; dy too: cast to the activations' dtype first when it differs).
+  // Uses workspace slots slot0 .. slot0 + 8.
   void backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0 = 0);
   void release();
-  static constexpr size_t kSlots = 4;
+  static constexpr size_t kSlots = 9;
 
  private:
+  // bf16 activations at a head dim the bf16 attention kernels do not take (64 and 128 only, ops.h):
+  // attention runs in f32 on widened copies of q, k and v (kept for the backward) and its outputs
+  // and gradients are rounded to bf16 once, on both backends alike.
+  bool widened() const;
+
   Linear wq_, wk_, wv_, wo_;
   AttentionDims d_;
-  Buffer q_buf_, k_buf_, v_buf_, out_buf_, lse_buf_;
-  Tensor q_, k_, v_, out_, lse_;  // the saved views
+  Buffer q_buf_, k_buf_, v_buf_, out_buf_, lse_buf_, q32_buf_, k32_buf_, v32_buf_, out32_buf_;
+  Tensor q_, k_, v_, out_, lse_;      // the saved views
+  Tensor q32_, k32_, v32_, out32_;  // widened()
 };
 
 // SwiGLU feed-forward: y = w2(silu(w1 x) * w3 x); w1, w3 [hidden, D], w2 [D, hidden].
@@ -155,10 +173,10 @@ class FeedForward {
   // g = silu(a) * b again from the saved a and b into the saved g (which another layer's forward
   // may have overwritten in a shared buffer): forward's op on the same inputs, the same values.
   void recompute_g();
-  // dx overwritten. Uses workspace slots slot0 .. slot0 + 2.
+  // dx overwritten (as Attention's). Uses workspace slots slot0 .. slot0 + 3.
   void backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slot0 = 0);
   void release();
-  static constexpr size_t kSlots = 3;
+  static constexpr size_t kSlots = 4;
 
  private:
   Linear w1_, w2_, w3_;

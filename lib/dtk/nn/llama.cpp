@@ -74,11 +74,13 @@ struct TransformerLayer {
     feed_forward.bind(&P[i + 6], &P[i + 7], &P[i + 8]);
   }
 
-  // h_in [B, T, D] -> h_out; tmp [B, T, D] is scratch. h_out may be tmp itself.
+  // h_in [B, T, D] -> h_out (the residual stream's dtype); tmp [B, T, D] is scratch in the
+  // activations' dtype (the norms' outputs and the sublayers' take it). h_out may be tmp itself.
   void forward(const Tensor& h_in, Tensor& h_out, Tensor& tmp) {
-    xn1 = (cheap ? cheap->xn1 : xn1_buf).get(h_in.shape(), h_in.dtype(), h_in.device());
+    const DType act = tmp.dtype();
+    xn1 = (cheap ? cheap->xn1 : xn1_buf).get(h_in.shape(), act, h_in.device());
     h_mid = (cheap ? cheap->h_mid : h_mid_buf).get(h_in.shape(), h_in.dtype(), h_in.device());
-    xn2 = (cheap ? cheap->xn2 : xn2_buf).get(h_in.shape(), h_in.dtype(), h_in.device());
+    xn2 = (cheap ? cheap->xn2 : xn2_buf).get(h_in.shape(), act, h_in.device());
     attention_norm.forward(h_in, xn1);
     attention.forward(xn1, tmp);
     ffn_norm.forward_add(h_in, tmp, h_mid, xn2);  // h_mid = h_in + tmp, one pass with the norm
@@ -130,8 +132,8 @@ struct Head {
     output.bind(&P[i + 1]);
   }
 
-  double forward(const Tensor& h, const Tensor& targets) {
-    Tensor xf = xf_buf.get(h.shape(), h.dtype(), h.device());
+  double forward(const Tensor& h, const Tensor& targets, DType act) {
+    Tensor xf = xf_buf.get(h.shape(), act, h.device());
     norm.forward(h, xf);
     return output.forward(xf, targets);
   }
@@ -199,7 +201,7 @@ class Llama final : public Model {
                    return 0.0;
                  },
                  [this, l](Checkpointing mode) {
-                   Tensor tmp = tmp_buf_.get(h_.select(l).shape(), dtype_, device_);
+                   Tensor tmp = tmp_buf_.get(h_.select(l).shape(), act_dtype(), device_);
                    if (mode == Checkpointing::full)
                      layer_for(l, mode).forward(h_.select(l), tmp, tmp);  // every activation, from h_l
                    else
@@ -211,8 +213,9 @@ class Llama final : public Model {
                  }});
     // Block L + 1: the final norm, the output projection and the loss.
     add_block({[this, L](Pass pass, Checkpointing) {
-                 if (pass == Pass::evaluate) return (backward_pending() ? eval_head_ : head_).forward(ea_, eval_batch_.targets);
-                 return head_.forward(h_.select(L), batch_.targets);
+                 if (pass == Pass::evaluate)
+                   return (backward_pending() ? eval_head_ : head_).forward(ea_, eval_batch_.targets, act_dtype());
+                 return head_.forward(h_.select(L), batch_.targets, act_dtype());
                },
                nullptr, [this, L](Checkpointing, double scale) {
                  const Tensor h_last = h_.select(L);
@@ -227,16 +230,18 @@ class Llama final : public Model {
     const auto [B, T] = check_batch(batch);
     const int64_t L = config_.n_layers, D = config_.dim;
     if (pass == Pass::evaluate) {
-      // Own buffers (3 x [B, T, D]) and the recompute layer: a pending backward stays valid.
+      // Own buffers (2 x [B, T, D] of the residual stream, scratch [B, T, D]) and the recompute
+      // layer: a pending backward stays valid.
       eval_batch_ = batch;
-      Tensor bufs = eval_buf_.get({3, B, T, D}, dtype_, device_);
-      ea_ = bufs.select(0), eb_ = bufs.select(1), etmp_ = bufs.select(2);
+      Tensor bufs = eval_buf_.get({2, B, T, D}, dtype_, device_);
+      ea_ = bufs.select(0), eb_ = bufs.select(1);
+      etmp_ = eval_tmp_buf_.get({B, T, D}, act_dtype(), device_);
       return;
     }
     lay_out_layers(mode);
     batch_ = batch;
     h_ = resid_buf_.get({L + 1, B, T, D}, dtype_, device_);
-    tmp_ = tmp_buf_.get({B, T, D}, dtype_, device_);
+    tmp_ = tmp_buf_.get({B, T, D}, act_dtype(), device_);
   }
 
   std::pair<int64_t, int64_t> check_batch(const Batch& batch) {
@@ -282,7 +287,7 @@ class Llama final : public Model {
   TransformerLayer recompute_;            // full checkpointing and evaluation
   CheapScratch cheap_;                    // selective
   Head head_, eval_head_;                 // eval_head_ only while a backward is pending
-  Buffer resid_buf_, tmp_buf_, dh_buf_, eval_buf_, host_ids_;
+  Buffer resid_buf_, tmp_buf_, dh_buf_, eval_buf_, eval_tmp_buf_, host_ids_;
   Workspace ws_;
   Batch batch_, eval_batch_;  // of the last training forward, of the evaluation
   Tensor h_, tmp_;            // [L + 1, B, T, D]: h_0..h_L of the last training forward; scratch

@@ -323,15 +323,46 @@ void Model::init_param(size_t index, uint64_t seed, Tensor& out) const {
 // ---------------------------------------------------------------------------- the driver
 
 namespace {
+// The GEMM arithmetic of a precision (f64 models always exact; a bf16 operand ignores it).
 ops::Math math_of(Precision p, DType t) {
-  return p == Precision::tf32 && t == DType::f32 ? ops::Math::tf32 : ops::Math::exact;
+  if (t != DType::f32 || p == Precision::f32) return ops::Math::exact;
+  return p == Precision::tf32 ? ops::Math::tf32 : ops::Math::bf16;
 }
 }  // namespace
+
+void Model::set_precision(Precision p) {
+  if (p == Precision::bf16 && dtype_ != DType::f32)
+    fail_usage("precision bf16 needs an f32 model, this one is " + std::string(dtype_name(dtype_)));
+  precision_ = p;
+}
+
+void Model::prepare_halves(Precision p) {
+  if (storage_ != Storage::flat) return;
+  if (!uses_bf16_weights(p)) {
+    if (halves_.defined() && !pending_) {
+      halves_ = Tensor();
+      for (Param& q : params_) q.half = Tensor();
+    }
+    return;
+  }
+  if (!halves_.defined()) {
+    halves_ = Tensor::empty({values_.numel()}, DType::bf16, device_);
+    int64_t off = 0;
+    for (Param& q : params_) {
+      const int64_t n = shape_numel(q.shape);
+      q.half = halves_.slice(off, off + n).reshape(q.shape);
+      off += n;
+    }
+  }
+  ops::cast(values_, halves_);  // one pass over the flat buffer (the values may have changed since)
+}
 
 double Model::forward(const Batch& batch) {
   pending_ = false;
   const Checkpointing mode = checkpointing_;
-  GemmMathScope math(math_of(precision_, dtype_));
+  running_precision_ = precision_;
+  prepare_halves(precision_);
+  ComputeScope compute(math_of(precision_, dtype_), uses_bf16_weights(precision_));
   begin(batch, Pass::train, mode);
   const double loss = run_forward(Pass::train, mode);
   pending_ = true;
@@ -341,9 +372,13 @@ double Model::forward(const Batch& batch) {
 }
 
 double Model::evaluate(const Batch& batch) {
-  GemmMathScope math(math_of(precision_, dtype_));
+  running_precision_ = precision_;
+  prepare_halves(precision_);
+  ComputeScope compute(math_of(precision_, dtype_), uses_bf16_weights(precision_));
   begin(batch, Pass::evaluate, Checkpointing::none);
-  return run_forward(Pass::evaluate, Checkpointing::none);
+  const double loss = run_forward(Pass::evaluate, Checkpointing::none);
+  running_precision_ = pending_precision_;
+  return loss;
 }
 
 double Model::run_forward(Pass pass, Checkpointing mode) {
@@ -362,7 +397,8 @@ double Model::run_forward(Pass pass, Checkpointing mode) {
 void Model::backward(double scale) {
   if (!pending_) fail(std::string(name_of(config_.arch)) + " backward: no forward to differentiate (each backward needs its own forward)");
   pending_ = false;
-  GemmMathScope math(math_of(pending_precision_, dtype_));
+  running_precision_ = pending_precision_;
+  ComputeScope compute(math_of(pending_precision_, dtype_), uses_bf16_weights(pending_precision_));
   BlockHooks& hk = hooks();
   for (size_t i = block_fns_.size(); i-- > 0;) {
     const Block& blk = block_fns_[i];

@@ -66,6 +66,11 @@ struct Param {
   Shape shape{};     // of value and grad, whatever the storage
   Init init = Init::by_name;
   double init_std = 0;  // Init::normal
+  // The bf16 copy of value that the layers compute with under Precision::bf16 (Model::
+  // uses_bf16_weights); undefined otherwise. Flat storage: a view into the model's bf16 copy of
+  // values(), rewritten from the f32 values at the start of every forward and evaluation;
+  // external: bound by the strategy (FSDP's bf16 gathers), and then value is not.
+  Tensor half;
 };
 
 // A model's buffer: state that is not trained (batch norm's running_mean and running_var),
@@ -170,9 +175,9 @@ enum class Pass { train, evaluate, recompute };
 //              torchtitan's selective activation checkpointing: less memory than none, more than
 //              full, for a fraction of full's recomputation.
 enum class Checkpointing { none, full, selective };
-// The arithmetic of a model's weight GEMMs (--precision; Model::set_precision).
-enum class Precision { f32, tf32 };
-DTK_ENUM_NAMES(Precision, {Precision::f32, "f32"}, {Precision::tf32, "tf32"})
+// The arithmetic of a model (--precision; Model::set_precision).
+enum class Precision { f32, tf32, bf16 };
+DTK_ENUM_NAMES(Precision, {Precision::f32, "f32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"})
 DTK_ENUM_NAMES(Checkpointing, {Checkpointing::none, "none"}, {Checkpointing::full, "full"},
                {Checkpointing::selective, "selective"})
 
@@ -268,12 +273,26 @@ class Model {
   // keeps the mode of its forward.
   void set_activation_checkpointing(Checkpointing c) { checkpointing_ = c; }
   Checkpointing activation_checkpointing() const { return checkpointing_; }
-  // The arithmetic of the model's weight GEMMs from the next forward on (a pending backward
-  // keeps its forward's): f32, true f32 products; tf32, on tensor cores with the operands
-  // rounded to TF32 (ops::Math::tf32). Parameters, gradients, activations and optimizer state
-  // are f32 either way; f64 models (gradient checks) always multiply exactly.
-  void set_precision(Precision p) { precision_ = p; }
+  // The model's arithmetic from the next forward on (a pending backward keeps its forward's).
+  // Parameters, gradients and optimizer state stay f32 in every precision.
+  //   f32   true f32 products (f64 models, the gradient checks, always compute in f64).
+  //   tf32  the weight GEMMs on tensor cores with the operands rounded to TF32 (ops::Math::tf32);
+  //         activations f32.
+  //   bf16  mixed precision, as PyTorch's autocast with FSDP2's bf16 parameters: the layers read
+  //         the bf16 copy of every parameter (Param::half), GEMMs and attention take bf16
+  //         operands and accumulate in f32; llama keeps its activations in bf16 (norm outputs,
+  //         q, k, v, attention, the feed-forward's, the logits) and the residual stream, the
+  //         norms' statistics, softmax and the loss in f32; the gradients into the norms and the
+  //         residual stream are f32, those between GEMMs bf16; weight gradients accumulate in f32
+  //         (ops.h's mixed-precision ops). The mlp keeps f32 activations, cast to bf16 at each
+  //         Linear. resnet (uses_bf16_weights false) keeps f32 weights and activations and rounds
+  //         the operands of its convolutions and fc to bf16 (ops::Math::bf16).
+  //         Needs an f32 model (a UsageError otherwise).
+  void set_precision(Precision p);
   Precision precision() const { return precision_; }
+  // Whether the layers read bf16 copies of the weights (Param::half) in precision p: bf16, for
+  // the models whose layers run in bf16 (llama, mlp). A sharded strategy binds Param::half then.
+  bool uses_bf16_weights(Precision p) const { return p == Precision::bf16 && bf16_layers(); }
   // The strategy's block hooks (not owned; null: none).
   void set_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
@@ -287,6 +306,13 @@ class Model {
   void add_block(Block b) { block_fns_.push_back(std::move(b)); }
   // Whether a training forward awaits its backward (evaluation then uses objects of its own).
   bool backward_pending() const { return pending_; }
+  // Whether the layers run in bf16 under Precision::bf16 (see set_precision); resnet's do not.
+  virtual bool bf16_layers() const { return true; }
+  // The dtype of the activations the running pass computes in: bf16 for llama under
+  // Precision::bf16, else the model's dtype.
+  DType act_dtype() const {
+    return config_.arch == Arch::llama && uses_bf16_weights(running_precision_) ? DType::bf16 : dtype_;
+  }
 
   // Registers the parameters (name, shape, block) in order, then allocates the flat buffers
   // (flat storage).
@@ -320,6 +346,12 @@ class Model {
 
   BlockHooks* hooks_ = nullptr;
   std::vector<Block> block_fns_;
+  // Flat storage: the bf16 copy of the values for a pass in precision p (written from values(),
+  // or released when p does not use it and no backward is pending).
+  void prepare_halves(Precision p);
+
+  Tensor halves_;                                     // flat storage, bf16 weights: the copy
+  Precision running_precision_ = Precision::f32;      // of the pass that runs now
   bool pending_ = false;                              // a training forward awaits its backward
   Checkpointing pending_mode_ = Checkpointing::none;  // ... in this mode
   Precision pending_precision_ = Precision::f32;      // ... and this precision

@@ -330,6 +330,9 @@ class ResNet final : public Model {
   }
 
   int64_t correct() const override { return correct_; }
+  // Under bf16: f32 weights and activations (batch norm and pooling stay f32), the convolutions'
+  // and fc's operands rounded to bf16 (ops::Math::bf16).
+  bool bf16_layers() const override { return false; }
 
  private:
   void begin(const Batch& batch, Pass pass, Checkpointing mode) override {

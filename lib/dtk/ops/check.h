@@ -19,6 +19,25 @@ inline void check_float(const char* op, const Tensor& t, const char* name) {
     fail_usage(std::string(op) + ": " + name + " must be f32 or f64, got " + t.str());
 }
 
+// The mixed-precision ops (ops.h): f32 and bf16 mix, f64 stays with f64.
+inline bool dtypes_mix(DType a, DType b) {
+  const auto f32ish = [](DType t) { return t == DType::f32 || t == DType::bf16; };
+  return a == b || (f32ish(a) && f32ish(b));
+}
+
+inline void check_float_or_bf16(const char* op, const Tensor& t, const char* name) {
+  check_defined(op, t, name);
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && t.dtype() != DType::bf16)
+    fail_usage(std::string(op) + ": " + name + " must be f32, f64 or bf16, got " + t.str());
+}
+
+// `t` has the device and number of elements of `ref`, and a dtype that mixes with ref's.
+inline void check_like_mixed(const char* op, const Tensor& ref, const Tensor& t, const char* name) {
+  check_defined(op, t, name);
+  if (!dtypes_mix(t.dtype(), ref.dtype()) || t.device() != ref.device() || t.numel() != ref.numel())
+    fail_usage(std::string(op) + ": " + name + " must match " + ref.str() + " (f32 and bf16 mix), got " + t.str());
+}
+
 // `t` has the dtype, device and number of elements of `ref`.
 inline void check_like(const char* op, const Tensor& ref, const Tensor& t, const char* name) {
   check_defined(op, t, name);

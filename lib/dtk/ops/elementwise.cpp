@@ -22,7 +22,9 @@ void check_binary(const char* op, const Tensor& a, const Tensor& b, const Tensor
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_binary("add", a, b, out);
+  detail::check_float_or_bf16("add", a, "a");
+  detail::check_like_mixed("add", a, b, "b");
+  detail::check_like_mixed("add", a, out, "out");
   DTK_DISPATCH(a, add(a, b, out));
 }
 

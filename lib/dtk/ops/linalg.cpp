@@ -19,14 +19,13 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   check_matrix_rank(op, c, "c");
   check_on(op, c, a, "a");
   check_on(op, c, b, "b");
-  check_float(op, c, "c");
-  // a and b share c's dtype, except on CUDA where bf16 inputs accumulate into an f32 c.
+  // a and b share c's dtype (f32 or f64), or are both bf16 with an f32 or bf16 c.
   const bool bf16_inputs = a.dtype() == DType::bf16 && b.dtype() == DType::bf16;
   if (bf16_inputs) {
-    if (!c.is_cuda())
-      fail_usage("gemm: bf16 inputs are supported on CUDA only (with an f32 c), got a " + a.str() + ", b " + b.str());
-    if (c.dtype() != DType::f32) fail_usage("gemm: with bf16 a and b, c must be f32, got " + c.str());
+    if (c.dtype() != DType::f32 && c.dtype() != DType::bf16)
+      fail_usage("gemm: with bf16 a and b, c must be f32 or bf16, got " + c.str());
   } else {
+    check_float(op, c, "c");
     check_type(op, a, c.dtype(), "a");
     check_type(op, b, c.dtype(), "b");
   }

@@ -26,7 +26,7 @@ void check_numel(const char* op, const Tensor& t, int64_t want, const char* name
 }
 
 void check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets) {
-  detail::check_float(op, logits, "logits");
+  detail::check_float_or_bf16(op, logits, "logits");
   if (logits.ndim() != 2 || logits.dim(1) < 1)
     fail_usage(std::string(op) + ": logits must be [N, V] with V >= 1, got " + logits.str());
   detail::check_type(op, targets, DType::i32, "targets");
@@ -91,9 +91,10 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
   check_cross_entropy("cross_entropy_forward", logits, targets);
   detail::check_defined("cross_entropy_forward", losses, "losses");
-  if (losses.dtype() != logits.dtype() || losses.device() != logits.device())
-    fail_usage("cross_entropy_forward: losses must have the dtype and device of logits " + logits.str() + ", got " +
-               losses.str());
+  detail::check_float("cross_entropy_forward", losses, "losses");
+  if (!detail::dtypes_mix(losses.dtype(), logits.dtype()) || losses.device() != logits.device())
+    fail_usage("cross_entropy_forward: losses must have the dtype (f32 for bf16) and device of logits " + logits.str() +
+               ", got " + losses.str());
   check_numel("cross_entropy_forward", losses, logits.dim(0), "losses");
   DTK_DISPATCH(logits, cross_entropy_forward(logits, targets, losses));
 }
@@ -110,10 +111,11 @@ void rmsnorm_checks(const char* op, const Tensor& x, const Tensor& w, double eps
   check_rows(op, x, "x");
   const int64_t D = x.dim(-1);
   detail::check_shape(op, w, {D}, "w");
-  check_same(op, x, y, "y");
+  detail::check_like_mixed(op, x, y, "y");
+  detail::check_shape(op, y, x.shape(), "y");
   detail::check_defined(op, rstd, "rstd");
-  if (w.dtype() != x.dtype() || w.device() != x.device())
-    fail_usage(o + ": w must have the dtype and device of x " + x.str() + ", got " + w.str());
+  if (!detail::dtypes_mix(w.dtype(), x.dtype()) || w.device() != x.device())
+    fail_usage(o + ": w must have the dtype (or bf16 for f32) and device of x " + x.str() + ", got " + w.str());
   if (rstd.dtype() != x.dtype() || rstd.device() != x.device())
     fail_usage(o + ": rstd must have the dtype and device of x " + x.str() + ", got " + rstd.str());
   check_numel(op, rstd, D == 0 ? 0 : x.numel() / D, "rstd");
@@ -129,7 +131,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
 
 void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
                          Tensor& rstd) {
-  check_same("add_rmsnorm_forward", a, b, "b");
+  detail::check_like_mixed("add_rmsnorm_forward", a, b, "b");
+  detail::check_shape("add_rmsnorm_forward", b, a.shape(), "b");
   check_same("add_rmsnorm_forward", a, x, "x");
   rmsnorm_checks("add_rmsnorm_forward", a, w, eps, y, rstd);
   DTK_DISPATCH(a, rmsnorm_forward(a, &b, w, eps, x, y, rstd));
@@ -140,15 +143,18 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
   check_rows("rmsnorm_backward", x, "x");
   const int64_t D = x.dim(-1);
   detail::check_shape("rmsnorm_backward", w, {D}, "w");
-  if (w.dtype() != x.dtype() || w.device() != x.device())
-    fail_usage("rmsnorm_backward: w must have the dtype and device of x " + x.str() + ", got " + w.str());
+  if (!detail::dtypes_mix(w.dtype(), x.dtype()) || w.device() != x.device())
+    fail_usage("rmsnorm_backward: w must have the dtype (or bf16 for f32) and device of x " + x.str() + ", got " +
+               w.str());
   detail::check_defined("rmsnorm_backward", rstd, "rstd");
   if (rstd.dtype() != x.dtype() || rstd.device() != x.device())
     fail_usage("rmsnorm_backward: rstd must have the dtype and device of x " + x.str() + ", got " + rstd.str());
   check_numel("rmsnorm_backward", rstd, D == 0 ? 0 : x.numel() / D, "rstd");
-  check_same("rmsnorm_backward", x, dy, "dy");
+  detail::check_like_mixed("rmsnorm_backward", x, dy, "dy");
+  detail::check_shape("rmsnorm_backward", dy, x.shape(), "dy");
   check_same("rmsnorm_backward", x, dx, "dx");
-  check_same("rmsnorm_backward", w, dw, "dw");
+  detail::check_kind("rmsnorm_backward", x, dw, "dw");
+  detail::check_shape("rmsnorm_backward", dw, w.shape(), "dw");
   DTK_DISPATCH(x, rmsnorm_backward(x, w, rstd, dy, dx, dw, accumulate));
 }
 
@@ -192,14 +198,14 @@ void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
 }
 
 void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
-  detail::check_float("swiglu_forward", a, "a");
+  detail::check_float_or_bf16("swiglu_forward", a, "a");
   detail::check_like("swiglu_forward", a, b, "b");
   detail::check_like("swiglu_forward", a, y, "y");
   DTK_DISPATCH(a, swiglu_forward(a, b, y));
 }
 
 void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db) {
-  detail::check_float("swiglu_backward", a, "a");
+  detail::check_float_or_bf16("swiglu_backward", a, "a");
   detail::check_like("swiglu_backward", a, b, "b");
   detail::check_like("swiglu_backward", a, dy, "dy");
   detail::check_like("swiglu_backward", a, da, "da");
@@ -208,7 +214,7 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor&
 }
 
 void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
-  detail::check_float("rope", x, "x");
+  detail::check_float_or_bf16("rope", x, "x");
   if (x.ndim() != 4) fail_usage("rope: x must be [B, T, H, hd], got " + x.str());
   if (x.dim(3) % 2 != 0) fail_usage("rope: the head dim must be even, got " + x.str());
   check_same("rope", x, y, "y");
@@ -218,14 +224,14 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
 }
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
-  detail::check_float("embedding_forward", table, "table");
+  detail::check_float_or_bf16("embedding_forward", table, "table");
   if (table.ndim() != 2) fail_usage("embedding_forward: table must be [V, D], got " + table.str());
   detail::check_type("embedding_forward", ids, DType::i32, "ids");
   detail::check_on("embedding_forward", table, ids, "ids");
   detail::check_defined("embedding_forward", out, "out");
-  if (out.dtype() != table.dtype() || out.device() != table.device())
-    fail_usage("embedding_forward: out must have the dtype and device of table " + table.str() + ", got " +
-               out.str());
+  if (!detail::dtypes_mix(out.dtype(), table.dtype()) || out.device() != table.device())
+    fail_usage("embedding_forward: out must have the dtype (f32 and bf16 mix) and device of table " + table.str() +
+               ", got " + out.str());
   check_numel("embedding_forward", out, ids.numel() * table.dim(1), "out");
   DTK_DISPATCH(table, embedding_forward(table, ids, out));
 }

@@ -7,6 +7,11 @@
 // and may alias an input where the doc says "in place allowed". "float" means f32 or f64, with
 // every floating tensor of one call in the same dtype unless stated. Backward functions
 // overwrite their outputs unless the doc says "accumulates" (+=).
+//
+// Mixed precision (the models' --precision bf16): where an op's doc says "mixes", the tensors it
+// names may each be bf16 instead of f32 (f64 never mixes). Such an op reads bf16 as f32 (exact),
+// computes in f32 and rounds each bf16 output once, to nearest even, when it stores it: on both
+// backends, at the same points.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,18 +23,21 @@
 namespace dtk::ops {
 
 // How gemm (and the convolutions through it) multiply f32 operands. exact: true f32 products.
+// bf16 (f32 operands only): each element of A and B rounded to bf16 (RNE), the products then
+// exact in f32 and accumulated in f32: what bf16 operands give, for models whose weights and
+// activations stay f32 (resnet under --precision bf16).
 // tf32 (f32 operands only; f64 and bf16 ignore it): each element of A and B rounded to TF32 (10
 // explicit mantissa bits, to nearest, ties away from zero: round_tf32 in core/half.h) before the
 // products, which are then exact in f32, accumulated in f32: cuBLAS's
 // CUBLAS_COMPUTE_32F_FAST_TF32 on tensor cores, PyTorch's allow_tf32. The CPU rounds copies of the
 // operands and runs the f32 BLAS on them. For the models' weight products (--precision tf32)
 // only: optimizers, compressors and the linear algebra below always multiply exactly.
-enum class Math { exact, tf32 };
-DTK_ENUM_NAMES(Math, {Math::exact, "exact"}, {Math::tf32, "tf32"})
+enum class Math { exact, tf32, bf16 };
+DTK_ENUM_NAMES(Math, {Math::exact, "exact"}, {Math::tf32, "tf32"}, {Math::bf16, "bf16"})
 
 // ---------------------------------------------------------------------------- elementwise
 // Shapes equal (numel equal is enough); float. In place allowed (out may be a or b).
-void add(const Tensor& a, const Tensor& b, Tensor& out);       // a + b
+void add(const Tensor& a, const Tensor& b, Tensor& out);       // a + b; a, b and out mix
 void sub(const Tensor& a, const Tensor& b, Tensor& out);       // a - b
 void mul(const Tensor& a, const Tensor& b, Tensor& out);       // a * b
 void div(const Tensor& a, const Tensor& b, Tensor& out);       // a / b
@@ -76,17 +84,19 @@ void log_softmax_forward(const Tensor& x, Tensor& y);
 void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx = dy - exp(y) sum(dy)
 // Cross entropy of logits [N, V] against targets i32 [N] (-1: ignored, loss 0): losses [N] =
 // logsumexp(row) - row[target]. Backward: dlogits = (softmax(row) - onehot(target)) * scale, 0 for
-// ignored rows (scale is usually 1 / number of counted targets).
+// ignored rows (scale is usually 1 / number of counted targets). logits and losses mix (bf16
+// logits, f32 losses); dlogits has the logits' dtype.
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);
 // RMSNorm over the last dim D: y = x * rstd * w, rstd [rows] = 1 / sqrt(mean(x^2) + eps), saved.
+// x and rstd f32 or f64, one dtype; w and y mix with x (the statistics stay in x's dtype).
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
 // The residual add fused in (one pass over memory instead of two): x = a + b, then as
-// rmsnorm_forward(x, ...). x may be a or b.
+// rmsnorm_forward(x, ...). x may be a or b; a and x share x's dtype, b mixes.
 void add_rmsnorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, double eps, Tensor& x, Tensor& y,
                          Tensor& rstd);
 // dx overwritten, or with accumulate, added to (dx += ..., a residual stream's gradient: the
-// add fused in); dw accumulates (+=) over rows.
+// add fused in); dw accumulates (+=) over rows. x, rstd, dx and dw one dtype; w and dy mix.
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
                       bool accumulate = false);
 // Activations, elementwise; backward: dx = dy * f'(x). In place allowed.
@@ -96,13 +106,16 @@ void gelu_forward(const Tensor& x, Tensor& y);  // tanh approximation (GPT-2)
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);  // dy where x > 0
-// SwiGLU gate: y = silu(a) * b; backward gives da and db (overwritten).
+// SwiGLU gate: y = silu(a) * b; backward gives da and db (overwritten). f32, f64 or bf16, all
+// tensors one dtype (bf16: f32 arithmetic, each output rounded once).
 void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y);
 void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db);
 // RoPE on x [B, T, H, hd] (hd even): pair (2i, 2i+1) of each head at position t = pos0 + t_index
 // rotated by angle t * theta^(-2i/hd). inverse rotates by minus the angle (the backward). In place allowed.
+// f32, f64 or bf16 (x and y one dtype; bf16 rotated in f32 and rounded once).
 void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y);
-// Embedding: out [N, D] = table[ids]; ids i32 [N] (any shape, flattened) in [0, V).
+// Embedding: out [N, D] = table[ids]; ids i32 [N] (any shape, flattened) in [0, V). table and
+// out mix (a bf16 table into an f32 residual stream); dout and dtable one dtype, f32 or f64.
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);  // accumulates (+=)
 // Causal self-attention, softmax scale 1/sqrt(hd), grouped-query: q [B, T, H, hd], k and v
@@ -192,7 +205,8 @@ void normal_(Tensor& out, uint64_t seed, uint64_t offset, double mean = 0, doubl
 // ---------------------------------------------------------------------------- linear algebra
 // C = alpha * op(A) op(B) + beta * C, op(X) = X or X^T. 2-D: A [m, k] (or [k, m] transposed),
 // B [k, n] (or [n, k]), C [m, n]. 3-D: the same for every batch index (strided batched).
-// f32 or f64 throughout; on CUDA also A and B bf16 with C f32 (f32 accumulation).
+// f32 or f64 throughout; or A and B bf16 with C f32 or bf16 (f32 accumulation: alpha op(A) op(B)
+// + beta C in f32, rounded once when C is bf16).
 // math: see Math (the top of this file).
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
           Math math = Math::exact);

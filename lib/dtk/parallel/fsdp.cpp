@@ -10,6 +10,7 @@
 
 #include "dtk/core/device.h"
 #include "dtk/core/error.h"
+#include "dtk/nn/layers.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::parallel {
@@ -268,17 +269,22 @@ struct Fsdp::Impl {
         }
         case OpKind::wait_gather: {
           wait_timed(gathers[k]);
-          Tensor& value = values[static_cast<size_t>(value_of[k])];
+          // The layers' weights: f32, or (the model's bf16 weights, nn::bf16_weights() inside its
+          // pass) bf16 in the first half of the same bucket buffer, bound as Param::half: the
+          // bf16 gather feeds the GEMMs as it came.
+          const bool half = nn::bf16_weights();
+          Tensor value = values[static_cast<size_t>(value_of[k])];
+          if (half) value = value.view(DType::bf16);
           permute(b, k, wires[static_cast<size_t>(wire_of[k])].recv, value, true);
           free_wires.push_back(wire_of[k]);
           wire_of[k] = -1;
-          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = whole(value, k, i);
+          for (size_t i = b.first; i < b.end; ++i) (half ? model.params()[i].half : model.params()[i].value) = whole(value, k, i);
           break;
         }
         case OpKind::release: {
           free_values.push_back(value_of[k]);
           value_of[k] = -1;
-          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = Tensor();
+          for (size_t i = b.first; i < b.end; ++i) model.params()[i].value = model.params()[i].half = Tensor();
           break;
         }
         case OpKind::open_grad: {

@@ -182,10 +182,14 @@ void add_options(CLI::App& app, train::Options& o) {
 
   g = "Precision";
   add_enum(app, "--precision", o.precision,
-           "the arithmetic of the model's weight products (linear layers, convolutions): f32, true f32 products; "
-           "tf32, each operand rounded to TF32 (10 mantissa bits) and f32 sums, on the GPU's tensor cores as "
-           "PyTorch's allow_tf32 (the CPU rounds the same way, at no gain in speed). Weights, gradients, "
-           "activations and optimizer state stay f32; optimizers and compressors always multiply in f32")
+           "the model's arithmetic: f32, true f32 products; tf32, the weight products (linear layers, "
+           "convolutions) with each operand rounded to TF32 (10 mantissa bits) and f32 sums, on the GPU's tensor "
+           "cores as PyTorch's allow_tf32; bf16, mixed precision as PyTorch's autocast with bf16 parameters: the "
+           "layers compute with a bf16 copy of the weights, bf16 operands and f32 sums, llama's activations in "
+           "bf16 with its residual stream, norm statistics, softmax and loss in f32 (the mlp keeps f32 "
+           "activations, resnet f32 weights with bf16-rounded operands). The CPU rounds at the same points, at no "
+           "gain in speed. Master weights, gradients and optimizer state stay f32 in every precision; optimizers "
+           "and compressors always multiply in f32")
       ->group(g);
 
   g = "Run";

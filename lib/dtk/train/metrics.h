@@ -55,7 +55,7 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"checkpoint_blocked_ms", MetricSource::loop, "checkpoint steps: the time the step was held by checkpointing"},
     {"blas", MetricSource::loop, "the run's first line: the CPU backend's BLAS and its kernels"},
     {"cpu", MetricSource::loop, "the run's first line: the processor and its features"},
-    {"precision", MetricSource::loop, "the run's first line: the weight products' arithmetic as --precision set it"},
+    {"precision", MetricSource::loop, "the run's first line: the model's arithmetic as --precision set it"},
 };
 
 class Metrics {

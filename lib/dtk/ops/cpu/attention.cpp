@@ -193,8 +193,6 @@ std::vector<float> widen(const Tensor& x) {
   return out;
 }
 
-// f32 rounded to the nearest bf16 (ties to even), kept as f32.
-inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 void forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   const Dims d = dims_of(q, k);

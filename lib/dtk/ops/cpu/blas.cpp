@@ -1,7 +1,9 @@
 // CPU gemm: OpenBLAS cblas_?gemm in row-major layout, one call per matrix of a batch (OpenBLAS
 // threads each call; small batched products are rare in dtk and stay correct this way).
-// Math::tf32 multiplies copies of A and B rounded to TF32 (the products of two TF32 values are
-// exact in f32, so this is the tensor cores' arithmetic up to the order of the f32 sums).
+// Math::tf32 and Math::bf16 multiply copies of A and B rounded to TF32 or bf16 (the products of
+// two such values are exact in f32, so this is the tensor cores' arithmetic up to the order of the
+// f32 sums); bf16 operands are widened to f32 copies (exact) the same way, and a bf16 C is
+// computed in an f32 copy rounded once at the end.
 #include <cblas.h>
 
 #include <algorithm>
@@ -41,12 +43,13 @@ void gemm_typed(bool trans_a, bool trans_b, double alpha, const Tensor& a, const
   const T* ap = a.ptr<T>();
   const T* bp = b.ptr<T>();
   if constexpr (std::is_same_v<T, float>) {
-    if (math == Math::tf32) {
+    if (math == Math::tf32 || math == Math::bf16) {
       thread_local std::vector<float> ra, rb;  // the rounded copies, reused between calls
-      const auto rounded = [](const float* p, int64_t n, std::vector<float>& out) {
+      const auto rounded = [math](const float* p, int64_t n, std::vector<float>& out) {
         out.resize(static_cast<size_t>(n));
+        const bool tf32 = math == Math::tf32;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = round_tf32(p[i]);
+        for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = tf32 ? round_tf32(p[i]) : round_bf16(p[i]);
         return out.data();
       };
       ap = rounded(ap, a.numel(), ra);
@@ -119,6 +122,14 @@ void syrk(bool trans, double alpha, const Tensor& a, double beta, Tensor& c) {
 
 void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, Tensor& c,
           Math math) {
+  if (a.dtype() == DType::bf16) {  // bf16 operands: exact f32 copies, f32 products and sums
+    F32Copies f;
+    const Tensor af = f.in(a), bf = f.in(b);
+    Tensor cf = f.out(c, beta != 0);
+    gemm_typed<float>(trans_a, trans_b, alpha, af, bf, beta, cf, Math::exact);
+    f.done();
+    return;
+  }
   if (c.dtype() == DType::f32)
     gemm_typed<float>(trans_a, trans_b, alpha, a, b, beta, c, math);
   else

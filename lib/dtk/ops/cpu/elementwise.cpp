@@ -35,6 +35,12 @@ void map2(const Tensor& a, const Tensor& b, Tensor& out, F f) {
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (any_bf16({&a, &b, &out})) {
+    F32Copies f;
+    Tensor o = f.out(out);
+    add(f.in(a), f.in(b), o);
+    return f.done();
+  }
   visit_float(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     map2<T>(a, b, out, [](T x, T y) { return x + y; });

@@ -15,9 +15,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
+#include <utility>
+
+#include <vector>
 
 #include "dtk/core/dtype.h"
+#include "dtk/core/tensor.h"
+#include "dtk/ops/backend.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define DTK_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -99,5 +105,40 @@ inline lapack_int syevd(lapack_int n, double* a, double* w) {
 // f32: vectorised (nn.cpp); f64: libm.
 float softmax_row(const float* x, float* y, int64_t n, float scale);
 double softmax_row(const double* x, double* y, int64_t n, double scale);
+
+// The mixed-precision ops (ops.h) on the CPU: each bf16 argument is worked on as an f32 copy,
+// exact when it is read, and each output copy is rounded back to bf16 once, by done(): the
+// rounding points of the CUDA kernels, which read bf16 into f32 registers and round when they
+// store. Speed is not the point here (the CPU's bf16 runs are the GPU's reference).
+inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t && t->defined() && t->dtype() == DType::bf16) return true;
+  return false;
+}
+class F32Copies {
+ public:
+  // t itself, or an f32 copy of it.
+  Tensor in(const Tensor& t) {
+    if (t.dtype() != DType::bf16) return t;
+    Tensor c = Tensor::empty(t.shape(), DType::f32);
+    cast(t, c);
+    return c;
+  }
+  // t itself, or an f32 copy (holding t's values when read: an accumulating output) that done()
+  // rounds back into t.
+  Tensor out(Tensor& t, bool read = false) {
+    if (t.dtype() != DType::bf16) return t;
+    Tensor c = read ? in(t) : Tensor::empty(t.shape(), DType::f32);
+    outs_.emplace_back(c, &t);
+    return c;
+  }
+  void done() {
+    for (auto& [c, t] : outs_) cast(c, *t);
+    outs_.clear();
+  }
+
+ private:
+  std::vector<std::pair<Tensor, Tensor*>> outs_;
+};
 
 }  // namespace dtk::ops::cpu

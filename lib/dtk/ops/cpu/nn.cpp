@@ -278,6 +278,12 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 // ---------------------------------------------------------------------------- cross entropy
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
+  if (any_bf16({&logits, &losses})) {
+    F32Copies f;
+    Tensor l = f.out(losses);
+    cross_entropy_forward(f.in(logits), targets, l);
+    return f.done();
+  }
   const int64_t N = logits.dim(0), V = logits.dim(1);
   const int32_t* tp = targets.ptr<int32_t>();
   check_targets("cross_entropy_forward", tp, N, V);
@@ -300,6 +306,12 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
+  if (any_bf16({&logits, &dlogits})) {
+    F32Copies f;
+    Tensor d = f.out(dlogits);
+    cross_entropy_backward(f.in(logits), targets, scale, d);
+    return f.done();
+  }
   const int64_t N = logits.dim(0), V = logits.dim(1);
   const int32_t* tp = targets.ptr<int32_t>();
   check_targets("cross_entropy_backward", tp, N, V);
@@ -327,6 +339,13 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
 // y = rmsnorm(x) over rows, x = a + b first when b is given.
 void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y,
                      Tensor& rstd) {
+  if (any_bf16({b, &w, &y})) {
+    F32Copies f;
+    const Tensor bf = b ? f.in(*b) : Tensor();
+    Tensor yf = f.out(y);
+    rmsnorm_forward(a, b ? &bf : nullptr, f.in(w), eps, x, yf, rstd);
+    return f.done();
+  }
   const int64_t D = last_dim(a), rows = rows_of(a);
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -346,6 +365,11 @@ void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double e
 // dx_j = r w_j dy_j - x_j r^3 / D * sum_i(dy_i w_i x_i); dw_i += sum over rows of dy_i x_i r.
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                       Tensor& dw, bool accumulate) {
+  if (any_bf16({&w, &dy})) {
+    F32Copies f;
+    rmsnorm_backward(x, f.in(w), rstd, f.in(dy), dx, dw, accumulate);
+    return;
+  }
   const int64_t D = last_dim(x), rows = rows_of(x);
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -440,6 +464,12 @@ void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
 }
 
 void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
+  if (any_bf16({&a})) {
+    F32Copies f;
+    Tensor yf = f.out(y);
+    swiglu_forward(f.in(a), f.in(b), yf);
+    return f.done();
+  }
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* ap = a.ptr<T>();
@@ -450,6 +480,12 @@ void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
 }
 
 void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db) {
+  if (any_bf16({&a})) {
+    F32Copies f;
+    Tensor daf = f.out(da), dbf = f.out(db);
+    swiglu_backward(f.in(a), f.in(b), f.in(dy), daf, dbf);
+    return f.done();
+  }
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* ap = a.ptr<T>();
@@ -502,6 +538,12 @@ const float* sin_of(const RopeTable& t, float) { return t.sinf.data(); }
 }  // namespace
 
 void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
+  if (any_bf16({&x})) {
+    F32Copies f;
+    Tensor yf = f.out(y);
+    rope(f.in(x), theta, pos0, inverse, yf);
+    return f.done();
+  }
   const int64_t B = x.dim(0), T_ = x.dim(1), H = x.dim(2), hd = x.dim(3), half = hd / 2;
   const auto table = rope_table(T_, hd, theta, pos0);
   visit_float(x.dtype(), [&](auto tag) {
@@ -536,6 +578,14 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   const int64_t V = table.dim(0), D = table.dim(1), N = ids.numel();
   const int32_t* ip = ids.ptr<int32_t>();
   check_ids("embedding_forward", ip, N, V);
+  if (table.dtype() != out.dtype()) {  // bf16 and f32 mixed: each row converted as it is copied
+    Tensor rows = out.reshape({N, D});
+    for (int64_t i = 0; i < N; ++i) {
+      Tensor dst = rows.select(i);
+      cast(table.select(ip[i]), dst);
+    }
+    return;
+  }
   visit_float(table.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* tp = table.ptr<T>();

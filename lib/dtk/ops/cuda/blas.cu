@@ -91,8 +91,23 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   const int n = static_cast<int>(c.dim(-1));
   const int k = static_cast<int>(trans_a ? a.dim(-2) : a.dim(-1));
   if (m == 0 || n == 0) return;
+  if (math == Math::bf16 && a.dtype() == DType::f32) {
+    // bf16 products of f32 operands (ops.h): the operands rounded to bf16 copies (RNE, the CPU's
+    // rounding), then the bf16 gemm into the f32 C.
+    Tensor a16 = Tensor::empty(a.shape(), DType::bf16, a.device()), b16 = Tensor::empty(b.shape(), DType::bf16, b.device());
+    cuda::cast(a, a16);
+    cuda::cast(b, b16);
+    return cuda::gemm(trans_a, trans_b, alpha, a16, b16, beta, c, Math::exact);
+  }
   cublasHandle_t h = cublas_handle();
   const bool f64 = c.dtype() == DType::f64;
+  if (k == 0 && c.dtype() == DType::bf16 && beta != 0) {  // C = beta C, in f32 and rounded back
+    Tensor cf = Tensor::empty(c.shape(), DType::f32, c.device());
+    cuda::cast(c, cf);
+    cuda::scale(cf, beta, cf);
+    cuda::cast(cf, c);
+    return;
+  }
   if (k == 0) {
     // An empty product: C = beta C (beta == 0 writes zeros without reading C, as BLAS does).
     const int64_t total = c.numel();
@@ -124,15 +139,17 @@ void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   const int count = static_cast<int>(batch);
 
   if (a.dtype() == DType::bf16) {
-    // bf16 inputs, f32 output, f32 accumulation (tensor cores where available).
+    // bf16 inputs, f32 or bf16 output, f32 accumulation on tensor cores: alpha AB + beta C in f32,
+    // rounded once into a bf16 C.
     const float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
+    const cudaDataType ct = c.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
     if (c.ndim() == 2) {
       check_cublas(DTK_CUBLAS_AS(GemmEx, cublasGemmEx)(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_16BF, ldb, a.data(), CUDA_R_16BF, lda,
-                                &bf, c.data(), CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                &bf, c.data(), ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx");
     } else {
       check_cublas(DTK_CUBLAS_AS(GemmStridedBatchedEx, cublasGemmStridedBatchedEx)(h, op_b, op_a, n, m, k, &af, b.data(), CUDA_R_16BF, ldb, stride_b,
-                                              a.data(), CUDA_R_16BF, lda, stride_a, &bf, c.data(), CUDA_R_32F, ldc,
+                                              a.data(), CUDA_R_16BF, lda, stride_a, &bf, c.data(), ct, ldc,
                                               stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmStridedBatchedEx");
     }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "dtk/core/error.h"
 #include "dtk/core/tensor.h"
@@ -51,6 +52,28 @@ void visit_float(DType t, F&& f) {
     f(float{});
 }
 
+// ------------------------------------------------------------------------------- mixed precision
+// The mixed-precision ops (ops.h): a kernel computes in C (float, or double for f64) and each of
+// its float tensors is stored as S: C itself or, next to float, bf16. ld reads S as C (bf16
+// widened exactly), st rounds C to S (to nearest even: core/half.h, the CPU's rounding).
+using detail::bf16_t;
+template <typename C, typename S>
+__device__ __forceinline__ C ld(S v) {
+  return detail::convert<C>(v);
+}
+template <typename S, typename C>
+__device__ __forceinline__ S st(C v) {
+  return detail::convert<S>(v);
+}
+// f(S{}) for a tensor of dtype t in a kernel that computes in C: bf16_t for a bf16 tensor next to
+// float, else C itself.
+template <typename C, typename F>
+void visit_storage(DType t, F&& f) {
+  if constexpr (std::is_same_v<C, float>) {
+    if (t == DType::bf16) return f(bf16_t{});
+  }
+  f(C{});
+}
 // ------------------------------------------------------------------------------- vector packs
 // N elements loaded or stored as one 16-byte (or smaller) transaction. Used only when every
 // pointer of a kernel is aligned to sizeof(Pack); otherwise kernels run with N = 1.

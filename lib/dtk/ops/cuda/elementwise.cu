@@ -3,6 +3,8 @@
 // pointer is aligned, then finishes the tail element by element. The per-element math is a small
 // functor, so each op is a line. In place is allowed everywhere: element i is read before it is
 // written, by the same thread.
+#include <initializer_list>
+
 #include "dtk/ops/cuda/common.cuh"
 
 namespace dtk::ops::cuda {
@@ -39,6 +41,13 @@ void launch_map(const char* name, T* out, int64_t n, F f, const In*... in) {
   else
     map_kernel<1><<<grid_for(n, threads), threads, 0, stream()>>>(out, n, f, in...);
   check_launch(name);
+}
+
+// The mixed-precision form (ops.h): out[i] = f(in0[i], ...) computed in C, each tensor stored as
+// its own type (C or bf16_t), element by element.
+template <typename C, typename F, typename So, typename... Si>
+__global__ void map_mixed_kernel(So* out, int64_t n, F f, const Si*... in) {
+  for (int64_t i = global_tid(); i < n; i += grid_stride()) out[i] = st<So>(f(ld<C>(in[i])...));
 }
 
 // ---- functors: T is the element type; scalars arrive as T (rounded once on the host)
@@ -101,15 +110,16 @@ template <typename T> struct ReluBwdF { __device__ T operator()(T x, T dy) const
 template <typename T> struct SwigluF { __device__ T operator()(T a, T b) const { return a * sigmoid(a) * b; } };
 
 // SwiGLU backward has two outputs; a plain grid-stride kernel (coalesced, scalar) is enough here.
-template <typename T>
-__global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dy, T* da, T* db, int64_t n) {
+// T computes, S stores (T, or bf16_t for float).
+template <typename T, typename S>
+__global__ void swiglu_backward_kernel(const S* a, const S* b, const S* dy, S* da, S* db, int64_t n) {
   for (int64_t i = global_tid(); i < n; i += grid_stride()) {
-    const T av = a[i], bv = b[i], g = dy[i];
+    const T av = ld<T>(a[i]), bv = ld<T>(b[i]), g = ld<T>(dy[i]);
     const T s = sigmoid(av);
     const T silu = av * s;
     // read everything before writing: da / db may alias a / b / dy
-    da[i] = g * bv * (s + av * s * (T(1) - s));
-    db[i] = g * silu;
+    da[i] = st<S>(g * bv * (s + av * s * (T(1) - s)));
+    db[i] = st<S>(g * silu);
   }
 }
 
@@ -129,9 +139,37 @@ void binary(const char* name, const Tensor& a, const Tensor& b, Tensor& out) {
   });
 }
 
+// A binary op of the mixed-precision ops: any of a, b and out f32 or bf16.
+template <template <typename> class F>
+void binary_mixed(const char* name, const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  visit_storage<float>(a.dtype(), [&](auto sa) {
+    visit_storage<float>(b.dtype(), [&](auto sb) {
+      visit_storage<float>(out.dtype(), [&](auto so) {
+        using SA = decltype(sa);
+        using SB = decltype(sb);
+        using SO = decltype(so);
+        map_mixed_kernel<float><<<grid_for(n, 256), 256, 0, stream()>>>(out.ptr<SO>(), n, F<float>{}, a.ptr<SA>(),
+                                                                          b.ptr<SB>());
+      });
+    });
+  });
+  check_launch(name);
+}
+
+bool any_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype() == DType::bf16) return true;
+  return false;
+}
+
 }  // namespace
 
-void add(const Tensor& a, const Tensor& b, Tensor& out) { binary<AddF>("add", a, b, out); }
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (any_bf16({&a, &b, &out})) return binary_mixed<AddF>("add", a, b, out);
+  binary<AddF>("add", a, b, out);
+}
 void sub(const Tensor& a, const Tensor& b, Tensor& out) { binary<SubF>("sub", a, b, out); }
 void mul(const Tensor& a, const Tensor& b, Tensor& out) { binary<MulF>("mul", a, b, out); }
 void div(const Tensor& a, const Tensor& b, Tensor& out) { binary<DivF>("div", a, b, out); }
@@ -197,15 +235,21 @@ void gelu_forward(const Tensor& x, Tensor& y) { unary<GeluF>("gelu_forward", x, 
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) { binary<GeluBwdF>("gelu_backward", x, dy, dx); }
 void relu_forward(const Tensor& x, Tensor& y) { unary<ReluF>("relu_forward", x, y); }
 void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) { binary<ReluBwdF>("relu_backward", x, dy, dx); }
-void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) { binary<SwigluF>("swiglu_forward", a, b, y); }
+void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
+  if (a.dtype() == DType::bf16) return binary_mixed<SwigluF>("swiglu_forward", a, b, y);
+  binary<SwigluF>("swiglu_forward", a, b, y);
+}
 
 void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db) {
   const int64_t n = a.numel();
   if (n == 0) return;
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    swiglu_backward_kernel<T><<<grid_for(n, 256), 256, 0, stream()>>>(a.ptr<T>(), b.ptr<T>(), dy.ptr<T>(),
-                                                                      da.ptr<T>(), db.ptr<T>(), n);
+    visit_storage<T>(a.dtype(), [&](auto stag) {
+      using S = decltype(stag);
+      swiglu_backward_kernel<T, S><<<grid_for(n, 256), 256, 0, stream()>>>(a.ptr<S>(), b.ptr<S>(), dy.ptr<S>(),
+                                                                           da.ptr<S>(), db.ptr<S>(), n);
+    });
   });
   check_launch("swiglu_backward");
 }

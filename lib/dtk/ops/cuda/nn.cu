@@ -17,18 +17,19 @@ int64_t rows_of(const Tensor& t) {
   return n == 0 ? 0 : t.numel() / n;
 }
 
-template <typename T>
-__device__ T row_max(const T* x, int64_t n, T* scratch) {
+// Rows stored as S (T, or bf16_t for float), computed in T.
+template <typename T, typename S>
+__device__ T row_max(const S* x, int64_t n, T* scratch) {
   T m = -d_inf<T>();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = max_nan(m, x[i]);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = max_nan(m, ld<T>(x[i]));
   return block_reduce(m, MaxOp{}, -d_inf<T>(), scratch);
 }
 
 // sum exp(x - m) with m the row maximum: every term is at most 1, so nothing overflows.
-template <typename T>
-__device__ T row_sumexp(const T* x, int64_t n, T m, T* scratch) {
+template <typename T, typename S>
+__device__ T row_sumexp(const S* x, int64_t n, T m, T* scratch) {
   T s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += d_exp(x[i] - m);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += d_exp(ld<T>(x[i]) - m);
   return block_reduce(s, SumOp{}, T(0), scratch);
 }
 
@@ -66,53 +67,55 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
   }
 }
 
-template <typename T>
-__global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* targets, T* losses, int64_t V) {
+// logits stored as S (T, or bf16_t for float), losses as T.
+template <typename T, typename S>
+__global__ void cross_entropy_forward_kernel(const S* logits, const int32_t* targets, T* losses, int64_t V) {
   __shared__ T scratch[32];
   const int32_t t = targets[blockIdx.x];
   if (t < 0) {  // ignored: the whole block leaves before any barrier
     if (threadIdx.x == 0) losses[blockIdx.x] = T(0);
     return;
   }
-  const T* xr = logits + blockIdx.x * V;
+  const S* xr = logits + blockIdx.x * V;
   const T m = row_max(xr, V, scratch);
   const T s = row_sumexp(xr, V, m, scratch);
-  if (threadIdx.x == 0) losses[blockIdx.x] = m + d_log(s) - xr[t];
+  if (threadIdx.x == 0) losses[blockIdx.x] = m + d_log(s) - ld<T>(xr[t]);
 }
 
-template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* targets, T scale, T* dlogits,
+template <typename T, typename S>
+__global__ void cross_entropy_backward_kernel(const S* logits, const int32_t* targets, T scale, S* dlogits,
                                               int64_t V) {
   __shared__ T scratch[32];
   const int32_t t = targets[blockIdx.x];
-  const T* xr = logits + blockIdx.x * V;
-  T* dr = dlogits + blockIdx.x * V;
+  const S* xr = logits + blockIdx.x * V;
+  S* dr = dlogits + blockIdx.x * V;
   if (t < 0) {
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) dr[i] = T(0);
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) dr[i] = st<S>(T(0));
     return;
   }
   const T m = row_max(xr, V, scratch);
   const T s = row_sumexp(xr, V, m, scratch);
   const T inv = T(1) / s;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const T p = d_exp(xr[i] - m) * inv;
-    dr[i] = (p - (i == t ? T(1) : T(0))) * scale;
+    const T p = d_exp(ld<T>(xr[i]) - m) * inv;
+    dr[i] = st<S>((p - (i == t ? T(1) : T(0))) * scale);
   }
 }
 
 // x = a + b (b null: x is a, not written), then y = x r w with r = (mean(x^2) + eps)^(-1/2).
-// Each thread reads back only the elements of x it wrote itself.
-template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* a, const T* b, const T* w, T eps, T* x, T* y, T* rstd, int64_t D) {
+// Each thread reads back only the elements of x it wrote itself. a, x and rstd are T; b, w and y
+// stored as SB, SW, SY (T, or bf16_t for float).
+template <typename T, typename SB, typename SW, typename SY>
+__global__ void rmsnorm_forward_kernel(const T* a, const SB* b, const SW* w, T eps, T* x, SY* y, T* rstd, int64_t D) {
   __shared__ T scratch[32];
   const T* ar = a + blockIdx.x * D;
-  T* yr = y + blockIdx.x * D;
+  SY* yr = y + blockIdx.x * D;
   T ss = 0;
   if (b) {
-    const T* br = b + blockIdx.x * D;
+    const SB* br = b + blockIdx.x * D;
     T* xw = x + blockIdx.x * D;
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-      const T v = ar[i] + br[i];
+      const T v = ar[i] + ld<T>(br[i]);
       xw[i] = v;
       ss += v * v;
     }
@@ -123,37 +126,40 @@ __global__ void rmsnorm_forward_kernel(const T* a, const T* b, const T* w, T eps
   const T* xr = ar;
   ss = block_reduce(ss, SumOp{}, T(0), scratch);
   const T r = T(1) / d_sqrt(ss / T(D) + eps);
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = st<SY>(xr[i] * r * ld<T>(w[i]));
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / D, so
 // dx_j = r (w_j dy_j - x_j r^2 / D * sum_i dy_i w_i x_i).
-template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const T* rstd, const T* dy, T* dx, int64_t D,
+// w and dy stored as SW and SD (T, or bf16_t for float).
+template <typename T, typename SW, typename SD>
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const SW* w, const T* rstd, const SD* dy, T* dx, int64_t D,
                                            bool accumulate) {
   __shared__ T scratch[32];
   const T* xr = x + blockIdx.x * D;
-  const T* dyr = dy + blockIdx.x * D;
+  const SD* dyr = dy + blockIdx.x * D;
   T* dxr = dx + blockIdx.x * D;
   const T r = rstd[blockIdx.x];
   T s = 0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += dyr[i] * w[i] * xr[i];
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += ld<T>(dyr[i]) * ld<T>(w[i]) * xr[i];
   s = block_reduce(s, SumOp{}, T(0), scratch);
   const T c = r * r * s / T(D);
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    const T g = r * (w[i] * dyr[i] - xr[i] * c);
+    const T g = r * (ld<T>(w[i]) * ld<T>(dyr[i]) - xr[i] * c);
     dxr[i] = accumulate ? dxr[i] + g : g;
   }
 }
 
 // dw_c += sum_r dy[r, c] x[r, c] rstd[r], as a deterministic column reduction (in double).
-template <typename T>
+template <typename T, typename SD>
 struct DwLoad {
-  const T *x, *dy, *rstd;
+  const T* x;
+  const SD* dy;
+  const T* rstd;
   int64_t D;
   __device__ double operator()(int64_t r, int64_t c) const {
-    return double(dy[r * D + c]) * double(x[r * D + c]) * double(rstd[r]);
+    return double(ld<T>(dy[r * D + c])) * double(x[r * D + c]) * double(rstd[r]);
   }
 };
 template <typename T>
@@ -175,8 +181,9 @@ struct RopeFrequencies {
 // One thread per rotated pair. The angle and its sine/cosine are computed in double for both
 // dtypes: positions reach thousands of radians, where an f32 angle would lose ~1e-4 absolute.
 // The angle is the host's (the same product as the CPU's); only sincos differs (2 ulp).
-template <typename T>
-__global__ void rope_kernel(const T* x, T* y, int64_t npairs, int64_t T_, int64_t H, int64_t half,
+// x and y stored as S (T, or bf16_t for float).
+template <typename T, typename S>
+__global__ void rope_kernel(const S* x, S* y, int64_t npairs, int64_t T_, int64_t H, int64_t half,
                             const RopeFrequencies freq, int64_t pos0, double sign) {
   for (int64_t p = global_tid(); p < npairs; p += grid_stride()) {
     const int64_t i = p % half;
@@ -184,17 +191,18 @@ __global__ void rope_kernel(const T* x, T* y, int64_t npairs, int64_t T_, int64_
     const double angle = sign * (static_cast<double>(pos0 + t) * freq.f[i]);
     double s, c;
     ::sincos(angle, &s, &c);
-    const T x0 = x[2 * p], x1 = x[2 * p + 1];
-    y[2 * p] = x0 * T(c) - x1 * T(s);
-    y[2 * p + 1] = x0 * T(s) + x1 * T(c);
+    const T x0 = ld<T>(x[2 * p]), x1 = ld<T>(x[2 * p + 1]);
+    y[2 * p] = st<S>(x0 * T(c) - x1 * T(s));
+    y[2 * p + 1] = st<S>(x0 * T(s) + x1 * T(c));
   }
 }
 
-template <typename T>
-__global__ void embedding_forward_kernel(const T* table, const int32_t* ids, T* out, int64_t N, int64_t D) {
+// table and out stored as ST and SO (T, or bf16_t for float), converted through T.
+template <typename T, typename ST, typename SO>
+__global__ void embedding_forward_kernel(const ST* table, const int32_t* ids, SO* out, int64_t N, int64_t D) {
   for (int64_t e = global_tid(); e < N * D; e += grid_stride()) {
     const int64_t n = e / D, d = e - n * D;
-    out[e] = table[static_cast<int64_t>(ids[n]) * D + d];
+    out[e] = st<SO>(ld<T>(table[static_cast<int64_t>(ids[n]) * D + d]));
   }
 }
 
@@ -247,10 +255,13 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
   const int64_t N = logits.dim(0), V = logits.dim(1);
   if (N == 0) return;
-  visit_float(logits.dtype(), [&](auto tag) {
+  visit_float(losses.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_forward_kernel<T><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
-        logits.ptr<T>(), targets.ptr<int32_t>(), losses.ptr<T>(), V);
+    visit_storage<T>(logits.dtype(), [&](auto stag) {
+      using S = decltype(stag);
+      cross_entropy_forward_kernel<T, S><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
+          logits.ptr<S>(), targets.ptr<int32_t>(), losses.ptr<T>(), V);
+    });
   });
   check_launch("cross_entropy_forward");
 }
@@ -260,8 +271,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
   if (N == 0) return;
   visit_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
-        logits.ptr<T>(), targets.ptr<int32_t>(), T(scale), dlogits.ptr<T>(), V);
+    visit_storage<T>(logits.dtype(), [&](auto stag) {
+      using S = decltype(stag);
+      cross_entropy_backward_kernel<T, S><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
+          logits.ptr<S>(), targets.ptr<int32_t>(), T(scale), dlogits.ptr<S>(), V);
+    });
   });
   check_launch("cross_entropy_backward");
 }
@@ -273,8 +287,17 @@ void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double e
   if (R == 0) return;
   visit_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
-        a.ptr<T>(), b ? b->ptr<T>() : nullptr, w.ptr<T>(), T(eps), x.ptr<T>(), y.ptr<T>(), rstd.ptr<T>(), D);
+    visit_storage<T>(b ? b->dtype() : a.dtype(), [&](auto btag) {
+      visit_storage<T>(w.dtype(), [&](auto wtag) {
+        visit_storage<T>(y.dtype(), [&](auto ytag) {
+          using SB = decltype(btag);
+          using SW = decltype(wtag);
+          using SY = decltype(ytag);
+          rmsnorm_forward_kernel<T, SB, SW, SY><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
+              a.ptr<T>(), b ? b->ptr<SB>() : nullptr, w.ptr<SW>(), T(eps), x.ptr<T>(), y.ptr<SY>(), rstd.ptr<T>(), D);
+        });
+      });
+    });
   });
   check_launch(b ? "add_rmsnorm_forward" : "rmsnorm_forward");
 }
@@ -285,11 +308,17 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
   if (R == 0) return;
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    // dw first: it reads dy, which dx may overwrite when the caller passes them aliased.
-    column_reduce<double>("rmsnorm_backward(dw)", R, D, DwLoad<T>{x.ptr<T>(), dy.ptr<T>(), rstd.ptr<T>(), D}, AddD{},
-                          0.0, DwAccumulate<T>{dw.ptr<T>()}, x.device());
-    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
-        x.ptr<T>(), w.ptr<T>(), rstd.ptr<T>(), dy.ptr<T>(), dx.ptr<T>(), D, accumulate);
+    visit_storage<T>(w.dtype(), [&](auto wtag) {
+      visit_storage<T>(dy.dtype(), [&](auto dtag) {
+        using SW = decltype(wtag);
+        using SD = decltype(dtag);
+        // dw first: it reads dy, which dx may overwrite when the caller passes them aliased.
+        column_reduce<double>("rmsnorm_backward(dw)", R, D, DwLoad<T, SD>{x.ptr<T>(), dy.ptr<SD>(), rstd.ptr<T>(), D},
+                              AddD{}, 0.0, DwAccumulate<T>{dw.ptr<T>()}, x.device());
+        rmsnorm_backward_dx_kernel<T, SW, SD><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
+            x.ptr<T>(), w.ptr<SW>(), rstd.ptr<T>(), dy.ptr<SD>(), dx.ptr<T>(), D, accumulate);
+      });
+    });
   });
   check_launch("rmsnorm_backward");
 }
@@ -304,8 +333,11 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
   for (int64_t i = 0; i < hd / 2; ++i) freq.f[i] = rope_frequency(i, hd, theta);
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<grid_for(npairs, 256), 256, 0, stream()>>>(x.ptr<T>(), y.ptr<T>(), npairs, T_, H, hd / 2, freq,
-                                                                 pos0, inverse ? -1.0 : 1.0);
+    visit_storage<T>(x.dtype(), [&](auto stag) {
+      using S = decltype(stag);
+      rope_kernel<T, S><<<grid_for(npairs, 256), 256, 0, stream()>>>(x.ptr<S>(), y.ptr<S>(), npairs, T_, H, hd / 2,
+                                                                      freq, pos0, inverse ? -1.0 : 1.0);
+    });
   });
   check_launch("rope");
 }
@@ -315,8 +347,14 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   if (N * D == 0) return;
   visit_float(table.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    embedding_forward_kernel<T><<<grid_for(N * D, 256), 256, 0, stream()>>>(table.ptr<T>(), ids.ptr<int32_t>(),
-                                                                            out.ptr<T>(), N, D);
+    visit_storage<T>(table.dtype(), [&](auto ttag) {
+      visit_storage<T>(out.dtype(), [&](auto otag) {
+        using ST = decltype(ttag);
+        using SO = decltype(otag);
+        embedding_forward_kernel<T, ST, SO><<<grid_for(N * D, 256), 256, 0, stream()>>>(
+            table.ptr<ST>(), ids.ptr<int32_t>(), out.ptr<SO>(), N, D);
+      });
+    });
   });
   check_launch("embedding_forward");
 }
