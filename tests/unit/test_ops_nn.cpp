@@ -188,6 +188,13 @@ TEST(OpsNN, CrossEntropyBackwardFiniteDifferences) {
   const Vec got = dx.to_doubles();
   expect_close(got, numeric_grad(x, loss), kFdTol, "cross_entropy backward");
   for (int64_t i = 0; i < V; ++i) EXPECT_EQ(got[V + i], 0.0) << "ignored row";
+  // In place (LinearLoss's use): the same values, f64, f32 and bf16.
+  for (DType t : {DType::f64, DType::f32, DType::bf16}) {
+    Tensor logits = make(rounded(x, t), {N, V}, t), sep = Tensor::empty({N, V}, t);
+    ops::cross_entropy_backward(logits, make(tg, {N}, DType::i32), scale, sep);
+    ops::cross_entropy_backward(logits, make(tg, {N}, DType::i32), scale, logits);
+    EXPECT_EQ(logits.to_doubles(), sep.to_doubles()) << dtype_name(t);
+  }
 }
 
 TEST(OpsNN, CrossEntropyRejectsBadTargets) {

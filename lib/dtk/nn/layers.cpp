@@ -561,9 +561,10 @@ double LinearLoss::forward(const Tensor& x, const Tensor& targets) {
 }
 
 void LinearLoss::backward(double scale, Tensor* dx) {
-  Tensor dlogits = dlogits_buf_.get(logits_.shape(), logits_.dtype(), logits_.device());
-  loss_.backward(scale, dlogits);
-  fc_.backward(dlogits, dx);
+  if (!logits_.defined()) fail("LinearLoss.backward: no forward to differentiate");
+  loss_.backward(scale, logits_);  // in place: the logits become their gradient
+  fc_.backward(logits_, dx);
+  logits_ = Tensor();  // spent
 }
 
 }  // namespace dtk::nn

@@ -214,13 +214,16 @@ class LinearLoss {
   // x [.., in_features]; the mean loss. Saves what backward needs.
   double forward(const Tensor& x, const Tensor& targets);
   // Parameter grads += d(scale * loss)/d(params); dx = d(scale * loss)/dx (overwritten) when given.
+  // The logits' gradient is written over the logits (cross_entropy_backward in place: one
+  // [N, V] buffer, not two, which at a 128k vocabulary is most of the head's memory).
   void backward(double scale, Tensor* dx);
-  int64_t correct() { return loss_.correct(); }  // see CrossEntropy::correct
+  // See CrossEntropy::correct; between forward and backward (backward overwrites the logits).
+  int64_t correct() { return loss_.correct(); }
 
  private:
   Linear fc_;
   CrossEntropy loss_;
-  Buffer logits_buf_, dlogits_buf_;
+  Buffer logits_buf_;
   Tensor logits_;
 };
 

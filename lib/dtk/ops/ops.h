@@ -85,7 +85,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx
 // Cross entropy of logits [N, V] against targets i32 [N] (-1: ignored, loss 0): losses [N] =
 // logsumexp(row) - row[target]. Backward: dlogits = (softmax(row) - onehot(target)) * scale, 0 for
 // ignored rows (scale is usually 1 / number of counted targets). logits and losses mix (bf16
-// logits, f32 losses); dlogits has the logits' dtype.
+// logits, f32 losses); dlogits has the logits' dtype and may be logits itself (in place).
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);
 // RMSNorm over the last dim D: y = x * rstd * w, rstd [rows] = 1 / sqrt(mean(x^2) + eps), saved.
