@@ -1,7 +1,7 @@
 // export: a checkpoint's tensors (all, or those NAME selects: model/ for the model alone) as
 // safetensors (https://github.com/huggingface/safetensors, "Format") or as NumPy's npz (a zip of
-// NAME.npy files, stored, zip64 where needed; written by libzip). Names are kept as the checkpoint
-// has them (model/norm.weight).
+// NAME.npy files, stored, zip64 where needed; written by libzip), named as the checkpoint names
+// them (model/norm.weight); or a llama's model as a Hugging Face folder (--format hf, nn/hf.h).
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 #include <zip.h>
@@ -16,7 +16,11 @@
 #include <optional>
 
 #include "command.h"
+#include "dtk/cli/checks.h"
+#include "dtk/core/checks.h"
 #include "dtk/core/error.h"
+#include "dtk/core/json_config.h"
+#include "dtk/nn/hf.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::inspect {
@@ -335,18 +339,160 @@ void write_npz(const ckpt::Reader& in, const std::vector<const ckpt::TensorInfo*
   za.release();  // zip_close freed it
 }
 
+// ---------------------------------------------------------------------------- hf
+
+// A folder written under a temporary name beside it and renamed into place by commit(); without
+// commit() the temporary folder is removed. commit() over an existing folder (--force) renames
+// the old one aside first and removes it after.
+class AtomicDir {
+ public:
+  explicit AtomicDir(fs::path path) : path_(std::move(path)), tmp_(ckpt::temp_name(path_)) {
+    if (!fs::create_directory(tmp_)) fail("cannot create " + tmp_.string());
+  }
+  ~AtomicDir() {
+    std::error_code ec;
+    if (!committed_) fs::remove_all(tmp_, ec);
+  }
+  const fs::path& tmp() const { return tmp_; }
+  void commit() {
+    std::error_code ec;
+    fs::path old;
+    if (fs::exists(fs::symlink_status(path_))) {
+      old = ckpt::temp_name(path_);
+      fs::rename(path_, old, ec);
+      if (ec) fail("cannot move {} aside: {}", path_.string(), ec.message());
+    }
+    fs::rename(tmp_, path_, ec);
+    if (ec) {
+      std::error_code back;
+      if (!old.empty()) fs::rename(old, path_, back);
+      fail("cannot rename {} to {}: {}", tmp_.string(), path_.string(), ec.message());
+    }
+    committed_ = true;
+    if (!old.empty()) fs::remove_all(old, ec);
+  }
+
+ private:
+  fs::path path_, tmp_;
+  bool committed_ = false;
+};
+
+// The model's tensors in the Hugging Face Llama layout (nn/hf.h) in folder `dir`: config.json,
+// and model.safetensors or, past max_shard bytes, model-0000K-of-0000N.safetensors with
+// model.safetensors.index.json, as transformers' save_pretrained writes them. Tensors in the
+// checkpoint's parameter order, converted to `dtype`, streamed a chunk of rows at a time (wq and
+// wk, whose rows the rotary order permutes, whole).
+void write_hf(const ckpt::Reader& in, const fs::path& dir, DType dtype, uint64_t max_shard) {
+  const nn::ModelConfig cfg = read_config<nn::ModelConfig>(in.metadata().model_config, "model config");
+  const nlohmann::ordered_json config = nn::hf::config(cfg, dtype);
+  struct Out {
+    const ckpt::TensorInfo* t;
+    std::string name;
+    uint64_t bytes;
+  };
+  std::vector<std::vector<Out>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const auto& t : in.tensors()) {
+    if (!t.name.starts_with("model/")) continue;
+    const std::string dtk_name = t.name.substr(6);
+    if (!dtype_is_float(t.dtype)) fail_usage("{}: {} is not a float tensor", t.name, dtype_name(t.dtype));
+    const Out o{&t, nn::hf::tensor_name(dtk_name), static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(dtype)};
+    if (in_shard > 0 && in_shard + o.bytes > max_shard) shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(o);
+    in_shard += o.bytes;
+    total += o.bytes;
+  }
+  if (shards.front().empty()) fail_usage("{}: no model tensors to export", in.path().string());
+  AtomicDir out(dir);
+  const size_t n = shards.size();
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t s = 0; s < n; ++s) {
+    const std::string file =
+        n == 1 ? "model.safetensors" : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n);
+    nlohmann::ordered_json header;
+    uint64_t offset = 0;
+    for (const Out& o : shards[s]) {
+      header[o.name] = {{"dtype", safetensors_dtype(dtype)}, {"shape", o.t->shape}, {"data_offsets", {offset, offset + o.bytes}}};
+      offset += o.bytes;
+      weight_map[o.name] = file;
+    }
+    header["__metadata__"] = {{"format", "pt"}};  // transformers refuses safetensors without it
+    std::string json = header.dump();
+    json.append((8 - json.size() % 8) % 8, ' ');
+    std::string head;
+    put<uint64_t>(head, json.size());
+    AtomicFile f(out.tmp() / file);
+    f.write(head);
+    f.write(json);
+    for (const Out& o : shards[s]) {
+      const std::string dtk_name = o.t->name.substr(6);
+      const auto converted = [&](const Tensor& x) {
+        if (x.dtype() == dtype) return x;
+        Tensor c = Tensor::empty(x.shape(), dtype);
+        ops::cast(x, c);
+        return c;
+      };
+      if (const int64_t heads = nn::hf::rope_heads(dtk_name, cfg); heads > 0) {
+        const Tensor w = nn::hf::permute_rope_rows(converted(in.read(o.t->name)), heads, true);
+        f.write(w.data(), w.bytes());
+      } else {
+        for_each_chunk(in, *o.t, rows_per_chunk(*o.t, dtype_size(o.t->dtype) + dtype_size(dtype), kChunkBytes),
+                       [&](int64_t, const Tensor& rows) {
+                         const Tensor c = converted(rows);
+                         f.write(c.data(), c.bytes());
+                       });
+      }
+    }
+    f.commit();
+  }
+  if (n > 1) {
+    const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    AtomicFile f(out.tmp() / "model.safetensors.index.json");
+    f.write(index.dump(2) + "\n");
+    f.commit();
+  }
+  AtomicFile c(out.tmp() / "config.json");
+  c.write(config.dump(2) + "\n");
+  c.commit();
+  out.commit();
+}
+
 class Export : public WriteCommand {
  public:
   void add_options(CLI::App& sub) override {
     add_io_options(sub, "a full checkpoint or a sharded state", false);
     sub.add_option("NAME", names_, "only these tensors, or groups ending in / (model/ for the model alone); default all");
-    sub.add_option("--format", format_, "safetensors or npz")->required()->check(CLI::IsMember({"safetensors", "npz"}));
+    sub.add_option("--format", format_,
+                   "safetensors or npz (the tensors as the checkpoint names them), or hf: a llama's model as a Hugging "
+                   "Face LlamaForCausalLM folder (config.json and safetensors; -o names the folder)")
+        ->required()
+        ->check(CLI::IsMember({"safetensors", "npz", "hf"}));
+    cli::add_enum(sub, "--dtype", dtype_, "hf: the tensors' dtype", {DType::f32, DType::bf16});
+    cli::add_size(sub, "--max-shard-size", max_shard_, "hf: safetensors files of at most this size (a larger tensor alone)");
   }
   void validate() override {
-    open(false);
-    check_names(names_, {in_.get()});
+    if (format_ != "hf") {
+      open(false);
+      check_names(names_, {in_.get()});
+      return;
+    }
+    if (!names_.empty()) fail_usage("--format hf exports the model whole: no NAME");
+    open_input_only();
+    if (output_.empty()) fail_usage("no output given (-o DIR)");
+    check_output_parent("-o", output_);
+    if (fs::exists(fs::symlink_status(output_))) {
+      if (!force_) fail_usage(output_ + " exists; use --force to overwrite it");
+      if (!fs::is_directory(output_) || !fs::exists(fs::path(output_) / "config.json"))
+        fail_usage(output_ + " exists and is not a Hugging Face export; --force replaces only those");
+    }
+    nn::hf::config(read_config<nn::ModelConfig>(in_->metadata().model_config, "model config"), dtype_);
   }
   int run() override {
+    if (format_ == "hf") {
+      write_hf(*in_, output_, dtype_, max_shard_);
+      print_path(output_);
+      return 0;
+    }
     // The selected tensors, with their names as the checkpoint has them (model/norm.weight).
     std::vector<const ckpt::TensorInfo*> tensors;
     for (const auto& t : in_->tensors())
@@ -362,6 +508,8 @@ class Export : public WriteCommand {
  private:
   std::string format_;
   std::vector<std::string> names_;
+  DType dtype_ = DType::f32;
+  uint64_t max_shard_ = uint64_t{5} << 30;  // transformers' default, 5 GB (GiB here)
 };
 
 }  // namespace
