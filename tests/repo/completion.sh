@@ -73,7 +73,7 @@ expect "data-pack: subcommands" "text mnist cifar10 synthetic" data-pack ""
 expect_has "shard-inspect reshard: its options and the common ones" shard-inspect reshard -- :: \
   --world-size --output --force --gzip --log-level
 expect "shard-inspect diff --r" "--rtol" shard-inspect --log-level warn diff --r
-expect "shard-inspect export --format" "safetensors npz" shard-inspect export --format ""
+expect "shard-inspect export --format" "safetensors npz hf" shard-inspect export --format ""
 expect_has "shard-inspect ls: a checkpoint file or directory" shard-inspect ls c :: ck.h5 ckdir
 expect "shard-inspect convert --dtype" "bf16 f16 f32" shard-inspect convert ck.h5 --dtype ""
 expect "data-pack synthetic --kind" "tokens classes" data-pack synthetic --kind ""
