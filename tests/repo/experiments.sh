@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The experiments of scripts/experiments end to end in a reduced form (a few steps, fewer
 # methods and learning rates): each writes its metrics, a table with a row per method and a PNG.
-# Their full CPU-scale results are in the README.
+# Their full CPU-scale results are in docs/RESULTS.md.
 #   experiments.sh BUILD_DIR
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

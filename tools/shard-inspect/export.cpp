@@ -382,8 +382,7 @@ class AtomicDir {
 // model.safetensors.index.json, as transformers' save_pretrained writes them. Tensors in the
 // checkpoint's parameter order, converted to `dtype`, streamed a chunk of rows at a time (wq and
 // wk, whose rows the rotary order permutes, whole).
-void write_hf(const ckpt::Reader& in, const fs::path& dir, DType dtype, uint64_t max_shard) {
-  const nn::ModelConfig cfg = read_config<nn::ModelConfig>(in.metadata().model_config, "model config");
+void write_hf(const ckpt::Reader& in, const nn::ModelConfig& cfg, const fs::path& dir, DType dtype, uint64_t max_shard) {
   const nlohmann::ordered_json config = nn::hf::config(cfg, dtype);
   struct Out {
     const ckpt::TensorInfo* t;
@@ -485,11 +484,12 @@ class Export : public WriteCommand {
       if (!fs::is_directory(output_) || !fs::exists(fs::path(output_) / "config.json"))
         fail_usage(output_ + " exists and is not a Hugging Face export; --force replaces only those");
     }
-    nn::hf::config(read_config<nn::ModelConfig>(in_->metadata().model_config, "model config"), dtype_);
+    cfg_ = read_config<nn::ModelConfig>(in_->metadata().model_config, "model config");
+    nn::hf::config(cfg_, dtype_);  // a llama, a dtype the layout takes: else a UsageError before writing
   }
   int run() override {
     if (format_ == "hf") {
-      write_hf(*in_, output_, dtype_, max_shard_);
+      write_hf(*in_, cfg_, output_, dtype_, max_shard_);
       print_path(output_);
       return 0;
     }
@@ -508,6 +508,7 @@ class Export : public WriteCommand {
  private:
   std::string format_;
   std::vector<std::string> names_;
+  nn::ModelConfig cfg_;  // --format hf: the checkpoint's model
   DType dtype_ = DType::f32;
   uint64_t max_shard_ = uint64_t{5} << 30;  // transformers' default, 5 GB (GiB here)
 };

@@ -24,12 +24,12 @@ void need_bound(const void* p, const char* layer) {
   if (p == nullptr) fail(std::string(layer) + ": used before bind()");
 }
 
-// dy in the activations' dtype dt: itself, or (an f32 residual gradient into bf16 layers) cast
-// into workspace slot `slot`, the rounding autocast makes at a bf16 output's gradient.
-Tensor activation_grad(const Tensor& dy, DType dt, Workspace& ws, size_t slot) {
-  if (dy.dtype() == dt) return dy;
-  Tensor c = ws.get(slot, dy.shape(), dt, dy.device());
-  ops::cast(dy, c);
+// t itself when it has dtype d, else a copy cast into buf: autocast's casts (a Linear's f32
+// input to bf16; an f32 residual gradient rounded where it enters bf16 layers).
+Tensor as_dtype(const Tensor& t, DType d, Buffer& buf) {
+  if (t.dtype() == d) return t;
+  Tensor c = buf.get(t.shape(), d, t.device());
+  ops::cast(t, c);
   return c;
 }
 
@@ -40,14 +40,6 @@ Tensor activation_grad(const Tensor& dy, DType dt, Workspace& ws, size_t slot) {
 namespace {
 thread_local ops::Math current_gemm_math = ops::Math::exact;
 thread_local bool current_bf16_weights = false;
-
-// t itself when it has dtype d, else a copy cast into buf.
-Tensor as_dtype(const Tensor& t, DType d, Buffer& buf) {
-  if (t.dtype() == d) return t;
-  Tensor c = buf.get(t.shape(), d, t.device());
-  ops::cast(t, c);
-  return c;
-}
 }  // namespace
 
 ops::Math gemm_math() { return current_gemm_math; }
@@ -77,9 +69,9 @@ Tensor Buffer::get(const Shape& shape, DType t, Device d) {
   return store_.slice(0, n).reshape(shape);
 }
 
-Tensor Workspace::get(size_t slot, const Shape& shape, DType t, Device d) {
+Buffer& Workspace::buffer(size_t slot) {
   if (slot >= slots_.size()) slots_.resize(slot + 1);
-  return slots_[slot].get(shape, t, d);
+  return slots_[slot];
 }
 
 size_t Workspace::bytes() const {
@@ -256,7 +248,7 @@ void Attention::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slo
   const DType dt = q_.dtype();
   const Device dev = q_.device();
   Tensor dout = ws.get(slot0, q_.shape(), dt, dev);
-  wo_.backward(activation_grad(dy, dt, ws, slot0 + 4), &dout);  // dWo += dy^T out; dout = dy Wo
+  wo_.backward(as_dtype(dy, dt, ws.buffer(slot0 + 4)), &dout);  // dWo += dy^T out; dout = dy Wo
   Tensor dq = ws.get(slot0 + 1, q_.shape(), dt, dev);
   Tensor dk = ws.get(slot0 + 2, k_.shape(), dt, dev);
   Tensor dv = ws.get(slot0 + 3, v_.shape(), dt, dev);
@@ -317,7 +309,7 @@ void FeedForward::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t s
   const DType dt = a_.dtype();
   const Device dev = a_.device();
   Tensor dg = ws.get(slot0, a_.shape(), dt, dev);
-  w2_.backward(activation_grad(dy, dt, ws, slot0 + 3), &dg);  // dW2 += dy^T g; dg = dy W2
+  w2_.backward(as_dtype(dy, dt, ws.buffer(slot0 + 3)), &dg);  // dW2 += dy^T g; dg = dy W2
   Tensor da = ws.get(slot0 + 1, a_.shape(), dt, dev);
   Tensor db = ws.get(slot0 + 2, a_.shape(), dt, dev);
   ops::swiglu_backward(a_, b_, dg, da, db);

@@ -4,8 +4,9 @@
 // what backward needs: handles to its inputs (views, not copies: the caller keeps an input
 // unchanged until the backward) and its own intermediate activations in Buffers. backward
 // accumulates (+=) into the parameters' grads and writes the input gradient into a tensor the
-// caller passes (overwritten unless the doc says it accumulates). Every tensor of one layer has
-// the dtype of its parameters (f32, or f64 for gradient checks) and lives on their device.
+// caller passes (overwritten unless the doc says it accumulates). A layer's tensors live on its
+// parameters' device and have their dtype (f32, or f64 for gradient checks), except under bf16
+// weights (ComputeScope below), where activations may be bf16 as each layer's doc says.
 //
 // Selective activation checkpointing keeps a layer's expensive activations (matmul and attention
 // outputs) and recomputes the cheap ones before its backward: a layer can be told to keep a cheap
@@ -60,7 +61,8 @@ class Buffer {
 // time). A layer's backward takes the first slot it may use; it uses a documented number of slots.
 class Workspace {
  public:
-  Tensor get(size_t slot, const Shape& shape, DType t, Device d);
+  Tensor get(size_t slot, const Shape& shape, DType t, Device d) { return buffer(slot).get(shape, t, d); }
+  Buffer& buffer(size_t slot);
   void release() { slots_.clear(); }
   size_t bytes() const;
 

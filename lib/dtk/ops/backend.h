@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "dtk/ops/ops.h"
 
@@ -93,6 +94,13 @@ inline double rope_frequency(int64_t i, int64_t hd, double theta) {
   bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out);
 
 namespace dtk::ops {
+// Whether a mixed-precision op (ops.h) got a bf16 tensor among ts (null entries: absent tensors).
+inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t && t->defined() && t->dtype() == DType::bf16) return true;
+  return false;
+}
+
 // Batch norm's x [N, C, ...]: the elements per (n, c) pair, the product of the dims after C
 // (both backends view x as [N, C, L]).
 inline int64_t channel_size(const Tensor& x) {

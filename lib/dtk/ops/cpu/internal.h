@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -109,12 +108,8 @@ double softmax_row(const double* x, double* y, int64_t n, double scale);
 // The mixed-precision ops (ops.h) on the CPU: each bf16 argument is worked on as an f32 copy,
 // exact when it is read, and each output copy is rounded back to bf16 once, by done(): the
 // rounding points of the CUDA kernels, which read bf16 into f32 registers and round when they
-// store. Speed is not the point here (the CPU's bf16 runs are the GPU's reference).
-inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t && t->defined() && t->dtype() == DType::bf16) return true;
-  return false;
-}
+// store. Speed is not the point here (the CPU's bf16 runs are the GPU's reference). Ops test
+// for bf16 arguments with any_bf16 (backend.h).
 class F32Copies {
  public:
   // t itself, or an f32 copy of it.

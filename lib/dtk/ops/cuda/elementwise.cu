@@ -3,8 +3,6 @@
 // pointer is aligned, then finishes the tail element by element. The per-element math is a small
 // functor, so each op is a line. In place is allowed everywhere: element i is read before it is
 // written, by the same thread.
-#include <initializer_list>
-
 #include "dtk/ops/cuda/common.cuh"
 
 namespace dtk::ops::cuda {
@@ -156,12 +154,6 @@ void binary_mixed(const char* name, const Tensor& a, const Tensor& b, Tensor& ou
     });
   });
   check_launch(name);
-}
-
-bool any_bf16(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->dtype() == DType::bf16) return true;
-  return false;
 }
 
 }  // namespace
