@@ -1,9 +1,12 @@
 // The Hugging Face Llama layout (nn/hf.h): every llama parameter's name, the rotary row order of
 // wq and wk checked against transformers' rotate_half RoPE written here in f64 (not from dtk),
-// and config.json.
+// and config.json both ways: written, and read back as transformers 4 and 5 write it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -109,6 +112,59 @@ TEST(HfLayout, Config) {
   EXPECT_EQ(j["torch_dtype"], "bfloat16");
   EXPECT_THROW(hf::config(preset("mlp-small"), DType::f32), UsageError);
   EXPECT_THROW(hf::config(preset("llama-tiny"), DType::f64), UsageError);
+}
+
+// config.json read back: the config dtk writes gives the model it came from; transformers 5's
+// rope_parameters and 4's rope_theta; LlamaConfig's defaults; what dtk's llama is not refused.
+TEST(HfLayout, ReadConfig) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtk-hf-config-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto read = [&](const nlohmann::json& j) {
+    std::ofstream(dir / "config.json") << j.dump();
+    return hf::read_config(dir);
+  };
+  ModelConfig c = preset("llama3-1b");
+  c.seq_len = 512;
+  ModelConfig back = read(hf::config(c, DType::bf16));
+  back.preset = c.preset;
+  EXPECT_EQ(back, c);
+
+  const nlohmann::json v5 = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 64},
+                             {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                             {"vocab_size", 256}, {"rope_parameters", {{"rope_theta", 50000.0}, {"rope_type", "default"}}},
+                             {"max_position_embeddings", 131072}, {"head_dim", 16}};
+  const ModelConfig m = read(v5);
+  EXPECT_EQ(m.rope_theta, 50000.0);
+  EXPECT_EQ(m.n_kv_heads, 4);                    // num_key_value_heads defaults to the heads
+  EXPECT_EQ(m.norm_eps, 1e-6);                   // LlamaConfig's rms_norm_eps
+  EXPECT_EQ(m.seq_len, hf::kImportSeqLen);       // 131072 positions: trained at 2048 unless --seq-len
+  nlohmann::json v4 = v5;
+  v4.erase("rope_parameters");
+  v4["rope_theta"] = 123.0;
+  v4["rope_scaling"] = nullptr;
+  EXPECT_EQ(read(v4).rope_theta, 123.0);
+  v4.erase("rope_theta");
+  EXPECT_EQ(read(v4).rope_theta, 10000.0);
+
+  const auto refused = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = v5;
+    j[key] = value;
+    EXPECT_THROW(read(j), UsageError) << key << " " << value.dump();
+  };
+  refused("model_type", "mistral");
+  refused("architectures", {"LlamaForSequenceClassification"});
+  refused("rope_parameters", {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 32.0}});
+  refused("rope_scaling", {{"type", "linear"}, {"factor", 2.0}});
+  refused("attention_bias", true);
+  refused("mlp_bias", true);
+  refused("hidden_act", "gelu");
+  refused("head_dim", 32);
+  refused("hidden_size", 66);
+  refused("num_hidden_layers", 0);
+  refused("vocab_size", "256");
+  std::ofstream(dir / "config.json") << "{not json";
+  EXPECT_THROW(hf::read_config(dir), UsageError);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "command.h"
+#include "dtk/ckpt/safetensors.h"
 #include "dtk/cli/checks.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
@@ -36,20 +37,6 @@ void put(std::string& buf, T v) {
 
 // ---------------------------------------------------------------------------- safetensors
 
-const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
-    case DType::u16: return "U16";
-  }
-  return "";
-}
-
 // 8-byte little-endian header size N, N bytes of JSON (tensors in name order, then
 // __metadata__, padded with spaces to a multiple of 8), then the data in header order.
 void write_safetensors(const ckpt::Reader& in, const std::vector<const ckpt::TensorInfo*>& tensors, AtomicFile& out) {
@@ -62,7 +49,7 @@ void write_safetensors(const ckpt::Reader& in, const std::vector<const ckpt::Ten
   uint64_t offset = 0;
   for (const auto* tp : order) {
     const auto& t = *tp;
-    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    header[t.name] = {{"dtype", ckpt::safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
   }
   const ckpt::Metadata& m = in.metadata();
@@ -78,12 +65,7 @@ void write_safetensors(const ckpt::Reader& in, const std::vector<const ckpt::Ten
                             {"data_position", m.data_position.dump()},
                             {"rng_state", m.rng_state.dump()},
                             {"extra", m.extra.dump()}};
-  std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');
-  std::string head;
-  put<uint64_t>(head, json.size());
-  out.write(head);
-  out.write(json);
+  out.write(ckpt::safetensors_prefix(header));
   for (const auto* t : order)
     for_each_chunk(in, *t, rows_per_chunk(*t, dtype_size(t->dtype), kChunkBytes),
                    [&](int64_t, const Tensor& rows) { out.write(rows.data(), rows.bytes()); });
@@ -411,18 +393,13 @@ void write_hf(const ckpt::Reader& in, const nn::ModelConfig& cfg, const fs::path
     nlohmann::ordered_json header;
     uint64_t offset = 0;
     for (const Out& o : shards[s]) {
-      header[o.name] = {{"dtype", safetensors_dtype(dtype)}, {"shape", o.t->shape}, {"data_offsets", {offset, offset + o.bytes}}};
+      header[o.name] = {{"dtype", ckpt::safetensors_dtype(dtype)}, {"shape", o.t->shape}, {"data_offsets", {offset, offset + o.bytes}}};
       offset += o.bytes;
       weight_map[o.name] = file;
     }
     header["__metadata__"] = {{"format", "pt"}};  // transformers refuses safetensors without it
-    std::string json = header.dump();
-    json.append((8 - json.size() % 8) % 8, ' ');
-    std::string head;
-    put<uint64_t>(head, json.size());
     AtomicFile f(out.tmp() / file);
-    f.write(head);
-    f.write(json);
+    f.write(ckpt::safetensors_prefix(header));
     for (const Out& o : shards[s]) {
       const std::string dtk_name = o.t->name.substr(6);
       const auto converted = [&](const Tensor& x) {

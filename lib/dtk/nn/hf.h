@@ -8,11 +8,17 @@
 // (convert_llama_weights_to_hf.py, `permute`) reorders the rows of wq and wk so that both give
 // the same attention: row h hd + 2i + c of dtk's (c = 0, 1) is row h hd + c hd/2 + i of HF's.
 // Every other tensor keeps its values and layout ([out, in], PyTorch's).
+//
+// Import (the trainers' --init-from DIR): a folder as transformers' save_pretrained writes it,
+// whoever wrote it (dtk's export, transformers, a released model), read through ckpt::Safetensors.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "dtk/core/placed.h"
 #include "dtk/core/tensor.h"
 #include "dtk/nn/model.h"
 
@@ -33,5 +39,25 @@ Tensor permute_rope_rows(const Tensor& w, int64_t heads, bool to_hf);
 // The config.json of a LlamaForCausalLM of config c whose tensors are stored in torch_dtype
 // (f32 or bf16): a UsageError for a model that is not a llama.
 nlohmann::ordered_json config(const ModelConfig& c, DType torch_dtype);
+
+// A Hugging Face model folder: config.json beside model.safetensors or model.safetensors.index.json.
+bool is_folder(const std::filesystem::path& p);
+
+// The training sequence length of an imported model whose max_position_embeddings is larger
+// (Llama 3's 131072): --seq-len sets another.
+inline constexpr int64_t kImportSeqLen = 2048;
+
+// The llama of a folder's config.json (transformers 4's rope_theta and rope_scaling, or 5's
+// rope_parameters): sizes, rope theta, norm epsilon, seq_len max_position_embeddings capped at
+// kImportSeqLen. A UsageError naming what dtk's llama is not: another architecture, RoPE
+// scaling, biases, an activation other than silu, a head_dim other than hidden_size / heads.
+ModelConfig read_config(const std::filesystem::path& dir);
+
+// Sets the model's placed state (names "model/<dtk name>"; replicated, or sharded rows of dim 0,
+// of which this rank reads only its own) from the folder's tensors, f32, bf16 or f16 converted to
+// the state's dtype, q/k rows into dtk's rotary order. A missing tensor or one of another shape
+// is a UsageError naming it. Without lm_head.weight and with tie_word_embeddings, the output
+// starts from the embedding's values (dtk trains the two apart; its export writes both).
+void load(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<PlacedTensor>& state);
 
 }  // namespace dtk::nn::hf

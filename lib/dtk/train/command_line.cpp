@@ -227,7 +227,8 @@ void add_options(CLI::App& app, train::Options& o) {
                            "checkpoint's unless given again (a warning names those that differ); on another number "
                            "of ranks it continues as if the run had had them throughout (a warning names what cannot)")
                ->group(g);
-  auto* i = app.add_option("--init-from", o.init_from, "start from a checkpoint's weights only")->group(g);
+  auto* i = app.add_option("--init-from", o.init_from, "start from the weights only of a checkpoint, or of a Hugging Face Llama folder (config.json and "
+                           "safetensors, as transformers saves it; its config sets the model)")->group(g);
   r->excludes(i);
   app.add_flag("--auto-resume", o.auto_resume,
                "continue from --checkpoint-dir's latest checkpoint when it has one (over --init-from), else start "

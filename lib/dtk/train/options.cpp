@@ -13,6 +13,7 @@
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
+#include "dtk/nn/hf.h"
 
 namespace fs = std::filesystem;
 
@@ -29,6 +30,7 @@ constexpr std::string_view kStateOptions[] = {"--optimizer", "--compressor", "--
 
 fs::path checkpoint_path(const std::string& arg) {
   fs::path p(arg);
+  if (nn::hf::is_folder(p)) return p;
   if (fs::is_directory(p) && !fs::exists(p / "index.h5")) {
     auto latest = ckpt::Directory(p, 1).latest();
     if (!latest) fail_usage(arg + ": a directory without checkpoints");
@@ -59,6 +61,20 @@ nn::ModelConfig resolve_model(const Options& o) {
                               o.vocab,     o.seq_len, o.input_dim, o.classes,  o.input_shape};
   const std::string resume = resume_from(o);
   const std::string& from = !resume.empty() ? resume : o.init_from;
+  if (!from.empty() && nn::hf::is_folder(from)) {
+    // A Hugging Face folder's config: --model may name a preset of the same architecture.
+    nn::ModelConfig c = nn::hf::read_config(from);
+    if (!o.model.empty()) {
+      nn::ModelConfig p = nn::preset(o.model);
+      p.seq_len = c.seq_len, p.preset = c.preset;
+      if (p != c)
+        fail_usage("--model {} contradicts {}'s config.json (hidden_size {}, {} layers, {} heads, {} kv heads, "
+                   "intermediate_size {}, vocabulary {})", o.model, from, c.dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                   c.ffn_hidden, c.vocab);
+      c.preset = o.model;
+    }
+    return nn::restated(c, sizes);
+  }
   if (!from.empty()) {
     // Options may restate the checkpoint's model, never contradict it.
     ckpt::Reader r(checkpoint_path(from));
@@ -156,6 +172,9 @@ Options validate(Options o, int world_size) {
 int64_t last_step(const Options& o) { return o.stop_at > 0 ? o.stop_at : o.steps; }
 
 std::string resume_from(const Options& o) {
+  if (!o.resume.empty() && nn::hf::is_folder(o.resume))
+    fail_usage("--resume {}: a Hugging Face folder holds weights, not a run to continue; start from it with --init-from",
+               o.resume);
   if (!o.resume.empty() || !o.auto_resume || o.checkpoint_dir.empty()) return o.resume;
   if (!fs::is_directory(o.checkpoint_dir) || !ckpt::Directory(o.checkpoint_dir, 1).latest()) return "";
   return o.checkpoint_dir;

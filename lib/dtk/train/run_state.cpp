@@ -8,6 +8,7 @@
 #include "dtk/ckpt/state.h"
 #include "dtk/comm/watchdog.h"
 #include "dtk/core/error.h"
+#include "dtk/nn/hf.h"
 
 namespace dtk::train {
 
@@ -193,9 +194,23 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
 }
 
 void RunState::init_from(const std::filesystem::path& path) const {
-  ckpt::Reader r(path);
-  load(r, par, placed(true));
-  spdlog::info("weights from {} (step {})", path.string(), r.metadata().step);
+  // Every rank reads its part; weights that do not fit this model end every rank with the same
+  // line (exit 2).
+  std::string err, from;
+  try {
+    if (nn::hf::is_folder(path)) {
+      nn::hf::load(path, model_config, placed(true));
+      from = "the Hugging Face folder " + path.string();
+    } else {
+      ckpt::Reader r(path);
+      load(r, par, placed(true));
+      from = fmt::format("{} (step {})", path.string(), r.metadata().step);
+    }
+  } catch (const std::exception& e) {
+    err = *e.what() ? e.what() : "--init-from failed";
+  }
+  if (const std::string e = ckpt::agree(host, err); !e.empty()) throw AgreedError(e, 2);
+  spdlog::info("weights from {}", from);
 }
 
 }  // namespace dtk::train
