@@ -69,7 +69,7 @@ expect_has "--data: synthetic and files" psgd-train --data "" :: synthetic ck.h5
 expect_has "--buckets: its words and files" fsdp-train --buckets "" :: param block auto ck.h5
 expect "shard-inspect: subcommands" "ls show stats diff verify consolidate reshard convert extract export" shard-inspect ""
 expect "shard-inspect: a subcommand by prefix" "reshard" shard-inspect re
-expect "data-pack: subcommands" "text mnist cifar10 synthetic" data-pack ""
+expect "data-pack: subcommands" "text tokens mnist cifar10 synthetic" data-pack ""
 expect_has "shard-inspect reshard: its options and the common ones" shard-inspect reshard -- :: \
   --world-size --output --force --gzip --log-level
 expect "shard-inspect diff --r" "--rtol" shard-inspect --log-level warn diff --r
@@ -77,6 +77,7 @@ expect "shard-inspect export --format" "safetensors npz hf" shard-inspect export
 expect_has "shard-inspect ls: a checkpoint file or directory" shard-inspect ls c :: ck.h5 ckdir
 expect "shard-inspect convert --dtype" "bf16 f16 f32" shard-inspect convert ck.h5 --dtype ""
 expect "data-pack synthetic --kind" "tokens classes" data-pack synthetic --kind ""
+expect "data-pack tokens --dtype" "u8 u16 u32 i32 i64" data-pack tokens --dtype ""
 expect "data-pack text -o: files" "metrics.jsonl" data-pack text run.toml -o m
 expect "dtk-plot --x" "step time both" dtk-plot --x ""
 expect "dtk-plot -o: files" "metrics.jsonl" dtk-plot run.toml -o m
@@ -88,7 +89,7 @@ expect "log levels" "trace debug info warn error critical off" comm-bench --log-
 for p in "${programs[@]}"; do
   subs=("")
   [[ $p == shard-inspect ]] && subs+=(ls show stats diff verify consolidate reshard convert extract export)
-  [[ $p == data-pack ]] && subs+=(text mnist cifar10 synthetic)
+  [[ $p == data-pack ]] && subs+=(text tokens mnist cifar10 synthetic)
   for s in "${subs[@]}"; do
     # shellcheck disable=SC2086
     want=$("$p" $s --help | grep -oE '^  (-[A-Za-z], ?)?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z0-9-]+' | sort -u)

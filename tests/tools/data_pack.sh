@@ -182,7 +182,7 @@ expect_bad "truncated gzip" "truncated" o6.h5 mnist trunc.gz lab-idx1-ubyte -o o
 expect_bad "truncated cifar record" "truncated record 1" o7.h5 cifar10 batch.bin trunc.bin -o o7.h5
 expect_bad "cifar label out of range" "label 12 of record 0" o8.h5 cifar10 badlabel.bin -o o8.h5
 : > empty.txt
-expect_bad "empty text" "too little text" o9.h5 text empty.txt -o o9.h5
+expect_bad "empty text" "too few tokens" o9.h5 text empty.txt -o o9.h5
 expect_bad "--val-fraction without --val-output" "needs --val-output" o10.h5 text a.txt -o o10.h5 --val-fraction 0.5
 expect_bad "output directory missing" "does not exist" nodir/o.h5 text a.txt -o nodir/o.h5
 expect_bad "unknown subcommand" "" o11.h5 pack a.txt -o o11.h5

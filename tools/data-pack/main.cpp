@@ -1,7 +1,8 @@
 // data-pack: write the HDF5 data files that the *-train programs read (see man data-pack):
-// byte-level token files from text, image files from MNIST idx and CIFAR-10 binary batches, and
-// the synthetic data materialised. Inputs are read whole and checked before anything is written;
-// outputs are written under a temporary name and renamed, so bad input leaves no output.
+// token files from text (bytes, or SentencePiece: tokens.cpp) and from token ids other tools
+// wrote (tokens.cpp, streamed), image files from MNIST idx and CIFAR-10 binary batches, and the
+// synthetic data materialised. Inputs are checked before anything is written; outputs are
+// written under a temporary name and renamed, so bad input leaves no output.
 #include <spdlog/spdlog.h>
 #include <zlib.h>
 
@@ -18,30 +19,10 @@
 #include "dtk/core/enums.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
+#include "pack.h"
 
-namespace {
-using namespace dtk;
+namespace dtk::pack {
 namespace fs = std::filesystem;
-
-enum class Command { text, mnist, cifar10, synthetic };
-enum class SynthKind { tokens, classes };
-DTK_ENUM_NAMES(SynthKind, {SynthKind::tokens, "tokens"}, {SynthKind::classes, "classes"})
-
-// The command line, as parsed.
-struct Args {
-  Command command = Command::text;  // the subcommand given
-  std::string output, val_output;
-  bool force = false;
-  double val_fraction = 0;
-  std::vector<std::string> inputs;  // text: files; mnist: images, labels; cifar10: batches
-  std::string images, labels;
-  int64_t classes = 10;
-  // synthetic
-  SynthKind kind = SynthKind::tokens;
-  int64_t samples = 10000, vocab = 256, seq_len = 64, input_dim = 64, synth_classes = 10;
-  uint64_t seed = 0;
-  bool validation = false;
-};
 
 // ---------------------------------------------------------------------------- input files
 void check_input(const std::string& p) {
@@ -109,28 +90,38 @@ nlohmann::json base_attrs(const std::string& source) {
 void print_path(const std::string& p) { std::cout << p << '\n'; }
 
 // ---------------------------------------------------------------------------- subcommands
+void split_counts(const Args& a, int64_t n, int64_t& n_train, int64_t& n_val) {
+  n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * a.val_fraction));
+  n_train = n - n_val;
+  if (n_train < 2) fail_usage("too few tokens: {} for training (at least 2 make one window)", n_train);
+  if (a.val_fraction > 0 && n_val < 2)
+    fail_usage("too few tokens for --val-fraction {}: {} for validation (at least 2 make one window)", a.val_fraction,
+               n_val);
+}
+
 int run_text(const Args& a) {
   std::vector<uint32_t> tokens;
-  for (const auto& f : a.inputs) {
-    const auto bytes = read_all(f);
-    tokens.insert(tokens.end(), bytes.begin(), bytes.end());
+  int64_t vocab = 256;
+  nlohmann::json attrs = base_attrs("text");
+  if (!a.sentencepiece.empty()) {
+    tokens = encode_sentencepiece(a, vocab, attrs);
+  } else {
+    for (const auto& f : a.inputs) {
+      const auto bytes = read_all(f);
+      tokens.insert(tokens.end(), bytes.begin(), bytes.end());
+    }
+    attrs["tokenizer"] = "bytes";
   }
   const auto n = static_cast<int64_t>(tokens.size());
-  const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * a.val_fraction));
-  const int64_t n_train = n - n_val;
-  if (n_train < 2) fail_usage("too little text: {} training tokens (at least 2 make one window)", n_train);
-  if (a.val_fraction > 0 && n_val < 2)
-    fail_usage("too little text for --val-fraction {}: {} validation tokens (at least 2 make one window)", a.val_fraction,
-               n_val);
-  auto attrs = base_attrs("text");
-  attrs["tokenizer"] = "bytes";
+  int64_t n_train = 0, n_val = 0;
+  split_counts(a, n, n_train, n_val);
   attrs["inputs"] = nlohmann::json(a.inputs).dump();
   attrs["split"] = "train";
-  data::write_token_file(a.output, std::span(tokens).first(static_cast<size_t>(n_train)), 256, attrs);
+  data::write_token_file(a.output, std::span(tokens).first(static_cast<size_t>(n_train)), vocab, attrs);
   if (n_val > 0) {
     attrs["split"] = "validation";
     try {
-      data::write_token_file(a.val_output, std::span(tokens).subspan(static_cast<size_t>(n_train)), 256, attrs);
+      data::write_token_file(a.val_output, std::span(tokens).subspan(static_cast<size_t>(n_train)), vocab, attrs);
     } catch (...) {
       std::error_code ec;
       fs::remove(a.output, ec);  // both outputs or neither
@@ -266,20 +257,45 @@ cli::Program program(Args& a) {
   cli::Program p;
   p.name = "data-pack";
   p.description =
-      "Write the HDF5 data files that the dtk training programs read: byte-level token files from text, image "
-      "files from MNIST and CIFAR-10, and the synthetic data materialised.";
+      "Write the HDF5 data files that the dtk training programs read: token files from text (bytes, or a "
+      "SentencePiece model) and from token ids others wrote (.npy, llm.c .bin, raw), image files from MNIST and "
+      "CIFAR-10, and the synthetic data materialised.";
   p.footer =
-      "Writes the path of each output on stdout. Inputs may be gzip-compressed.\n"
+      "Writes the path of each output on stdout. Inputs may be gzip-compressed, but for `tokens`, whose inputs are "
+      "memory-mapped.\n"
       "Exit status: 0 success, 1 a failure while running, 2 bad usage or bad input (no output is left).\n"
       "Example: data-pack text corpus/*.txt -o train.h5 --val-fraction 0.01 --val-output val.h5";
   p.add_options = [&a](CLI::App& app) {
     app.require_subcommand(1, 1);
     app.fallthrough();
-    CLI::App* text_cmd = add_command(app, a, Command::text, "text", "byte-level token file (vocab 256) from text files, concatenated");
+    CLI::App* text_cmd = add_command(app, a, Command::text, "text",
+                                     "token file from text files, concatenated: bytes (vocab 256), or the pieces of a "
+                                     "SentencePiece model");
     text_cmd->add_option("FILE", a.inputs, "text files")->required();
-    text_cmd->add_option("--val-fraction", a.val_fraction, "put this fraction of the tokens (the end) in --val-output")
-        ->check(cli::between(0, 0.999));
-    text_cmd->add_option("--val-output", a.val_output, "the validation token file");
+    text_cmd->add_option("--sentencepiece", a.sentencepiece,
+                         "tokenize with this SentencePiece model (.model: Llama 2, Mistral, Gemma); the vocabulary is "
+                         "its pieces")
+        ->type_name("MODEL");
+    text_cmd->add_flag("--split-lines", a.split_lines, "--sentencepiece: every non-empty line is a document (default: every file)");
+    text_cmd->add_flag("--no-bos", a.no_bos, "--sentencepiece: no BOS before each document (default: the model's BOS, if it has one)");
+    text_cmd->add_flag("--eos", a.eos, "--sentencepiece: the model's EOS after each document");
+    CLI::App* tokens_cmd = add_command(app, a, Command::tokens, "tokens",
+                                       "token file from token ids others wrote: .npy, llm.c / nanoGPT .bin shards, raw "
+                                       "binaries (--dtype), concatenated, streamed");
+    tokens_cmd->add_option("FILE", a.inputs, ".npy (u8, u16, u32, i32, i64), llm.c .bin (magic 20240520), or raw with --dtype")
+        ->required();
+    tokens_cmd->add_option_function<std::string>(
+                  "--dtype", [&a](const std::string& s) { a.raw_dtype = parse_enum<data::TokenType>(s, "--dtype"); },
+                  "read every FILE as raw little-endian token ids of this type (no header)")
+        ->check(CLI::IsMember(std::vector<std::string>{"u8", "u16", "u32", "i32", "i64"}))
+        ->type_name("TYPE");
+    tokens_cmd->add_option("--vocab", a.token_vocab, "the vocabulary size (the tokenizer's); default the largest id + 1")
+        ->check(cli::between(1, 4294967296.0));
+    for (CLI::App* c : {text_cmd, tokens_cmd}) {
+      c->add_option("--val-fraction", a.val_fraction, "put this fraction of the tokens (the end) in --val-output")
+          ->check(cli::between(0, 0.999));
+      c->add_option("--val-output", a.val_output, "the validation token file");
+    }
 
     CLI::App* mnist_cmd = add_command(app, a, Command::mnist, "mnist", "image file from an MNIST idx3 image file and idx1 label file");
     mnist_cmd->add_option("IMAGES", a.images, "idx3-ubyte images (e.g. train-images-idx3-ubyte[.gz])")->required();
@@ -308,7 +324,10 @@ cli::Program program(Args& a) {
     if (a.command == Command::mnist) inputs = {a.images, a.labels};
     for (const auto& f : inputs) check_input(f);
     check_output(a, "-o", a.output, inputs);
-    if (a.command == Command::text) {
+    if (a.command == Command::text && a.sentencepiece.empty() && (a.split_lines || a.no_bos || a.eos))
+      fail_usage("--split-lines, --no-bos and --eos apply to --sentencepiece");
+    if (!a.sentencepiece.empty()) check_input(a.sentencepiece);
+    if (a.command == Command::text || a.command == Command::tokens) {
       if (a.val_fraction > 0 && a.val_output.empty()) fail_usage("--val-fraction needs --val-output VAL.h5");
       if (!a.val_output.empty() && a.val_fraction <= 0) fail_usage("--val-output needs --val-fraction F > 0");
       if (!a.val_output.empty()) {
@@ -327,6 +346,7 @@ cli::Program program(Args& a) {
     return [&a](comm::Runtime&) {
       switch (a.command) {
         case Command::text: return run_text(a);
+        case Command::tokens: return run_tokens(a);
         case Command::mnist: return run_mnist(a);
         case Command::cifar10: return run_cifar10(a);
         case Command::synthetic: return run_synthetic(a);
@@ -337,9 +357,9 @@ cli::Program program(Args& a) {
   return p;
 }
 
-}  // namespace
+}  // namespace dtk::pack
 
 int main(int argc, char** argv) {
-  Args a;
-  return dtk::cli::main(argc, argv, program(a));
+  dtk::pack::Args a;
+  return dtk::cli::main(argc, argv, dtk::pack::program(a));
 }

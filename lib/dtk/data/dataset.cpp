@@ -20,51 +20,81 @@ namespace {
 namespace fs = std::filesystem;
 using h5::Id;
 
-// Writes an HDF5 file under a temporary name in the destination's directory, then renames it
-// into place; on any failure the temporary file is removed and `path` is untouched.
-void write_atomically(const std::string& path, const std::function<void(hid_t)>& fill) {
-  static std::atomic<int> counter{0};
-  const fs::path p(path);
-  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail_usage(path + ": the directory " + dir.string() + " does not exist");
-  if (p.filename().empty()) fail_usage(path + ": not a file name");
-  if (fs::is_directory(p, ec)) fail_usage(path + ": is a directory");
-  const fs::path tmp =
-      dir / fmt::format(".{}.tmp-{}-{}", p.filename().string(), ::getpid(), counter++);
-  auto g = h5::lock();
-  h5::quiet();
-  try {
-    const hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, h5::file_access());
-    if (f < 0) {
+}  // namespace
+
+// An HDF5 file under a temporary name in the destination's directory, renamed into place by
+// commit(); without commit() the temporary file is removed and `path` is untouched.
+class AtomicH5 {
+ public:
+  explicit AtomicH5(const std::string& path) : path_(path) {
+    static std::atomic<int> counter{0};
+    const fs::path p(path);
+    dir_ = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(dir_, ec)) fail_usage(path + ": the directory " + dir_.string() + " does not exist");
+    if (p.filename().empty()) fail_usage(path + ": not a file name");
+    if (fs::is_directory(p, ec)) fail_usage(path + ": is a directory");
+    tmp_ = dir_ / fmt::format(".{}.tmp-{}-{}", p.filename().string(), ::getpid(), counter++);
+    auto g = h5::lock();
+    h5::quiet();
+    file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, h5::file_access());
+    if (file_ < 0) {
       const std::string m = h5::last_error();
-      fail("cannot create " + tmp.string() + (m.empty() ? "" : ": " + m));
+      fail("cannot create " + tmp_.string() + (m.empty() ? "" : ": " + m));
     }
-    try {
-      fill(f);
-    } catch (...) {
-      H5Fclose(f);
-      throw;
+  }
+  ~AtomicH5() {
+    if (committed_) return;
+    auto g = h5::lock();
+    if (file_ >= 0) H5Fclose(file_);
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+  }
+  AtomicH5(const AtomicH5&) = delete;
+  AtomicH5& operator=(const AtomicH5&) = delete;
+  hid_t id() const { return file_; }
+  void commit() {
+    {
+      auto g = h5::lock();
+      const hid_t f = file_;
+      file_ = -1;
+      h5::check_status(H5Fclose(f), "cannot write " + tmp_.string());
     }
-    h5::check_status(H5Fclose(f), "cannot write " + tmp.string());
-    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    const int fd = ::open(tmp_.c_str(), O_RDONLY);
     if (fd < 0 || ::fsync(fd) != 0) {
       const std::string m = std::strerror(errno);
       if (fd >= 0) ::close(fd);
-      fail("cannot write " + tmp.string() + ": " + m);
+      fail("cannot write " + tmp_.string() + ": " + m);
     }
     ::close(fd);
-    fs::rename(tmp, p, ec);
-    if (ec) fail("cannot rename " + tmp.string() + " to " + path + ": " + ec.message());
-  } catch (...) {
-    fs::remove(tmp, ec);
-    throw;
+    std::error_code ec;
+    fs::rename(tmp_, path_, ec);
+    if (ec) fail("cannot rename " + tmp_.string() + " to " + path_ + ": " + ec.message());
+    committed_ = true;
+    const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
   }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+
+ private:
+  std::string path_;
+  fs::path dir_, tmp_;
+  hid_t file_ = -1;
+  bool committed_ = false;
+};
+
+namespace {
+
+// Writes an HDF5 file atomically (AtomicH5), filled by `fill` under the HDF5 lock.
+void write_atomically(const std::string& path, const std::function<void(hid_t)>& fill) {
+  AtomicH5 out(path);
+  {
+    auto g = h5::lock();
+    fill(out.id());
   }
+  out.commit();
 }
 
 // A contiguous dataset with the given file type, written from a buffer of mem_type.
@@ -121,23 +151,84 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelCo
                "' (llama-like models need vocab and seq_len)");
   }
   if (spec.empty()) fail_usage("no data given (expected \"synthetic\" or an HDF5 data file)");
+  if (const auto shards = detail::token_shards(spec); !shards.empty()) return detail::open_token_shards(spec, shards, model);
   return detail::open_file_dataset(spec, model);
+}
+
+struct TokenWriter::Impl {
+  std::string path;
+  int64_t total, vocab, written = 0;
+  bool wide;  // u32 in the file, else u16
+  AtomicH5 out;
+  Id dset;
+  std::vector<uint16_t> narrow;
+  Impl(const std::string& p, int64_t n, int64_t v) : path(p), total(n), vocab(v), wide(v > 65536), out(p) {}
+};
+
+TokenWriter::TokenWriter(const std::string& path, int64_t tokens, int64_t vocab_size, const nlohmann::json& attrs) {
+  if (vocab_size < 1 || vocab_size > (int64_t{1} << 32))
+    fail_usage("{}: vocab_size {} is out of range [1, 2^32]", path, vocab_size);
+  if (tokens < 0) fail_usage("{}: {} tokens", path, tokens);
+  impl_ = std::make_unique<Impl>(path, tokens, vocab_size);
+  auto g = h5::lock();
+  const hid_t f = impl_->out.id();
+  const hsize_t n = static_cast<hsize_t>(tokens);
+  Id space(h5::check(H5Screate_simple(1, &n, nullptr), "dataspace of tokens"));
+  impl_->dset = Id(h5::check(H5Dcreate2(f, "tokens", impl_->wide ? H5T_STD_U32LE : H5T_STD_U16LE, space, H5P_DEFAULT,
+                                        H5P_DEFAULT, H5P_DEFAULT),
+                             "create tokens"));
+  h5::write_attr(f, "format", "dtk-tokens");
+  h5::write_attr(f, "vocab_size", vocab_size);
+  write_attrs(f, attrs);
+}
+
+TokenWriter::~TokenWriter() {
+  if (!impl_) return;
+  auto g = h5::lock();
+  impl_->dset.reset();
+}
+
+void TokenWriter::append(std::span<const uint32_t> tokens) {
+  Impl& w = *impl_;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (w.written + n > w.total) fail("{}: {} tokens appended to a file of {}", w.path, w.written + n, w.total);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= static_cast<uint64_t>(w.vocab))
+      fail_usage("{}: token {} at position {} is not below vocab_size {}", w.path, tokens[i],
+                 w.written + static_cast<int64_t>(i), w.vocab);
+  if (n == 0) return;
+  // Converted here to the file's type, so that HDF5 writes the bytes as they are.
+  const void* data = tokens.data();
+  if (!w.wide) {
+    w.narrow.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) w.narrow[i] = static_cast<uint16_t>(tokens[i]);
+    data = w.narrow.data();
+  }
+  auto g = h5::lock();
+  const hsize_t start = static_cast<hsize_t>(w.written), count = static_cast<hsize_t>(n);
+  Id fspace(h5::check(H5Dget_space(w.dset), "tokens"));
+  h5::check_status(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr), "select tokens");
+  Id mspace(h5::check(H5Screate_simple(1, &count, nullptr), "dataspace of tokens"));
+  h5::check_status(H5Dwrite(w.dset, w.wide ? H5T_NATIVE_UINT32 : H5T_NATIVE_UINT16, mspace, fspace, H5P_DEFAULT, data),
+                   "cannot write tokens to " + w.path);
+  w.written += n;
+}
+
+void TokenWriter::commit() {
+  Impl& w = *impl_;
+  if (w.written != w.total) fail("{}: {} tokens of {} written", w.path, w.written, w.total);
+  {
+    auto g = h5::lock();
+    w.dset.reset();
+  }
+  w.out.commit();
 }
 
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
                       const nlohmann::json& attrs) {
-  if (vocab_size < 1 || vocab_size > (int64_t{1} << 32))
-    fail_usage("{}: vocab_size {} is out of range [1, 2^32]", path, vocab_size);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] >= static_cast<uint64_t>(vocab_size))
-      fail_usage("{}: token {} at position {} is not below vocab_size {}", path, tokens[i], i, vocab_size);
-  const hid_t ft = vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
-  write_atomically(path, [&](hid_t f) {
-    write_array(f, "tokens", ft, H5T_NATIVE_UINT32, {static_cast<hsize_t>(tokens.size())}, tokens.data());
-    h5::write_attr(f, "format", "dtk-tokens");
-    h5::write_attr(f, "vocab_size", vocab_size);
-    write_attrs(f, attrs);
-  });
+  TokenWriter w(path, static_cast<int64_t>(tokens.size()), vocab_size, attrs);
+  w.append(tokens);
+  w.commit();
 }
 
 void write_image_file(const std::string& path, std::span<const uint8_t> images, const Shape& shape,

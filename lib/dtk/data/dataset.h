@@ -55,6 +55,25 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const nn::ModelCo
 // images (open_dataset then says why). How a resnet's input_shape defaults to its data's.
 std::vector<int64_t> image_shape(const std::string& spec);
 
+// A token file written in pieces (data-pack's packers stream corpora larger than memory):
+// `tokens` ids in all, stored as u16 when vocab_size <= 65536, else u32, appended in order, each
+// checked below vocab_size (UsageError naming its position). It is written under a temporary
+// name that commit() renames into place; without commit() nothing is left.
+class TokenWriter {
+ public:
+  TokenWriter(const std::string& path, int64_t tokens, int64_t vocab_size,
+              const nlohmann::json& attrs = nlohmann::json::object());
+  ~TokenWriter();
+  TokenWriter(const TokenWriter&) = delete;
+  TokenWriter& operator=(const TokenWriter&) = delete;
+  void append(std::span<const uint32_t> tokens);
+  void commit();  // every announced token written
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Writes the datasets that data-pack produces (atomically: temporary name, then rename).
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int64_t vocab_size,
                       const nlohmann::json& attrs = nlohmann::json::object());

@@ -1,7 +1,7 @@
-// Datasets in HDF5 files: token files (1-D `tokens`, samples are windows of seq_len + 1 tokens
-// starting at multiples of seq_len) and classification files (`images` u8 [N,H,W,C] or
-// `features` float [N,D], with `labels` [N]). Batches read only their rows, through hyperslab
-// selections; only the labels are held in memory.
+// Datasets in HDF5 files: token files (1-D `tokens`, a source of the token datasets of
+// stream.cpp) and classification files (`images` u8 [N,H,W,C] or `features` float [N,D], with
+// `labels` [N]). Batches read only their rows, through hyperslab selections; only the labels are
+// held in memory.
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
@@ -65,15 +65,6 @@ FileVersion file_version(const std::string& path) {
   return {fs::weakly_canonical(path, ec).string(), size, static_cast<int64_t>(mtime)};
 }
 
-// Runs check() unless the file, as it is now, passed it before in this process.
-template <class F>
-void check_once(const std::string& path, F&& check) {
-  const FileVersion v = file_version(path);
-  if (g_checked_files.contains(v)) return;
-  check();
-  g_checked_files.insert(v);
-}
-
 Array open_array(hid_t file, const char* name, const std::string& path) {
   Array a;
   a.dset = Id(H5Oopen(file, name, H5P_DEFAULT));
@@ -113,7 +104,7 @@ std::string dims_str(const std::vector<hsize_t>& d) {
   return fmt::format("[{}]", fmt::join(d, ", "));
 }
 
-// Both file kinds hold the file open for their lifetime and close it under the HDF5 lock.
+// A classification file, held open for its lifetime and closed under the HDF5 lock (as H5Tokens).
 class FileDataset : public Dataset {
  protected:
   FileDataset(std::string path, Id file) : path_(std::move(path)), file_(std::move(file)) {}
@@ -130,9 +121,10 @@ class FileDataset : public Dataset {
 };
 
 // ------------------------------------------------------------------------------ token files
-class TokenFile final : public FileDataset {
+// A dtk token file as a source of a token dataset (stream.cpp): u16 or u32 `tokens`, vocab_size.
+class H5Tokens final : public detail::TokenSource {
  public:
-  TokenFile(std::string path, Id file, const nn::ModelConfig& m) : FileDataset(std::move(path), std::move(file)) {
+  H5Tokens(std::string path, Id file) : path_(std::move(path)), file_(std::move(file)) {
     const std::string& p = path_;
     arr_ = open_array(file_, "tokens", p);
     if (arr_.dims.size() != 1) fail_usage(p + ": `tokens` must be 1-D (it is " + dims_str(arr_.dims) + ")");
@@ -146,74 +138,37 @@ class TokenFile final : public FileDataset {
     if (!int_attr(file_, arr_.dset, "vocab_size", &vocab_, p))
       fail_usage(p + ": the attribute vocab_size is missing (write token files with data-pack)");
     if (vocab_ < 1) fail_usage("{}: vocab_size {} is not positive", p, vocab_);
-    if (vocab_ > m.vocab)
-      fail_usage("{}: vocab_size {} is larger than the model's vocab {} (use a model with --vocab {} or more)", p, vocab_,
-                 m.vocab, vocab_);
-    seq_ = m.seq_len;
-    if (seq_ < 1) fail_usage(p + ": the model's seq_len must be positive");
-    if (n_ < seq_ + 1)
-      fail_usage("{}: {} tokens are too short for one window of seq_len + 1 = {} tokens", p, n_, seq_ + 1);
-    samples_ = (n_ - 1) / seq_;
-    check_once(path_, [&] { check_tokens(); });
     double v;
     if (h5::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
-  int64_t size() const override { return samples_; }
-  nn::Batch get(std::span<const int64_t> indices) const override {
-    const int64_t B = static_cast<int64_t>(indices.size()), T = seq_;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    ranges.reserve(indices.size());
-    for (int64_t i : indices) {
-      DTK_CHECK(i >= 0 && i < samples_, path_ + ": sample index out of range");
-      ranges.emplace_back(i * T, T + 1);
-    }
+  ~H5Tokens() override {
+    auto g = h5::lock();
+    arr_.dset.reset();
+    arr_.type.reset();
+    file_.reset();
+  }
+  const std::string& path() const override { return path_; }
+  int64_t size() const override { return n_; }
+  int64_t vocab() const override { return vocab_; }
+  std::string dtype() const override { return dtype_; }
+  double optimal_loss() const override { return optimal_; }
+  void read(int64_t begin, std::span<uint32_t> out) const override {
+    if (out.empty()) return;
     std::vector<unsigned char> buf;
     std::vector<int64_t> off;
-    {
-      auto g = h5::lock();
-      h5::read_ranges(arr_.dset, 1, arr_.dims, ranges, H5T_NATIVE_UINT32, sizeof(uint32_t), buf, off,
-                        path_ + ": reading `tokens`");
-    }
-    const auto* tok = reinterpret_cast<const uint32_t*>(buf.data());
-    Tensor in = Tensor::empty({B, T}, DType::i32), tg = Tensor::empty({B, T}, DType::i32);
-    int32_t* pin = in.ptr<int32_t>();
-    int32_t* ptg = tg.ptr<int32_t>();
-    for (int64_t b = 0; b < B; ++b) {
-      const uint32_t* w = tok + off[static_cast<size_t>(b)];
-      for (int64_t t = 0; t <= T; ++t)
-        if (w[t] >= static_cast<uint64_t>(vocab_))
-          fail_usage("{}: token {} at position {} is not below vocab_size {}", path_, w[t],
-                     indices[static_cast<size_t>(b)] * T + t, vocab_);
-      for (int64_t t = 0; t < T; ++t) {
-        pin[b * T + t] = static_cast<int32_t>(w[t]);
-        ptg[b * T + t] = static_cast<int32_t>(w[t + 1]);
-      }
-    }
-    return {in, tg};
+    auto g = h5::lock();
+    h5::read_ranges(arr_.dset, 1, arr_.dims, {{begin, static_cast<int64_t>(out.size())}}, H5T_NATIVE_UINT32,
+                    sizeof(uint32_t), buf, off, path_ + ": reading `tokens`");
+    std::memcpy(out.data(), buf.data(), out.size_bytes());
   }
-  nlohmann::json describe() const override {
-    nlohmann::json j = {{"source", path_},  {"kind", "tokens"},       {"samples", samples_},
-                        {"seq_len", seq_},  {"tokens", samples_ * seq_}, {"file_tokens", n_},
-                        {"dtype", dtype_},  {"vocab_size", vocab_}};
-    if (!std::isnan(optimal_)) j["optimal_loss"] = optimal_;
-    return j;
-  }
-  double optimal_loss() const override { return optimal_; }
 
  private:
-  // Every token is below vocab_size: one pass over the file in chunks of 4 Mi tokens. UsageError
-  // naming the first that is not. (get() checks its tokens again: the file may change under a run.)
-  void check_tokens() const {
-    for_each_chunk<uint32_t>(arr_, n_, int64_t{4} << 20, H5T_NATIVE_UINT32, path_ + ": reading `tokens`",
-                             [&](int64_t r, int64_t rows, const uint32_t* w) {
-      const uint32_t* bad = std::find_if(w, w + rows, [&](uint32_t t) { return t >= static_cast<uint64_t>(vocab_); });
-      if (bad != w + rows)
-        fail_usage("{}: token {} at position {} is not below vocab_size {}", path_, *bad, r + (bad - w), vocab_);
-    });
-  }
-
-  int64_t n_ = 0, vocab_ = 0, seq_ = 0, samples_ = 0;
+  std::string path_;
+  Id file_;
+  Array arr_;
+  int64_t n_ = 0, vocab_ = 0;
   std::string dtype_;
+  double optimal_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 // ------------------------------------------------------------------------------ classification
@@ -275,7 +230,7 @@ class ClassFile final : public FileDataset {
         labels_[static_cast<size_t>(r + i)] = static_cast<int32_t>(v[i]);
       }
     });
-    if (!images_) check_once(path_, [&] { check_finite_features(); });
+    if (!images_) detail::check_once(path_, [&] { check_finite_features(); });
     double v;
     if (h5::read_double_attr(file_, "optimal_loss", &v)) optimal_ = v;
   }
@@ -351,6 +306,25 @@ class ClassFile final : public FileDataset {
 
 namespace detail {
 
+void check_once(const std::string& path, const std::function<void()>& check) {
+  const FileVersion v = file_version(path);
+  if (g_checked_files.contains(v)) return;
+  check();
+  g_checked_files.insert(v);
+}
+
+std::unique_ptr<TokenSource> open_token_source(const std::string& path) {
+  auto g = h5::lock();
+  h5::quiet();
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::file_access()));
+  if (!file.valid()) {
+    const std::string m = h5::last_error();
+    fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
+  }
+  if (!exists(file, "tokens")) fail_usage(path + ": holds no `tokens` (not a dtk token file)");
+  return std::make_unique<H5Tokens>(path, std::move(file));
+}
+
 size_t first_non_finite(const float* x, size_t n) {
   const auto non_finite = [](float v) {  // exponent all ones: an infinity or a NaN
     uint32_t u;
@@ -386,7 +360,10 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
     if (exists(file, "tokens")) {
       if (classify)
         fail_usage(path + ": a token file, but the model (" + std::string(name_of(model.arch)) + ") is a classifier; it needs `images` or `features`");
-      return std::make_unique<TokenFile>(path, std::move(file), model);
+      std::vector<std::unique_ptr<TokenSource>> one;
+      one.push_back(std::make_unique<H5Tokens>(path, std::move(file)));
+      g.unlock();
+      return make_token_dataset(path, std::move(one), model);
     }
     if (exists(file, "images") || exists(file, "features")) {
       if (!classify)

@@ -135,8 +135,12 @@ void add_options(CLI::App& app, train::Options& o) {
       ->default_str("none")->group(g);
 
   g = "Data";
-  app.add_option("--data", o.data, "training data: synthetic (embedded, no files) or an HDF5 file from data-pack")->group(g);
-  app.add_option("--val-data", o.val_data, "validation data file (synthetic data has its own validation stream)")->group(g);
+  app.add_option("--data", o.data,
+                 "training data: synthetic (embedded, no files), an HDF5 file from data-pack, or token shards as one "
+                 "stream: a .npy or llm.c .bin file, a quoted glob ('dir/train-*.bin'), a list file (*.txt, *.list)")
+      ->group(g);
+  app.add_option("--val-data", o.val_data, "validation data, as --data takes it (synthetic data has its own validation "
+                 "stream)")->group(g);
   app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
   app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
       ->group(g)->check(cli::at_least(0));

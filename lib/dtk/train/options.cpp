@@ -97,8 +97,12 @@ Options validate(Options o, int world_size) {
   if (o.global_batch < world_size)
     fail_usage("--global-batch {} gives some of the {} ranks no sample; use at least one sample per rank",
                o.global_batch, world_size);
-  if (o.data != "synthetic" && !fs::exists(o.data)) fail_usage("--data " + o.data + ": no such file");
-  if (!o.val_data.empty() && !fs::exists(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
+  // (A pattern of shards, 'dir/train-*.bin', is no file: open_dataset finds its files.)
+  const auto missing = [](const std::string& spec) {
+    return spec.find_first_of("*?[") == std::string::npos && !fs::exists(spec);
+  };
+  if (o.data != "synthetic" && missing(o.data)) fail_usage("--data " + o.data + ": no such file");
+  if (!o.val_data.empty() && missing(o.val_data)) fail_usage("--val-data " + o.val_data + ": no such file");
   // Opening the datasets checks them against the model (vocabulary, shapes).
   const int64_t samples = data::open_dataset(o.data, c, false, o.seed)->size();
   if (!o.val_data.empty()) data::open_dataset(o.val_data, c, true, o.seed);
