@@ -52,6 +52,23 @@ void keep_until(const std::string& path, int64_t after) {
 
 }  // namespace
 
+nlohmann::ordered_json step_metrics(const StepRecord& r) {
+  nlohmann::ordered_json m = {{"step", r.step}, {"loss", r.loss}};
+  if (!std::isnan(r.accuracy)) m["accuracy"] = r.accuracy;
+  m.update(nlohmann::ordered_json{{"lr", r.lr},
+                                  {"grad_norm", r.grad_norm},
+                                  {r.tokens ? "tokens_per_s" : "samples_per_s", r.items / r.step_s},
+                                  {"model_flops_per_s", r.flops_per_item * r.items / r.step_s},
+                                  {"step_time_ms", r.step_s * 1e3},
+                                  {"compute_ms", r.compute_s * 1e3},
+                                  {"sync_ms", r.sync_s * 1e3},
+                                  {"optim_ms", r.optim_s * 1e3},
+                                  {"peak_mem_bytes", r.peak_mem},
+                                  {"persistent_mem_bytes", r.persistent_mem},
+                                  {"optim_state_bytes", r.optim_state_bytes}});
+  return m;
+}
+
 Metrics::Metrics(const std::string& path, bool active, int64_t after) {
   if (!active) return;
   if (path == "-") {

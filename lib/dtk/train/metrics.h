@@ -58,6 +58,19 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"precision", MetricSource::loop, "the run's first line: the model's arithmetic as --precision set it"},
 };
 
+// The loop's part of a step's metrics line (the schema's keys from step to optim_state_bytes);
+// the parallelism, the evaluation and the checkpoints add theirs after.
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0, accuracy = NAN;  // accuracy NaN: not a classifier (no key)
+  double lr = 0, grad_norm = 0;
+  bool tokens = true;     // items are tokens (llama), else samples
+  double items = 0;       // per step, over every rank
+  double flops_per_item = 0, step_s = 0, compute_s = 0, sync_s = 0, optim_s = 0;
+  int64_t peak_mem = 0, persistent_mem = 0, optim_state_bytes = 0;
+};
+nlohmann::ordered_json step_metrics(const StepRecord& r);
+
 class Metrics {
  public:
   // path "-": stdout. A file is appended to; with `after` >= 0 it first loses the lines of steps

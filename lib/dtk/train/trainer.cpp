@@ -10,12 +10,12 @@
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/cli/cli.h"
-#include "dtk/comm/watchdog.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
 #include "dtk/data/dataset.h"
 #include "dtk/ops/kernels.h"
 #include "dtk/ops/ops.h"
+#include "dtk/train/checkpointer.h"
 #include "dtk/train/metrics.h"
 #include "dtk/train/run_state.h"
 #include "dtk/train/stop.h"
@@ -82,13 +82,7 @@ class Trainer {
     else if (!o.init_from.empty()) run_state().init_from(checkpoint_path(o.init_from));
     par_->loaded();
     sync_buffers();
-    if (!o.checkpoint_dir.empty()) {
-      if (rank_ == 0) fs::create_directories(o.checkpoint_dir);
-      dir_ = std::make_unique<ckpt::Directory>(o.checkpoint_dir, o.keep);
-      // Checkpoints in the background copy the state: room for it now, not at the first one.
-      if (o.async_checkpoint && o.checkpoint_every > 0 && o.checkpoint_every < last_step(o))
-        run_state().reserve(snapshot_);
-    }
+    ckpt_ = std::make_unique<Checkpointer>(o, *host_, [this] { return run_state(); }, [this] { sync_buffers(); });
   }
 
   int run() {
@@ -115,14 +109,13 @@ class Trainer {
         fail("the loss is {} at step {}; lower --lr, raise --warmup or clip (--clip)",
              std::isnan(loss) ? "NaN" : "infinite", step + 1);
 
-      nlohmann::ordered_json m = {{"step", step + 1}, {"loss", loss}};
-      if (cfg_.classifier()) m["accuracy"] = accuracy_;
-      m.update(nlohmann::ordered_json{{"lr", lr}, {"grad_norm", grad_norm},
-                          {cfg_.arch == nn::Arch::llama ? "tokens_per_s" : "samples_per_s", static_cast<double>(o_.global_batch * items_per_sample) / dt},
-                          {"model_flops_per_s", cfg_.train_flops_per_item() * static_cast<double>(o_.global_batch * items_per_sample) / dt},
-                          {"step_time_ms", dt * 1e3}, {"compute_ms", compute_s_ * 1e3}, {"sync_ms", sync_s_ * 1e3},
-                          {"optim_ms", opt_s * 1e3}, {"peak_mem_bytes", memory_stats(device_).peak},
-                          {"persistent_mem_bytes", persistent}, {"optim_state_bytes", optim_state_bytes_}});
+      nlohmann::ordered_json m = step_metrics({.step = step + 1, .loss = loss, .accuracy = accuracy_, .lr = lr,
+                                               .grad_norm = grad_norm, .tokens = cfg_.arch == nn::Arch::llama,
+                                               .items = static_cast<double>(o_.global_batch * items_per_sample),
+                                               .flops_per_item = cfg_.train_flops_per_item(), .step_s = dt,
+                                               .compute_s = compute_s_, .sync_s = sync_s_, .optim_s = opt_s,
+                                               .peak_mem = memory_stats(device_).peak, .persistent_mem = persistent,
+                                               .optim_state_bytes = optim_state_bytes_});
       par_->metrics(m);
       const bool last = step + 1 == stop;
       const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
@@ -133,22 +126,7 @@ class Trainer {
         if (cfg_.classifier()) m["val_accuracy"] = val_acc;
         else val_acc = NAN;
       }
-      {
-        const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
-        // A write in the background that every rank has finished, or that failed on one
-        // (learnt in the step's all-reduce, the same on every rank), is completed now.
-        if (pending_ && (writers_done_ || writer_failed_)) complete_checkpoint(m);
-        if (dir_ && (last || stopping || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))) {
-          const auto t_ckpt = Clock::now();
-          if (pending_) complete_checkpoint(m);  // the previous one first
-          // The last checkpoint (the run's end, a stop) is waited for anyway: written at once.
-          const bool background = o_.async_checkpoint && !last && !stopping;
-          sync_buffers();
-          pending_ = run_state().begin_save(dir_->entry(step + 1, sharded()), step + 1, schedule_, &snapshot_, background);
-          if (!background) complete_checkpoint(m);
-          m["checkpoint_blocked_ms"] = seconds_since(t_ckpt) * 1e3;
-        }
-      }
+      ckpt_->after_step(step + 1, last, stopping, schedule_, m);
       if (step == start_step_) {  // what ran: a rate is never read without the kernels that made it
         m["blas"] = ops::blas_description();
         m["cpu"] = ops::cpu_features().describe();
@@ -163,14 +141,10 @@ class Trainer {
       }
     }
     progress.done();
-    if (!o_.save.empty()) {
-      const comm::watchdog::Patient writing;
-      save(o_.save, end);
-      written(o_.save);
-    }
+    if (!o_.save.empty()) ckpt_->save(o_.save, end, schedule_);
     std::fflush(stdout);
     if (end == stop) return 0;
-    if (dir_ || !o_.save.empty())
+    if (ckpt_->writes() || !o_.save.empty())
       spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", end, stop);
     else
       spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)", end, stop);
@@ -178,24 +152,6 @@ class Trainer {
   }
 
  private:
-  // Completes the checkpoint in flight (collective; AgreedError(1) on every rank when its write
-  // failed): `latest` and pruning, its path written, its write time in the step's metrics.
-  void complete_checkpoint(nlohmann::ordered_json& m) {
-    const std::unique_ptr<PendingSave> p = std::move(pending_);
-    p->finish();
-    agreed(*host_, rank_ == 0, [&] { dir_->finish(p->path()); });  // `latest`, pruning
-    written(p->path());
-    m["checkpoint_write_ms"] = p->write_s() * 1e3;
-  }
-
-  // A checkpoint written: its path on stdout for pipelines (| xargs shard-inspect ...), unless the
-  // metrics go there: stdout then carries them alone, and the path is logged.
-  void written(const fs::path& p) const {
-    if (rank_ != 0) return;
-    if (o_.metrics == "-") spdlog::info("checkpoint written: {}", p.string());
-    else std::printf("%s\n", p.c_str());
-  }
-
   // The host waits for the GPU (watched) where the loop reads its clock: the step's times are
   // the device's, not the launches'.
   void wait_device(const char* what) const {
@@ -224,12 +180,11 @@ class Trainer {
     // whether a stop signal reached any rank: every rank then finishes this step and stops after it.
     // And, while a checkpoint is written in the background, how many ranks have written their
     // part and how many failed (run_state.h's PendingSave): the writer threads never communicate.
-    double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, pending_ && pending_->done() ? 1.0 : 0.0,
-                   pending_ && pending_->failed() ? 1.0 : 0.0};
+    const auto [done, failed] = ckpt_->progress();
+    double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, done, failed};
     host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
-    accuracy_ = v[2] / static_cast<double>(o_.global_batch);
-    writers_done_ = v[3] == static_cast<double>(host_->size());
-    writer_failed_ = v[4] > 0;
+    accuracy_ = cfg_.classifier() ? v[2] / static_cast<double>(o_.global_batch) : NAN;
+    ckpt_->learn(v[3], v[4]);
     if (v[1] > 0 && !stop_requested_) {
       stop_requested_ = true;
       const int sig = signals_.received();
@@ -277,14 +232,8 @@ class Trainer {
       comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync).wait();
   }
 
-  // ---- checkpoints (run_state.h)
+  // ---- checkpoints (run_state.h, checkpointer.h)
   RunState run_state() { return {o_, s_, cfg_, *par_, optim_, *host_}; }
-  bool sharded() const { return par_->rows(0) != nullptr; }
-
-  void save(const fs::path& path, int64_t step) {
-    sync_buffers();
-    run_state().save(path, step, schedule_);
-  }
 
   void resume(const fs::path& path) {
     start_step_ = run_state().resume(path);
@@ -326,10 +275,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optim_;
   optim::Schedule schedule_;
   std::unique_ptr<parallel::Parallelism> par_;
-  std::unique_ptr<ckpt::Directory> dir_;
-  ckpt::Snapshot snapshot_;  // host memory for the copy of the state a checkpoint in the background writes
-  std::unique_ptr<PendingSave> pending_;  // that checkpoint (--async-checkpoint); destroyed first: joins its thread
-  bool writers_done_ = false, writer_failed_ = false;  // of pending_, agreed in the step's all-reduce
+  std::unique_ptr<Checkpointer> ckpt_;  // destroyed first: joins a background write's thread
   int64_t start_step_ = 0;
   bool resumed_ = false;
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
