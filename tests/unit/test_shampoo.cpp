@@ -890,6 +890,31 @@ TEST(Shampoo, FamilyMatchesReference) {
   }
 }
 
+// A block whose f32 solve fails (a solver that does not converge, injected through
+// ops::testing::FailF32Solves) is solved again alone in f64, and the run still follows the f64
+// reference: the retry path of roots (eigh, qr, pseudo-inverse) and of the eigenbases (eigh,
+// qr). Without the retry the failed blocks would keep their previous (identity or zero) result
+// and the error would be of order 1.
+TEST(Shampoo, FailedSolvesAreRetriedInF64) {
+  const std::vector<FamilyCase> cases = {
+      {"roots eigh", [](ShampooConfig&) {}, 1e-5},
+      {"roots qr", [](ShampooConfig& c) { c.root_method = RootMethod::qr; }, 1e-5},
+      {"pseudo-inverse, full rank", [](ShampooConfig& c) {
+         c.root_method = RootMethod::pseudo_inverse; c.epsilon = 1e-12; c.grafting = Grafting::none; }, 1e-5},
+      {"ec eigh", [](ShampooConfig& c) { ec(c); }, 1e-5},
+      {"ec qr", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; }, 1e-5},
+  };
+  for (const FamilyCase& k : cases) {
+    ShampooConfig c = family_config();
+    k.tweak(c);
+    const ops::testing::FailF32Solves fail(3);  // the first root or basis computation's first 3 blocks
+    const double e = family_error(c, k.steps);
+    std::printf("%-60s %.2e\n", k.label.c_str(), e);
+    EXPECT_EQ(fail.remaining(), 0) << k.label << ": no f32 solve ran";
+    EXPECT_LT(e, k.tol) << k.label;
+  }
+}
+
 // Spectral descent on rank-deficient blocks (a one-example gradient of a linear layer is u v^T):
 // exact gives U V^T of the block's rank (the f32 rounding's singular values cut), Newton-Schulz
 // its polynomial (singular values p(s) of the normalised block, about 0.7 for the top one). Two

@@ -281,4 +281,19 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
 // 0 where the solver failed or the basis is not finite (that basis is zeroed).
 std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis);
 
+namespace testing {
+// A fault-injection seam for tests: while one lives, the next `blocks` blocks of f32 batches
+// that inverse_roots (eigh, pseudo-inverse, qr) and eigenbases solve report failure (ok 0, as a
+// solver that did not converge), whatever they computed; f64 solves are untouched, so the f64
+// retries of their callers (optim/shampoo.cpp) run. Process-wide; one at a time.
+class FailF32Solves {
+ public:
+  explicit FailF32Solves(int blocks);
+  ~FailF32Solves();
+  FailF32Solves(const FailF32Solves&) = delete;
+  FailF32Solves& operator=(const FailF32Solves&) = delete;
+  int remaining() const;  // blocks not yet failed
+};
+}  // namespace testing
+
 }  // namespace dtk::ops

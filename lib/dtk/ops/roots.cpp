@@ -3,6 +3,7 @@
 // batch) in f64 on the backend; and inverse_roots, the batched roots in the matrices' own dtype,
 // composed of the public ops (so the same on every backend).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -255,6 +256,31 @@ bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& ou
   return DTK_DISPATCH(a, inverse_root(a, p, opts, out));
 }
 
+namespace {
+
+// testing::FailF32Solves: the f32 solves still to report as failed.
+std::atomic<int> g_fail_f32_solves{0};
+
+// Marks blocks of an f32 batch as failed while testing::FailF32Solves asks for it.
+void inject_failures(const Tensor& a, std::vector<char>& ok) {
+  if (a.dtype() != DType::f32) return;
+  for (char& v : ok) {
+    int left = g_fail_f32_solves.load();
+    while (left > 0 && !g_fail_f32_solves.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left <= 0) return;
+    v = 0;
+  }
+}
+
+}  // namespace
+
+namespace testing {
+FailF32Solves::FailF32Solves(int blocks) { g_fail_f32_solves.store(blocks); }
+FailF32Solves::~FailF32Solves() { g_fail_f32_solves.store(0); }
+int FailF32Solves::remaining() const { return g_fail_f32_solves.load(); }
+}  // namespace testing
+
 std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis) {
   const char* op = "eigenbases";
   check_float(op, a, "a");
@@ -278,6 +304,7 @@ std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& b
   if (count_nonfinite(basis) > 0)
     for (int64_t i = 0; i < nb; ++i)
       if (count_nonfinite(basis.select(i)) > 0) ok[static_cast<size_t>(i)] = 0;
+  inject_failures(a, ok);
   for (int64_t i = 0; i < nb; ++i)  // a failed block restarts from a full eigh (qr) / keeps nothing
     if (!ok[static_cast<size_t>(i)]) {
       Tensor Qi = basis.select(i);
@@ -305,12 +332,14 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
     case RootMethod::eigh:
     case RootMethod::pseudo_inverse:
       roots_eigh(a, p, opts, out, ok);
+      inject_failures(a, ok);
       break;
     case RootMethod::newton:
       roots_newton(a, p, opts, out, ok);
       break;
     case RootMethod::qr:
       roots_qr(a, *basis, p, opts, out, ok);
+      inject_failures(a, ok);
       for (int64_t i = 0; i < a.dim(0); ++i)  // a failed block restarts from a full eigh
         if (!ok[static_cast<size_t>(i)]) {
           Tensor Qi = basis->select(i);

@@ -878,14 +878,14 @@ class Shampoo final : public Optimizer {
       if (warm) ops::cast(Q, Qn);
       // A failed block: again in f64 from no basis (a full eigh, in the method's column order).
       take_or_retry(ops::eigenbases(Fc, o, Qn), Fc, Qn, Q, failed, r0,
-                    [&](const Tensor& Fd, Tensor& Qd) { return ops::eigenbases(Fd, o, Qd)[0] != 0; });
+                    [&](int64_t, const Tensor& Fd, Tensor& Qd) { return ops::eigenbases(Fd, o, Qd)[0] != 0; });
     });
   }
 
   // A batch's results out [nb, b, b] into dst (of the factors Fc [nb, b, b]), where ok says they
-  // succeeded; a block that failed is computed again alone in f64 by retry(F [1, b, b], result
-  // [1, b, b], zeroed) and, if that fails too, keeps dst's block and is marked in failed (from
-  // index r0).
+  // succeeded; a block i that failed is computed again alone in f64 by retry(i, F [1, b, b],
+  // result [1, b, b], zeroed) and, if that fails too, keeps dst's block and is marked in failed
+  // (from index r0).
   template <typename Retry>
   void take_or_retry(const std::vector<char>& ok, const Tensor& Fc, const Tensor& out, Tensor dst,
                      std::vector<char>& failed, int64_t r0, Retry&& retry) {
@@ -902,7 +902,7 @@ class Shampoo final : public Optimizer {
       }
       Tensor Fd = Tensor::empty({1, b, b}, DType::f64, device_), Rd = Tensor::zeros({1, b, b}, DType::f64, device_);
       ops::cast(Fc.slice(i, i + 1), Fd);
-      if (retry(Fd, Rd))
+      if (retry(i, Fd, Rd))
         ops::cast(Rd.select(0), di);
       else
         failed[static_cast<size_t>(r0 + i)] = 1;
@@ -963,11 +963,18 @@ class Shampoo final : public Optimizer {
       const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);
       Tensor R = gr.root[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
       // A failed block: again in f64 by an eigendecomposition with the same rule (the
-      // pseudo-inverse's, or epsilon and the shift).
+      // pseudo-inverse's, or epsilon and the shift); qr's from no basis (a full eigh), whose
+      // basis is kept for the next warm start, as that of a block that had not failed.
       ops::RootOptions o64 = root_options();
-      if (o64.method != RootMethod::pseudo_inverse) o64.method = RootMethod::eigh;
-      take_or_retry(ok, Fc, out, R, failed, r0,
-                    [&](const Tensor& Fd, Tensor& Od) { return ops::inverse_roots(Fd, p, o64, Od)[0] != 0; });
+      if (o64.method != RootMethod::pseudo_inverse && o64.method != RootMethod::qr) o64.method = RootMethod::eigh;
+      take_or_retry(ok, Fc, out, R, failed, r0, [&](int64_t i, const Tensor& Fd, Tensor& Od) {
+        if (o64.method != RootMethod::qr) return ops::inverse_roots(Fd, p, o64, Od)[0] != 0;
+        Tensor Bd = Tensor::zeros(Fd.shape(), DType::f64, device_);
+        if (ops::inverse_roots(Fd, p, o64, Od, &Bd)[0] == 0) return false;
+        Tensor Qi = Q.select(i);
+        ops::cast(Bd.select(0), Qi);
+        return true;
+      });
       // Exactly symmetric (V diag V^T is so only to rounding), as checkpoints store it packed.
       ops::symmetrize(R);
     });
