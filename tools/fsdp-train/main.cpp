@@ -73,18 +73,13 @@ cli::Program program(Args& a) {
                  "step (fewer collectives; every rank holds the whole model's gradient, as DDP does)")->group(g);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
-    train::Options t = a.train;
-    if (a.fsdp.print_plan) {  // nothing is trained or saved: a job's checkpoint options (its --config's) stay idle
-      t.checkpoint_dir.clear();
-      t.save.clear();
-      t.checkpoint_every = t.stop_at = 0;
-      t.auto_resume = false;
-      // The plan comes after two timed steps; --compressor auto's after its first decision, at --start-iter.
-      t.steps = std::max<int64_t>({t.steps, 3, a.compressor.compressor.kind == compress::Kind::auto_
-                                                   ? a.compressor.compressor.start_iter + 2 : 0});
-      t.epochs = 0;
-    }
-    train::Options o = train::validate(t, rt.size());
+    // The plan comes after two timed steps; --compressor auto's after its first decision, at --start-iter.
+    const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
+    train::Options o =
+        a.fsdp.print_plan
+            ? train::validate_plan_only(a.train, std::max<int64_t>(3, is_auto ? a.compressor.compressor.start_iter + 2 : 0),
+                                        rt.size())
+            : train::validate(a.train, rt.size());
     parallel::FsdpConfig c = a.fsdp;
     c.overlap = !a.no_overlap;
     parallel::validate(c, rt.size());
@@ -93,9 +88,6 @@ cli::Program program(Args& a) {
     if (comm::CostModel link; cc.kind == compress::Kind::auto_) compress::auto_link_from_env(link);  // malformed: exit 2 now
     std::optional<compress::Config> compressor;
     if (cc.kind != compress::Kind::none) compressor = cc;
-    // --print-plan: stdout carries the plan alone (the metrics of its two timed steps go nowhere
-    // unless --metrics names a file).
-    if (c.print_plan && o.metrics == "-") o.metrics = "/dev/null";
     // Shampoo's blocks are split over the shard group (parallel/parallelism.h, optimizer_comm).
     train::Strategy s = train::strategy("fsdp-train", o, rt.size() / c.replicate, a.shampoo);
     s.config = c;

@@ -42,23 +42,13 @@ cli::Program program(Args& a) {
                  "step) once made at --start-iter, then stop without saving")->group("Compression: auto");
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
-    train::Options t = a.train;
     const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
     if (a.print_plan && !is_auto) fail_usage("--print-plan prints auto's plan: it needs --compressor auto");
-    if (a.print_plan) {  // nothing is saved: a job's checkpoint options (its --config's) stay idle
-      t.checkpoint_dir.clear();
-      t.save.clear();
-      t.checkpoint_every = t.stop_at = 0;
-      t.auto_resume = false;
-      // The plan is made at step --start-iter and printed before the next one.
-      t.steps = std::max<int64_t>(t.steps, a.compressor.compressor.start_iter + 2);
-      t.epochs = 0;
-    }
-    train::Options o = train::validate(t, rt.size());
+    // The plan is made at step --start-iter and printed before the next one.
+    train::Options o = a.print_plan ? train::validate_plan_only(a.train, a.compressor.compressor.start_iter + 2, rt.size())
+                                    : train::validate(a.train, rt.size());
     const compress::Config c = a.compressor.config(o.seed);
     if (comm::CostModel link; is_auto) compress::auto_link_from_env(link);  // malformed: exit 2 now
-    // --print-plan: stdout carries the plan alone (the metrics go nowhere unless --metrics names a file).
-    if (a.print_plan && o.metrics == "-") o.metrics = "/dev/null";
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
     s.config = c;
     if (c.kind != compress::Kind::none) {

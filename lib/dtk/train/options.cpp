@@ -173,6 +173,18 @@ Options validate(Options o, int world_size) {
   return o;
 }
 
+Options validate_plan_only(Options o, int64_t steps, int world_size) {
+  o.checkpoint_dir.clear();
+  o.save.clear();
+  o.checkpoint_every = o.stop_at = 0;
+  o.auto_resume = false;
+  o.steps = std::max(o.steps, steps);
+  o.epochs = 0;
+  o = validate(std::move(o), world_size);
+  if (o.metrics == "-") o.metrics = "/dev/null";
+  return o;
+}
+
 int64_t last_step(const Options& o) { return o.stop_at > 0 ? o.stop_at : o.steps; }
 
 std::string resume_from(const Options& o) {

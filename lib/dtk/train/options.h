@@ -85,6 +85,11 @@ nn::ModelConfig resolve_model(const Options& o);
 // steps and --decay-epochs into decay_steps (an epoch: the training data's samples /
 // --global-batch steps).
 Options validate(Options o, int world_size);
+// validate() for a run that only prints a plan (--print-plan) and stops: no checkpoint and no
+// save (a job's checkpoint options, from its --config, stay idle), at least `steps` steps (the
+// plan is made after some), no epochs; its metrics go nowhere unless --metrics names a file, so
+// that stdout carries the plan alone.
+Options validate_plan_only(Options o, int64_t steps, int world_size);
 
 // The step the run ends at: --stop-at, else --steps.
 int64_t last_step(const Options& o);
