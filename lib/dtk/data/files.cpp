@@ -65,6 +65,18 @@ FileVersion file_version(const std::string& path) {
   return {fs::weakly_canonical(path, ec).string(), size, static_cast<int64_t>(mtime)};
 }
 
+// A data file opened read-only (under the HDF5 lock, which the caller holds); UsageError when
+// it is not HDF5 or is damaged.
+Id open_data_file(const std::string& path) {
+  h5::quiet();
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::file_access()));
+  if (!file.valid()) {
+    const std::string m = h5::last_error();
+    fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
+  }
+  return file;
+}
+
 Array open_array(hid_t file, const char* name, const std::string& path) {
   Array a;
   a.dset = Id(H5Oopen(file, name, H5P_DEFAULT));
@@ -315,12 +327,7 @@ void check_once(const std::string& path, const std::function<void()>& check) {
 
 std::unique_ptr<TokenSource> open_token_source(const std::string& path) {
   auto g = h5::lock();
-  h5::quiet();
-  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::file_access()));
-  if (!file.valid()) {
-    const std::string m = h5::last_error();
-    fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
-  }
+  Id file = open_data_file(path);
   if (!exists(file, "tokens")) fail_usage(path + ": holds no `tokens` (not a dtk token file)");
   return std::make_unique<H5Tokens>(path, std::move(file));
 }
@@ -349,12 +356,7 @@ std::unique_ptr<Dataset> open_file_dataset(const std::string& path, const nn::Mo
   if (fs::is_directory(path, ec)) fail_usage(path + ": is a directory, not an HDF5 data file");
   if (!std::ifstream(path, std::ios::binary)) fail_usage(path + ": cannot be read (permissions?)");
   auto g = h5::lock();
-  h5::quiet();
-  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::file_access()));
-  if (!file.valid()) {
-    const std::string m = h5::last_error();
-    fail_usage(path + ": not an HDF5 file, or a damaged one" + (m.empty() ? "" : " (" + m + ")"));
-  }
+  Id file = open_data_file(path);
   const bool classify = model.classifier();
   try {
     if (exists(file, "tokens")) {
