@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The metrics schema (lib/dtk/train/metrics.h) is the one list of keys: each training program's
 # --help footer is made from it, its runs write exactly those keys (every key the footer names
-# appears in some run, none beyond), its man page names every one of them, and so does the README
-# (each key a word of its code spans), and its list of the keys (the code span that starts with
-# `step, loss`) has every key psgd-train writes for a llama (the others: classifiers' keys, in the
-# text after it, and fsdp-train's, in its own section).
-# Usage: metrics_keys.sh "MPIEXEC" TOOLS_DIR MAN_DIR [README]
-mpiexec=$1 tools=$(realpath "$2") man=$(realpath "$3") readme=${4:+$(realpath "$4")}
-# The words of the README's code spans (`...`, across lines; fenced blocks left out), or with
-# `list`, those of its list of the keys.
+# appears in some run, none beyond), its man page names every one of them, and so do the
+# documentation pages given (each key a word of their code spans), and their list of the keys
+# (the code span that starts with `step, loss`, in docs/psgd-train.md) has every key psgd-train
+# writes for a llama (the others: classifiers' keys, in the text after it, and fsdp-train's, in
+# docs/fsdp-train.md).
+# Usage: metrics_keys.sh "MPIEXEC" TOOLS_DIR MAN_DIR [DOC.md...]
+mpiexec=$1 tools=$(realpath "$2") man=$(realpath "$3")
+pages=(); for p in "${@:4}"; do pages+=("$(realpath "$p")"); done
+# The words of the pages' code spans (`...`, across lines; fenced blocks left out), or with
+# `list`, those of their list of the keys.
 readme_spans() {
   python3 -c '
 import re, sys
@@ -17,8 +19,13 @@ for m in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", text, re.S):
     if sys.argv[2] == "all" or re.match(r"step,\s*loss,", m.group(2)):
         print("\n".join(re.findall(r"[A-Za-z0-9_]+", m.group(2))))' "$readme" "$1" | sort -u
 }
-if [ -n "$readme" ]; then readme_words=$(readme_spans all) readme_list=$(readme_spans list); fi
 . "$(dirname "$0")/../common/train_lib.sh"
+readme=""
+if [ ${#pages[@]} -gt 0 ]; then
+  readme=$tmp/pages.md
+  cat "${pages[@]}" >"$readme" || exit 1
+  readme_words=$(readme_spans all) readme_list=$(readme_spans list)
+fi
 mlp="--model mlp-small --data synthetic"
 # Each program's runs between them: llama and a classifier, evaluation and checkpoint steps, and
 # whatever the program's placement adds (a compressor; HSDP).
@@ -50,7 +57,7 @@ for prog in psgd-train shampoo-train fsdp-train; do
   if [ -n "$readme" ]; then
     unlisted=""
     for k in $help; do grep -qx -- "$k" <<<"$readme_words" || unlisted+=" $k"; done
-    if [ -z "$unlisted" ]; then ok "$prog: the README names every key"; else bad "README.md does not name:$unlisted"; fi
+    if [ -z "$unlisted" ]; then ok "$prog: the documentation names every key"; else bad "the documentation does not name:$unlisted"; fi
   fi
 done
 if [ -n "$readme" ]; then
@@ -58,7 +65,7 @@ if [ -n "$readme" ]; then
   llama=$("$tools/psgd-train/psgd-train" --help | tr '\n' ' ' | grep -o 'Metrics ([^)]*):[^.]*\.' \
     | sed 's/^Metrics ([^)]*)://; s/\.$//' | tr ',' '\n' | grep -v '(.*classifiers' | sed 's/(.*//; s/ //g' | sort -u)
   absent=$(comm -23 <(echo "$llama") <(echo "$readme_list") | tr '\n' ' ')
-  if [ -n "$llama" ] && [ -z "$absent" ]; then ok "the README's list of the keys has the $(echo "$llama" | wc -l) of a llama"
-  else bad "the README's list of the keys (\`step, loss, ...\`) lacks: ${absent:-(no keys in --help)}"; fi
+  if [ -n "$llama" ] && [ -z "$absent" ]; then ok "the documentation's list of the keys has the $(echo "$llama" | wc -l) of a llama"
+  else bad "the documentation's list of the keys (\`step, loss, ...\`) lacks: ${absent:-(no keys in --help)}"; fi
 fi
 finish

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# README.md's examples, run as written (issue 28), so that the README cannot drift from the
-# programs. Every fenced block is classified by its info string, the convention the README states
+# The examples of README.md and of the pages in docs/, run as written (issue 28), so that the
+# documentation cannot drift from the programs. Every fenced block is classified by its info string, the convention the README states
 # under "Running the examples":
 #   ```sh                 commands, run as written (eval), in order, in this one shell (an
 #                         assignment or export stays); each section (a heading) in a fresh scratch
@@ -28,42 +28,48 @@
 # `export` lines), for trying an edit; DTK_README_KEEP=1 keeps the scratch directory.
 set -u
 src=$(realpath "$1") build=$(realpath "$2") only=${3:-}
-readme=$src/README.md
 . "$(dirname "$0")/../common/check_lib.sh"
 . "$(dirname "$0")/../common/doc_lib.sh"
 set -o pipefail
 [ -n "${DTK_README_KEEP:-}" ] && trap 'echo "kept $tmp"' EXIT
 start=$SECONDS
 
-# ---- parse: sections and blocks ----
-declare -a b_line=() b_end=() b_info=() b_body=() b_sec=()
+# ---- parse: sections and blocks, README.md's and then those of the pages in docs/ ----
+declare -a b_line=() b_end=() b_info=() b_body=() b_sec=() b_file=()
 declare -a sec_title=()
-mapfile -t lines <"$readme"
-sec=0 inblock=0 prevblank=1 body="" info="" first=0
+docs=(README.md)
+for f in "$src"/docs/*.md; do docs+=("docs/${f##*/}"); done
+sec=0
 sec_title[0]="(top)"
-for i in "${!lines[@]}"; do
-  l=${lines[$i]}
-  if [ $inblock = 0 ]; then
-    if [[ $l =~ ^\`\`\`(.*)$ ]]; then
-      inblock=1 info=${BASH_REMATCH[1]} body="" first=$((i + 1))
-    elif [[ $l =~ ^#+\ (.*)$ ]]; then
-      sec=$((sec + 1)); sec_title[$sec]=${BASH_REMATCH[1]}
-    elif [ $prevblank = 1 ] && [[ $l =~ ^\ {4}[^\ -] ]]; then
-      bad "README.md:$((i + 1)): an indented code block (fence it with \`\`\`sh or \`\`\`text)" "$l"
+for doc in "${docs[@]}"; do
+  mapfile -t lines <"$src/$doc"
+  inblock=0 prevblank=1 body="" info="" first=0
+  sec=$((sec + 1)); sec_title[$sec]="$doc"  # a page starts a section
+  for i in "${!lines[@]}"; do
+    l=${lines[$i]}
+    if [ $inblock = 0 ]; then
+      if [[ $l =~ ^\`\`\`(.*)$ ]]; then
+        inblock=1 info=${BASH_REMATCH[1]} body="" first=$((i + 1))
+      elif [[ $l =~ ^#+\ (.*)$ ]]; then
+        sec=$((sec + 1)); sec_title[$sec]=${BASH_REMATCH[1]}
+      elif [ $prevblank = 1 ] && [[ $l =~ ^\ {4}[^\ -] ]]; then
+        bad "$doc:$((i + 1)): an indented code block (fence it with \`\`\`sh or \`\`\`text)" "$l"
+      fi
+    elif [[ $l == '```' ]]; then
+      inblock=0
+      b_line+=("$first") b_end+=("$((i + 1))") b_info+=("$info") b_body+=("$body") b_sec+=("$sec") b_file+=("$doc")
+    else
+      body+=$l$'\n'
     fi
-  elif [[ $l == '```' ]]; then
-    inblock=0
-    b_line+=("$first") b_end+=("$((i + 1))") b_info+=("$info") b_body+=("$body") b_sec+=("$sec")
-  else
-    body+=$l$'\n'
-  fi
-  [[ -z ${l// /} ]] && prevblank=1 || prevblank=0
+    [[ -z ${l// /} ]] && prevblank=1 || prevblank=0
+  done
+  [ $inblock = 0 ] || bad "$doc:$first: a fence that never closes"
 done
-[ $inblock = 0 ] || bad "README.md:$first: a fence that never closes"
 
-# The paragraph right before line $1 (1-based, a fence) and right after line $2, as one line.
+# The paragraph right before line $2 (1-based, a fence) and right after line $3 of file $1, as one line.
 beside() {
-  local a=$(($1 - 2)) z=$2 text=""
+  local a=$(($2 - 2)) z=$3 text="" lines
+  mapfile -t lines <"$src/$1"
   while [ $a -ge 0 ] && [ -z "${lines[$a]// /}" ]; do a=$((a - 1)); done
   while [ $a -ge 0 ] && [ -n "${lines[$a]// /}" ]; do text="${lines[$a]} $text"; a=$((a - 1)); done
   while [ $z -lt ${#lines[@]} ] && [ -z "${lines[$z]// /}" ]; do z=$((z + 1)); done
@@ -109,7 +115,7 @@ section_dir() {  # a fresh directory for section $1, entered
 # ---- run ----
 for k in "${!b_line[@]}"; do
   line=${b_line[$k]} info=${b_info[$k]} body=${b_body[$k]} s=${b_sec[$k]}
-  where="README.md:$line"
+  where="${b_file[$k]}:$line"
   read -r type rest <<<"$info"
   append="" reasons=""
   if [[ $rest == *append=* ]]; then append=${rest#*append=} reasons=${rest%%append=*}; else reasons=$rest; fi
@@ -138,7 +144,7 @@ for k in "${!b_line[@]}"; do
     continue
   fi
   if [ -n "$append" ]; then
-    grep -qiF "the test appends \`$append\`" <<<"$(beside "$line" "${b_end[$k]}")" \
+    grep -qiF "the test appends \`$append\`" <<<"$(beside "${b_file[$k]}" "$line" "${b_end[$k]}")" \
       || bad "$where: append=$append, but the text beside the block does not say \"the test appends \`$append\`\""
   fi
   section_dir "$s"
@@ -183,5 +189,5 @@ done
 
 echo "skipped ${#skipped[@]} block(s):"
 printf '  %s\n' "${skipped[@]}"
-echo "ran $ran command(s) of README.md in $((SECONDS - start)) s"
+echo "ran $ran command(s) of README.md and docs/*.md in $((SECONDS - start)) s"
 finish

@@ -76,7 +76,7 @@ EOF
   # emulated nodes returns at once, without waiting for the other node's tasks (a task that enters it 2 s
   # late: 0.000 s waited by the other, where the ring waits 2.0 s); Open MPI's MPI_Init then lets
   # a rank start sending while its peer is still inside MPI_Init, before the peer can take
-  # messages, and the peer dies of SIGSEGV (README, "Requeue chains and launches that fail").
+  # messages, and the peer dies of SIGSEGV (docs/slurm.md, "Requeue chains and launches that fail").
   echo "PMIxCollFence=ring" > "$dir/mpi.conf"
   export SLURM_CONF=$dir/slurm.conf
   slurmctld -i

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31's launch-time SIGSEGV, made deterministic (README, "Requeue chains and launches that
+# Issue 31's launch-time SIGSEGV, made deterministic (docs/slurm.md, "Requeue chains and launches that
 # fail"); not run by ctest (it needs gdb). On the test cluster (cluster.sh), with the pmix
 # plugin's fences by tree (SLURM_PMIX_FENCE=tree; unset, slurm's default, they behaved the same)
 # and then by ring (cluster.sh's mpi.conf):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A hunt for the launch-time SIGSEGV of issue 31 (README, "Requeue chains and launches that
+# A hunt for the launch-time SIGSEGV of issue 31 (docs/slurm.md, "Requeue chains and launches that
 # fail"); not run by ctest. Brings up the test cluster (cluster.sh), makes a checkpoint, then
 # launches short 2-task `srun --mpi=pmix` steps of psgd-train that resume from it, one at a time,
 # back to back, in three kinds taken in turn:
@@ -15,7 +15,7 @@
 # A rank 0 still running 5 s after its rank 1 was killed leaves its threads' stacks there too.
 # cluster.sh's fences are by ring; SLURM_PMIX_FENCE=tree in this script's environment gives
 # fences that do not wait, as with PMIxCollFence unset (slurm's default), where the crash came
-# (1 in 112 launches; README).
+# (1 in 112 launches; docs/slurm.md).
 #   tests/slurm/segv-hunt.sh BUILD_DIR SECONDS [DIR]
 # Prints one line per launch and a summary; DIR (default a new directory under /tmp) is kept.
 set -euo pipefail
