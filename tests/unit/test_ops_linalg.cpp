@@ -7,11 +7,13 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "dtk/core/error.h"
 #include "dtk/core/half.h"
 #include "dtk/core/tensor.h"
+#include "dtk/ops/kernels.h"
 #include "dtk/ops/ops.h"
 #include "../common/test_util.h"
 
@@ -520,6 +522,25 @@ TEST(LinalgOrthonormalize, MgsZeroAndDependentColumnsBecomeZero) {
   Tensor z = Tensor::zeros({5, 3}, DType::f32);
   ops::orthonormalize_mgs(z);
   for (double x : z.to_doubles()) EXPECT_EQ(x, 0.0);
+}
+
+TEST(LinalgOrthonormalize, QrOfOneMatrixIsItsQrInABatch) {
+  // A batch of one runs outside the parallel region, with OpenBLAS held to one thread: the same
+  // Q, bit for bit, as the matrix gets among others (each on its own thread), with 2 threads.
+  ops::set_cpu_threads(2);
+  const int64_t B = 3, m = 300, r = 40;
+  for (DType t : {DType::f32, DType::f64}) {
+    const Mat av = rounded(random_values(size_t(B * m * r), 700), t);
+    Tensor batch = Tensor::from_doubles(av, {B, m, r}, t);
+    ops::orthonormalize_qr(batch);
+    const Mat q = batch.to_doubles();
+    for (int64_t bi = 0; bi < B; ++bi) {
+      Tensor one = Tensor::from_doubles(Mat(av.begin() + bi * m * r, av.begin() + (bi + 1) * m * r), {m, r}, t);
+      ops::orthonormalize_qr(one);
+      EXPECT_EQ(one.to_doubles(), Mat(q.begin() + bi * m * r, q.begin() + (bi + 1) * m * r)) << dtype_name(t) << " " << bi;
+    }
+  }
+  ops::set_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));  // OpenMP's default
 }
 
 TEST(LinalgOrthonormalize, MgsMoreColumnsThanRows) {

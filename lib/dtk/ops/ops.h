@@ -280,12 +280,18 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
 // qr (a zero basis: a full eigh; columns by descending estimate), eps as there. Returns ok [B]:
 // 0 where the solver failed or the basis is not finite (that basis is zeroed).
 std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis);
+// Quintic Newton-Schulz iterations towards U V^T of each matrix of x [B, r, c] (f32, Frobenius
+// norm at most 1: scale it first), with Jordan et al.'s coefficients (Muon): `steps` times
+// A = X X^T, X = 3.4445 X + (-4.7750 A + 2.0315 A^2) X, for tall matrices (r > c) mirrored as
+// A = X^T X, X = 3.4445 X + X (-4.7750 A + 2.0315 A^2). y [B, r, c] and a, b [B, m, m]
+// (m = min(r, c)) are work space; returns x or y, whichever holds the result.
+Tensor newton_schulz(Tensor x, Tensor y, Tensor a, Tensor b, int steps);
 
 namespace testing {
 // A fault-injection seam for tests: while one lives, the next `blocks` blocks of f32 batches
 // that inverse_roots (eigh, pseudo-inverse, qr) and eigenbases solve report failure (ok 0, as a
 // solver that did not converge), whatever they computed; f64 solves are untouched, so the f64
-// retries of their callers (optim/shampoo.cpp) run. Process-wide; one at a time.
+// retries of their callers (optim/shampoo_root.cpp, shampoo_corrected.cpp) run. Process-wide; one at a time.
 class FailF32Solves {
  public:
   explicit FailF32Solves(int blocks);

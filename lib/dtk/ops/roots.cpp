@@ -1,7 +1,7 @@
 // Inverse roots (ops.h): the eigenvalue rule every eigendecomposition-based root uses (the CPU
 // and CUDA backends' inverse_root, inverse_roots' eigh and qr); inverse_root, one matrix (or a
-// batch) in f64 on the backend; and inverse_roots, the batched roots in the matrices' own dtype,
-// composed of the public ops (so the same on every backend).
+// batch) in f64 on the backend; inverse_roots, the batched roots in the matrices' own dtype, and
+// eigenbases and newton_schulz, all composed of the public ops (so the same on every backend).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -348,6 +348,23 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
       break;
   }
   return ok;
+}
+
+Tensor newton_schulz(Tensor x, Tensor y, Tensor a, Tensor b, int steps) {
+  const bool tall = x.dim(1) > x.dim(2);
+  constexpr double ka = 3.4445, kb = -4.7750, kc = 2.0315;  // Jordan et al.'s quintic
+  for (int i = 0; i < steps; ++i) {
+    gemm(tall, !tall, 1.0, x, x, 0.0, a);
+    gemm(false, false, kc, a, a, 0.0, b);
+    axpy(kb, a, b);
+    scale(x, ka, y);
+    if (tall)
+      gemm(false, false, 1.0, x, b, 1.0, y);
+    else
+      gemm(false, false, 1.0, b, x, 1.0, y);
+    std::swap(x, y);
+  }
+  return x;
 }
 
 }  // namespace dtk::ops

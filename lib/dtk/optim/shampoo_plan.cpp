@@ -12,6 +12,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/optim/shampoo.h"
+#include "dtk/optim/shampoo_internal.h"
 
 namespace dtk::optim {
 
@@ -184,5 +185,40 @@ std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64
   }
   return shampoo_assign(cost, static_cast<int>(spread));
 }
+
+namespace shampoo {
+
+Shape strides_of(const Shape& s) {
+  Shape st(s.size(), 1);
+  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+
+
+void block_elements(const Shape& merged, const BlockDesc& b, std::vector<int64_t>& out) {
+  const size_t k = b.dims.size();
+  if (k == 0) {
+    out.push_back(0);
+    return;
+  }
+  const Shape st = strides_of(merged);
+  std::vector<int64_t> i(k, 0);
+  const int64_t last = b.dims[k - 1];
+  while (true) {
+    int64_t base = 0;
+    for (size_t d = 0; d < k; ++d) base += (b.offset[d] + i[d]) * st[d];
+    for (int64_t j = 0; j < last; ++j) out.push_back(base + j);
+    if (k == 1) return;
+    size_t d = k - 1;
+    while (d > 0) {
+      --d;
+      if (++i[d] < b.dims[d]) break;
+      i[d] = 0;
+      if (d == 0) return;
+    }
+  }
+}
+
+}  // namespace shampoo
 
 }  // namespace dtk::optim

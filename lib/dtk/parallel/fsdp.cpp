@@ -2,7 +2,6 @@
 #include "dtk/parallel/fsdp_schedule.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fmt/format.h>
 #include <fstream>
@@ -16,11 +15,6 @@
 namespace dtk::parallel {
 
 using namespace fsdp;
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-}  // namespace
 
 // ------------------------------------------------------------------------------ the runtime
 
@@ -531,50 +525,6 @@ void Fsdp::after_backward(int block) {
   m.run(m.train.at[kAfterBackward][static_cast<size_t>(block)], plan_);
 }
 
-namespace {
-
-// All-gather and reduce-scatter timed over a range of sizes on the shard group and fitted
-// (comm/cost.h), the slowest rank's time at each size.
-Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpConfig& cfg, double lo_bytes,
-                double hi_bytes, Device dev) {
-  Costs c;
-  const int S = shard.size();
-  if (S == 1) return c;  // nothing to communicate: zero costs
-  const int kSizes = 8, kReps = 3;
-  auto sweep = [&](bool gather) {
-    const DType t = gather ? cfg.param_dtype : cfg.reduce_dtype;
-    const double es = static_cast<double>(dtype_size(t));
-    const int64_t max_chunk = std::max<int64_t>(1, static_cast<int64_t>(hi_bytes / es / S));
-    Tensor small = Tensor::zeros({max_chunk}, t, dev), big = Tensor::zeros({max_chunk * S}, t, dev);
-    if (dev.is_cuda()) cuda::stream_synchronize(cuda::current_stream(), "the calibration's buffers");
-    std::vector<comm::Sample> samples;
-    for (int i = 0; i < kSizes; ++i) {
-      const double bytes = lo_bytes * std::pow(hi_bytes / lo_bytes, static_cast<double>(i) / (kSizes - 1));
-      const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(bytes / es / S), 1, max_chunk);
-      std::vector<double> times;
-      for (int rep = 0; rep <= kReps; ++rep) {
-        host.barrier().wait();
-        const auto t0 = Clock::now();
-        comm::Work w = gather ? shard.all_gather(comm::buffer_of(small.slice(0, n)), comm::buffer_of(big.slice(0, n * S)), comm::Mode::async)
-                              : shard.reduce_scatter(comm::buffer_of(big.slice(0, n * S)), comm::buffer_of(small.slice(0, n)),
-                                                     comm::ReduceOp::sum, comm::Mode::async);
-        w.synchronize();  // the host waits for the device: the collective's time, not its launch's
-        if (rep > 0) times.push_back(since(t0));  // the first is a warm-up
-      }
-      std::sort(times.begin(), times.end());
-      double t = times[times.size() / 2];
-      host.all_reduce({&t, 1, DType::f64, {}}, {&t, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
-      samples.push_back({static_cast<double>(n * S) * es, t});
-    }
-    return comm::fit_cost(samples);
-  };
-  c.all_gather = sweep(true);
-  c.reduce_scatter = sweep(false);
-  return c;
-}
-
-}  // namespace
-
 bool Fsdp::before_step(int64_t) {
   Impl& m = *impl_;
   if (m.measuring && !m.settle_plan(*this)) return true;
@@ -597,7 +547,7 @@ bool Fsdp::Impl::settle_plan(Fsdp& f) {
   if (m.steps_seen == 0) {
     double lo = 1e300, total = 0;
     for (double x : m.wire.gather) lo = std::min(lo, x), total += x;
-    m.costs = calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
+    m.costs = fsdp::calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
   }
   if (m.steps_seen++ < 2) return false;
   // One pass's costs (the prediction runs one forward and one backward), from the last step's.
@@ -620,47 +570,7 @@ bool Fsdp::Impl::settle_plan(Fsdp& f) {
 
 nlohmann::json Fsdp::plan_json() const {
   const Impl& m = *impl_;
-  nlohmann::json buckets = nlohmann::json::array();
-  for (const Bucket& b : plan_) {
-    buckets.push_back({{"blocks", {b.first_block, b.last_block}},
-                       {"params", {b.first, b.end}},
-                       {"first", m.model.params()[b.first].name},
-                       {"last", m.model.params()[b.end - 1].name},
-                       {"all_gather_bytes", bucket_sum(m.wire.gather, b)},
-                       {"reduce_scatter_bytes", bucket_sum(m.wire.reduce, b)}});
-  }
-  nlohmann::json j = {{"buckets", buckets},
-                      {"shard_group", m.S},
-                      {"replicate", m.cfg.replicate},
-                      {"param_dtype", dtype_name(m.cfg.param_dtype)},
-                      {"reduce_dtype", dtype_name(m.cfg.reduce_dtype)},
-                      {"prefetch", m.cfg.prefetch},
-                      {"overlap", m.cfg.overlap}};
-  if (m.comp)  // --compressor auto: its decisions on the replica hop (compress/auto.h)
-    if (nlohmann::json p = m.comp->plan(); !p.is_null()) j["compressor"] = std::move(p);
-  if (!m.costs.forward_s.empty()) {
-    const Prediction p = predict(plan_, m.wire, m.costs, m.cfg, m.model.num_blocks());
-    const Prediction none = predict(plan_, m.wire, m.costs, [&] {
-      FsdpConfig c = m.cfg;
-      c.overlap = false;
-      return c;
-    }(), m.model.num_blocks());
-    double fwd = 0, bwd = 0;
-    for (double x : m.costs.forward_s) fwd += x;
-    for (double x : m.costs.backward_s) bwd += x;
-    j["predicted"] = {{"exposed_comm_ms", p.exposed_s * 1e3},
-                      {"step_ms", p.step_s * 1e3},
-                      {"no_overlap_step_ms", none.step_s * 1e3},
-                      {"compute_ms", (fwd + bwd) * 1e3}};
-    j["costs"] = {{"all_gather", {{"alpha_us", m.costs.all_gather.alpha_s * 1e6}, {"algbw_gbps", m.costs.all_gather.gbps()}}},
-                  {"reduce_scatter",
-                   {{"alpha_us", m.costs.reduce_scatter.alpha_s * 1e6}, {"algbw_gbps", m.costs.reduce_scatter.gbps()}}},
-                  {"forward_ms", m.costs.forward_s},
-                  {"backward_ms", m.costs.backward_s}};
-    for (auto& x : j["costs"]["forward_ms"]) x = x.get<double>() * 1e3;
-    for (auto& x : j["costs"]["backward_ms"]) x = x.get<double>() * 1e3;
-  }
-  return j;
+  return fsdp::plan_report(plan_, m.model, m.wire, m.costs, m.cfg, m.S, m.comp ? m.comp->plan() : nlohmann::json());
 }
 
 }  // namespace dtk::parallel

@@ -46,4 +46,15 @@ T bucket_sum(const std::vector<T>& per_param, const Bucket& b) {
   return n;
 }
 
+// All-gather and reduce-scatter timed over sizes from lo_bytes to hi_bytes on the shard group
+// and fitted (comm/cost.h), the slowest rank's time at each size (host: every rank of the job,
+// for the barriers and the maximum). Zero costs on a shard group of one.
+Costs calibrate(comm::Communicator& shard, comm::Communicator& host, const FsdpConfig& cfg, double lo_bytes,
+                double hi_bytes, Device dev);
+// The plan as --print-plan prints it: each bucket's blocks, parameters and bytes, the shard group
+// and the options; the compressor's plan when not null; with measured costs (forward_s set), the
+// predicted step and the costs themselves.
+nlohmann::json plan_report(const BucketPlan& plan, const nn::Model& model, const WireBytes& wire, const Costs& costs,
+                           const FsdpConfig& cfg, int shard_group, nlohmann::json compressor);
+
 }  // namespace dtk::parallel::fsdp

@@ -72,6 +72,13 @@ void Checkpointer::complete(nlohmann::ordered_json& m) {
 
 // A checkpoint written: its path on stdout for pipelines (| xargs shard-inspect ...), unless the
 // metrics go there: stdout then carries them alone, and the path is logged.
+void Checkpointer::report_stop(int64_t step, int64_t last) const {
+  if (dir_ || !o_.save.empty())
+    spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", step, last);
+  else
+    spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)", step, last);
+}
+
 void Checkpointer::written(const fs::path& p) const {
   if (host_.rank() != 0) return;
   if (o_.metrics == "-") spdlog::info("checkpoint written: {}", p.string());

@@ -40,7 +40,8 @@ class Checkpointer {
   void after_step(int64_t step, bool last, bool stopping, const optim::Schedule& schedule, nlohmann::ordered_json& m);
   // A checkpoint at `path` written now (--save), collective.
   void save(const std::filesystem::path& path, int64_t step, const optim::Schedule& schedule);
-  bool writes() const { return dir_ != nullptr; }
+  // The warning of a run stopped by a signal at `step` of `last`: whether a checkpoint holds it.
+  void report_stop(int64_t step, int64_t last) const;
 
  private:
   void complete(nlohmann::ordered_json& m);

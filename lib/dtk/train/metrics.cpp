@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "dtk/core/error.h"
+#include "dtk/ops/kernels.h"
 
 namespace dtk::train {
 
@@ -67,6 +68,16 @@ nlohmann::ordered_json step_metrics(const StepRecord& r) {
                                   {"persistent_mem_bytes", r.persistent_mem},
                                   {"optim_state_bytes", r.optim_state_bytes}});
   return m;
+}
+
+void log_cpu_kernel_warnings(comm::Communicator& host, int rank) {
+  const std::vector<std::string> warnings = ops::cpu_kernel_warnings();
+  std::string all;
+  for (const std::string& w : warnings) all += w + "\n";
+  const double h = static_cast<double>(std::hash<std::string>{}(all) >> 12);  // exact in a double
+  const comm::Range same = comm::min_max_over_ranks(host, {h}, Device::cpu())[0];
+  if (rank == 0 || same.min != same.max)
+    for (const std::string& w : warnings) spdlog::warn("{}", w);
 }
 
 Metrics::Metrics(const std::string& path, bool active, int64_t after) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "dtk/comm/comm.h"
+
 namespace dtk::train {
 
 // Who writes a metric: the loop (every *-train program), a compressor chosen by the program
@@ -70,6 +72,11 @@ struct StepRecord {
   int64_t peak_mem = 0, persistent_mem = 0, optim_state_bytes = 0;
 };
 nlohmann::ordered_json step_metrics(const StepRecord& r);
+
+// The warnings of the CPU kernels' choice (ops::cpu_kernel_warnings): once, from rank 0, when
+// every rank of host (all of the job's) has the same ones (one kind of node), else from each rank
+// that has any. Collective over host.
+void log_cpu_kernel_warnings(comm::Communicator& host, int rank);
 
 class Metrics {
  public:

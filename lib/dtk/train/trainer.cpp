@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <tuple>
 
@@ -12,9 +11,9 @@
 #include "dtk/cli/cli.h"
 #include "dtk/core/checks.h"
 #include "dtk/core/error.h"
-#include "dtk/data/dataset.h"
 #include "dtk/ops/kernels.h"
 #include "dtk/ops/ops.h"
+#include "dtk/train/batches.h"
 #include "dtk/train/checkpointer.h"
 #include "dtk/train/metrics.h"
 #include "dtk/train/run_state.h"
@@ -55,30 +54,14 @@ class Trainer {
       host_->all_reduce({&count, 1, DType::f64, {}}, {&count, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     });
     par_->init(o.seed);
-    train_ = data::open_dataset(o.data, cfg_, false, o.seed);
-    if (o.augment != data::Augment::none) {
-      const nlohmann::json d = train_->describe();
-      if (!d.contains("image_shape"))
-        fail_usage("--augment " + std::string(name_of(o.augment)) + " needs image data (a file from data-pack "
-                   "mnist or cifar10); " + o.data + " holds none");
-      image_shape_ = d["image_shape"].get<std::vector<int64_t>>();  // C, H, W
-    }
-    if (!o.val_data.empty()) val_ = data::open_dataset(o.val_data, cfg_, true, o.seed);
-    else if (o.data == "synthetic") val_ = data::open_dataset("synthetic", cfg_, true, o.seed);
-    sampler_ = std::make_unique<data::Sampler>(train_->size(), o.global_batch, o.seed);
-    if (val_) val_sampler_ = std::make_unique<data::Sampler>(val_->size(), o.global_batch, o.seed + 1);
-    std::tie(begin_, end_) = data::Sampler::shard(o.global_batch, rank_, world_);
-
+    batches_ = std::make_unique<Batches>(o, cfg_, rank_, world_, device_);
     optim_ = s.optimizer(*par_);
     schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio, o.decay_steps, o.decay_factor};
 
-    {  // optimizer state held by this rank; the metrics report the largest over ranks
-      double bytes = 0;
-      for (const PlacedTensor& t : optim_->state()) bytes += static_cast<double>(t.value.bytes());
-      host_->all_reduce({&bytes, 1, DType::f64, {}}, {&bytes, 1, DType::f64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
-      optim_state_bytes_ = static_cast<int64_t>(bytes);
-    }
-    if (const std::string from = resume_from(o); !from.empty()) resume(checkpoint_path(from));
+    double state = 0;  // the optimizer state this rank holds; the metrics report the largest over ranks
+    for (const PlacedTensor& t : optim_->state()) state += static_cast<double>(t.value.bytes());
+    optim_state_bytes_ = static_cast<int64_t>(comm::min_max_over_ranks(*host_, {state}, Device::cpu())[0].max);
+    if (const std::string from = resume_from(o); !from.empty()) start_step_ = resumed_at_ = run_state().resume(checkpoint_path(from));
     else if (!o.init_from.empty()) run_state().init_from(checkpoint_path(o.init_from));
     par_->loaded();
     sync_buffers();
@@ -88,7 +71,7 @@ class Trainer {
   int run() {
     describe();
     // A resumed run continues its metrics file after the checkpoint's step (--metrics-append: as it is).
-    Metrics metrics(o_.metrics, rank_ == 0, resumed_ && !o_.metrics_append ? start_step_ : -1);
+    Metrics metrics(o_.metrics, rank_ == 0, o_.metrics_append ? -1 : resumed_at_);
     Progress progress(rank_ == 0, o_.steps, o_.log_every);
     const int64_t items_per_sample = cfg_.arch == nn::Arch::llama ? cfg_.seq_len : 1;
     const int64_t stop = last_step(o_);
@@ -114,13 +97,13 @@ class Trainer {
                                                .items = static_cast<double>(o_.global_batch * items_per_sample),
                                                .flops_per_item = cfg_.train_flops_per_item(), .step_s = dt,
                                                .compute_s = compute_s_, .sync_s = sync_s_, .optim_s = opt_s,
-                                               .peak_mem = memory_stats(device_).peak, .persistent_mem = persistent,
+                                               .peak_mem = static_cast<int64_t>(memory_stats(device_).peak), .persistent_mem = persistent,
                                                .optim_state_bytes = optim_state_bytes_});
       par_->metrics(m);
       const bool last = step + 1 == stop;
       const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
       double val = NAN, val_acc = NAN;
-      if (val_ && !stopping && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
+      if (batches_->has_validation() && !stopping && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
         std::tie(val, val_acc) = evaluate();
         m["val_loss"] = val;
         if (cfg_.classifier()) m["val_accuracy"] = val_acc;
@@ -144,16 +127,12 @@ class Trainer {
     if (!o_.save.empty()) ckpt_->save(o_.save, end, schedule_);
     std::fflush(stdout);
     if (end == stop) return 0;
-    if (ckpt_->writes() || !o_.save.empty())
-      spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", end, stop);
-    else
-      spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)", end, stop);
+    ckpt_->report_stop(end, stop);
     return cli::kExitStopped;
   }
 
  private:
-  // The host waits for the GPU (watched) where the loop reads its clock: the step's times are
-  // the device's, not the launches'.
+  // The host waits for the GPU (watched) where the loop reads its clock: the device's times.
   void wait_device(const char* what) const {
     if (device_.is_cuda()) cuda::stream_synchronize(cuda::current_stream(), what);
   }
@@ -164,7 +143,7 @@ class Trainer {
     const auto t0 = Clock::now();
     par_->zero_grad();
     double loss_sum = 0, correct = 0;
-    for_each_micro_batch(*train_, sampler_->global_indices(step), step, [&](const nn::Batch& batch, int64_t k, bool last) {
+    batches_->train_step(step, [&](const nn::Batch& batch, int64_t k, bool last) {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
       correct += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       if (last) par_->begin(step);  // its buckets start during this backward
@@ -176,10 +155,9 @@ class Trainer {
     par_->finish();
     wait_device("the gradient synchronisation");
     sync_s_ = seconds_since(t_sync);
-    // The loss (and a classifier's correct predictions) over ranks and, in the same all-reduce,
-    // whether a stop signal reached any rank: every rank then finishes this step and stops after it.
-    // And, while a checkpoint is written in the background, how many ranks have written their
-    // part and how many failed (run_state.h's PendingSave): the writer threads never communicate.
+    // One all-reduce: the loss (and a classifier's correct predictions), whether a stop signal
+    // reached any rank (every rank then stops after this step), and the background checkpoint
+    // write's progress (Checkpointer::learn: the writer threads never communicate).
     const auto [done, failed] = ckpt_->progress();
     double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, done, failed};
     host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
@@ -200,28 +178,13 @@ class Trainer {
     sync_buffers();
     double v[2] = {0, 0};
     for (int64_t b = 0; b < o_.eval_batches; ++b)
-      for_each_micro_batch(*val_, val_sampler_->global_indices(b), -1, [&](const nn::Batch& batch, int64_t k, bool) {
+      batches_->validation(b, [&](const nn::Batch& batch, int64_t k, bool) {
         v[0] += model_->evaluate(batch) * static_cast<double>(k);
         v[1] += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       });
     host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     const double n = static_cast<double>(o_.global_batch * o_.eval_batches);
     return {v[0] / n, v[1] / n};
-  }
-
-  // This rank's rows [begin_, end_) of a global batch, in micro-batches on the device:
-  // f(batch, samples, last micro-batch). A training step (step >= 0) augments them (--augment).
-  template <class F>
-  void for_each_micro_batch(const data::Dataset& ds, const std::vector<int64_t>& global, int64_t step, F&& f) {
-    const int64_t n = end_ - begin_, mb = o_.micro_batch > 0 ? o_.micro_batch : n;
-    for (int64_t i = 0; i < n; i += mb) {
-      const int64_t k = std::min(mb, n - i);
-      const std::span<const int64_t> idx{global.data() + begin_ + i, static_cast<size_t>(k)};
-      nn::Batch b = ds.get(idx);
-      if (step >= 0 && o_.augment != data::Augment::none)
-        data::augment(b, o_.augment, image_shape_[0], image_shape_[1], image_shape_[2], idx, o_.seed, step);
-      f(b.to(device_), k, i + k >= n);
-    }
   }
 
   // Rank 0's buffers on every rank, as DDP broadcasts them (broadcast_buffers): with per-rank
@@ -235,27 +198,12 @@ class Trainer {
   // ---- checkpoints (run_state.h, checkpointer.h)
   RunState run_state() { return {o_, s_, cfg_, *par_, optim_, *host_}; }
 
-  void resume(const fs::path& path) {
-    start_step_ = run_state().resume(path);
-    resumed_ = true;
-  }
-
   void describe() {
     spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}, precision {}", s_.program, cfg_.preset,
                  cfg_.num_params(), world_, device_.str(), o_.global_batch, name_of(o_.precision));
-    spdlog::info("data: {}", train_->describe().dump());
-    if (!device_.is_cuda()) {
-      // The kernels' warnings: once, from rank 0, when every rank has the same ones (one kind of
-      // node), else from each rank that has any.
-      const std::vector<std::string> warnings = ops::cpu_kernel_warnings();
-      std::string all;
-      for (const std::string& w : warnings) all += w + "\n";
-      const double h = static_cast<double>(std::hash<std::string>{}(all) >> 12);  // exact in a double
-      const comm::Range same = comm::min_max_over_ranks(*host_, {h}, Device::cpu())[0];
-      if (rank_ == 0 || same.min != same.max)
-        for (const std::string& w : warnings) spdlog::warn("{}", w);
-    }
-    const double opt = train_->optimal_loss();
+    spdlog::info("data: {}", batches_->train().describe().dump());
+    if (!device_.is_cuda()) log_cpu_kernel_warnings(*host_, rank_);
+    const double opt = batches_->train().optimal_loss();
     if (std::isfinite(opt)) spdlog::info("the optimal loss on this data is {:.4f} nats", opt);
   }
 
@@ -269,17 +217,13 @@ class Trainer {
   std::shared_ptr<comm::Communicator> comm_, host_;
   int rank_ = 0, world_ = 1;
   std::unique_ptr<nn::Model> model_;
-  std::unique_ptr<data::Dataset> train_, val_;
-  std::unique_ptr<data::Sampler> sampler_, val_sampler_;
-  int64_t begin_ = 0, end_ = 0;  // this rank's rows of every global batch
+  std::unique_ptr<Batches> batches_;
   std::unique_ptr<optim::Optimizer> optim_;
   optim::Schedule schedule_;
   std::unique_ptr<parallel::Parallelism> par_;
   std::unique_ptr<Checkpointer> ckpt_;  // destroyed first: joins a background write's thread
-  int64_t start_step_ = 0;
-  bool resumed_ = false;
+  int64_t start_step_ = 0, resumed_at_ = -1;  // resumed_at_: the resumed checkpoint's step (-1: none)
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
-  std::vector<int64_t> image_shape_;  // C, H, W of the training images (--augment)
   double accuracy_ = NAN;          // the last step's training accuracy (classifiers)
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
 };

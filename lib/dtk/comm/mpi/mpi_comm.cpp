@@ -3,18 +3,8 @@
 // ranks can share one GPU. MPI has no bf16 or f16: they travel as 2-byte datatypes of ours with
 // reduction ops of ours; avg is a sum divided on completion.
 //
-// The communication thread. MPI's nonblocking collectives progress only inside MPI calls, so an
-// all-reduce started before a backward pass would mostly wait for the next MPI call. Instead,
-// async operations on host buffers are queued to one thread per communicator that owns them, the
-// CPU counterpart of a GPU's communication stream: it runs them one at a time in program order,
-// starting each and driving it with MPI_Test, yielding the core (sched_yield) between tests so
-// that a busy compute thread keeps it, while an idle core lets it run at full speed. Completion
-// reaches the caller through the Work handle. A sync operation first waits for the queue to
-// empty, then runs on the caller's thread: program order holds on every rank, and small blocking
-// collectives keep their latency. The thread needs MPI_THREAD_MULTIPLE; without it, or with
-// DTK_COMM_THREAD=0, for device buffers, and for a lone send or receive (its peer operation on
-// this rank may be queued behind it), async operations are MPI's nonblocking calls as they are,
-// progressed by Work::test and wait.
+// The communication thread (comm_thread.h) runs async operations on host buffers in program
+// order while the caller computes.
 //
 // All-reduce algorithms, chosen by size (DTK_ALLREDUCE_ALGO=auto, the default): large all-
 // reduces (from kLargeBytes, on more than one rank), sync ones included, go through MPI's
@@ -32,6 +22,8 @@
 // nonblocking one took 81 ms for 16 MiB (the ring: 1.4).
 // DTK_ALLREDUCE_ALGO=mpi leaves every choice to MPI.
 #include "dtk/comm/mpi/mpi_comm.h"
+#include "dtk/comm/mpi/comm_thread.h"
+#include "dtk/comm/mpi/staging.h"
 
 #include <sched.h>
 
@@ -133,93 +125,6 @@ void post_divide(DType t, void* p, size_t n, int by) {
   }
 }
 
-// Pinned host blocks for staging device buffers, reused across operations.
-class PinnedPool {
- public:
-  std::shared_ptr<void> get(size_t bytes) {
-    std::lock_guard lock(mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->first >= bytes) {
-        auto block = *it;
-        free_.erase(it);
-        return wrap(block);
-      }
-    }
-    return wrap({bytes, cuda::malloc_pinned(bytes ? bytes : 1)});
-  }
-
- private:
-  std::shared_ptr<void> wrap(std::pair<size_t, void*> block) {
-    return std::shared_ptr<void>(block.second, [this, block](void*) {
-      std::lock_guard lock(mu_);
-      free_.push_back(block);
-    });
-  }
-  std::mutex mu_;
-  std::vector<std::pair<size_t, void*>> free_;  // kept for the process's lifetime
-};
-PinnedPool& pinned_pool() {
-  static auto* pool = new PinnedPool;  // never destroyed: blocks may be returned at exit
-  return *pool;
-}
-
-bool overlaps(const Buffer& a, const Buffer& b) {
-  auto* a0 = static_cast<const char*>(a.data);
-  auto* b0 = static_cast<const char*>(b.data);
-  return a.bytes() && b.bytes() && a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
-}
-
-// The host memory an MPI call works on, and what to do when it completes.
-struct Staging {
-  void* send = nullptr;
-  void* recv = nullptr;
-  std::vector<std::shared_ptr<void>> keep;
-  std::vector<std::function<void()>> on_done;  // in order
-  std::vector<int> ints;  // counts and displacements of v-collectives, alive until completion
-  bool device = false;    // a buffer is in device memory (copies run on the caller's thread)
-  bool queued = true;     // may wait its turn on the communication thread (not a lone send or
-                          // receive: its peer operation may be queued behind it)
-};
-
-// Host pointers for send and recv: the buffers themselves on the host; pinned copies for device
-// buffers (one copy when one lies inside the other, so in-place stays in place).
-Staging stage(const Buffer& send, const Buffer& recv, bool copy_recv_in = false) {
-  Staging s;
-  s.device = send.device.is_cuda() || recv.device.is_cuda();
-  if (!s.device) {
-    s.send = send.data;
-    s.recv = recv.data;
-    return s;
-  }
-  auto host_of = [&](const Buffer& b, bool copy_in) -> void* {
-    if (!b.device.is_cuda()) return b.data;
-    auto block = pinned_pool().get(b.bytes());
-    if (copy_in) cuda::memcpy(block.get(), b.data, b.bytes());
-    s.keep.push_back(block);
-    return block.get();
-  };
-  const auto contains = [](const Buffer& outer, const Buffer& inner) {
-    auto* o = static_cast<const char*>(outer.data);
-    auto* i = static_cast<const char*>(inner.data);
-    return i >= o && i + inner.bytes() <= o + outer.bytes();
-  };
-  if (send.device == recv.device && contains(send, recv)) {
-    s.send = host_of(send, true);
-    s.recv = static_cast<char*>(s.send) + (static_cast<char*>(recv.data) - static_cast<char*>(send.data));
-  } else if (send.device == recv.device && contains(recv, send)) {
-    s.recv = host_of(recv, true);
-    s.send = static_cast<char*>(s.recv) + (static_cast<char*>(send.data) - static_cast<char*>(recv.data));
-  } else {
-    s.send = host_of(send, true);
-    s.recv = host_of(recv, copy_recv_in);
-  }
-  if (recv.device.is_cuda()) {
-    void* host = s.recv;
-    s.on_done.push_back([recv, host] { cuda::memcpy(recv.data, host, recv.bytes()); });
-  }
-  return s;
-}
-
 // How the communication thread waits for requests: test, and give the core away in between.
 void poll(MPI_Request* r, int n, const char* what) {
   for (;;) {
@@ -244,115 +149,6 @@ bool automatic_algorithms() {
     return v == "auto";
   }();
   return a;
-}
-
-// The communication thread of a communicator (see the file comment).
-class CommThread {
- public:
-  struct Op final : Work::State {
-    std::function<void()> body;
-    const char* what = "";
-    size_t bytes = 0;
-    CommThread* owner = nullptr;
-    std::atomic<bool> done{false};
-    std::string error;  // written before done when the body failed
-
-    bool test() override {
-      if (!done.load(std::memory_order_acquire)) return false;
-      rethrow();
-      return true;
-    }
-    void wait() override {
-      if (!done.load(std::memory_order_acquire)) {
-        watchdog::Scope scope(what, bytes);
-        std::unique_lock lock(owner->mu_);
-        owner->done_cv_.wait(lock, [this] { return done.load(std::memory_order_acquire); });
-      }
-      rethrow();
-    }
-    void rethrow() {
-      if (error.empty()) return;
-      std::string e = std::move(error);
-      error.clear();
-      fail(e);
-    }
-  };
-
-  ~CommThread() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  std::shared_ptr<Op> submit(const char* what, size_t bytes, std::function<void()> body) {
-    auto op = std::make_shared<Op>();
-    op->body = std::move(body);
-    op->what = what;
-    op->bytes = bytes;
-    op->owner = this;
-    {
-      std::lock_guard lock(mu_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-      queue_.push_back(op);
-      ++pending_;
-    }
-    work_cv_.notify_one();
-    return op;
-  }
-
-  // Returns once every submitted operation has completed.
-  void drain(const char* what, size_t bytes) {
-    std::unique_lock lock(mu_);
-    if (pending_ == 0) return;
-    watchdog::Scope scope(what, bytes);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::shared_ptr<Op> op;
-      {
-        std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, nothing left
-        op = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      try {
-        op->body();
-      } catch (const std::exception& e) {
-        op->error = e.what();
-      }
-      op->body = nullptr;  // release the staging buffers before the caller sees completion
-      {
-        std::lock_guard lock(mu_);
-        op->done.store(true, std::memory_order_release);
-        --pending_;
-      }
-      done_cv_.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<std::shared_ptr<Op>> queue_;
-  size_t pending_ = 0;  // queued or running
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-bool comm_thread_wanted() {
-  static const bool on = [] {
-    const char* e = std::getenv("DTK_COMM_THREAD");
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    return level == MPI_THREAD_MULTIPLE && !(e && std::string_view(e) == "0");
-  }();
-  return on;
 }
 
 // Staging memory of operations abandoned while an exception unwinds: MPI may still use it, so it
@@ -594,16 +390,8 @@ class MpiCommunicator final : public Communicator {
   Work send(Buffer buf, int peer, int tag, Mode mode) override {
     check_root("send", peer);
     const int n = as_int(buf.count, "send");
-    Staging st;
-    st.send = buf.data;
-    st.device = buf.device.is_cuda();
+    Staging st = stage(buf, Buffer{});
     st.queued = false;
-    if (buf.device.is_cuda()) {
-      auto block = pinned_pool().get(buf.bytes());
-      cuda::memcpy(block.get(), buf.data, buf.bytes());
-      st.send = block.get();
-      st.keep.push_back(block);
-    }
     auto dt = datatype(buf.dtype);
     return launch("send", buf.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       return r ? MPI_Isend(s.send, n, dt, peer, tag, comm_, r) : MPI_Send(s.send, n, dt, peer, tag, comm_);
@@ -613,16 +401,8 @@ class MpiCommunicator final : public Communicator {
   Work recv(Buffer buf, int peer, int tag, Mode mode) override {
     check_root("recv", peer);
     const int n = as_int(buf.count, "recv");
-    Staging st;
-    st.recv = buf.data;
-    st.device = buf.device.is_cuda();
+    Staging st = stage(Buffer{}, buf);
     st.queued = false;
-    if (buf.device.is_cuda()) {
-      auto block = pinned_pool().get(buf.bytes());
-      st.recv = block.get();
-      st.keep.push_back(block);
-      st.on_done.push_back([buf, host = block.get()] { cuda::memcpy(buf.data, host, buf.bytes()); });
-    }
     auto dt = datatype(buf.dtype);
     return launch("recv", buf.bytes(), mode, std::move(st), [=, this](Staging& s, MPI_Request* r) {
       return r ? MPI_Irecv(s.recv, n, dt, peer, tag, comm_, r)

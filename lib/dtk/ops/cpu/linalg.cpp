@@ -77,14 +77,15 @@ const char* syevd_name(float*) { return "LAPACKE_ssyevd"; }
 const char* syevd_name(double*) { return "LAPACKE_dsyevd"; }
 
 // The matrices of a batch in parallel, one per OpenMP thread, OpenBLAS single-threaded inside,
-// always (as eigh below): a matrix's Q does not depend on how many share its batch.
+// always (as eigh below): a matrix's Q does not depend on how many share its batch. A batch of one
+// (PowerSGD's P, every step) opens no parallel region, whose start costs milliseconds on a loaded
+// machine for microseconds of work: it runs here with OpenBLAS held to one thread instead.
 template <typename T>
 void qr_typed(Tensor& a) {
   const int64_t m = a.dim(-2), r = a.dim(-1), batch = batch_of(a);
   if (m == 0 || r == 0) return;
   std::vector<std::string> errors(static_cast<size_t>(batch));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bi = 0; bi < batch; ++bi) {
+  const auto one = [&](int64_t bi) {
     std::vector<T> tau(static_cast<size_t>(r));
     T* p = a.ptr<T>() + bi * m * r;
     const auto mm = static_cast<lapack_int>(m), rr = static_cast<lapack_int>(r);
@@ -92,6 +93,15 @@ void qr_typed(Tensor& a) {
     if (info == 0) info = orgqr(mm, rr, rr, p, rr, tau.data());
     if (info != 0)
       errors[static_cast<size_t>(bi)] = fmt::format("orthonormalize_qr: LAPACKE ?geqrf / ?orgqr failed (info {})", info);
+  };
+  if (batch == 1) {
+    const int threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    one(0);
+    openblas_set_num_threads(threads);
+  } else {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bi = 0; bi < batch; ++bi) one(bi);
   }
   for (const std::string& e : errors)
     if (!e.empty()) fail(e);
