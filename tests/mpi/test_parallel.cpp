@@ -263,7 +263,7 @@ TEST(Fsdp, EveryPlanGathersTheFullTensorsAndScattersTheSums) {
       tap.after_bwd = [&](int b) {
         if (c.overlap || c.replicate > 1) return;
         for (size_t i = 0; i < shards.size(); ++i) {
-          const bool final = fsdp.plan().end() != std::find_if(fsdp.plan().begin(), fsdp.plan().end(), [&](const parallel::Bucket& k) {
+          const bool final = fsdp.bucket_plan().end() != std::find_if(fsdp.bucket_plan().begin(), fsdp.bucket_plan().end(), [&](const parallel::Bucket& k) {
             return i >= k.first && i < k.end && k.first_block >= b;
           });
           const double err = shard_err(i);

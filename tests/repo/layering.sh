@@ -4,7 +4,7 @@
 # of modules (M, N), this preprocesses `#include "dtk/N/<a header>"` with M's include flags,
 # exactly as M's sources compile: a module later than M (or one M does not link) must fail with
 # "No such file or directory"; M itself and its dependencies must be found. A relative include
-# ("../train/trainer.h") would get around that, so none may exist.
+# ("../train/trainer.h") would get around that, so none may exist. And train/ names no technique.
 # Usage: layering.sh CXX SOURCE_DIR BUILD_DIR
 set -uo pipefail
 cxx=$1 src=$2 build=$3
@@ -14,6 +14,12 @@ fails=0 checks=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 if hits=$(grep -rnE '#include +"\.\./' "$src/lib/dtk"); then fail "relative includes in lib/dtk:"$'\n'"$hits"; fi
+# The loop, the resume and the options name no technique: what they need of one is the
+# component's (core/component.h; docs/DESIGN.md, "Components").
+checks=$((checks + 1))
+if hits=$(grep -inE 'compressor|shampoo|powersgd|fsdp' "$src"/lib/dtk/train/{run_state,options,trainer}.cpp); then
+  fail "lib/dtk/train names a technique:"$'\n'"$hits"
+fi
 
 for ((i = 0; i < ${#modules[@]}; i++)); do
   m=${modules[i]}

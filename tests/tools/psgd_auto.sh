@@ -61,7 +61,7 @@ else bad "auto: resume differs (diff exit $rc)" "$(cat $tmp/o | tail -5)" "$(dif
 
 # ---- options that do not fit: exit 2 on every rank ----
 expect2 "auto with --rank" "auto chooses the rank itself" $mpiexec -n 2 $psgd $common --compressor auto --rank 2 --steps 2
-expect2 "--print-plan without auto" "needs --compressor auto" $mpiexec -n 2 $psgd $common --compressor powersgd --print-plan
+expect2 "--print-plan without auto (nor Shampoo)" "makes a plan with --compressor auto" $mpiexec -n 2 $psgd $common --compressor powersgd --print-plan
 expect2 "--auto-ranks HIGH,LOW" "auto_ranks must be two ranks" $mpiexec -n 2 $psgd $common --compressor auto --auto-ranks 4,1 --steps 2
 expect2 "a bad DTK_AUTO_LINK" "DTK_AUTO_LINK='fast'" $mpiexec -x DTK_AUTO_LINK=fast -n 2 $psgd $common $auto --steps 5
 finish

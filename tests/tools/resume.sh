@@ -10,6 +10,7 @@
 #    --metrics-append; stdout carries the metric lines alone (`| jq` parses every line), and with
 #    --metrics FILE it carries the checkpoint paths;
 #  - another program's checkpoint is refused with a line naming the program that wrote it;
+#  - the resumed checkpoint is opened once (its metadata and its tensors; rank 0's debug log);
 #  - checkpoints written in the background (--async-checkpoint) equal synchronous ones, bit for
 #    bit, for every trainer and kind of checkpoint, and a resume from one is exact.
 #  - a checkpoint of N ranks resumes on M as the M-rank run (issue 31; the last section).
@@ -43,6 +44,13 @@ for n in 1 2; do
   else
     bad "$n rank(s): --resume alone (exit $rc)" "$(cat "$tmp/e"; diff <(cols $d/m.jsonl) <(cols $d/full.jsonl))"
   fi
+
+  # The resumed checkpoint is opened once, for its metadata and its tensors (issue 45): the
+  # options kept from it, the model, the checks and the load share one ckpt::Reader.
+  run $launch $job --resume $d/ck --metrics $d/once.jsonl --log-level debug
+  if [ $rc = 0 ] && grep -q "$d/ck/step-00000004.h5 was opened 1 time(s) by this process" "$tmp/e"; then
+    ok "$n rank(s): the resumed checkpoint is opened once"
+  else bad "$n: the resumed checkpoint's opens (exit $rc)" "$(grep "opened" "$tmp/e")"; fi
 
   # shard-inspect takes the checkpoint directory as --resume does: its latest checkpoint.
   run $bin/shard-inspect/shard-inspect show --json $d/ck

@@ -2,7 +2,7 @@
 # shampoo-train end to end: learning, world-size invariance (1, 2, 4 ranks; trainer groups),
 # exact resume, resume on another world size (blocks reassigned), the preconditioner family
 # (eigenvalue-corrected, spectral, pseudo-inverse roots, factor updates every K steps) likewise,
-# bad input.
+# --print-plan (also psgd-train's and fsdp-train's with Shampoo), bad input.
 #   shampoo_train.sh MPIEXEC SHAMPOO_TRAIN SHARD_INSPECT
 set -u
 . "$(dirname "$0")/../common/train_lib.sh"
@@ -110,6 +110,31 @@ PY
 # ---- adamw and sgd in the same loop ----
 run $st $common --steps 3 --optimizer adamw
 [ $rc = 0 ] && ok "--optimizer adamw" || bad "adamw (exit $rc)" "$(cat $tmp/e)"
+
+# ---- --print-plan: the blocks and their owners, before the first step ----
+# Every parameter element is in one block, each rank of the group computes its blocks' elements,
+# and the owners are the ranks of a group (2 groups of 2: owners 0 and 1).
+run $mpiexec -n 4 $st $common --steps 5 --trainers-per-group 2 --print-plan --checkpoint-dir plan-ck
+if [ $rc = 0 ] && [ ! -e plan-ck ] && python3 -c '
+import json, math, sys
+p = json.load(open(sys.argv[1]))
+blocks = sum(math.prod(b["shape"]) if b["shape"] else 1 for b in p["blocks"])
+assert p["group_size"] == 2 and sum(p["elements_per_rank"]) == blocks, (p["group_size"], p["elements_per_rank"], blocks)
+assert {b["owner"] for b in p["blocks"]} == {0, 1} and p["preconditioner"] == "root"
+' "$tmp/o" 2>"$tmp/py"; then
+  ok "--print-plan: every block once, its owner in the group, each rank's elements; nothing trained or written"
+else bad "--print-plan (exit $rc)" "$(cat "$tmp/e" "$tmp/py")" "$(head -c 400 "$tmp/o")"; fi
+# psgd-train and fsdp-train with Shampoo: its plan too, beside theirs; a run without a plan: exit 2
+tools=$(dirname "$(dirname "$st")") plain="$small --global-batch 8 --log-level warn"
+psgd=$tools/psgd-train/psgd-train fsdp=$tools/fsdp-train/fsdp-train
+run $psgd $plain --compressor powersgd --optimizer shampoo --steps 2 --print-plan
+[ $rc = 0 ] && jq -e '.blocks | length > 0' "$tmp/o" >/dev/null && ok "psgd-train --optimizer shampoo --print-plan: Shampoo's blocks" \
+  || bad "psgd-train --optimizer shampoo --print-plan (exit $rc)" "$(cat "$tmp/e")"
+run $mpiexec -n 2 $fsdp $plain --optimizer shampoo --steps 2 --print-plan
+[ $rc = 0 ] && jq -e '(.fsdp.buckets | length > 0) and (.shampoo.blocks | length > 0)' "$tmp/o" >/dev/null \
+  && ok "fsdp-train --optimizer shampoo --print-plan: the bucket plan under fsdp, the blocks under shampoo" \
+  || bad "fsdp-train --optimizer shampoo --print-plan (exit $rc)" "$(cat "$tmp/e")" "$(head -c 300 "$tmp/o")"
+expect2 "--print-plan of a run without a plan" "print-plan" $psgd $plain --optimizer adamw --steps 2 --print-plan
 
 # ---- bad input ----
 expect2 "groups do not divide the world" "trainers-per-group" $mpiexec -n 4 $st $common --steps 2 --trainers-per-group 3

@@ -13,8 +13,8 @@ namespace {
 
 TEST(Strategy, ReplicatedWithTheOptionsOptimizer) {
   Options o;
-  o.optimizer = optim::Kind::sgd;
-  o.momentum = 0.5;
+  o.optimization.optimizer = optim::Kind::sgd;
+  o.optimization.momentum = 0.5;
   Strategy s = strategy("test", o, 1);
   EXPECT_EQ(s.program, "test");
   EXPECT_EQ(s.storage, nn::Storage::flat);
@@ -34,9 +34,9 @@ TEST(Strategy, ReplicatedWithTheOptionsOptimizer) {
 
 TEST(Strategy, ShampooTakesTheCommonOptionsAndIsCheckedOnce) {
   Options o;
-  o.optimizer = optim::Kind::shampoo;
-  o.beta1 = 0.7;
-  o.nesterov = true;
+  o.optimization.optimizer = optim::Kind::shampoo;
+  o.optimization.beta1 = 0.7;
+  o.optimization.nesterov = true;
   optim::ShampooConfig c;
   c.precondition_frequency = 7;
   const optim::ShampooConfig r = shampoo_config(o, c);
@@ -55,7 +55,7 @@ TEST(Strategy, ShampooTakesTheCommonOptionsAndIsCheckedOnce) {
   c.trainers_per_group = 0;
   c.epsilon = -1;
   EXPECT_THROW(strategy("test", o, 4, c), UsageError);
-  o.optimizer = optim::Kind::adamw;  // Shampoo's options are not Shampoo's business then
+  o.optimization.optimizer = optim::Kind::adamw;  // Shampoo's options are not Shampoo's business then
   EXPECT_NO_THROW(strategy("test", o, 4, c));
 }
 

@@ -60,10 +60,6 @@ cli::Program program(Args& a) {
                    "(planned from measured costs) or a plan file (JSON, as --print-plan writes)")->group(g);
     cli::add_size(app, "--bucket-memory", c.bucket_memory,
                   "auto: the largest gathered bucket (default: twice the largest block's)")->group(g);
-    app.add_flag("--print-plan", c.print_plan,
-                 "print the bucket plan as JSON with its predicted exposed communication (after calibrating the "
-                 "collectives and timing two steps; with --compressor auto, and its first decisions, made at "
-                 "--start-iter, under \"compressor\"), then exit; checkpoint options are ignored")->group(g);
     app.add_option("--replicate", c.replicate, "HSDP: R groups of N/R ranks, sharded within, replicated across")
         ->group(g)->check(cli::at_least(1));
     app.add_flag("--no-overlap", a.no_overlap, "issue every collective when needed and wait at once (the baseline)")
@@ -75,15 +71,17 @@ cli::Program program(Args& a) {
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     // The plan comes after two timed steps; --compressor auto's after its first decision, at --start-iter.
     const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
-    train::Options o =
-        a.fsdp.print_plan
+    const train::ResolvedRun r =
+        a.train.runtime.print_plan
             ? train::validate_plan_only(a.train, std::max<int64_t>(3, is_auto ? a.compressor.compressor.start_iter + 2 : 0),
                                         rt.size())
             : train::validate(a.train, rt.size());
+    const train::Options& o = r.options;
     parallel::FsdpConfig c = a.fsdp;
     c.overlap = !a.no_overlap;
+    c.print_plan = o.runtime.print_plan;  // measured, for the prediction it prints
     parallel::validate(c, rt.size());
-    const compress::Config cc = a.compressor.config(o.seed);
+    const compress::Config cc = a.compressor.config(o.data.seed);
     parallel::validate_compressor(cc, c.replicate, c.buckets);
     if (comm::CostModel link; cc.kind == compress::Kind::auto_) compress::auto_link_from_env(link);  // malformed: exit 2 now
     std::optional<compress::Config> compressor;
@@ -91,17 +89,14 @@ cli::Program program(Args& a) {
     // Shampoo's blocks are split over the shard group (parallel/parallelism.h, optimizer_comm).
     train::Strategy s = train::strategy("fsdp-train", o, rt.size() / c.replicate, a.shampoo);
     s.config = c;
-    if (o.optimizer == optim::Kind::shampoo) s.config["shampoo"] = s.optimizer_config;
+    if (o.optimization.optimizer == optim::Kind::shampoo) s.config["shampoo"] = s.optimizer_config;
     // The sharded placement: the model's parameters live in its shards.
     s.storage = nn::Storage::external;
-    if (compressor) {
-      s.config["compressor"] = *compressor;
-      s.extra["compressor"] = nullptr;  // the checkpoint holds a compressor's state
-    }
+    if (compressor) s.config["compressor"] = *compressor;
     s.parallelism = [c, compressor](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
       return std::make_unique<parallel::Fsdp>(model, world, host, c, compressor);
     };
-    return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
+    return [r, s](comm::Runtime& rt) { return train::run(r, s, rt); };
   };
   return p;
 }

@@ -17,7 +17,6 @@ using namespace dtk;
 struct Args {
   train::Options train;
   train::CompressorOptions compressor;
-  bool print_plan = false;
 };
 
 cli::Program program(Args& a) {
@@ -37,32 +36,28 @@ cli::Program program(Args& a) {
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
     train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
-    app.add_flag("--print-plan", a.print_plan,
-                 "with auto: print its first plan (JSON: per bucket the choice, the measured costs and the predicted "
-                 "step) once made at --start-iter, then stop without saving")->group("Compression: auto");
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
-    if (a.print_plan && !is_auto) fail_usage("--print-plan prints auto's plan: it needs --compressor auto");
-    // The plan is made at step --start-iter and printed before the next one.
-    train::Options o = a.print_plan ? train::validate_plan_only(a.train, a.compressor.compressor.start_iter + 2, rt.size())
-                                    : train::validate(a.train, rt.size());
-    const compress::Config c = a.compressor.config(o.seed);
+    if (a.train.runtime.print_plan && !is_auto && a.train.optimization.optimizer != optim::Kind::shampoo)
+      fail_usage("--print-plan: psgd-train makes a plan with --compressor auto (its decisions) or --optimizer shampoo");
+    // auto's plan is made at step --start-iter and printed before the next one; Shampoo's at once.
+    const train::ResolvedRun r = a.train.runtime.print_plan
+                           ? train::validate_plan_only(a.train, is_auto ? a.compressor.compressor.start_iter + 2 : 1, rt.size())
+                           : train::validate(a.train, rt.size());
+    const train::Options& o = r.options;
+    const compress::Config c = a.compressor.config(o.data.seed);
     if (comm::CostModel link; is_auto) compress::auto_link_from_env(link);  // malformed: exit 2 now
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
     s.config = c;
     if (c.kind != compress::Kind::none) {
       // The replicated placement with the compressor, its buckets of --bucket-size.
-      s.parallelism = [c, bucket_bytes = o.bucket_bytes, print = a.print_plan](nn::Model& model, comm::Communicator& world,
-                                                                                comm::Communicator&) {
-        auto sync = std::make_unique<parallel::GradSync>(model, world,
-                                                         compress::make_compressor(c, world, model.params(), bucket_bytes));
-        if (print) sync->print_plan();
-        return sync;
+      s.parallelism = [c, bucket_bytes = o.runtime.bucket_bytes](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
+        return std::make_unique<parallel::GradSync>(model, world,
+                                                    compress::make_compressor(c, world, model.params(), bucket_bytes));
       };
-      s.extra["compressor"] = nullptr;  // the checkpoint holds a compressor's state
     }
-    return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
+    return [r, s](comm::Runtime& rt) { return train::run(r, s, rt); };
   };
   return p;
 }

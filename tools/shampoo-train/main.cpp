@@ -35,10 +35,13 @@ cli::Program program(Args& a) {
     train::add_shampoo_options(app, a.shampoo);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
-    train::Options o = train::validate(a.train, rt.size());
+    // Shampoo's plan (its blocks) is made with it: printed before the first step.
+    const train::ResolvedRun r =
+        a.train.runtime.print_plan ? train::validate_plan_only(a.train, 1, rt.size()) : train::validate(a.train, rt.size());
+    const train::Options& o = r.options;
     train::Strategy s = train::strategy("shampoo-train", o, rt.size(), a.shampoo);
-    if (o.optimizer == optim::Kind::shampoo) s.config = s.optimizer_config;
-    return [o, s](comm::Runtime& rt) { return train::run(o, s, rt); };
+    if (o.optimization.optimizer == optim::Kind::shampoo) s.config = s.optimizer_config;
+    return [r, s](comm::Runtime& rt) { return train::run(r, s, rt); };
   };
   return p;
 }
@@ -47,6 +50,6 @@ cli::Program program(Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  a.train.optimizer = dtk::optim::Kind::shampoo;
+  a.train.optimization.optimizer = dtk::optim::Kind::shampoo;
   return dtk::cli::main(argc, argv, program(a));
 }

@@ -124,6 +124,10 @@ class Reader {
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
+  // How many Readers this process has opened on `path` (as given): a resume opens its checkpoint
+  // once (tests/tools/resume.sh).
+  static int times_opened(const std::filesystem::path& path);
+
   bool sharded() const;
   const std::filesystem::path& path() const { return path_; }  // the file opened (index.h5 when sharded)
   const Metadata& metadata() const;

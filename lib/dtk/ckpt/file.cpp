@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <map>
+#include <mutex>
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/ckpt/h5.h"
@@ -410,10 +412,31 @@ struct Reader::Impl {
   std::vector<fs::path> shards;
 };
 
+namespace {
+std::map<std::string, int>& opened() {
+  static std::map<std::string, int> m;
+  return m;
+}
+std::mutex& opened_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
 Reader::Reader(const fs::path& path) : impl_(new Impl) {
   h5::quiet();
+  {
+    std::lock_guard lock(opened_mutex());
+    ++opened()[path.string()];
+  }
   path_ = path;
   as_input(path_, [&] { open(path); });
+}
+
+int Reader::times_opened(const fs::path& path) {
+  std::lock_guard lock(opened_mutex());
+  const auto it = opened().find(path.string());
+  return it == opened().end() ? 0 : it->second;
 }
 
 void Reader::open(const fs::path& path) {

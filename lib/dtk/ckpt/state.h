@@ -15,6 +15,7 @@
 
 #include "dtk/ckpt/checkpoint.h"
 #include "dtk/comm/comm.h"
+#include "dtk/core/component.h"
 #include "dtk/core/placed.h"
 
 namespace dtk::ckpt {
@@ -38,12 +39,8 @@ struct StateEntry {
   Resize resize = Resize::fresh;  // kPerRank: restored on another number of ranks how (core/placed.h)
 };
 
-// How completely load_state restored a state: every entry as saved (or, per-rank state on
-// another number of ranks, by its exact Resize::mean); some per-rank state carried over by
-// a mean that is not exact (Resize::mean_approximate); some per-rank state left as it was
-// (Resize::fresh), or owned state not in the checkpoint (Resize::if_present). The worst over
-// the entries.
-enum class Restored { exact, approximate, fresh };
+// How completely load_state restored a state (core/component.h): the worst over the entries.
+using dtk::Restored;
 
 // A placed tensor (core/placed.h) as the entry that stores it: replicated, per rank, owned by
 // its owner, or sharded with its rows.

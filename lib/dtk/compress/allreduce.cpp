@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "dtk/compress/internal.h"
+
+#include <fmt/format.h>
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 
@@ -80,6 +82,16 @@ Base::Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Pa
     }
   }
   if (cur.first < cur.last) buckets_.push_back(cur);
+}
+
+std::string error_feedback_note(Kind kind, bool sharded, Restored outcome, const RestoreSource& from) {
+  if (outcome != Restored::approximate) return "";
+  const std::string_view k = name_of(kind);
+  if (sharded)
+    return fmt::format("{}: {}'s error feedback was saved as its mean over the replica groups, which does not continue "
+                       "it exactly ({} compresses each replica's own gradient)", from.path, k, k);
+  return fmt::format("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
+                     "it exactly ({} compresses each rank's own gradient)", from.sizes(), k, k);
 }
 
 std::vector<PlacedTensor> Base::state() {

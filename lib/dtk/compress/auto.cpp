@@ -248,6 +248,11 @@ class Auto final : public Compressor {
     ovh_sum_ = v.back();
   }
 
+  std::string restore_note(Restored outcome, const RestoreSource& from) const override {
+    return error_feedback_note(Kind::auto_, shard_ != nullptr, outcome, from);
+  }
+  bool plan_final() const override { return plan().contains("buckets"); }  // its first decisions made
+
   nlohmann::json plan() const override {
     nlohmann::json j;
     j["ranks"] = nlohmann::json::array();

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/core/component.h"
 #include "dtk/core/enums.h"
 #include "dtk/core/json_config.h"
 #include "dtk/core/placed.h"
@@ -131,9 +132,11 @@ struct ParamRange {
   size_t first = 0, last = 0;
 };
 
-class Compressor {
+// A component of the run (core/component.h): its restore note says what a resume on another
+// number of ranks did to its error feedback; auto's plan is its decisions.
+class Compressor : public Component {
  public:
-  virtual ~Compressor() = default;
+  std::string_view component_name() const override { return "compressor"; }
   // One step's aggregation of params' grads over the communicator (see the convention above),
   // in three parts so that it overlaps backward: begin() before the backward that makes the
   // grads final; bucket_ready(k) once bucket k's grads are final, for k = 0, 1, ... in order and
@@ -161,8 +164,8 @@ class Compressor {
   // each rank's own): allocated at construction; restoring is copy_from into them.
   virtual std::vector<PlacedTensor> state() = 0;
   // auto: its decisions (JSON, compress/auto.h: "ranks" per bucket, 0 for none; the whole plan
-  // with its costs once made); null for the other kinds.
-  virtual nlohmann::json plan() const { return nullptr; }
+  // with its costs once made, which plan_final() waits for); null for the other kinds.
+  nlohmann::json plan() const override { return nullptr; }
   // Collective over every rank (both communicators when sharded), right before a checkpoint that
   // one shard group writes (fsdp-train's HSDP): state that differs between ranks but is saved as
   // one copy made identical (auto: its per-rank sums, their maximum). Nothing by default.

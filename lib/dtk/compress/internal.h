@@ -25,6 +25,11 @@ struct Layout {
   int64_t offset = 0;  // in the flat concatenation of all grads, in parameter order
 };
 
+// The restore note of a compressor of this kind (Compressor::restore_note): per-rank error
+// feedback carried over by a mean that does not continue it exactly (approximate); sharded: saved
+// as its mean over the replica groups.
+std::string error_feedback_note(Kind kind, bool sharded, Restored outcome, const RestoreSource& from);
+
 class Base : public Compressor {
  public:
   Base(const Config& cfg, comm::Communicator& comm, const std::vector<nn::Param>& params, size_t bucket_bytes,
@@ -37,6 +42,9 @@ class Base : public Compressor {
   const std::vector<ParamRange>& buckets() const final { return buckets_; }
   Bytes last_bytes() const final { return bytes_; }
   std::vector<PlacedTensor> state() override;
+  std::string restore_note(Restored outcome, const RestoreSource& from) const override {
+    return error_feedback_note(cfg_.kind, topo_.shard != nullptr, outcome, from);
+  }
 
  protected:
   // A compressed step (step >= start_iter) runs begin_compressed(step, first) in begin(),

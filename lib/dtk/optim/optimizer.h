@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtk/core/component.h"
 #include "dtk/core/enums.h"
 #include "dtk/core/json_config.h"
 #include "dtk/core/placed.h"
@@ -32,9 +33,10 @@ struct OptimConfig {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimConfig, name, momentum, nesterov, beta1, beta2, eps, weight_decay)
 
 
-class Optimizer {
+// A component of the run (core/component.h): named "optimizer" in --print-plan's output.
+class Optimizer : public Component {
  public:
-  virtual ~Optimizer() = default;
+  std::string_view component_name() const override { return "optimizer"; }
   // One update of every parameter from its gradient at learning rate lr.
   virtual void step(std::vector<nn::Param>& params, double lr) = 0;
   // The state as this rank holds it ("exp_avg/<param>", "exp_avg_sq/<param>", "momentum/<param>",

@@ -1,24 +1,19 @@
 // Distributed Shampoo (shampoo.h), the driver: the blocks, their owners and layout, the chunks,
-// grafting, weight decay, momentum and the all-gather of the directions. What a block's
-// preconditioned direction is made of is its preconditioner's (shampoo_internal.h). Layout of the
-// work on one rank:
+// grafting, weight decay, momentum and the all-gather of the directions; a block's preconditioned
+// direction is its preconditioner's (shampoo_internal.h). The blocks this rank owns are grouped
+// by (diagonal or not, block shape) (std::map order: deterministic); a group keeps its state as
+// batches ([B, b_k, b_k] factors and roots, [B, n] grafting / filtered / momentum tensors), so
+// that one batched GEMM (one batched eigendecomposition at root steps) serves every block of
+// the group, processed in chunks of at most kChunkElements elements (bounded scratch).
 //
-// The blocks this rank owns are grouped by (diagonal or not, block shape) (std::map order:
-// deterministic). A group
-// keeps its state as batches ([B, b_k, b_k] factors and roots, [B, n] grafting / filtered /
-// momentum tensors), so that one batched GEMM (one batched eigendecomposition at root steps)
-// serves every block of the group; a group is processed in chunks of at most kChunkElements
-// elements so that the scratch buffers stay bounded.
-//
-// Every step, per chunk: the gradient blocks are gathered into a contiguous scratch (a device
-// gather through a precomputed index, or plain copies for blocks that are contiguous ranges of
-// their parameter; with sharded parameters from the gathered shards); the factors are updated
-// by batched GEMMs (and at root steps the amortized work of the blocks whose phase is due: roots
-// or eigenbases); the filtered gradient, the grafting direction and the preconditioned direction
-// are computed; the
-// final search direction is written straight into this rank's segment of the flat gathered
-// buffer. One all_gather_v of that buffer gives every rank all directions, in rank order; each
-// parameter then takes its direction through a gather index (or contiguous segments).
+// Every step, per chunk: the gradient blocks are gathered into a contiguous scratch (through a
+// precomputed index, or plain copies for blocks that are contiguous ranges of their parameter;
+// sharded parameters: from the gathered shards); the preconditioner's statistics are updated
+// (and at root steps its amortized work for the blocks whose phase is due); the filtered
+// gradient, the grafting direction and the preconditioned direction are computed, and the
+// search direction is written straight into this rank's segment of the flat gathered buffer.
+// One all_gather_v gives every rank all directions, in rank order; each parameter then takes
+// its direction through a gather index (or contiguous segments).
 //
 // Memory on every rank, beyond the owned state: the gathered buffer (4 bytes per parameter
 // element, plus 2 with bf16 communication) and the update indices (8 bytes per element of
@@ -27,12 +22,10 @@
 #include "dtk/optim/shampoo.h"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -100,6 +93,25 @@ class Shampoo final : public Optimizer {
   }
 
   nlohmann::json config() const override { return cx_.cfg; }
+  std::string_view component_name() const override { return "shampoo"; }
+
+  // Its blocks (parameter, index, shape, the rank of the group that owns it, its root phase,
+  // diagonal: the grafting direction alone) and the elements each rank of a group computes.
+  nlohmann::json plan() const override {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const BlockDesc& b : cx_.blocks)
+      blocks.push_back({{"param", cx_.names[static_cast<size_t>(b.param)]}, {"block", b.index}, {"shape", b.dims},
+                        {"owner", b.owner}, {"phase", b.phase}, {"diagonal", b.diagonal}});
+    return {{"preconditioner", cx_.cfg.preconditioner}, {"group_size", group_size_}, {"elements_per_rank", counts_},
+            {"blocks", std::move(blocks)}};
+  }
+
+  // Blocks of sharded parameters that an older fsdp-train cut from the shards (Resize::if_present).
+  std::string restore_note(Restored outcome, const RestoreSource& from) const override {
+    if (outcome != Restored::fresh || !sharded_) return "";
+    return from.path + ": its Shampoo blocks were cut from the shards (fsdp-train before the whole parameters' "
+                       "blocks, dtk-checkpoint(5)), so Shampoo starts afresh";
+  }
 
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;

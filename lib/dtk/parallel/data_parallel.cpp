@@ -100,13 +100,4 @@ void GradSync::metrics(nlohmann::ordered_json& m) const {
   }
 }
 
-bool GradSync::before_step(int64_t) {
-  if (!print_plan_) return true;
-  const nlohmann::json p = c_.plan();
-  if (p.is_null() || !p.contains("buckets")) return true;
-  if (comm_.rank() == 0) std::printf("%s\n", p.dump(2).c_str());
-  std::fflush(stdout);
-  return false;
-}
-
 }  // namespace dtk::parallel

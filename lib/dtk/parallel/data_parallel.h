@@ -55,10 +55,15 @@ class GradSync final : public Parallelism {
   // comm_bytes; with a compressor also comm_bytes_uncompressed and compression_ratio; with one
   // that plans (auto) compress_ranks.
   void metrics(nlohmann::ordered_json& m) const override;
-  // psgd-train --print-plan: stop before the first step after the compressor's plan is made,
-  // printing it (JSON, rank 0).
-  void print_plan() { print_plan_ = true; }
-  bool before_step(int64_t step) override;
+  std::string_view component_name() const override { return "data_parallel"; }
+  // Its synchronisation state is the compressor's, and so is what a resume says of it.
+  std::string restore_note(Restored outcome, const RestoreSource& from) const override {
+    return c_.restore_note(outcome, from);
+  }
+  std::vector<Component*> components() override {
+    if (!compressed_) return {this};
+    return {this, &c_};
+  }
   compress::Bytes bytes() const { return c_.last_bytes(); }  // of the last step
 
  private:
@@ -71,7 +76,6 @@ class GradSync final : public Parallelism {
   std::vector<int> min_block_;  // per bucket: the lowest block it covers (ready once that block is)
   size_t next_ = 0;             // the next bucket to start
   bool armed_ = false;          // between begin() and finish()
-  bool print_plan_ = false;
 };
 
 }  // namespace dtk::parallel

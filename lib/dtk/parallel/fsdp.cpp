@@ -82,7 +82,7 @@ struct Fsdp::Impl {
     if (cfg.replicate > 1) replica = world.split(sr, world.rank());
   }
 
-  bool settle_plan(Fsdp& f);  // --buckets auto, --print-plan: the first steps measure (before_step)
+  void settle_plan(Fsdp& f);  // --buckets auto, --print-plan: the first steps measure (before_step)
 
   void make_compressor(const std::vector<nn::Param>& params, const std::vector<Rows>& rows, const BucketPlan& plan) {
     validate_compressor(*ccfg, cfg.replicate, cfg.buckets);
@@ -525,23 +525,24 @@ void Fsdp::after_backward(int block) {
   m.run(m.train.at[kAfterBackward][static_cast<size_t>(block)], plan_);
 }
 
-bool Fsdp::before_step(int64_t) {
+void Fsdp::before_step(int64_t) {
   Impl& m = *impl_;
-  if (m.measuring && !m.settle_plan(*this)) return true;
-  if (!m.cfg.print_plan) return true;
-  // --compressor auto: its first decisions too, made at --start-iter.
-  if (m.comp) {
-    const nlohmann::json p = m.comp->plan();
-    if (!p.is_null() && !p.contains("buckets")) return true;
-  }
-  if (m.host_world.rank() == 0) std::printf("%s\n", plan_json().dump(2).c_str());
-  std::fflush(stdout);
-  return false;
+  if (m.measuring) m.settle_plan(*this);
+}
+
+bool Fsdp::plan_final() const {
+  const Impl& m = *impl_;
+  return !m.measuring && (!m.comp || m.comp->plan_final());
+}
+
+std::string Fsdp::restore_note(Restored outcome, const RestoreSource& from) const {
+  const Impl& m = *impl_;
+  return m.comp ? m.comp->restore_note(outcome, from) : "";
 }
 
 // Costs: the collectives calibrated once; per-block compute from the second step on the measuring
-// plan (the first one allocates activation buffers and warms caches). False until the plan is final.
-bool Fsdp::Impl::settle_plan(Fsdp& f) {
+// plan (the first one allocates activation buffers and warms caches); measuring ends with it.
+void Fsdp::Impl::settle_plan(Fsdp& f) {
   Impl& m = *this;
   BucketPlan& plan_ = f.plan_;
   if (m.steps_seen == 0) {
@@ -549,7 +550,7 @@ bool Fsdp::Impl::settle_plan(Fsdp& f) {
     for (double x : m.wire.gather) lo = std::min(lo, x), total += x;
     m.costs = fsdp::calibrate(*m.shard, m.host_world, m.cfg, std::max(lo, 1024.0), std::max(0.3 * total, 2 * lo), m.dev);
   }
-  if (m.steps_seen++ < 2) return false;
+  if (m.steps_seen++ < 2) return;
   // One pass's costs (the prediction runs one forward and one backward), from the last step's.
   m.costs.forward_s = m.fwd_s;
   m.costs.backward_s = m.bwd_s;
@@ -565,10 +566,9 @@ bool Fsdp::Impl::settle_plan(Fsdp& f) {
     if (m.comp) m.make_compressor(f.params_, f.rows_, plan_);
     spdlog::info("fsdp: automatic bucket plan of {} bucket(s) for {} blocks", plan_.size(), m.model.num_blocks());
   }
-  return true;
 }
 
-nlohmann::json Fsdp::plan_json() const {
+nlohmann::json Fsdp::plan() const {
   const Impl& m = *impl_;
   return fsdp::plan_report(plan_, m.model, m.wire, m.costs, m.cfg, m.S, m.comp ? m.comp->plan() : nlohmann::json());
 }

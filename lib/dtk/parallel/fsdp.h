@@ -125,6 +125,7 @@ class Fsdp final : public Parallelism {
 
   std::vector<nn::Param>& params() override { return params_; }
   comm::Communicator& optimizer_comm() override;
+  bool sharded() const override { return true; }
   const Rows* rows(size_t i) const override { return &rows_.at(i); }
   std::vector<PlacedTensor> state() override;  // the parameters' shards and the model's buffers
   // The compressor's ("compress/...": Q and step replicated, the error buffers by rows); saved:
@@ -143,16 +144,24 @@ class Fsdp final : public Parallelism {
   // with a compressor also comm_bytes_uncompressed and compression_ratio (of the replica hop).
   void metrics(nlohmann::ordered_json& m) const override;
   comm::Communicator* checkpoint_comm() override;
-  bool before_step(int64_t step) override;
+  // Settles the automatic bucket plan once the first steps are timed (cfg.buckets auto, or
+  // print_plan, which reports the measured costs).
+  void before_step(int64_t step) override;
 
   void before_forward(int block, nn::Pass pass) override;
   void after_forward(int block, nn::Pass pass) override;
   void before_backward(int block) override;
   void after_backward(int block) override;
 
-  const BucketPlan& plan() const { return plan_; }
-  // The plan with its buckets' sizes and the predicted exposed communication per step.
-  nlohmann::json plan_json() const;
+  const BucketPlan& bucket_plan() const { return plan_; }
+  // The component (core/component.h): the bucket plan with its buckets' sizes and the predicted
+  // exposed communication per step (fsdp_schedule.h, plan_report), final once measured and, with
+  // --compressor auto, once its first decisions (under "compressor") are made. A resume's note on
+  // the synchronisation state is the compressor's.
+  std::string_view component_name() const override { return "fsdp"; }
+  nlohmann::json plan() const override;
+  bool plan_final() const override;
+  std::string restore_note(Restored outcome, const RestoreSource& from) const override;
 
  private:
   struct Impl;

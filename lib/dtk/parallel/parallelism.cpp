@@ -9,7 +9,7 @@ std::vector<Rows> Parallelism::param_rows() {
 }
 
 std::pair<int, int> Parallelism::state_rank() {
-  if (const Rows* r = rows(0)) return {r->rank, static_cast<int>(r->offsets.size())};
+  if (const Rows* r = sharded() ? rows(0) : nullptr) return {r->rank, static_cast<int>(r->offsets.size())};
   return {optimizer_comm().rank(), optimizer_comm().size()};
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/core/component.h"
 #include "dtk/core/placed.h"
 #include "dtk/nn/model.h"
 
@@ -23,7 +24,9 @@ namespace dtk::parallel {
 // How a sharded tensor's rows of dim 0 are split over the ranks of a shard group (core/placed.h).
 using Rows = dtk::Rows;
 
-class Parallelism : public nn::BlockHooks {
+// A component of the run (core/component.h), and the holder of the others it runs (a
+// compressor): components() lists them for --print-plan.
+class Parallelism : public nn::BlockHooks, public Component {
  public:
   // The parameters as this rank holds them, in the model's order and with its names: whole
   // (replicated), or this rank's rows of dim 0 (sharded; possibly none). The optimizer steps
@@ -34,6 +37,8 @@ class Parallelism : public nn::BlockHooks {
   // computes the whole parameters' blocks, as the reference's lossless fully-sharded
   // distributors do; HSDP's replicas compute the same).
   virtual comm::Communicator& optimizer_comm() = 0;
+  // The parameters are sharded (params()[i] holds rows of dim 0): checkpoints are sharded states.
+  virtual bool sharded() const { return false; }
   // params()[i]'s rows over the shard group; null: whole on every rank.
   virtual const Rows* rows(size_t i) const {
     (void)i;
@@ -53,7 +58,7 @@ class Parallelism : public nn::BlockHooks {
   // saved as their mean over the replicas, since one shard group writes).
   virtual std::vector<PlacedTensor> saved_sync_state() { return sync_state(); }
   // The rank and the number of ranks that per-rank state is indexed by: the shard group's when
-  // sharded (rows(0)), else optimizer_comm()'s (the world).
+  // sharded, else optimizer_comm()'s (the world).
   virtual std::pair<int, int> state_rank();
   // The initial values (nn::Model::init_param's): the same model for a seed on any world size.
   virtual void init(uint64_t seed) = 0;
@@ -71,12 +76,10 @@ class Parallelism : public nn::BlockHooks {
   virtual double clip_grad_norm(double max_norm) = 0;
   // What the last step's metrics add (bytes sent, exposed communication, memory).
   virtual void metrics(nlohmann::ordered_json& m) const = 0;
-  // Before each step: false stops the run there (fsdp-train --print-plan, once its plan is
-  // final). The automatic bucket plan is settled here, from the first steps' timings.
-  virtual bool before_step(int64_t step) {
-    (void)step;
-    return true;
-  }
+  // Before each step (the automatic bucket plan is settled here, from the first steps' timings).
+  virtual void before_step(int64_t step) { (void)step; }
+  // The run's components it holds: itself and the compressor it runs, if any.
+  virtual std::vector<Component*> components() { return {this}; }
   // Sharded states are written by the ranks of this host communicator (one shard group), the
   // others skip the write; null: a full checkpoint through rank 0 of the world.
   virtual comm::Communicator* checkpoint_comm() { return nullptr; }

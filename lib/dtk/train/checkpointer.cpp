@@ -18,14 +18,22 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 Checkpointer::Checkpointer(const Options& o, comm::Communicator& host, std::function<RunState()> state,
                            std::function<void()> sync_buffers)
     : o_(o), host_(host), state_(std::move(state)), sync_buffers_(std::move(sync_buffers)) {
-  if (o.checkpoint_dir.empty()) return;
-  if (host.rank() == 0) fs::create_directories(o.checkpoint_dir);
-  dir_ = std::make_unique<ckpt::Directory>(o.checkpoint_dir, o.keep);
+  if (o.checkpoint.dir.empty()) return;
+  if (host.rank() == 0) fs::create_directories(o.checkpoint.dir);
+  dir_ = std::make_unique<ckpt::Directory>(o.checkpoint.dir, o.checkpoint.keep);
   // Checkpoints in the background copy the state: room for it now, not at the first one.
-  if (o.async_checkpoint && o.checkpoint_every > 0 && o.checkpoint_every < last_step(o)) state_().reserve(snapshot_);
+  if (o.checkpoint.async && o.checkpoint.every > 0 && o.checkpoint.every < last_step(o)) state_().reserve(snapshot_);
 }
 
 Checkpointer::~Checkpointer() = default;
+
+bool run_complete(const Options& o, int rank) {
+  if (std::error_code ec; rank == 0 && !o.checkpoint.dir.empty() && fs::is_directory(o.checkpoint.dir, ec))
+    ckpt::remove_stale_temporaries(o.checkpoint.dir);
+  if (!o.resumed || o.resumed->metadata().step != last_step(o)) return false;
+  spdlog::info("{} is at step {}: the run is complete, nothing to do", o.resumed->path.string(), last_step(o));
+  return true;
+}
 
 std::pair<double, double> Checkpointer::progress() const {
   return {pending_ && pending_->done() ? 1.0 : 0.0, pending_ && pending_->failed() ? 1.0 : 0.0};
@@ -41,14 +49,14 @@ void Checkpointer::after_step(int64_t step, bool last, bool stopping, const opti
   const comm::watchdog::Patient writing;  // the checkpoints' waits may be long, signal or not
   // A write in the background that every rank has finished, or that failed on one, completes now.
   if (pending_ && (writers_done_ || writer_failed_)) complete(m);
-  if (!dir_ || !(last || stopping || (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0))) return;
+  if (!dir_ || !(last || stopping || (o_.checkpoint.every > 0 && step % o_.checkpoint.every == 0))) return;
   const auto t0 = Clock::now();
   if (pending_) complete(m);  // the previous one first
   // The last checkpoint (the run's end, a stop) is waited for anyway: written at once.
-  const bool background = o_.async_checkpoint && !last && !stopping;
+  const bool background = o_.checkpoint.async && !last && !stopping;
   sync_buffers_();
   const RunState s = state_();
-  pending_ = s.begin_save(dir_->entry(step, s.par.rows(0) != nullptr), step, schedule, &snapshot_, background);
+  pending_ = s.begin_save(dir_->entry(step, s.par.sharded()), step, schedule, &snapshot_, background);
   if (!background) complete(m);
   m["checkpoint_blocked_ms"] = seconds_since(t0) * 1e3;
 }
@@ -73,7 +81,7 @@ void Checkpointer::complete(nlohmann::ordered_json& m) {
 // A checkpoint written: its path on stdout for pipelines (| xargs shard-inspect ...), unless the
 // metrics go there: stdout then carries them alone, and the path is logged.
 void Checkpointer::report_stop(int64_t step, int64_t last) const {
-  if (dir_ || !o_.save.empty())
+  if (dir_ || !o_.checkpoint.save.empty())
     spdlog::warn("stopped at step {} of {} on a signal, checkpoint written; --resume continues", step, last);
   else
     spdlog::warn("stopped at step {} of {} on a signal; nothing saved (no --checkpoint-dir or --save)", step, last);
@@ -81,7 +89,7 @@ void Checkpointer::report_stop(int64_t step, int64_t last) const {
 
 void Checkpointer::written(const fs::path& p) const {
   if (host_.rank() != 0) return;
-  if (o_.metrics == "-") spdlog::info("checkpoint written: {}", p.string());
+  if (o_.runtime.metrics == "-") spdlog::info("checkpoint written: {}", p.string());
   else std::printf("%s\n", p.c_str());
 }
 

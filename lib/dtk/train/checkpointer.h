@@ -18,6 +18,10 @@
 
 namespace dtk::train {
 
+// Before a run: rank 0 removes dead writers' temporaries from --checkpoint-dir (even when this run
+// writes nothing more); true when the checkpoint it resumes is at its last step already.
+bool run_complete(const Options& o, int rank);
+
 class Checkpointer {
  public:
   // `state` gives the run's state as it is now; `sync_buffers` makes every rank's model buffers

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <set>
 
 #include "dtk/cli/checks.h"
 #include "dtk/nn/model.h"
@@ -17,6 +18,17 @@ namespace {
 // checkpoint's anyway (train::resolve_model); where and how the run executes (--device,
 // --threads, outputs, evaluation, --stop-at) is each command line's own.
 constexpr std::string_view kRunGroups[] = {"Data", "Optimization", "Shampoo", "Compression", "Precision"};
+
+// The options that shape the state a checkpoint holds (an optimizer's, a compressor's), each marked
+// where it is declared (shapes_state): a resume cannot change them (train::validate refuses).
+std::set<std::string>& state_shaping() {
+  static std::set<std::string> names;
+  return names;
+}
+CLI::Option* shapes_state(CLI::Option* opt) {
+  state_shaping().insert(opt->get_name());
+  return opt;
+}
 
 bool kept_on_resume(const CLI::Option& opt) {
   const std::string name = opt.get_name();
@@ -78,9 +90,10 @@ void keep_checkpoint_options(CLI::App& app, train::Options& o) {
           if (const auto xt = then.find(x->get_name()); xt != then.end())
             other = x->get_name() + " " + joined(xt->get<std::vector<std::string>>());
         if (!other.empty())
-          o.resume_changes.push_back({name, joined(opt->reduced_results()), other});
+          o.resume_changes.push_back({name, joined(opt->reduced_results()), other, state_shaping().count(name) > 0});
         else if (!same_value(opt->reduced_results(), before))
-          o.resume_changes.push_back({name, joined(opt->reduced_results()), before.empty() ? "unset" : joined(before)});
+          o.resume_changes.push_back({name, joined(opt->reduced_results()), before.empty() ? "unset" : joined(before),
+                                      state_shaping().count(name) > 0});
         continue;
       }
       if (it == then.end()) continue;
@@ -101,31 +114,31 @@ void keep_checkpoint_options(CLI::App& app, train::Options& o) {
 
 void add_options(CLI::App& app, train::Options& o) {
   const char* g = "Model";
-  app.add_option("--model", o.model, "model preset: " + [] {
+  app.add_option("--model", o.model.preset, "model preset: " + [] {
     std::string s;
     for (const auto& n : nn::preset_names()) s += (s.empty() ? "" : ", ") + n;
     return s;
   }() + " (default llama-tiny, or the checkpoint's model with --resume/--init-from)")->group(g);
-  app.add_option("--dim", o.dim, "model width (llama)")->group(g)->check(cli::at_least(1));
-  app.add_option("--layers", o.layers, "number of layers (llama: blocks; mlp: hidden layers, each --dim wide)")
+  app.add_option("--dim", o.model.dim, "model width (llama)")->group(g)->check(cli::at_least(1));
+  app.add_option("--layers", o.model.layers, "number of layers (llama: blocks; mlp: hidden layers, each --dim wide)")
       ->group(g)->check(cli::at_least(1));
-  app.add_option("--heads", o.heads, "attention heads")->group(g)->check(cli::at_least(1));
-  app.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(cli::at_least(1));
-  app.add_option("--ffn-hidden", o.ffn_hidden, "SwiGLU hidden size")->group(g)->check(cli::at_least(1));
-  app.add_option("--vocab", o.vocab, "vocabulary size")->group(g)->check(cli::at_least(1));
-  app.add_option("--seq-len", o.seq_len, "tokens per sample")->group(g)->check(cli::at_least(1));
-  app.add_option("--input-dim", o.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
-  app.add_option("--input-shape", o.input_shape,
+  app.add_option("--heads", o.model.heads, "attention heads")->group(g)->check(cli::at_least(1));
+  app.add_option("--kv-heads", o.model.kv_heads, "key/value heads (grouped-query attention)")->group(g)->check(cli::at_least(1));
+  app.add_option("--ffn-hidden", o.model.ffn_hidden, "SwiGLU hidden size")->group(g)->check(cli::at_least(1));
+  app.add_option("--vocab", o.model.vocab, "vocabulary size")->group(g)->check(cli::at_least(1));
+  app.add_option("--seq-len", o.model.seq_len, "tokens per sample")->group(g)->check(cli::at_least(1));
+  app.add_option("--input-dim", o.model.input_dim, "inputs per sample (mlp; 3072 for CIFAR-10)")->group(g)->check(cli::at_least(1));
+  app.add_option("--input-shape", o.model.input_shape,
                  "C,H,W of the input images (resnet; default: the --data file's images, else 3,32,32)")
       ->group(g)->delimiter(',')->expected(3)->check(cli::at_least(1))->type_name("C,H,W")->default_str("");
-  app.add_option("--classes", o.classes, "number of classes (mlp, resnet)")->group(g)->check(cli::at_least(1));
-  app.add_flag("--sync-batchnorm", o.sync_batchnorm,
+  app.add_option("--classes", o.model.classes, "number of classes (mlp, resnet)")->group(g)->check(cli::at_least(1));
+  app.add_flag("--sync-batchnorm", o.model.sync_batchnorm,
                "batch norm statistics over every rank's share of the batch (SyncBatchNorm); default: each rank's "
                "own, as DDP (resnet)")->group(g);
   app.add_option_function<std::string>(
          "--activation-checkpointing",
          [&o](const std::string& v) {
-           o.activation_checkpointing =
+           o.model.activation_checkpointing =
                v.empty() ? nn::Checkpointing::full : parse_enum<nn::Checkpointing>(v, "--activation-checkpointing");
          },
          "recompute in backward instead of keeping activations: full, each layer's (resnet: residual block's) "
@@ -135,57 +148,57 @@ void add_options(CLI::App& app, train::Options& o) {
       ->default_str("none")->group(g);
 
   g = "Data";
-  app.add_option("--data", o.data,
+  app.add_option("--data", o.data.train,
                  "training data: synthetic (embedded, no files), an HDF5 file from data-pack, or token shards as one "
                  "stream: a .npy or llm.c .bin file, a quoted glob ('dir/train-*.bin'), a list file (*.txt, *.list)")
       ->group(g);
-  app.add_option("--val-data", o.val_data, "validation data, as --data takes it (synthetic data has its own validation "
+  app.add_option("--val-data", o.data.val, "validation data, as --data takes it (synthetic data has its own validation "
                  "stream)")->group(g);
-  app.add_option("--global-batch", o.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
-  app.add_option("--micro-batch", o.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
+  app.add_option("--global-batch", o.data.global_batch, "samples per step over all ranks")->group(g)->check(cli::at_least(1));
+  app.add_option("--micro-batch", o.data.micro_batch, "samples per forward/backward on a rank (0: the rank's whole share)")
       ->group(g)->check(cli::at_least(0));
-  add_enum(app, "--augment", o.augment,
+  add_enum(app, "--augment", o.data.augment,
            "training-time augmentation of image data: crop-flip is a random crop of the image padded by 4 pixels "
            "and a horizontal flip with probability 1/2, each sample's draw a function of the seed, the step and the "
            "sample")->group(g);
 
   g = "Optimization";
-  CLI::Option* steps = app.add_option("--steps", o.steps, "training steps")->group(g)->check(cli::at_least(1));
-  app.add_option("--epochs", o.epochs,
+  CLI::Option* steps = app.add_option("--steps", o.schedule.steps, "training steps")->group(g)->check(cli::at_least(1));
+  app.add_option("--epochs", o.schedule.epochs,
                  "training length in passes over --data instead of --steps: epochs x samples / --global-batch "
                  "steps, rounded up")
       ->group(g)->check(cli::positive())->excludes(steps);
-  app.add_option("--stop-at", o.stop_at,
+  app.add_option("--stop-at", o.schedule.stop_at,
                  "stop after this step, writing a checkpoint, as if the job ended there (the schedule still "
                  "spans --steps); --resume continues")->group(g)->check(cli::at_least(0));
-  app.add_option("--lr", o.lr, "peak learning rate")->group(g)->check(cli::positive());
-  add_enum(app, "--schedule", o.schedule, "learning-rate schedule after warm-up (step: --decay-steps)")->group(g);
-  app.add_option("--warmup", o.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
-  app.add_option("--min-lr-ratio", o.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
+  app.add_option("--lr", o.schedule.lr, "peak learning rate")->group(g)->check(cli::positive());
+  add_enum(app, "--schedule", o.schedule.kind, "learning-rate schedule after warm-up (step: --decay-steps)")->group(g);
+  app.add_option("--warmup", o.schedule.warmup, "linear warm-up steps")->group(g)->check(cli::at_least(0));
+  app.add_option("--min-lr-ratio", o.schedule.min_lr_ratio, "final learning rate of linear/cosine decay, as a fraction of --lr")
       ->group(g)->check(cli::between(0, 1));
-  CLI::Option* decay = app.add_option("--decay-steps", o.decay_steps,
+  CLI::Option* decay = app.add_option("--decay-steps", o.schedule.decay_steps,
                  "--schedule step: the steps (comma-separated, increasing) from which the learning rate is "
                  "multiplied by --decay-factor once more")
       ->group(g)->delimiter(',')->check(cli::at_least(1));
-  app.add_option("--decay-epochs", o.decay_epochs,
+  app.add_option("--decay-epochs", o.schedule.decay_epochs,
                  "--schedule step: the decay points in epochs instead of steps (each rounded to the nearest step)")
       ->group(g)->delimiter(',')->check(cli::positive())->excludes(decay);
-  app.add_option("--decay-factor", o.decay_factor, "--schedule step: the factor of each decay (default 0.1)")
+  app.add_option("--decay-factor", o.schedule.decay_factor, "--schedule step: the factor of each decay (default 0.1)")
       ->group(g)->check(cli::positive());
-  app.add_option("--clip", o.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
-  add_enum(app, "--optimizer", o.optimizer, "the optimizer (shampoo with its defaults where the program has no Shampoo options)")
-      ->group(g);
-  app.add_option("--momentum", o.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
+  app.add_option("--clip", o.optimization.clip, "clip gradients to this global L2 norm (0: off)")->group(g)->check(cli::at_least(0));
+  shapes_state(add_enum(app, "--optimizer", o.optimization.optimizer,
+                        "the optimizer (shampoo with its defaults where the program has no Shampoo options)"))->group(g);
+  app.add_option("--momentum", o.optimization.momentum, "momentum (SGD: default 0.9; Shampoo: on the search direction, default none)")
       ->group(g)->check(cli::between(0, 1));
-  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
-  app.add_option("--weight-decay", o.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(cli::at_least(0));
-  app.add_option("--beta1", o.beta1, "AdamW beta1")->group(g)->check(cli::between(0, 1));
-  app.add_option("--beta2", o.beta2, "AdamW beta2")->group(g)->check(cli::between(0, 1));
-  app.add_option("--eps", o.eps, "AdamW epsilon")->group(g)->check(cli::positive());
-  app.add_option("--seed", o.seed, "seed of initialisation, data order and synthetic data")->group(g);
+  app.add_flag("--nesterov", o.optimization.nesterov, "Nesterov momentum (SGD, Shampoo)")->group(g);
+  app.add_option("--weight-decay", o.optimization.weight_decay, "weight decay (AdamW: decoupled)")->group(g)->check(cli::at_least(0));
+  app.add_option("--beta1", o.optimization.beta1, "AdamW beta1")->group(g)->check(cli::between(0, 1));
+  app.add_option("--beta2", o.optimization.beta2, "AdamW beta2")->group(g)->check(cli::between(0, 1));
+  app.add_option("--eps", o.optimization.eps, "AdamW epsilon")->group(g)->check(cli::positive());
+  app.add_option("--seed", o.data.seed, "seed of initialisation, data order and synthetic data")->group(g);
 
   g = "Precision";
-  add_enum(app, "--precision", o.precision,
+  add_enum(app, "--precision", o.model.precision,
            "the model's arithmetic: f32, true f32 products; tf32, the weight products (linear layers, "
            "convolutions) with each operand rounded to TF32 (10 mantissa bits) and f32 sums, on the GPU's tensor "
            "cores as PyTorch's allow_tf32; bf16, mixed precision as PyTorch's autocast with bf16 parameters: the "
@@ -197,44 +210,49 @@ void add_options(CLI::App& app, train::Options& o) {
       ->group(g);
 
   g = "Run";
-  app.add_option("--device", o.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
-  add_enum(app, "--backend", o.backend,
+  app.add_option("--device", o.runtime.device, "cpu or cuda (each rank uses GPU local_rank % device count)")->group(g);
+  add_enum(app, "--backend", o.runtime.backend,
            "the collectives' backend (auto: nccl for --device cuda where NCCL exists, else mpi; mpi with --device "
            "cuda stages GPU buffers through host memory, and lets ranks share a GPU)",
            {comm::Backend::automatic, comm::Backend::mpi, comm::Backend::nccl})->group(g);
-  app.add_option("--threads", o.threads,
+  app.add_option("--threads", o.runtime.threads,
                  "CPU threads per rank (default: OMP_NUM_THREADS if set, else the cores the launcher bound the "
                  "rank to, else the node's cores shared among its ranks)")->group(g)->check(cli::at_least(1));
-  add_size(app, "--bucket-size", o.bucket_bytes, "gradient all-reduce bucket size")->group(g);
-  app.add_option("--eval-every", o.eval_every, "validation loss every K steps (0: only at the end)")
+  add_size(app, "--bucket-size", o.runtime.bucket_bytes, "gradient all-reduce bucket size")->group(g);
+  app.add_option("--eval-every", o.evaluation.every, "validation loss every K steps (0: only at the end)")
       ->group(g)->check(cli::at_least(0));
-  app.add_option("--eval-batches", o.eval_batches, "global batches per validation")->group(g)->check(cli::at_least(1));
-  app.add_option("--log-every", o.log_every, "a log line every K steps when stderr is not a terminal")
+  app.add_option("--eval-batches", o.evaluation.batches, "global batches per validation")->group(g)->check(cli::at_least(1));
+  app.add_option("--log-every", o.runtime.log_every, "a log line every K steps when stderr is not a terminal")
       ->group(g)->check(cli::at_least(1));
-  app.add_option("--metrics", o.metrics,
+  app.add_option("--metrics", o.runtime.metrics,
                  "JSON-lines metrics file (- for stdout, which then carries nothing else). An existing file is "
                  "refused, unless the run resumes: then its lines up to the checkpoint's step are kept and the "
                  "run's follow")->group(g);
-  app.add_flag("--metrics-append", o.metrics_append, "add to an existing --metrics file as it is")->group(g);
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
-  app.add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every K steps (0: only at the end)")
+  app.add_flag("--metrics-append", o.runtime.metrics_append, "add to an existing --metrics file as it is")->group(g);
+  app.add_flag("--print-plan", o.runtime.print_plan,
+               "print the run's plan as JSON once it is final, then exit without training further or saving: "
+               "fsdp-train's bucket plan with its predicted exposed communication (after calibrating the "
+               "collectives and timing two steps), --compressor auto's first decisions (made at --start-iter), "
+               "Shampoo's blocks and their owners; checkpoint options are ignored")->group(g);
+  app.add_option("--checkpoint-dir", o.checkpoint.dir, "write checkpoints step-NNNNNNNN.h5 here, with a `latest` file")->group(g);
+  app.add_option("--checkpoint-every", o.checkpoint.every, "checkpoint every K steps (0: only at the end)")
       ->group(g)->check(cli::at_least(0));
-  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
-  app.add_flag("--async-checkpoint,!--no-async-checkpoint", o.async_checkpoint,
+  app.add_option("--keep", o.checkpoint.keep, "checkpoints kept in --checkpoint-dir")->group(g)->check(cli::at_least(1));
+  app.add_flag("--async-checkpoint,!--no-async-checkpoint", o.checkpoint.async,
                "write --checkpoint-dir's checkpoints in the background: the step waits only for a copy of the "
                "state in host memory, the next checkpoint (and the end) for the write (the default; "
                "--no-async-checkpoint or --async-checkpoint=false: the step waits for the write)")->group(g);
-  app.add_option("--save", o.save, "write the final checkpoint to this file")->group(g);
-  auto* r = app.add_option("--resume", o.resume,
+  app.add_option("--save", o.checkpoint.save, "write the final checkpoint to this file")->group(g);
+  auto* r = app.add_option("--resume", o.checkpoint.resume,
                            "continue a run exactly from a checkpoint file or a --checkpoint-dir (its latest): the "
                            "options of groups Data, Optimization, Shampoo, Compression and Precision are the "
                            "checkpoint's unless given again (a warning names those that differ); on another number "
                            "of ranks it continues as if the run had had them throughout (a warning names what cannot)")
                ->group(g);
-  auto* i = app.add_option("--init-from", o.init_from, "start from the weights only of a checkpoint, or of a Hugging Face Llama folder (config.json and "
+  auto* i = app.add_option("--init-from", o.checkpoint.init_from, "start from the weights only of a checkpoint, or of a Hugging Face Llama folder (config.json and "
                            "safetensors, as transformers saves it; its config sets the model)")->group(g);
   r->excludes(i);
-  app.add_flag("--auto-resume", o.auto_resume,
+  app.add_flag("--auto-resume", o.checkpoint.auto_resume,
                "continue from --checkpoint-dir's latest checkpoint when it has one (over --init-from), else start "
                "as asked: a job can be resubmitted or requeued unchanged")->group(g)->excludes(r);
   app.final_callback([&app, &o] { keep_checkpoint_options(app, o); });
@@ -256,8 +274,8 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   add_enum(app, "--preconditioner", c.preconditioner,
            "root: inverse roots of the Kronecker factors (Shampoo); eigenvalue-corrected: Adam in the factors' "
            "eigenbases (SOAP); spectral: the orthogonalised filtered gradient of each matrix block (Muon)")->group(g);
-  app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
-                 "merge dims while their product stays below this, and split dims into blocks of at most it")
+  shapes_state(app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
+                              "merge dims while their product stays below this, and split dims into blocks of at most it"))
       ->group(g)->check(cli::at_least(1));
   app.add_option("--precondition-frequency", c.precondition_frequency,
                  "recompute the inverse roots (eigenvalue-corrected: the eigenbases) every K steps")
@@ -268,7 +286,8 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   app.add_option("--start-preconditioning-step", c.start_preconditioning_step,
                  "grafting alone before this step (-1: --precondition-frequency)")->group(g);
   app.add_option("--shampoo-epsilon", c.epsilon, "added to the factors' eigenvalues")->group(g)->check(cli::at_least(0));
-  add_enum(app, "--factor-dtype", c.factor_dtype, "the Kronecker factors' precision", {DType::f32, DType::f64})->group(g);
+  shapes_state(add_enum(app, "--factor-dtype", c.factor_dtype, "the Kronecker factors' precision", {DType::f32, DType::f64}))
+      ->group(g);
   app.add_option("--exponent-override", c.exponent_override, "root F^(-1/x) instead of F^(-1/(2 order)) (0: off)")
       ->group(g)->check(cli::at_least(0));
   add_enum(app, "--root-method", c.root_method,
@@ -335,23 +354,23 @@ void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::stri
   const char* g = "Compression";
   using compress::Kind;
   const std::vector<Kind> kinds = {Kind::powersgd, Kind::none, Kind::topk, Kind::randomk, Kind::signum, Kind::auto_};
-  add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")", kinds)->group(g);
-  o.rank = app.add_option("--rank", c.rank, "PowerSGD rank r")->group(g)->check(at_least(1));
+  shapes_state(add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")", kinds))->group(g);
+  o.rank = shapes_state(app.add_option("--rank", c.rank, "PowerSGD rank r"))->group(g)->check(at_least(1));
   app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")->group(g)->check(at_least(0));
   app.add_option("--min-compression-rate", c.min_compression_rate,
                  "compress a matrix only when it shrinks at least this much")->group(g)->check(positive());
   app.add_flag("--no-warm-start", o.no_warm_start, "draw a new Q every step instead of reusing the last")->group(g);
-  app.add_flag("--no-error-feedback", o.no_error_feedback, "drop what the compression leaves out")->group(g);
-  add_enum(app, "--error-mode", c.error_mode,
-           "error feedback: projection (M - P(P^T M), bounded per rank) or full (M - P Q^T)")->group(g);
+  shapes_state(app.add_flag("--no-error-feedback", o.no_error_feedback, "drop what the compression leaves out"))->group(g);
+  shapes_state(add_enum(app, "--error-mode", c.error_mode,
+                        "error feedback: projection (M - P(P^T M), bounded per rank) or full (M - P Q^T)"))->group(g);
   add_enum(app, "--orthogonalize", c.orthogonalize, "auto (Gram-Schmidt for rank <= 2, QR above), mgs or qr")->group(g);
   add_enum(app, "--comm-dtype", c.comm_dtype, "P and Q on the wire", {DType::f32, DType::bf16})->group(g);
   app.add_option("--compress-ratio", c.ratio, "topk/randomk: fraction of each gradient's coordinates sent")
       ->group(g)->check(positive())->check(at_most(1));
   const char* ga = "Compression: auto";
-  app.add_option("--auto-ranks", c.auto_ranks,
-                 "the PowerSGD ranks auto chooses between, LOW,HIGH: Accordion's low in regular regimes, high in "
-                 "critical ones")->group(ga)->delimiter(',')->expected(2)->check(at_least(1))->type_name("LOW,HIGH");
+  shapes_state(app.add_option("--auto-ranks", c.auto_ranks,
+                              "the PowerSGD ranks auto chooses between, LOW,HIGH: Accordion's low in regular regimes, "
+                              "high in critical ones"))->group(ga)->delimiter(',')->expected(2)->check(at_least(1))->type_name("LOW,HIGH");
   app.add_option("--accordion-eta", c.accordion_eta,
                  "a bucket's regime is critical when its mean gradient norm changed by at least this fraction since "
                  "the last interval")->group(ga)->check(positive());

@@ -80,6 +80,18 @@ void log_cpu_kernel_warnings(comm::Communicator& host, int rank) {
     for (const std::string& w : warnings) spdlog::warn("{}", w);
 }
 
+bool print_plans(const std::vector<Component*>& parts, int rank) {
+  nlohmann::ordered_json all;
+  for (const Component* c : parts) {
+    if (!c->plan_final()) return false;
+    if (nlohmann::json p = c->plan(); !p.is_null()) all[std::string(c->component_name())] = std::move(p);
+  }
+  if (all.empty()) fail_usage("--print-plan: no part of this run makes a plan");
+  if (rank == 0) std::printf("%s\n", (all.size() == 1 ? all.begin().value() : all).dump(2).c_str());
+  std::fflush(stdout);
+  return true;
+}
+
 Metrics::Metrics(const std::string& path, bool active, int64_t after) {
   if (!active) return;
   if (path == "-") {

@@ -7,8 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dtk/comm/comm.h"
+#include "dtk/core/component.h"
 
 namespace dtk::train {
 
@@ -77,6 +79,11 @@ nlohmann::ordered_json step_metrics(const StepRecord& r);
 // every rank of host (all of the job's) has the same ones (one kind of node), else from each rank
 // that has any. Collective over host.
 void log_cpu_kernel_warnings(comm::Communicator& host, int rank);
+
+// --print-plan: when every component's plan is final, rank 0 prints them (JSON on stdout: one as
+// it is, several by component name) and it returns true; false while one is not final. A run
+// none of whose components makes a plan is a UsageError.
+bool print_plans(const std::vector<Component*>& parts, int rank);
 
 class Metrics {
  public:

@@ -14,8 +14,6 @@ namespace dtk::train {
 
 namespace {
 
-bool sharded(parallel::Parallelism& par) { return par.rows(0) != nullptr; }
-
 // How completely this rank's state was restored (ckpt::load_state).
 ckpt::Restored load(const ckpt::Reader& r, parallel::Parallelism& par, const std::vector<PlacedTensor>& state) {
   const auto [rank, size] = par.state_rank();
@@ -102,18 +100,17 @@ std::unique_ptr<PendingSave> RunState::begin_save(const std::filesystem::path& p
   m.model_config = model_config;
   m.optim_config = optim->config();
   m.optim_config["schedule"] = schedule;
-  m.optim_config["clip"] = o.clip;
-  m.data_position = {{"step", step}, {"global_batch", o.global_batch}, {"seed", o.seed},
-                     {"samples_seen", step * o.global_batch}, {"data", o.data}};
-  m.rng_state = {{"generator", "philox4x32-10"}, {"seed", o.seed},
+  m.optim_config["clip"] = o.optimization.clip;
+  m.data_position = {{"step", step}, {"global_batch", o.data.global_batch}, {"seed", o.data.seed},
+                     {"samples_seen", step * o.data.global_batch}, {"data", o.data.train}};
+  m.rng_state = {{"generator", "philox4x32-10"}, {"seed", o.data.seed},
                  {"note", "counter-based: every draw is a function of (seed, step), nothing else to restore"}};
   m.extra = {{"program_config", strategy.config}};
-  for (const auto& [key, value] : strategy.extra.items()) m.extra[key] = value;
   m.extra["state_ranks"] = par.state_rank().second;  // whose per-rank state this is (ckpt::load_state)
   m.extra["run_options"] = o.run_options;            // what a resume keeps (train::add_options)
   auto p = std::make_unique<PendingSave>(path, step, host);
   const std::vector<ckpt::StateEntry> entries = ckpt::entries(placed(false, true));
-  if (!sharded(par)) {
+  if (!par.sharded()) {
     p->write_ = std::make_unique<ckpt::StateWrite>(path, entries, m, host, false, snapshot);
   } else if (comm::Communicator* c = par.checkpoint_comm()) {
     // Sharded: the ranks of one shard group write their rows in parallel (an AgreedError among
@@ -130,27 +127,29 @@ std::unique_ptr<PendingSave> RunState::begin_save(const std::filesystem::path& p
 
 void RunState::reserve(ckpt::Snapshot& snapshot) const {
   // A full checkpoint is rank 0's to write; a sharded state the checkpoint group's.
-  if (sharded(par) ? par.checkpoint_comm() == nullptr : host.rank() != 0) return;
+  if (par.sharded() ? par.checkpoint_comm() == nullptr : host.rank() != 0) return;
   std::vector<Tensor> mine;
   for (const PlacedTensor& t : placed()) mine.push_back(t.value);
   snapshot.reserve(mine);
 }
 
-int64_t RunState::resume(const std::filesystem::path& path) const {
-  ckpt::Reader r(path);
+int64_t RunState::resume(const Resumed& resumed) const {
+  const ckpt::Reader& r = *resumed.reader;
+  const std::filesystem::path& path = resumed.path;
   const auto& meta = r.metadata();
-  const auto state = placed();
-  // Every rank loads its part; a checkpoint whose state does not fit this run (another
-  // program's, or other options') ends every rank with the same line (exit 2).
-  ckpt::Restored restored = ckpt::Restored::exact;
+  // Every rank loads its part, component by component (the model, the gradient synchronisation's
+  // state, the optimizer's); a checkpoint whose state does not fit this run (another program's,
+  // or other options') ends every rank with the same line (exit 2).
+  int64_t outcome[3] = {0, 0, 0};  // Restored of each, the worst over the ranks
   std::string err;
   try {
-    restored = load(r, par, state);
+    outcome[0] = static_cast<int64_t>(load(r, par, par.state()));
+    outcome[1] = static_cast<int64_t>(load(r, par, par.sync_state()));
+    outcome[2] = static_cast<int64_t>(load(r, par, prefixed("optim/", optim->state())));
   } catch (const std::exception& e) {
-    err = fmt::format("{}; it was written by {} with --optimizer {}{}: resume with the same program and options, "
+    err = fmt::format("{}; it was written by {} with --optimizer {}: resume with the same program and options, "
                       "or take its weights only with --init-from",
-                      e.what(), meta.program, meta.optim_config.value("name", std::string("?")),
-                      meta.extra.contains("compressor") ? " and a compressor" : "");
+                      e.what(), meta.program, meta.optim_config.value("name", std::string("?")));
   }
   if (const std::string e = ckpt::agree(host, err); !e.empty()) throw AgreedError(e, 2);
   const bool first = host.rank() == 0;
@@ -163,33 +162,25 @@ int64_t RunState::resume(const std::filesystem::path& path) const {
     spdlog::warn("{} holds no record of its run's options (an older dtk wrote it): the options are this command line's",
                  path.string());
   }
-  // State of another number of ranks: carried over exactly (PowerSGD's and randomk's error
-  // feedback, by their mean; Shampoo's blocks, named by parameter and block: no warning),
-  // approximately (topk's and signum's error feedback) or not at all. The worst over the ranks,
-  // so that every rank rebuilds the optimizer alike and rank 0 says so.
-  int64_t worst = static_cast<int64_t>(restored);
-  host.all_reduce({&worst, 1, DType::i64, {}}, {&worst, 1, DType::i64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
-  restored = static_cast<ckpt::Restored>(worst);
-  if (restored == ckpt::Restored::fresh && sharded(par)) optim = strategy.optimizer(par);  // Shampoo afresh
-  if (first && restored != ckpt::Restored::exact) {
-    const int64_t before = meta.extra.value("state_ranks", meta.world_size);
-    const std::string sizes = fmt::format("{} was written by {} rank{}, this job has {}", path.string(), before,
-                                          before == 1 ? "" : "s", par.state_rank().second);
-    const nlohmann::json& cc = strategy.config.contains("compressor") ? strategy.config["compressor"] : strategy.config;
-    const std::string kind = cc.value("kind", std::string("the compressor"));  // psgd-train's config, fsdp-train's part
-    if (restored == ckpt::Restored::approximate && sharded(par))
-      spdlog::warn("{}: {}'s error feedback was saved as its mean over the replica groups, which does not continue it "
-                   "exactly ({} compresses each replica's own gradient)", path.string(), kind, kind);
-    else if (restored == ckpt::Restored::approximate)
-      spdlog::warn("{}: {}'s per-rank error feedback is carried over as its mean over ranks, which does not continue "
-                   "it exactly ({} compresses each rank's own gradient)", sizes, kind, kind);
-    else if (sharded(par))
-      spdlog::warn("{}: its Shampoo blocks were cut from the shards (fsdp-train before the whole parameters' blocks, "
-                   "dtk-checkpoint(5)), so Shampoo starts afresh", path.string());
-    else
-      spdlog::warn("{}: per-rank state starts afresh", sizes);
-  }
+  // State of another number of ranks: carried over exactly (no warning), approximately, or not at
+  // all; every rank learns the worst of each component, so that all rebuild alike, and rank 0
+  // gives the component's words for it.
+  host.all_reduce({outcome, 3, DType::i64, {}}, {outcome, 3, DType::i64, {}}, comm::ReduceOp::max, comm::Mode::sync).wait();
+  const RestoreSource from{path.string(), meta.extra.value("state_ranks", meta.world_size), par.state_rank().second};
+  std::vector<std::string> notes;
+  const auto note = [&](const Component* c, int64_t o) {
+    if (o == static_cast<int64_t>(Restored::exact)) return;
+    const std::string n = c ? c->restore_note(static_cast<Restored>(o), from) : "";
+    notes.push_back(!n.empty() ? n : from.sizes() + ": per-rank state starts afresh");
+  };
+  note(nullptr, outcome[0]);
+  note(&par, outcome[1]);
+  note(optim.get(), outcome[2]);
+  if (outcome[2] == static_cast<int64_t>(Restored::fresh)) optim = strategy.optimizer(par);  // afresh, whole
+  if (first)
+    for (const std::string& n : notes) spdlog::warn("{}", n);
   spdlog::info("resuming from {} at step {}", path.string(), meta.step);
+  spdlog::debug("{} was opened {} time(s) by this process", path.string(), ckpt::Reader::times_opened(path));
   return meta.step;
 }
 

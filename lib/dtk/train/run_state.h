@@ -85,7 +85,7 @@ struct RunState {
   // Restores a checkpoint and returns its step. State that does not fit this run is the same
   // AgreedError (exit 2) on every rank; per-rank state of another number of ranks starts afresh
   // (a warning says so).
-  int64_t resume(const std::filesystem::path& path) const;
+  int64_t resume(const Resumed& from) const;
   // The weights only (--init-from).
   void init_from(const std::filesystem::path& path) const;
 };

@@ -8,22 +8,22 @@ namespace dtk::train {
 
 optim::ShampooConfig shampoo_config(const Options& o, const optim::ShampooConfig& shampoo) {
   optim::ShampooConfig c = shampoo;
-  c.beta1 = o.beta1;
-  c.beta2 = o.beta2;
-  c.weight_decay = o.weight_decay;
-  c.nesterov = o.nesterov;
-  c.momentum = o.momentum.value_or(o.nesterov ? 0.9 : 0.0);
+  c.beta1 = o.optimization.beta1;
+  c.beta2 = o.optimization.beta2;
+  c.weight_decay = o.optimization.weight_decay;
+  c.nesterov = o.optimization.nesterov;
+  c.momentum = o.optimization.momentum.value_or(o.optimization.nesterov ? 0.9 : 0.0);
   return c;
 }
 
 Strategy strategy(std::string program, const Options& o, int optimizer_ranks, const optim::ShampooConfig& shampoo) {
   Strategy s;
   s.program = std::move(program);
-  const size_t bucket_bytes = o.bucket_bytes;
+  const size_t bucket_bytes = o.runtime.bucket_bytes;
   s.parallelism = [bucket_bytes](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
     return std::make_unique<parallel::GradSync>(model, world, bucket_bytes);
   };
-  if (o.optimizer == optim::Kind::shampoo) {
+  if (o.optimization.optimizer == optim::Kind::shampoo) {
     const optim::ShampooConfig c = shampoo_config(o, shampoo);
     c.validate();
     if (c.trainers_per_group > 0 && optimizer_ranks % c.trainers_per_group != 0)
@@ -37,13 +37,13 @@ Strategy strategy(std::string program, const Options& o, int optimizer_ranks, co
     return s;
   }
   optim::OptimConfig oc;
-  oc.name = o.optimizer;
-  if (o.momentum) oc.momentum = *o.momentum;
-  oc.nesterov = o.nesterov;
-  oc.beta1 = o.beta1;
-  oc.beta2 = o.beta2;
-  oc.eps = o.eps;
-  oc.weight_decay = o.weight_decay;
+  oc.name = o.optimization.optimizer;
+  if (o.optimization.momentum) oc.momentum = *o.optimization.momentum;
+  oc.nesterov = o.optimization.nesterov;
+  oc.beta1 = o.optimization.beta1;
+  oc.beta2 = o.optimization.beta2;
+  oc.eps = o.optimization.eps;
+  oc.weight_decay = o.optimization.weight_decay;
   s.optimizer_config = oc;
   s.optimizer = [oc](parallel::Parallelism& p) { return optim::make_optimizer(oc, p.params(), p.param_rows()); };
   return s;

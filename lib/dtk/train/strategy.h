@@ -2,7 +2,7 @@
 // aggregated (a parallel::Parallelism), and what steps them (an optim::Optimizer). Every
 // *-train program builds one (strategy() gives the replicated one with the optimizer of the
 // options; a program replaces what it adds) and the loop (trainer.h) runs it, knowing nothing of
-// PowerSGD, Shampoo or FSDP.
+// PowerSGD, Shampoo or FSDP: what it needs from them is each component's (core/component.h).
 #pragma once
 #include <functional>
 #include <memory>
@@ -38,7 +38,6 @@ struct Strategy {
   // applied), for a program to record in `config`.
   nlohmann::json optimizer_config;
   nlohmann::json config = nlohmann::json::object();  // program options, saved in checkpoints (extra.program_config)
-  nlohmann::json extra = nlohmann::json::object();   // more of the checkpoints' extra metadata
 };
 
 // The replicated strategy of the options: parallel::GradSync's plain bucketed all-reduce

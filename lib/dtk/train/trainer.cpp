@@ -32,37 +32,38 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 class Trainer {
  public:
-  Trainer(const Options& o, const Strategy& s, comm::Runtime& rt)
-      : o_(o), s_(s), rt_(rt), device_(parse_device(o.device)), cfg_(resolve_model(o)) {
+  Trainer(const ResolvedRun& r, const Strategy& s, comm::Runtime& rt)
+      : o_(r.options), s_(s), rt_(rt), device_(parse_device(r.options.runtime.device)), cfg_(r.model) {
+    const Options& o = o_;
     const auto [threads, why] = resolve_threads(o, rt);
     ops::set_cpu_threads(threads);
     spdlog::info("CPU threads per rank: {} ({}); BLAS: {}", threads, why, ops::blas_description(false));
     spdlog::info("CPU: {}", ops::cpu_features().describe());
     device_ = rt.bind_device(device_);
-    comm_ = rt.world(o.backend, device_);
+    comm_ = rt.world(o.runtime.backend, device_);
     host_ = rt.world(comm::Backend::automatic, Device::cpu());
     rank_ = comm_->rank();
     world_ = comm_->size();
 
     model_ = nn::make_model(cfg_, device_, DType::f32, s.storage);
-    model_->set_activation_checkpointing(o.activation_checkpointing);
-    model_->set_precision(o.precision);
+    model_->set_activation_checkpointing(o.model.activation_checkpointing);
+    model_->set_precision(o.model.precision);
     par_ = s.parallelism(*model_, *comm_, *host_);
     model_->set_hooks(par_.get());
-    if (o.sync_batchnorm) model_->set_batchnorm_sync([this](Tensor& sums, double& count) {
+    if (o.model.sync_batchnorm) model_->set_batchnorm_sync([this](Tensor& sums, double& count) {
       comm_->all_reduce(comm::buffer_of(sums), comm::buffer_of(sums), comm::ReduceOp::sum, comm::Mode::sync).wait();
       host_->all_reduce({&count, 1, DType::f64, {}}, {&count, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     });
-    par_->init(o.seed);
+    par_->init(o.data.seed);
     batches_ = std::make_unique<Batches>(o, cfg_, rank_, world_, device_);
     optim_ = s.optimizer(*par_);
-    schedule_ = {o.schedule, o.lr, o.warmup, o.steps, o.min_lr_ratio, o.decay_steps, o.decay_factor};
+    schedule_ = {o.schedule.kind, o.schedule.lr, o.schedule.warmup, o.schedule.steps, o.schedule.min_lr_ratio, o.schedule.decay_steps, o.schedule.decay_factor};
 
     double state = 0;  // the optimizer state this rank holds; the metrics report the largest over ranks
     for (const PlacedTensor& t : optim_->state()) state += static_cast<double>(t.value.bytes());
     optim_state_bytes_ = static_cast<int64_t>(comm::min_max_over_ranks(*host_, {state}, Device::cpu())[0].max);
-    if (const std::string from = resume_from(o); !from.empty()) start_step_ = resumed_at_ = run_state().resume(checkpoint_path(from));
-    else if (!o.init_from.empty()) run_state().init_from(checkpoint_path(o.init_from));
+    if (o.resumed) start_step_ = resumed_at_ = run_state().resume(*o.resumed);
+    else if (!o.checkpoint.init_from.empty()) run_state().init_from(checkpoint_path(o.checkpoint.init_from));
     par_->loaded();
     sync_buffers();
     ckpt_ = std::make_unique<Checkpointer>(o, *host_, [this] { return run_state(); }, [this] { sync_buffers(); });
@@ -71,20 +72,21 @@ class Trainer {
   int run() {
     describe();
     // A resumed run continues its metrics file after the checkpoint's step (--metrics-append: as it is).
-    Metrics metrics(o_.metrics, rank_ == 0, o_.metrics_append ? -1 : resumed_at_);
-    Progress progress(rank_ == 0, o_.steps, o_.log_every);
+    Metrics metrics(o_.runtime.metrics, rank_ == 0, o_.runtime.metrics_append ? -1 : resumed_at_);
+    Progress progress(rank_ == 0, o_.schedule.steps, o_.runtime.log_every);
     const int64_t items_per_sample = cfg_.arch == nn::Arch::llama ? cfg_.seq_len : 1;
     const int64_t stop = last_step(o_);
     int64_t end = stop;  // the step the run ends at: earlier when a signal stops it
     for (int64_t step = start_step_; step < stop; ++step) {
-      if (!par_->before_step(step)) return 0;  // fsdp-train --print-plan
+      par_->before_step(step);
+      if (o_.runtime.print_plan && print_plans(components(), rank_)) return 0;
       reset_peak_memory(device_);
       const int64_t persistent = memory_stats(device_).current;
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step);
       const double loss = train_step(step);
       const auto t_opt = Clock::now();
-      const double grad_norm = par_->clip_grad_norm(o_.clip);
+      const double grad_norm = par_->clip_grad_norm(o_.optimization.clip);
       optim_->step(par_->params(), lr);
       wait_device("the step's work on the GPU");
       const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
@@ -94,7 +96,7 @@ class Trainer {
 
       nlohmann::ordered_json m = step_metrics({.step = step + 1, .loss = loss, .accuracy = accuracy_, .lr = lr,
                                                .grad_norm = grad_norm, .tokens = cfg_.arch == nn::Arch::llama,
-                                               .items = static_cast<double>(o_.global_batch * items_per_sample),
+                                               .items = static_cast<double>(o_.data.global_batch * items_per_sample),
                                                .flops_per_item = cfg_.train_flops_per_item(), .step_s = dt,
                                                .compute_s = compute_s_, .sync_s = sync_s_, .optim_s = opt_s,
                                                .peak_mem = static_cast<int64_t>(memory_stats(device_).peak), .persistent_mem = persistent,
@@ -103,7 +105,7 @@ class Trainer {
       const bool last = step + 1 == stop;
       const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
       double val = NAN, val_acc = NAN;
-      if (batches_->has_validation() && !stopping && (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))) {
+      if (batches_->has_validation() && !stopping && (last || (o_.evaluation.every > 0 && (step + 1) % o_.evaluation.every == 0))) {
         std::tie(val, val_acc) = evaluate();
         m["val_loss"] = val;
         if (cfg_.classifier()) m["val_accuracy"] = val_acc;
@@ -113,7 +115,7 @@ class Trainer {
       if (step == start_step_) {  // what ran: a rate is never read without the kernels that made it
         m["blas"] = ops::blas_description();
         m["cpu"] = ops::cpu_features().describe();
-        m["precision"] = name_of(o_.precision);
+        m["precision"] = name_of(o_.model.precision);
       }
       metrics.write(m);
       if (step == start_step_) cli::mark_launched(rank_);  // every rank is through a step: launched
@@ -124,7 +126,8 @@ class Trainer {
       }
     }
     progress.done();
-    if (!o_.save.empty()) ckpt_->save(o_.save, end, schedule_);
+    if (o_.runtime.print_plan) fail("--print-plan: the plan was not final after {} steps", stop);
+    if (!o_.checkpoint.save.empty()) ckpt_->save(o_.checkpoint.save, end, schedule_);
     std::fflush(stdout);
     if (end == stop) return 0;
     ckpt_->report_stop(end, stop);
@@ -147,7 +150,7 @@ class Trainer {
       loss_sum += model_->forward(batch) * static_cast<double>(k);
       correct += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       if (last) par_->begin(step);  // its buckets start during this backward
-      model_->backward(static_cast<double>(k) / static_cast<double>(o_.global_batch));
+      model_->backward(static_cast<double>(k) / static_cast<double>(o_.data.global_batch));
     });
     wait_device("the forward and backward passes on the GPU");
     const auto t_sync = Clock::now();
@@ -161,7 +164,7 @@ class Trainer {
     const auto [done, failed] = ckpt_->progress();
     double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, done, failed};
     host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
-    accuracy_ = cfg_.classifier() ? v[2] / static_cast<double>(o_.global_batch) : NAN;
+    accuracy_ = cfg_.classifier() ? v[2] / static_cast<double>(o_.data.global_batch) : NAN;
     ckpt_->learn(v[3], v[4]);
     if (v[1] > 0 && !stop_requested_) {
       stop_requested_ = true;
@@ -169,7 +172,7 @@ class Trainer {
       spdlog::warn("{} received{}: finishing step {}, then writing a checkpoint (a second signal ends at once)",
                    sig ? signal_name(sig) : "a stop signal", sig ? "" : " by another rank", step + 1);
     }
-    return v[0] / static_cast<double>(o_.global_batch);
+    return v[0] / static_cast<double>(o_.data.global_batch);
   }
 
   // The validation loss and (classifiers) top-1 accuracy over eval_batches fixed global batches
@@ -177,13 +180,13 @@ class Trainer {
   std::pair<double, double> evaluate() {
     sync_buffers();
     double v[2] = {0, 0};
-    for (int64_t b = 0; b < o_.eval_batches; ++b)
+    for (int64_t b = 0; b < o_.evaluation.batches; ++b)
       batches_->validation(b, [&](const nn::Batch& batch, int64_t k, bool) {
         v[0] += model_->evaluate(batch) * static_cast<double>(k);
         v[1] += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       });
     host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
-    const double n = static_cast<double>(o_.global_batch * o_.eval_batches);
+    const double n = static_cast<double>(o_.data.global_batch * o_.evaluation.batches);
     return {v[0] / n, v[1] / n};
   }
 
@@ -195,12 +198,18 @@ class Trainer {
       comm_->broadcast(comm::buffer_of(b), 0, comm::Mode::sync).wait();
   }
 
+  std::vector<Component*> components() {
+    std::vector<Component*> parts = par_->components();
+    parts.push_back(optim_.get());
+    return parts;
+  }
+
   // ---- checkpoints (run_state.h, checkpointer.h)
   RunState run_state() { return {o_, s_, cfg_, *par_, optim_, *host_}; }
 
   void describe() {
     spdlog::info("{}: {} ({} parameters) on {} rank(s), {}, global batch {}, precision {}", s_.program, cfg_.preset,
-                 cfg_.num_params(), world_, device_.str(), o_.global_batch, name_of(o_.precision));
+                 cfg_.num_params(), world_, device_.str(), o_.data.global_batch, name_of(o_.model.precision));
     spdlog::info("data: {}", batches_->train().describe().dump());
     if (!device_.is_cuda()) log_cpu_kernel_warnings(*host_, rank_);
     const double opt = batches_->train().optimal_loss();
@@ -230,20 +239,9 @@ class Trainer {
 
 }  // namespace
 
-int run(const Options& o, const Strategy& s, comm::Runtime& rt) {
-  // Dead writers' temporaries go now, even when this run writes nothing more (below).
-  if (std::error_code ec; rt.rank() == 0 && !o.checkpoint_dir.empty() && fs::is_directory(o.checkpoint_dir, ec))
-    ckpt::remove_stale_temporaries(o.checkpoint_dir);
-  // A resubmitted job whose run already ended has nothing to do, and that is success.
-  if (const std::string from = resume_from(o); !from.empty()) {
-    const fs::path p = checkpoint_path(from);
-    const int64_t at = ckpt::Reader(p).metadata().step;
-    if (at == last_step(o)) {
-      spdlog::info("{} is at step {}: the run is complete, nothing to do", p.string(), at);
-      return 0;
-    }
-  }
-  return Trainer(o, s, rt).run();
+int run(const ResolvedRun& r, const Strategy& s, comm::Runtime& rt) {
+  if (run_complete(r.options, rt.rank())) return 0;  // a resubmitted job whose run already ended: success
+  return Trainer(r, s, rt).run();
 }
 
 }  // namespace dtk::train

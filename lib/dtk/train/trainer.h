@@ -22,6 +22,6 @@ namespace dtk::train {
 
 // Runs the whole training; returns the exit code: 0, or cli::kExitStopped. Resuming a run that is
 // already at its last step returns 0 at once (a resubmitted job that had finished).
-int run(const Options& o, const Strategy& s, comm::Runtime& rt);
+int run(const ResolvedRun& r, const Strategy& s, comm::Runtime& rt);
 
 }  // namespace dtk::train
