@@ -156,6 +156,13 @@ void chunked(int64_t n, F&& f) {
   for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(kChunk, n - c * kChunk));
 }
 
+// f(r) for each row r of a [rows, n] op, the rows in parallel when the op is large.
+template <typename F>
+void for_rows(int64_t rows, int64_t n, F&& f) {
+#pragma omp parallel for if (rows * n > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) f(r);
+}
+
 int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.dim(-1); }
 int64_t rows_of(const Tensor& t) {
   const int64_t n = last_dim(t);
@@ -211,10 +218,9 @@ void softmax_forward(const Tensor& x, Tensor& y) {
     using T = decltype(tag);
     const T* xp = x.ptr<T>();
     T* yp = y.ptr<T>();
-#pragma omp parallel for if (rows * n > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       softmax_row(xp + r * n, yp + r * n, n, T(1));
-    }
+    });
   });
 }
 
@@ -225,8 +231,7 @@ void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
     const T* yp = y.ptr<T>();
     const T* dyp = dy.ptr<T>();
     T* dxp = dx.ptr<T>();
-#pragma omp parallel for if (rows * n > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const T* yr = yp + r * n;
       const T* dyr = dyp + r * n;
       T* dxr = dxp + r * n;
@@ -234,7 +239,7 @@ void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
       for (int64_t i = 0; i < n; ++i) s += static_cast<double>(dyr[i]) * static_cast<double>(yr[i]);
       for (int64_t i = 0; i < n; ++i)
         dxr[i] = static_cast<T>(static_cast<double>(yr[i]) * (static_cast<double>(dyr[i]) - s));
-    }
+    });
   });
 }
 
@@ -244,14 +249,13 @@ void log_softmax_forward(const Tensor& x, Tensor& y) {
     using T = decltype(tag);
     const T* xp = x.ptr<T>();
     T* yp = y.ptr<T>();
-#pragma omp parallel for if (rows * n > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const T* xr = xp + r * n;
       T* yr = yp + r * n;
       T m, logsum;
       max_logsum(xr, n, m, logsum);
       for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - m) - logsum;
-    }
+    });
   });
 }
 
@@ -262,8 +266,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
     const T* yp = y.ptr<T>();
     const T* dyp = dy.ptr<T>();
     T* dxp = dx.ptr<T>();
-#pragma omp parallel for if (rows * n > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, n, [&](int64_t r) {
       const T* yr = yp + r * n;
       const T* dyr = dyp + r * n;
       T* dxr = dxp + r * n;
@@ -271,7 +274,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
       for (int64_t i = 0; i < n; ++i) s += static_cast<double>(dyr[i]);
       for (int64_t i = 0; i < n; ++i)
         dxr[i] = static_cast<T>(static_cast<double>(dyr[i]) - std::exp(static_cast<double>(yr[i])) * s);
-    }
+    });
   });
 }
 
@@ -291,17 +294,16 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
     using T = decltype(tag);
     const T* xp = logits.ptr<T>();
     T* lp = losses.ptr<T>();
-#pragma omp parallel for if (N * V > kParallelMin)
-    for (int64_t r = 0; r < N; ++r) {
+    for_rows(N, V, [&](int64_t r) {
       if (tp[r] < 0) {
         lp[r] = T(0);
-        continue;
+        return;
       }
       const T* xr = xp + r * V;
       T m, logsum;
       max_logsum(xr, V, m, logsum);
       lp[r] = (m + logsum) - xr[tp[r]];
-    }
+    });
   });
 }
 
@@ -319,18 +321,17 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
     using T = decltype(tag);
     const T* xp = logits.ptr<T>();
     T* dp = dlogits.ptr<T>();
-#pragma omp parallel for if (N * V > kParallelMin)
-    for (int64_t r = 0; r < N; ++r) {
+    for_rows(N, V, [&](int64_t r) {
       const T* xr = xp + r * V;
       T* dr = dp + r * V;
       const int32_t t = tp[r];
       if (t < 0) {
         for (int64_t i = 0; i < V; ++i) dr[i] = T(0);
-        continue;
+        return;
       }
       softmax_row(xr, dr, V, static_cast<T>(scale));  // (softmax - onehot) * scale
       dr[t] -= static_cast<T>(scale);
-    }
+    });
   });
 }
 
@@ -355,9 +356,9 @@ void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double e
     T* xp = x.ptr<T>();
     T* yp = y.ptr<T>();
     T* rp = rstd.ptr<T>();
-#pragma omp parallel for if (rows * D > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r)
+    for_rows(rows, D, [&](int64_t r) {
       rp[r] = rmsnorm_row(ap + r * D, bp ? bp + r * D : nullptr, wp, static_cast<T>(eps), xp + r * D, yp + r * D, D);
+    });
   });
 }
 
@@ -395,10 +396,9 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
       }
       for (int64_t c = c0; c < c1; ++c) dwp[c] = static_cast<T>(static_cast<double>(dwp[c]) + acc[c - c0]);
     }
-#pragma omp parallel for if (rows * D > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, D, [&](int64_t r) {
       rmsnorm_grad_row(xp + r * D, wp, rp[r], dyp + r * D, dxp + r * D, D, accumulate);
-    }
+    });
   });
 }
 
