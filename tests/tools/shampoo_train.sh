@@ -135,6 +135,11 @@ run $mpiexec -n 2 $fsdp $plain --optimizer shampoo --steps 2 --print-plan
   && ok "fsdp-train --optimizer shampoo --print-plan: the bucket plan under fsdp, the blocks under shampoo" \
   || bad "fsdp-train --optimizer shampoo --print-plan (exit $rc)" "$(cat "$tmp/e")" "$(head -c 300 "$tmp/o")"
 expect2 "--print-plan of a run without a plan" "print-plan" $psgd $plain --optimizer adamw --steps 2 --print-plan
+# ... and where only the trainer finds it (no component has a plan): one line from rank 0, no MPI_ABORT
+run $mpiexec -n 2 $st $plain --optimizer adamw --steps 2 --print-plan
+[ $rc = 2 ] && [ "$(grep -c "no part of this run makes a plan" "$tmp/e")" = 1 ] && ! grep -q MPI_ABORT "$tmp/e" \
+  && ok "shampoo-train --optimizer adamw --print-plan: exit 2, one line" \
+  || bad "shampoo-train --optimizer adamw --print-plan (exit $rc)" "$(cat "$tmp/e")"
 
 # ---- bad input ----
 expect2 "groups do not divide the world" "trainers-per-group" $mpiexec -n 4 $st $common --steps 2 --trainers-per-group 3

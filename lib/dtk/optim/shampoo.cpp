@@ -58,7 +58,6 @@ class Shampoo final : public Optimizer {
     cx_.cfg.validate();
     if (sharded_) check_shards(params, comm);
     cx_.start = cx_.cfg.start_preconditioning_step == -1 ? cx_.cfg.precondition_frequency : cx_.cfg.start_preconditioning_step;
-    cx_.fdtype = cx_.cfg.factor_dtype;
     cx_.ec_beta2 = cx_.cfg.ec_beta2 < 0 ? cx_.cfg.beta2 : cx_.cfg.ec_beta2;
     cx_.ec_epsilon = cx_.cfg.ec_epsilon < 0 ? cx_.cfg.epsilon : cx_.cfg.ec_epsilon;
     bf16_ = cx_.cfg.communication_dtype == DType::bf16;
@@ -394,7 +393,7 @@ class Shampoo final : public Optimizer {
       if (cx_.cfg.beta1 > 0) gr.filtered = Tensor::zeros({B, gr.n}, DType::f32, cx_.device);
       if (cx_.cfg.momentum > 0) gr.momentum = Tensor::zeros({B, gr.n}, DType::f32, cx_.device);
       gr.failures = Tensor::zeros({B}, DType::i64);
-      if (!gr.rotate.empty() && cx_.fdtype == DType::f64) rotate64 = true;
+      if (!gr.rotate.empty() && cx_.cfg.factor_dtype == DType::f64) rotate64 = true;
       // Runs of consecutive blocks of one parameter, for gathering the gradient blocks.
       for (int64_t i = 0; i < B;) {
         const int p = cx_.blocks[static_cast<size_t>(gr.blocks[static_cast<size_t>(i)])].param;
@@ -423,7 +422,7 @@ class Shampoo final : public Optimizer {
       cx_.sc.ping2 = Tensor::empty({scratch}, DType::f32, cx_.device);
       cx_.sc.pong2 = Tensor::empty({scratch}, DType::f32, cx_.device);
     }
-    if (cx_.fdtype == DType::f64) cx_.sc.grad64 = Tensor::empty({scratch}, DType::f64, cx_.device);
+    if (cx_.cfg.factor_dtype == DType::f64) cx_.sc.grad64 = Tensor::empty({scratch}, DType::f64, cx_.device);
     if (rotate64) {
       cx_.sc.ping64 = Tensor::empty({scratch}, DType::f64, cx_.device);
       cx_.sc.pong64 = Tensor::empty({scratch}, DType::f64, cx_.device);
@@ -549,15 +548,14 @@ class Shampoo final : public Optimizer {
     } else if (cx_.cfg.grafting == Grafting::none) {
       copy_into(T, P);
     } else {
-      // Per block: D = P * ||Dg|| / ||P||, the scale broadcast over the block by an outer
-      // product with ones (exact: one term per element).
+      // Per block: D = P * ||Dg|| / ||P||.
       Tensor ng = cx_.sc.norm_a.slice(0, Bc), np = cx_.sc.norm_b.slice(0, Bc);
       ops::reduce(ops::Reduce::norm2, ops::Axis::rows, Dg, ng);
       ops::reduce(ops::Reduce::norm2, ops::Axis::rows, P, np);
       ops::clamp(np, std::numeric_limits<float>::min(), std::numeric_limits<double>::infinity(), np);
       ops::div(ng, np, ng);
       Tensor S = rows(cx_.sc.side, Bc, n);
-      ops::gemm(false, false, 1.0, ng.reshape({Bc, 1}), cx_.sc.ones.slice(0, n).reshape({1, n}), 0.0, S);
+      cx_.broadcast_blocks(ng, n, S);
       ops::mul(P, S, T);
     }
     if (cx_.cfg.weight_decay > 0 && cx_.cfg.weight_decay_type == WeightDecayType::decoupled) {  // D += wd W, before momentum

@@ -39,7 +39,7 @@ class Corrected final : public Factored {
     amortized(gr, c0, c1, t, [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
       const int64_t nb = Fc.dim(0), b = Fc.dim(1);
       Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
-      Tensor Qn = Tensor::zeros({nb, b, b}, cx_.fdtype, cx_.device);
+      Tensor Qn = Tensor::zeros({nb, b, b}, cx_.cfg.factor_dtype, cx_.device);
       if (warm) ops::cast(Q, Qn);
       take_or_retry(ops::eigenbases(Fc, o, Qn), Fc, Qn, Q, failed, r0,
                     [&](int64_t, const Tensor& Fd, Tensor& Qd) { return ops::eigenbases(Fd, o, Qd)[0] != 0; });
@@ -54,11 +54,7 @@ class Corrected final : public Factored {
     if (!precond && cx_.cfg.grafting != Grafting::none) return {};
     const int64_t Bc = c1 - c0, n = gr.n;
     Scratch& sc = cx_.sc;
-    Tensor Pr = rows(sc.ping, Bc, n);
-    if (gr.order == 0)
-      copy_into(Pr, Mh);
-    else
-      Pr = modes(gr, c0, c1, gr.basis, Mh, false, sc.ping, sc.pong);
+    Tensor Pr = in_bases(gr, c0, c1, Mh);
     const bool correct = cx_.cfg.use_bias_correction && cx_.ec_beta2 < 1;
     Tensor den = rows(sc.ping2, Bc, n);
     ops::scale(gr.corrected.slice(c0, c1), correct ? 1.0 / (1.0 - std::pow(cx_.ec_beta2, static_cast<double>(t))) : 1.0, den);
@@ -70,15 +66,19 @@ class Corrected final : public Factored {
   }
 
  private:
+  // X [Bc, n] of the chunk [c0, c1) in its blocks' bases (every mode: Q_k^T), in scratch (ping or
+  // pong; a copy in ping for scalar blocks).
+  Tensor in_bases(const Group& gr, int64_t c0, int64_t c1, const Tensor& X) const {
+    const Scratch& sc = cx_.sc;
+    if (gr.order > 0) return modes(gr, c0, c1, gr.basis, X, false, sc.ping, sc.pong);
+    Tensor out = rows(sc.ping, c1 - c0, gr.n);
+    copy_into(out, X);
+    return out;
+  }
+
   // V = b V + (1 - b) (G in the bases)^2 (b = 1: the sum).
   void update_moment(Group& gr, int64_t c0, int64_t c1, const Tensor& G) {
-    const int64_t Bc = c1 - c0, n = gr.n;
-    Scratch& sc = cx_.sc;
-    Tensor Gr = rows(sc.ping, Bc, n);
-    if (gr.order == 0)
-      copy_into(Gr, G);
-    else
-      Gr = modes(gr, c0, c1, gr.basis, G, false, sc.ping, sc.pong);
+    Tensor Gr = in_bases(gr, c0, c1, G);
     ops::mul(Gr, Gr, Gr);
     Tensor V = gr.corrected.slice(c0, c1);
     if (cx_.ec_beta2 == 1)

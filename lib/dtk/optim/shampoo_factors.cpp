@@ -32,7 +32,7 @@ void Factored::allocate_factors(Group& gr) {
   const int64_t B = static_cast<int64_t>(gr.blocks.size());
   for (int k = 0; k < gr.order; ++k) {
     const int64_t b = gr.dims[static_cast<size_t>(k)];
-    gr.factor.push_back(Tensor::zeros({B, b, b}, cx_.fdtype, cx_.device));
+    gr.factor.push_back(Tensor::zeros({B, b, b}, cx_.cfg.factor_dtype, cx_.device));
   }
   // Rotations for the factors of order >= 3: [C, r, c] -> [C, c, r] with r = b_k.
   if (gr.order >= 3)
@@ -51,7 +51,7 @@ void Factored::update_factors(Group& gr, int64_t c0, int64_t c1, const Tensor& G
   const int64_t Bc = c1 - c0, n = gr.n;
   Scratch& sc = cx_.sc;
   Tensor X = G;
-  if (cx_.fdtype == DType::f64) {
+  if (cx_.cfg.factor_dtype == DType::f64) {
     X = rows(sc.grad64, Bc, n);
     ops::cast(G, X);
   }
@@ -75,7 +75,7 @@ void Factored::update_factors(Group& gr, int64_t c0, int64_t c1, const Tensor& G
       Tensor F = gr.factor[static_cast<size_t>(k)].slice(c0, c1);
       ops::syrk(false, alpha, m, beta, F);
       if (k + 1 < gr.order) {
-        Tensor& buf = cx_.fdtype == DType::f64 ? (k % 2 ? sc.pong64 : sc.ping64) : (k % 2 ? sc.pong : sc.ping);
+        Tensor& buf = cx_.cfg.factor_dtype == DType::f64 ? (k % 2 ? sc.pong64 : sc.ping64) : (k % 2 ? sc.pong : sc.ping);
         Tensor next = buf.slice(0, Bc * n);
         ops::gather(cur.flatten(), gr.rotate[static_cast<size_t>(k)].slice(0, Bc * n), next);
         cur = next;

@@ -95,7 +95,6 @@ void fill_identity(Tensor& batch, Device device);
 struct Context {
   ShampooConfig cfg;
   Device device{};
-  DType fdtype = DType::f32;
   int64_t start = 1;                 // the start step, resolved
   double ec_beta2 = 0, ec_epsilon = 0;  // eigenvalue-corrected: the resolved decay and epsilon
   std::vector<std::string> names;
@@ -104,6 +103,11 @@ struct Context {
   Scratch sc;
   int64_t nan_code = 0, fatal_code = 0;  // the smallest encode() of a NaN factor, of a fatal failure
 
+  // out [Bc, n] = s [Bc] broadcast over each block's n elements: an outer product with ones,
+  // exact (one term per element).
+  void broadcast_blocks(const Tensor& s, int64_t n, Tensor& out) const {
+    ops::gemm(false, false, 1.0, s.reshape({s.numel(), 1}), sc.ones.slice(0, n).reshape({1, n}), 0.0, out);
+  }
   static int64_t encode(int block, int k) { return static_cast<int64_t>(block) * 1024 + k; }
   std::string block_label(int bi) const {
     const BlockDesc& b = blocks[static_cast<size_t>(bi)];
@@ -179,7 +183,7 @@ class Factored : public BlockPreconditioner {
         if (nonfinite_factors(gr, c0 + r0, F, k, nonfinite, r0)) continue;
         Tensor Fc = F;
         if (corr != 1.0) {
-          Fc = Tensor::empty(F.shape(), cx_.fdtype, cx_.device);
+          Fc = Tensor::empty(F.shape(), cx_.cfg.factor_dtype, cx_.device);
           ops::scale(F, corr, Fc);
         }
         compute(k, r0, Fc, failed);

@@ -22,7 +22,7 @@ class Root final : public Factored {
       const int64_t b = gr.dims[static_cast<size_t>(k)];
       gr.root.push_back(Tensor::empty({B, b, b}, DType::f32, cx_.device));
       fill_identity(gr.root.back(), cx_.device);
-      if (cx_.cfg.root_method == RootMethod::qr) gr.basis.push_back(Tensor::zeros({B, b, b}, cx_.fdtype, cx_.device));
+      if (cx_.cfg.root_method == RootMethod::qr) gr.basis.push_back(Tensor::zeros({B, b, b}, cx_.cfg.factor_dtype, cx_.device));
     }
   }
 
@@ -33,7 +33,7 @@ class Root final : public Factored {
     const double p = cx_.cfg.exponent_override > 0 ? cx_.cfg.exponent_override : 2.0 * gr.order;
     amortized(gr, c0, c1, t, [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
       const int64_t nb = Fc.dim(0), b = Fc.dim(1);
-      Tensor out = Tensor::empty({nb, b, b}, cx_.fdtype, cx_.device);
+      Tensor out = Tensor::empty({nb, b, b}, cx_.cfg.factor_dtype, cx_.device);
       Tensor Q;  // qr: the kept bases (a failed block's is zeroed: it restarts from a full eigh)
       if (cx_.cfg.root_method == RootMethod::qr) Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
       const std::vector<char> ok = ops::inverse_roots(Fc, p, root_options(), out, Q.defined() ? &Q : nullptr);

@@ -35,11 +35,11 @@ class Spectral final : public BlockPreconditioner {
       ops::scale(X, scale, X);
       return X;
     }
-    // X = M / max(||M||_F, 1e-8) per block, the scale broadcast by an outer product with ones.
+    // X = M / max(||M||_F, 1e-8) per block.
     Tensor nr = sc.norm_b.slice(0, Bc), S = rows(sc.ping, Bc, n);
     ops::reduce(ops::Reduce::norm2, ops::Axis::rows, M, nr);
     ops::clamp(nr, 1e-8, std::numeric_limits<double>::infinity(), nr);
-    ops::gemm(false, false, 1.0, nr.reshape({Bc, 1}), sc.ones.slice(0, n).reshape({1, n}), 0.0, S);
+    cx_.broadcast_blocks(nr, n, S);
     ops::div(M, S, X);
     Tensor A = sc.ping.slice(0, Bc * m * m).reshape({Bc, m, m}), B = sc.pong.slice(0, Bc * m * m).reshape({Bc, m, m});
     X = ops::newton_schulz(X.reshape({Bc, r, c}), Y.reshape({Bc, r, c}), A, B, cx_.cfg.newton_schulz_steps).reshape({Bc, n});

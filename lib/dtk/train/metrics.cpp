@@ -86,7 +86,8 @@ bool print_plans(const std::vector<Component*>& parts, int rank) {
     if (!c->plan_final()) return false;
     if (nlohmann::json p = c->plan(); !p.is_null()) all[std::string(c->component_name())] = std::move(p);
   }
-  if (all.empty()) fail_usage("--print-plan: no part of this run makes a plan");
+  // Every rank finds the same: one line from rank 0, exit 2 everywhere.
+  if (all.empty()) throw AgreedError("--print-plan: no part of this run makes a plan", 2);
   if (rank == 0) std::printf("%s\n", (all.size() == 1 ? all.begin().value() : all).dump(2).c_str());
   std::fflush(stdout);
   return true;

@@ -48,8 +48,9 @@ std::pair<int, std::string> resolve_threads(const Options& o, const comm::Runtim
 }
 
 nn::ModelConfig resolve_model(const Options& o) {
-  const nn::SizeOptions sizes{o.model.dim,       o.model.layers, o.model.heads,     o.model.kv_heads, o.model.ffn_hidden,
-                              o.model.vocab,     o.model.seq_len, o.model.input_dim, o.model.classes,  o.model.input_shape};
+  const Options::Model& m = o.model;
+  const nn::SizeOptions sizes{m.dim,   m.layers,  m.heads,     m.kv_heads, m.ffn_hidden,
+                              m.vocab, m.seq_len, m.input_dim, m.classes,  m.input_shape};
   const std::string& from = o.checkpoint.init_from;
   if (o.resumed) {
     // Options may restate the checkpoint's model, never contradict it.
@@ -66,8 +67,8 @@ nn::ModelConfig resolve_model(const Options& o) {
       p.seq_len = c.seq_len, p.preset = c.preset;
       if (p != c)
         fail_usage("--model {} contradicts {}'s config.json (hidden_size {}, {} layers, {} heads, {} kv heads, "
-                   "intermediate_size {}, vocabulary {})", o.model.preset, from, c.dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                   c.ffn_hidden, c.vocab);
+                   "intermediate_size {}, vocabulary {})", o.model.preset, from, c.dim, c.n_layers, c.n_heads,
+                   c.n_kv_heads, c.ffn_hidden, c.vocab);
       c.preset = o.model.preset;
     }
     return nn::restated(c, sizes);
@@ -109,11 +110,13 @@ ResolvedRun validate(Options o, int world_size) {
       const double s = std::ceil(o.schedule.epochs * per_epoch);
       if (s > 1e15) fail_usage("--epochs {} of {} is beyond any number of steps", o.schedule.epochs, o.data.train);
       o.schedule.steps = std::max<int64_t>(1, static_cast<int64_t>(s));
-      spdlog::info("--epochs {}: {} steps ({} samples, global batch {})", o.schedule.epochs, o.schedule.steps, samples, o.data.global_batch);
+      spdlog::info("--epochs {}: {} steps ({} samples, global batch {})", o.schedule.epochs, o.schedule.steps, samples,
+                   o.data.global_batch);
     }
     if (!o.schedule.decay_epochs.empty()) {
       o.schedule.decay_steps.clear();
-      for (double e : o.schedule.decay_epochs) o.schedule.decay_steps.push_back(std::max<int64_t>(1, std::llround(e * per_epoch)));
+      for (double e : o.schedule.decay_epochs)
+        o.schedule.decay_steps.push_back(std::max<int64_t>(1, std::llround(e * per_epoch)));
     }
   }
   if (o.schedule.warmup > o.schedule.steps)
@@ -128,7 +131,8 @@ ResolvedRun validate(Options o, int world_size) {
     if (i > 0 && o.schedule.decay_steps[i] <= o.schedule.decay_steps[i - 1])
       fail_usage("{} must increase: {} follows {}", decay, o.schedule.decay_steps[i], o.schedule.decay_steps[i - 1]);
     if (o.schedule.decay_steps[i] >= o.schedule.steps)
-      fail_usage("{} {} is not before --steps {}: that decay would never apply", decay, o.schedule.decay_steps[i], o.schedule.steps);
+      fail_usage("{} {} is not before --steps {}: that decay would never apply", decay, o.schedule.decay_steps[i],
+                 o.schedule.steps);
   }
   const Device d = parse_device(o.runtime.device);
   if (d.is_cuda()) cuda::require_gpu();
@@ -148,14 +152,14 @@ ResolvedRun validate(Options o, int world_size) {
   if (o.runtime.metrics != "-") {
     check_output_file("--metrics", o.runtime.metrics);
     std::error_code ec;
-    if (fs::is_regular_file(o.runtime.metrics, ec) && fs::file_size(o.runtime.metrics, ec) > 0 && !o.runtime.metrics_append &&
-        resume_from(o).empty())
+    if (fs::is_regular_file(o.runtime.metrics, ec) && fs::file_size(o.runtime.metrics, ec) > 0 &&
+        !o.runtime.metrics_append && !o.resumed)
       fail_usage("--metrics {}: the file exists (another run's metrics?); --metrics-append adds to it, or remove it",
                  o.runtime.metrics);
   }
   if (o.checkpoint.auto_resume && o.checkpoint.dir.empty()) fail_usage("--auto-resume needs --checkpoint-dir");
   if (o.resumed) {
-    const std::string resume = resume_from(o);
+    const std::string& resume = o.resumed->arg;
     const int64_t at = o.resumed->metadata().step, stop = last_step(o);
     if (at > stop)
       fail_usage("--resume {} is at step {}, beyond {} {}; raise it to train further", resume, at,
@@ -185,6 +189,11 @@ ResolvedRun validate_plan_only(Options o, int64_t steps, int world_size) {
 
 int64_t last_step(const Options& o) { return o.schedule.stop_at > 0 ? o.schedule.stop_at : o.schedule.steps; }
 
+
+namespace {
+
+// The checkpoint the run continues from: --resume, or with --auto-resume the checkpoint
+// directory when it holds a checkpoint; empty: a fresh start (or --init-from).
 std::string resume_from(const Options& o) {
   if (!o.checkpoint.resume.empty() && nn::hf::is_folder(o.checkpoint.resume))
     fail_usage("--resume {}: a Hugging Face folder holds weights, not a run to continue; start from it with --init-from",
@@ -194,10 +203,13 @@ std::string resume_from(const Options& o) {
   return o.checkpoint.dir;
 }
 
+}  // namespace
+
 std::shared_ptr<const Resumed> open_resumed(const Options& o) {
   const std::string from = resume_from(o);
   if (from.empty()) return nullptr;
   auto r = std::make_shared<Resumed>();
+  r->arg = from;
   r->path = checkpoint_path(from);
   r->reader = std::make_shared<const ckpt::Reader>(r->path);
   return r;

@@ -23,6 +23,7 @@ namespace dtk::train {
 // The checkpoint a run resumes (--resume, --auto-resume), opened once: its metadata serves the
 // options kept from it, the model, the checks; its tensors, the resume itself.
 struct Resumed {
+  std::string arg;             // --resume's argument, or the checkpoint directory (--auto-resume)
   std::filesystem::path path;  // as checkpoint_path resolved it: a file, or a sharded state's directory
   std::shared_ptr<const ckpt::Reader> reader;
   const ckpt::Metadata& metadata() const { return reader->metadata(); }
@@ -131,9 +132,6 @@ ResolvedRun validate_plan_only(Options o, int64_t steps, int world_size);
 
 // The step the run ends at: --stop-at, else --steps.
 int64_t last_step(const Options& o);
-// The checkpoint the run continues from: --resume, or with --auto-resume the checkpoint
-// directory when it holds a checkpoint; empty: a fresh start (or --init-from).
-std::string resume_from(const Options& o);
 
 // A checkpoint argument: a file, or a checkpoint directory (its latest entry); UsageError when
 // there is none.

@@ -57,7 +57,8 @@ class Trainer {
     par_->init(o.data.seed);
     batches_ = std::make_unique<Batches>(o, cfg_, rank_, world_, device_);
     optim_ = s.optimizer(*par_);
-    schedule_ = {o.schedule.kind, o.schedule.lr, o.schedule.warmup, o.schedule.steps, o.schedule.min_lr_ratio, o.schedule.decay_steps, o.schedule.decay_factor};
+    const Options::Schedule& sc = o.schedule;
+    schedule_ = {sc.kind, sc.lr, sc.warmup, sc.steps, sc.min_lr_ratio, sc.decay_steps, sc.decay_factor};
 
     double state = 0;  // the optimizer state this rank holds; the metrics report the largest over ranks
     for (const PlacedTensor& t : optim_->state()) state += static_cast<double>(t.value.bytes());
@@ -99,13 +100,15 @@ class Trainer {
                                                .items = static_cast<double>(o_.data.global_batch * items_per_sample),
                                                .flops_per_item = cfg_.train_flops_per_item(), .step_s = dt,
                                                .compute_s = compute_s_, .sync_s = sync_s_, .optim_s = opt_s,
-                                               .peak_mem = static_cast<int64_t>(memory_stats(device_).peak), .persistent_mem = persistent,
+                                               .peak_mem = static_cast<int64_t>(memory_stats(device_).peak),
+                                               .persistent_mem = persistent,
                                                .optim_state_bytes = optim_state_bytes_});
       par_->metrics(m);
       const bool last = step + 1 == stop;
       const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
       double val = NAN, val_acc = NAN;
-      if (batches_->has_validation() && !stopping && (last || (o_.evaluation.every > 0 && (step + 1) % o_.evaluation.every == 0))) {
+      const int64_t every = o_.evaluation.every;
+      if (batches_->has_validation() && !stopping && (last || (every > 0 && (step + 1) % every == 0))) {
         std::tie(val, val_acc) = evaluate();
         m["val_loss"] = val;
         if (cfg_.classifier()) m["val_accuracy"] = val_acc;
