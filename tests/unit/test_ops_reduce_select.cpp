@@ -11,6 +11,7 @@
 #include "dtk/core/error.h"
 #include "dtk/core/philox.h"
 #include "dtk/core/tensor.h"
+#include "dtk/ops/dispatch.h"
 #include "dtk/ops/ops.h"
 #include "../common/test_util.h"
 
@@ -133,6 +134,38 @@ TEST(OpsReduce, EmptyInputsAndNaN) {
     const Tensor first_nan = make({NAN, 1.0}, {2}, t);
     EXPECT_TRUE(std::isnan(ops::reduce_all(Reduce::max, first_nan)));
   }
+}
+
+// The dispatch both backends share (ops/dispatch.h): the type each dtype is visited as, a refusal
+// for any other dtype (never a bf16 or integer tensor read as float), each kind's rules.
+TEST(OpsReduce, SharedDispatch) {
+  auto visited = [](DType t) {
+    size_t bytes = 0;
+    ops::detail::visit_float(t, [&](auto tag) { bytes = sizeof(tag); });
+    return bytes;
+  };
+  EXPECT_EQ(visited(DType::f32), sizeof(float));
+  EXPECT_EQ(visited(DType::f64), sizeof(double));
+  for (DType t : {DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) EXPECT_THROW(visited(t), Error);
+  std::vector<Reduce> kinds;
+  for (Reduce k : {Reduce::sum, Reduce::mean, Reduce::max, Reduce::min, Reduce::norm2, Reduce::absmax})
+    ops::detail::visit_reduce(k, [&](auto kc) { kinds.push_back(decltype(kc)::value); });
+  EXPECT_EQ(kinds, (std::vector<Reduce>{Reduce::sum, Reduce::mean, Reduce::max, Reduce::min, Reduce::norm2,
+                                        Reduce::absmax}));
+  using Max = ops::detail::ReducePolicy<Reduce::max>;
+  using Min = ops::detail::ReducePolicy<Reduce::min>;
+  using AbsMax = ops::detail::ReducePolicy<Reduce::absmax>;
+  EXPECT_TRUE(std::isnan(Max::combine(NAN, 1.0)));  // a NaN accumulator stays NaN
+  EXPECT_TRUE(std::isnan(Max::combine(1.0, NAN)));  // a NaN element wins
+  EXPECT_TRUE(std::isnan(Min::combine(NAN, 1.0)));
+  EXPECT_TRUE(std::isnan(Min::combine(1.0, NAN)));
+  EXPECT_EQ(Max::identity(), -HUGE_VAL);
+  EXPECT_EQ(Min::identity(), HUGE_VAL);
+  EXPECT_EQ(AbsMax::map(-3.0), 3.0);
+  EXPECT_FALSE(std::signbit(AbsMax::map(-0.0)));
+  EXPECT_EQ(ops::detail::ReducePolicy<Reduce::norm2>::finish(ops::detail::ReducePolicy<Reduce::norm2>::map(-2.0), 1), 2.0);
+  EXPECT_EQ(ops::detail::exponent_mask16(DType::bf16), 0x7f80);
+  EXPECT_EQ(ops::detail::exponent_mask16(DType::f16), 0x7c00);
 }
 
 TEST(OpsReduce, UsageErrors) {

@@ -23,6 +23,7 @@
 #include "dtk/core/dtype.h"
 #include "dtk/core/tensor.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/dispatch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define DTK_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -35,12 +36,7 @@ namespace dtk::ops::cpu {
 // Loops below this many elements stay on one thread: forking costs more than the work.
 constexpr int64_t kParallelMin = 1 << 15;
 
-// f(double{}) for f64, f(float{}) for every other float type the caller admits.
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
-}
+using detail::visit_float;
 
 // exp(x) in f32 without a libm call, so that a loop over it vectorises. Cody-Waite reduction
 // x = n ln2 + r, |r| <= ln2 / 2, with ln2 split in two (n * kLn2Hi is exact); exp(r) by Cephes'

@@ -14,39 +14,12 @@ namespace dtk::ops::cpu {
 
 namespace {
 
-// The reduction kinds as compile-time policies: map each element, combine, finish.
-template <Reduce K>
-struct Policy {
-  static constexpr bool additive = K == Reduce::sum || K == Reduce::mean || K == Reduce::norm2;
-  static double identity() {
-    if constexpr (additive || K == Reduce::absmax) return 0.0;
-    else if constexpr (K == Reduce::max) return -HUGE_VAL;
-    else return HUGE_VAL;
-  }
-  static double map(double x) {
-    if constexpr (K == Reduce::norm2) return x * x;
-    else if constexpr (K == Reduce::absmax) return std::fabs(x);
-    else return x;
-  }
-  // max and min propagate NaN (an accumulator that is NaN stays NaN; a NaN element wins).
-  static double combine(double acc, double x) {
-    if constexpr (additive) return acc + x;
-    else if constexpr (K == Reduce::min) return (acc < x || std::isnan(acc)) ? acc : x;
-    else return (acc > x || std::isnan(acc)) ? acc : x;
-  }
-  static double finish(double acc, int64_t count) {
-    if constexpr (K == Reduce::mean) return acc / static_cast<double>(count);  // 0 / 0 = NaN when empty
-    else if constexpr (K == Reduce::norm2) return std::sqrt(acc);
-    else return acc;
-  }
-};
-
 constexpr int64_t kChunk = 1 << 14;  // elements per partial of the whole-tensor reduction
 constexpr int64_t kColBlock = 64;    // columns per task of the per-column reduction
 
 template <Reduce K, typename T>
 void reduce_typed(Axis axis, const Tensor& a, Tensor& out) {
-  using P = Policy<K>;
+  using P = detail::ReducePolicy<K>;
   const T* x = a.ptr<T>();
   T* o = out.ptr<T>();
   if (axis == Axis::all) {
@@ -95,16 +68,8 @@ void reduce_typed(Axis axis, const Tensor& a, Tensor& out) {
 }  // namespace
 
 void reduce(Reduce kind, Axis axis, const Tensor& a, Tensor& out) {
-  visit_float(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    switch (kind) {
-      case Reduce::sum: reduce_typed<Reduce::sum, T>(axis, a, out); break;
-      case Reduce::mean: reduce_typed<Reduce::mean, T>(axis, a, out); break;
-      case Reduce::max: reduce_typed<Reduce::max, T>(axis, a, out); break;
-      case Reduce::min: reduce_typed<Reduce::min, T>(axis, a, out); break;
-      case Reduce::norm2: reduce_typed<Reduce::norm2, T>(axis, a, out); break;
-      case Reduce::absmax: reduce_typed<Reduce::absmax, T>(axis, a, out); break;
-    }
+  detail::visit_reduce(kind, [&](auto k) {
+    visit_float(a.dtype(), [&](auto tag) { reduce_typed<decltype(k)::value, decltype(tag)>(axis, a, out); });
   });
 }
 
@@ -126,8 +91,7 @@ int64_t count_nonfinite(const Tensor& a) {
     }
     case DType::bf16:
     case DType::f16: {
-      // NaN or Inf exactly when the exponent bits are all ones
-      const uint16_t mask = a.dtype() == DType::bf16 ? 0x7f80 : 0x7c00;
+      const uint16_t mask = detail::exponent_mask16(a.dtype());
       const uint16_t* x = a.ptr<uint16_t>();
 #pragma omp parallel for reduction(+ : count) if (n > kChunk)
       for (int64_t i = 0; i < n; ++i) count += (x[i] & mask) == mask ? 1 : 0;

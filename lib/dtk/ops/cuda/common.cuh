@@ -17,6 +17,7 @@
 #include "dtk/core/tensor.h"
 #include "dtk/ops/backend.h"
 #include "dtk/ops/convert.h"
+#include "dtk/ops/dispatch.h"
 
 namespace dtk::ops::cuda::kern {
 
@@ -43,14 +44,7 @@ inline unsigned grid_for(int64_t n, int threads) {
 __device__ __forceinline__ int64_t global_tid() { return blockIdx.x * int64_t(blockDim.x) + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
-// Calls f(T{}) for the float dtypes (f32, f64), the only ones most ops accept.
-template <typename F>
-void visit_float(DType t, F&& f) {
-  if (t == DType::f64)
-    f(double{});
-  else
-    f(float{});
-}
+using detail::visit_float;  // f32 -> float, f64 -> double, any other dtype refused
 
 // ------------------------------------------------------------------------------- mixed precision
 // The mixed-precision ops (ops.h): a kernel computes in C (float, or double for f64) and each of
@@ -64,6 +58,12 @@ __device__ __forceinline__ C ld(S v) {
 template <typename S, typename C>
 __device__ __forceinline__ S st(C v) {
   return detail::convert<S>(v);
+}
+// f(C{}) with C the type a mixed-precision kernel computes in for a tensor of dtype t: double for
+// f64, float for f32 and bf16.
+template <typename F>
+void visit_compute(DType t, F&& f) {
+  visit_float(t == DType::bf16 ? DType::f32 : t, f);
 }
 // f(S{}) for a tensor of dtype t in a kernel that computes in C: bf16_t for a bf16 tensor next to
 // float, else C itself.

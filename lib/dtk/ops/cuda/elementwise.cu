@@ -235,7 +235,7 @@ void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y) {
 void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db) {
   const int64_t n = a.numel();
   if (n == 0) return;
-  visit_float(a.dtype(), [&](auto tag) {
+  visit_compute(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(a.dtype(), [&](auto stag) {
       using S = decltype(stag);

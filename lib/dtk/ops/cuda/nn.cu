@@ -255,7 +255,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
   const int64_t N = logits.dim(0), V = logits.dim(1);
   if (N == 0) return;
-  visit_float(losses.dtype(), [&](auto tag) {
+  visit_compute(losses.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(logits.dtype(), [&](auto stag) {
       using S = decltype(stag);
@@ -269,7 +269,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
   const int64_t N = logits.dim(0), V = logits.dim(1);
   if (N == 0) return;
-  visit_float(logits.dtype(), [&](auto tag) {
+  visit_compute(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(logits.dtype(), [&](auto stag) {
       using S = decltype(stag);
@@ -285,7 +285,7 @@ void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double e
                      Tensor& rstd) {
   const int64_t D = last_dim(a), R = rows_of(a);
   if (R == 0) return;
-  visit_float(a.dtype(), [&](auto tag) {
+  visit_compute(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(b ? b->dtype() : a.dtype(), [&](auto btag) {
       visit_storage<T>(w.dtype(), [&](auto wtag) {
@@ -306,7 +306,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
                       Tensor& dw, bool accumulate) {
   const int64_t D = last_dim(x), R = rows_of(x);
   if (R == 0) return;
-  visit_float(x.dtype(), [&](auto tag) {
+  visit_compute(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(w.dtype(), [&](auto wtag) {
       visit_storage<T>(dy.dtype(), [&](auto dtag) {
@@ -331,7 +331,7 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
     fail_usage("rope: a head dim of {} is above the {} the CUDA kernel takes", hd, 2 * kRopeMaxPairs);
   RopeFrequencies freq;
   for (int64_t i = 0; i < hd / 2; ++i) freq.f[i] = rope_frequency(i, hd, theta);
-  visit_float(x.dtype(), [&](auto tag) {
+  visit_compute(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(x.dtype(), [&](auto stag) {
       using S = decltype(stag);
@@ -345,7 +345,7 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   const int64_t N = ids.numel(), D = table.dim(1);
   if (N * D == 0) return;
-  visit_float(table.dtype(), [&](auto tag) {
+  visit_compute(table.dtype(), [&](auto tag) {
     using T = decltype(tag);
     visit_storage<T>(table.dtype(), [&](auto ttag) {
       visit_storage<T>(out.dtype(), [&](auto otag) {

@@ -10,31 +10,8 @@ using namespace kern;
 
 namespace {
 
-// The reduction kinds as compile-time policies: map each element, combine, finish.
 template <Reduce K>
-struct Policy {
-  static constexpr bool additive = K == Reduce::sum || K == Reduce::mean || K == Reduce::norm2;
-  __host__ __device__ static double identity() {
-    if constexpr (additive || K == Reduce::absmax) return 0.0;
-    else if constexpr (K == Reduce::max) return -HUGE_VAL;
-    else return HUGE_VAL;
-  }
-  __device__ static double map(double x) {
-    if constexpr (K == Reduce::norm2) return x * x;
-    else if constexpr (K == Reduce::absmax) return ::fabs(x);
-    else return x;
-  }
-  __device__ static double combine(double a, double b) {
-    if constexpr (additive) return a + b;
-    else if constexpr (K == Reduce::min) return min_nan(a, b);
-    else return max_nan(a, b);
-  }
-  __device__ static double finish(double a, int64_t count) {
-    if constexpr (K == Reduce::mean) return a / static_cast<double>(count);  // 0 / 0 = NaN when empty
-    else if constexpr (K == Reduce::norm2) return ::sqrt(a);
-    else return a;
-  }
-};
+using Policy = detail::ReducePolicy<K>;
 
 template <Reduce K>
 struct CombineOp {
@@ -148,7 +125,7 @@ __global__ void count_nonfinite_kernel(const T* x, int64_t n, unsigned long long
   if (threadIdx.x == 0 && c) atomicAdd(count, c);
 }
 
-// bf16 / f16: a value is NaN or Inf exactly when its exponent bits are all ones.
+// bf16 / f16: NaN or Inf by the exponent bits (detail::exponent_mask16).
 __global__ void count_nonfinite16_kernel(const uint16_t* x, int64_t n, uint16_t exp_mask, unsigned long long* count) {
   __shared__ unsigned long long scratch[32];
   unsigned long long c = 0;
@@ -160,19 +137,8 @@ __global__ void count_nonfinite16_kernel(const uint16_t* x, int64_t n, uint16_t 
 }  // namespace
 
 void reduce(Reduce kind, Axis axis, const Tensor& a, Tensor& out) {
-  if (a.numel() == 0 && (kind == Reduce::max || kind == Reduce::min || kind == Reduce::absmax) &&
-      (axis == Axis::all || (axis == Axis::rows && a.dim(0) > 0) || (axis == Axis::cols && a.dim(-1) > 0)))
-    fail_usage("reduce: max, min and absmax of an empty tensor are undefined (" + a.str() + ")");
-  visit_float(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    switch (kind) {
-      case Reduce::sum: reduce_typed<Reduce::sum, T>(axis, a, out); break;
-      case Reduce::mean: reduce_typed<Reduce::mean, T>(axis, a, out); break;
-      case Reduce::max: reduce_typed<Reduce::max, T>(axis, a, out); break;
-      case Reduce::min: reduce_typed<Reduce::min, T>(axis, a, out); break;
-      case Reduce::norm2: reduce_typed<Reduce::norm2, T>(axis, a, out); break;
-      case Reduce::absmax: reduce_typed<Reduce::absmax, T>(axis, a, out); break;
-    }
+  detail::visit_reduce(kind, [&](auto k) {
+    visit_float(a.dtype(), [&](auto tag) { reduce_typed<decltype(k)::value, decltype(tag)>(axis, a, out); });
   });
 }
 
@@ -186,8 +152,8 @@ int64_t count_nonfinite(const Tensor& a) {
   switch (a.dtype()) {
     case DType::f32: count_nonfinite_kernel<float><<<blocks, 256, 0, stream()>>>(a.ptr<float>(), n, c); break;
     case DType::f64: count_nonfinite_kernel<double><<<blocks, 256, 0, stream()>>>(a.ptr<double>(), n, c); break;
-    case DType::bf16: count_nonfinite16_kernel<<<blocks, 256, 0, stream()>>>(a.ptr<uint16_t>(), n, 0x7f80, c); break;
-    case DType::f16: count_nonfinite16_kernel<<<blocks, 256, 0, stream()>>>(a.ptr<uint16_t>(), n, 0x7c00, c); break;
+    case DType::bf16: count_nonfinite16_kernel<<<blocks, 256, 0, stream()>>>(a.ptr<uint16_t>(), n, detail::exponent_mask16(DType::bf16), c); break;
+    case DType::f16: count_nonfinite16_kernel<<<blocks, 256, 0, stream()>>>(a.ptr<uint16_t>(), n, detail::exponent_mask16(DType::f16), c); break;
     default: fail_usage("count_nonfinite: expected a float tensor, got " + a.str());
   }
   check_launch("count_nonfinite");
