@@ -13,6 +13,7 @@
 
 #include "dtk/core/error.h"
 #include "dtk/ops/backend.h"
+#include "dtk/ops/dispatch.h"
 #include "dtk/ops/cpu/internal.h"
 
 namespace dtk::ops::cpu {
@@ -254,30 +255,22 @@ void orthonormalize_mgs(Tensor& a, double eps) {
   if (m == 0 || r == 0) return;
   std::vector<double> q;
   for (int64_t bi = 0; bi < batch_of(a); ++bi) {
-    if (a.dtype() == DType::f32)
-      mgs_matrix(a.ptr<float>() + bi * m * r, m, r, eps, q);
-    else
-      mgs_matrix(a.ptr<double>() + bi * m * r, m, r, eps, q);
+    detail::visit_float(a.dtype(), [&](auto t) { mgs_matrix(a.ptr<decltype(t)>() + bi * m * r, m, r, eps, q); });
   }
 }
 
 void orthonormalize_qr(Tensor& a) {
-  if (a.dtype() == DType::f32)
-    qr_typed<float>(a);
-  else
-    qr_typed<double>(a);
+  detail::visit_float(a.dtype(), [&](auto t) { qr_typed<decltype(t)>(a); });
 }
 
 void eigh(const Tensor& a, Tensor& w, Tensor& v) {
-  if (a.dtype() == DType::f32)
-    eigh_typed<float>(a, w, v);
-  else
-    eigh_typed<double>(a, w, v);
+  detail::visit_float(a.dtype(), [&](auto t) { eigh_typed<decltype(t)>(a, w, v); });
 }
 
 bool inverse_root(const Tensor& a, double p, const RootOptions& opts, Tensor& out) {
-  return a.dtype() == DType::f32 ? inverse_root_typed<float>(a, p, opts, out)
-                                 : inverse_root_typed<double>(a, p, opts, out);
+  bool ok = false;
+  detail::visit_float(a.dtype(), [&](auto t) { ok = inverse_root_typed<decltype(t)>(a, p, opts, out); });
+  return ok;
 }
 
 }  // namespace dtk::ops::cpu
