@@ -81,6 +81,12 @@ inline void jacobi_eigh(Vec a, int n, Vec& w, Vec& V) {
   V = V2;
 }
 
+inline Vec identity(int n) {
+  Vec I(size_t(n) * n, 0.0);
+  for (int i = 0; i < n; ++i) I[size_t(i) * n + i] = 1.0;
+  return I;
+}
+
 inline Vec matmul(const Vec& a, const Vec& b, int m, int k, int n) {
   Vec c(size_t(m) * n, 0.0);
   for (int i = 0; i < m; ++i)
@@ -148,8 +154,9 @@ inline Vec orthonormal_columns(Vec X, int n) {
 // The reference's warm-started eigendecomposition (matrix_functions.py _qr_algorithm) of
 // A = F + eps I from the basis Q (columns; all zero: a full eigh), as shampoo.h states it: QR
 // iterations Q = qr(A Q) while fewer than max_iter have run and ||B - diag B||_F > tol ||B||_F,
-// B = Q^T A Q. Q becomes the new basis, its columns sorted by the estimates, descending (dtk) or
-// ascending (the reference); returns the estimates of F's eigenvalues in Q's order.
+// B = Q^T A Q. Q becomes the new basis, its columns sorted by the estimates, descending (dtk's
+// roots) or ascending (the reference; dtk's eigenvalue-corrected bases); returns the estimates of
+// F's eigenvalues in Q's order.
 inline Vec qr_basis(const Vec& F, int n, Vec& Q, double eps, int max_iter, double tol, bool descending) {
   Vec w(static_cast<size_t>(n));
   const bool fresh = std::all_of(Q.begin(), Q.end(), [](double x) { return x == 0; });
@@ -492,11 +499,13 @@ class Reference {
             if (b.kind == Kind::corrected) {
               // The eigenbasis of F / bc (of F / bc + eps I: the same vectors), as Meta's
               // EigenvalueCorrectedShampooKroneckerFactorsUnwrapped._amortized_computation: eigh
-              // (columns by ascending eigenvalue, Meta's order), or qr as for roots: the first
-              // time a full eigh, then warm-started QR iterations, columns by DESCENDING estimate
-              // (dtk's order, shampoo.h; Meta's QR path sorts them ascending and starts from I).
+              // (columns by ascending eigenvalue, Meta's order), or qr (DefaultSOAPConfig): QR
+              // iterations warm-started from the stored basis, the identity the first time
+              // (shampoo_preconditioner_list.py: factor_matrix_eigenvectors start as I), columns
+              // by ascending estimate, stable (matrix_functions.py _compute_orthogonal_iterations).
               if (method == "qr") {
-                qr_basis(Fc, bk, b.Q[k], cfg_.epsilon, cfg_.qr_max_iterations, cfg_.qr_tolerance, true);
+                if (!b.has_basis) b.Q[k] = identity(bk);
+                qr_basis(Fc, bk, b.Q[k], cfg_.epsilon, cfg_.qr_max_iterations, cfg_.qr_tolerance, false);
               } else {
                 Vec ev;
                 jacobi_eigh(Fc, bk, ev, b.Q[k]);

@@ -1025,8 +1025,9 @@ void expect_diagonalises(const Mat& q, const Mat& a, int64_t n, bool ascending, 
 }
 
 // eigh: Jacobi's eigenvectors, ascending; qr from a zero basis: a full eigh, columns by
-// descending eigenvalue; qr from a kept basis: qr_max_iterations QR iterations on A + eps I
-// (here one, against one Gram-Schmidt step in f64), then sorted by descending estimate; no
+// ascending eigenvalue; qr from a kept basis: qr_max_iterations QR iterations on A + eps I
+// (here one, against one Gram-Schmidt step in f64), then sorted by ascending estimate (Meta's
+// SOAP order; inverse_roots' qr keeps them descending); no
 // iteration once ||B - diag B||_F <= qr_tolerance ||B||_F (the basis stays as it is).
 TEST(LinalgEigenbases, EighAndWarmStartedQr) {
   const int64_t B = 3, n = 8;
@@ -1057,7 +1058,7 @@ TEST(LinalgEigenbases, EighAndWarmStartedQr) {
       ref_eigh(each[size_t(bi)], n, w, v);
       EXPECT_LT(basis_diff(qb, v, n), tol * 10) << "eigh " << dtype_name(t);
     }
-    // qr from a zero basis: a full eigh, descending.
+    // qr from a zero basis: a full eigh, ascending.
     o.method = ops::RootMethod::qr;
     o.qr_max_iterations = 1;
     o.qr_tolerance = 0;
@@ -1065,7 +1066,7 @@ TEST(LinalgEigenbases, EighAndWarmStartedQr) {
     ASSERT_EQ(ops::eigenbases(a, o, kept), std::vector<char>(size_t(B), 1));
     const Mat q0 = kept.to_doubles();
     for (int64_t bi = 0; bi < B; ++bi)
-      expect_diagonalises(Mat(q0.begin() + bi * n * n, q0.begin() + (bi + 1) * n * n), each[size_t(bi)], n, false, tol,
+      expect_diagonalises(Mat(q0.begin() + bi * n * n, q0.begin() + (bi + 1) * n * n), each[size_t(bi)], n, true, tol,
                           "qr fresh " + std::string(dtype_name(t)));
     // From it, on the moved matrices: one QR iteration.
     ASSERT_EQ(ops::eigenbases(a2, o, kept), std::vector<char>(size_t(B), 1));
@@ -1086,12 +1087,12 @@ TEST(LinalgEigenbases, EighAndWarmStartedQr) {
         for (int64_t i = 0; i < n; ++i) nn += z[size_t(i * n + c)] * z[size_t(i * n + c)];
         for (int64_t i = 0; i < n; ++i) z[size_t(i * n + c)] /= std::sqrt(nn);
       }
-      // Sorted by descending diag(Z^T A Z) (stable).
+      // Sorted by ascending diag(Z^T A Z) (stable).
       const Mat bz = matmul(matmul(z, am, n, n, n, true, false), z, n, n, n);
       std::vector<int64_t> order(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
       std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t x, int64_t y) { return bz[size_t(x * n + x)] > bz[size_t(y * n + y)]; });
+                       [&](int64_t x, int64_t y) { return bz[size_t(x * n + x)] < bz[size_t(y * n + y)]; });
       Mat want(size_t(n * n));
       for (int64_t i = 0; i < n; ++i)
         for (int64_t c = 0; c < n; ++c) want[size_t(i * n + c)] = z[size_t(i * n + order[size_t(c)])];

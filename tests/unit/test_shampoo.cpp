@@ -131,10 +131,10 @@ TEST(ShampooReference, EigenvalueCorrectedBeforeTheFirstBasisIsAdam) {
     for (size_t e = 0; e < want[p].size(); ++e) EXPECT_NEAR(want[p][e], adam[p][e], 1e-12) << p << " " << e;
 }
 
-// The eigenvalue-corrected bases: at the first root step, the eigenvectors of F / bc, columns by
-// ascending eigenvalue (eigh) or descending (qr, whose first basis is a full eigh); after it the
-// rotated second moment is positional in that basis: one step with beta2 = 0 (V = Gr^2) gives
-// V = (Q_0^T G Q_1)^2.
+// The eigenvalue-corrected bases: at the first root step, the eigenvectors of F / bc (eigh), or
+// one QR iteration from the identity, Q = qr(F / bc + eps I) (qr, Meta's SOAP: not converged),
+// columns by ascending diag(Q^T F Q) either way; after it the rotated second moment is positional
+// in that basis: one step with beta2 = 0 (V = Gr^2) gives V = (Q_0^T G Q_1)^2.
 TEST(ShampooReference, EigenvalueCorrectedBases) {
   for (const RootMethod method : {RootMethod::eigh, RootMethod::qr}) {
     ShampooConfig c;
@@ -167,10 +167,26 @@ TEST(ShampooReference, EigenvalueCorrectedBases) {
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < n; ++j)
           if (i != j) off = std::max(off, std::fabs(B[size_t(i * n + j)]));
-      EXPECT_LT(off, 1e-12) << name_of(method) << " factor " << k;
+      if (method == RootMethod::eigh) {
+        EXPECT_LT(off, 1e-12) << "factor " << k;
+      } else {  // Q spans what qr(A) spans column by column: Q^T A's QR factor, up to column signs
+        Vec A = F;
+        for (int i = 0; i < n; ++i) A[size_t(i * n + i)] += c.epsilon;
+        const Vec Qr = shampoo_ref::orthonormal_columns(A, n);  // Gram-Schmidt of A's columns
+        for (int j = 0; j < n; ++j) {  // each column of Q is, up to sign, one of qr(A)'s
+          double best = 0;
+          for (int i = 0; i < n; ++i) {
+            double d = 0;
+            for (int r = 0; r < n; ++r) d += Q[size_t(r * n + j)] * Qr[size_t(r * n + i)];
+            best = std::max(best, std::fabs(d));
+          }
+          EXPECT_NEAR(best, 1.0, 1e-9) << "factor " << k << " column " << j;
+        }
+        EXPECT_GT(off, 1e-6) << "factor " << k << ": one QR iteration does not diagonalise F";
+      }
       for (int i = 0; i + 1 < n; ++i) {
         const double x = B[size_t(i * n + i)], y = B[size_t((i + 1) * n + i + 1)];
-        EXPECT_TRUE(method == RootMethod::eigh ? x < y : x > y) << name_of(method) << " factor " << k << " column " << i;
+        EXPECT_LT(x, y) << name_of(method) << " factor " << k << " column " << i;
       }
     }
     const Vec Gr = shampoo_ref::matmul(shampoo_ref::matmul(shampoo_ref::transpose(ref.basis(0, 0, 0), 5, 5), g, 5, 5, 7),
@@ -836,12 +852,18 @@ TEST(Shampoo, FamilyMatchesReference) {
       {"ec eigh, ec_beta2 1, no bias correction", [](ShampooConfig& c) { ec(c); c.ec_beta2 = 1; c.use_bias_correction = false; }, 1e-5},
       {"ec eigh, beta2 1 (factor sums)", [](ShampooConfig& c) { ec(c); c.beta2 = 1; }, 1e-5},
       {"ec eigh, f64 factors", [](ShampooConfig& c) { ec(c); c.factor_dtype = DType::f64; }, 1e-5},
-      {"ec qr, 1 iteration, tolerance 0.01", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; }, 1e-5},
+      {"ec qr (Meta's SOAP: 1 iteration, tolerance 0, from I)", [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; }, 1e-5},
+      {"ec qr, f64 factors and bases", [](ShampooConfig& c) {
+         ec(c); c.root_method = RootMethod::qr; c.factor_dtype = DType::f64; c.basis_dtype = DType::f64; }, 1e-5},
+      {"ec eigh, f64 bases", [](ShampooConfig& c) { ec(c); c.basis_dtype = DType::f64; }, 1e-5},
       {"ec qr, 2 iterations, tolerance 0, no grafting", [](ShampooConfig& c) {
          ec(c); c.root_method = RootMethod::qr; c.qr_max_iterations = 2; c.qr_tolerance = 0; c.grafting = Grafting::none; }, 1e-5},
       {"ec eigh, root spread 2", [](ShampooConfig& c) { ec(c); c.root_spread = 2; }, 1e-5},
       // 8 factor updates (1, 4, ..., 22) before the first basis at 25: full rank.
       {"ec eigh, factor update every 3", [](ShampooConfig& c) { ec(c); c.factor_update_every = 3; c.start_preconditioning_step = 25; }, 1e-5, 31},
+      {"ec qr, factor update every 3, root spread 2, f64 bases", [](ShampooConfig& c) {
+         ec(c); c.root_method = RootMethod::qr; c.factor_update_every = 3; c.root_spread = 2; c.start_preconditioning_step = 12;
+         c.basis_dtype = DType::f64; }, 1e-5, 31},
       // spectral
       {"spectral newton-schulz, adam grafting", [](ShampooConfig& c) { spectral(c); }, 1e-5},
       {"spectral newton-schulz, no grafting, beta1 0", [](ShampooConfig& c) { spectral(c); c.grafting = Grafting::none; c.beta1 = 0; }, 1e-5},
@@ -888,6 +910,64 @@ TEST(Shampoo, FamilyMatchesReference) {
     std::printf("%-60s %.2e\n", k.label.c_str(), e);
     EXPECT_LT(e, k.tol) << k.label;
   }
+}
+
+// A checkpoint of dtk before the ascending eigenvalue-corrected bases (qr: columns by descending
+// estimate; its optimizer config without "eigenbasis_order"), emulated by reversing a run's
+// bases' columns and second moments, is put back by restored(): the state equals the run's bit
+// for bit, and both continue alike. A current config, or eigh bases, are left as they are.
+TEST(Shampoo, RestoredDescendingQrBasesAreReversed) {
+  auto comm = comm::make_local_communicator();
+  ShampooConfig c = family_config();
+  ec(c);
+  c.root_method = RootMethod::qr;
+  c.start_preconditioning_step = 3;
+  const std::vector<std::pair<std::string, Shape>> specs = {{"w", {6, 5}}, {"c", {3, 4, 5}}, {"v", {7}}};
+  Model a = make_model(specs), b = make_model(specs);
+  auto oa = make_shampoo(c, a.params, *comm), ob = make_shampoo(c, b.params, *comm);
+  for (int t = 1; t <= 5; ++t) {
+    set_grads(a, grads_at(a.shapes, t));
+    oa->step(a.params, 0.1);
+  }
+  for (size_t i = 0; i < a.params.size(); ++i) b.params[i].value.copy_from(a.params[i].value);
+  // b takes a's state as an older dtk would have written it.
+  const std::vector<PlacedTensor> sa = oa->state(), sb = ob->state();
+  int reversed = 0;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    ASSERT_EQ(sa[i].name, sb[i].name);
+    Vec v = sa[i].value.to_doubles();
+    const bool basis = sa[i].name.find("/eigvecs") != std::string::npos;
+    if (basis || sa[i].name.find("/corrected_second_moment") != std::string::npos) {
+      const int64_t cols = basis ? sa[i].value.dim(-1) : sa[i].value.numel();
+      for (size_t r = 0; r < v.size(); r += size_t(cols)) std::reverse(v.begin() + r, v.begin() + r + size_t(cols));
+      ++reversed;
+    }
+    Tensor dst = sb[i].value;
+    dst.copy_from(Tensor::from_doubles(v, dst.shape(), dst.dtype()));
+  }
+  EXPECT_GT(reversed, 4);
+  nlohmann::json old = oa->config();
+  ASSERT_EQ(old.value("eigenbasis_order", ""), "ascending");
+  EXPECT_EQ(ob->restored(old), "");  // a current checkpoint: nothing to do
+  old.erase("eigenbasis_order");
+  EXPECT_NE(ob->restored(old), "");
+  for (const PlacedTensor& t : oa->state())
+    EXPECT_EQ(state_of(*ob, t.name).to_doubles(), t.value.to_doubles()) << t.name;
+  for (int t = 6; t <= 9; ++t) {
+    set_grads(a, grads_at(a.shapes, t));
+    set_grads(b, grads_at(b.shapes, t));
+    oa->step(a.params, 0.1);
+    ob->step(b.params, 0.1);
+  }
+  for (size_t i = 0; i < a.params.size(); ++i)
+    EXPECT_EQ(a.params[i].value.to_doubles(), b.params[i].value.to_doubles()) << a.params[i].name;
+  ShampooConfig e = c;
+  e.root_method = RootMethod::eigh;
+  Model m = make_model(specs);
+  auto oe = make_shampoo(e, m.params, *comm);
+  nlohmann::json eo = oe->config();
+  eo.erase("eigenbasis_order");
+  EXPECT_EQ(oe->restored(eo), "");  // eigh bases were ascending already
 }
 
 // A block whose f32 solve fails (a solver that does not converge, injected through

@@ -242,7 +242,7 @@ struct RootOptions {
   int max_iters = 100;       // newton
   double tolerance = 1e-6;   // newton: stop when max |M - I| < tolerance
   int qr_max_iterations = 1;   // qr: at most this many QR iterations per call
-  double qr_tolerance = 0.01;  // qr: none once ||B - diag B||_F <= qr_tolerance ||B||_F
+  double qr_tolerance = 0;     // qr: none once ||B - diag B||_F <= qr_tolerance ||B||_F
   double rank_rtol = -1;       // pseudo_inverse: relative cutoff (< 0: n * machine epsilon)
   double rank_atol = 0;        // pseudo_inverse: absolute cutoff
 };
@@ -277,7 +277,8 @@ std::vector<char> inverse_roots(const Tensor& a, double p, const RootOptions& op
                                 Tensor* basis = nullptr);
 // The eigenbases of a batch a [B, n, n] (f32 or f64; symmetric) into basis [B, n, n] (columns):
 // method eigh, by eigh (ascending eigenvalues), or qr, warm-started from basis as inverse_roots'
-// qr (a zero basis: a full eigh; columns by descending estimate), eps as there. Returns ok [B]:
+// qr (a zero basis: a full eigh) but with the columns by ascending estimate (Meta's SOAP), eps as
+// there. Returns ok [B]:
 // 0 where the solver failed or the basis is not finite (that basis is zeroed).
 std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& basis);
 // Quintic Newton-Schulz iterations towards U V^T of each matrix of x [B, r, c] (f32, Frobenius

@@ -117,9 +117,11 @@ void roots_eigh(const Tensor& a, double p, const RootOptions& o, Tensor& out, st
 }
 
 // The warm-started eigendecomposition (ops.h, RootMethod::qr) of the batch a, from and into the
-// bases Q (columns by descending estimate); returns the estimates of a's eigenvalues in Q's
-// order ([nb, b]; empty when the solver failed: every ok 0).
-std::vector<double> qr_basis(const Tensor& a, Tensor& Q, const RootOptions& opts, std::vector<char>& ok) {
+// bases Q, whose columns it leaves by descending (the roots') or ascending (the eigenbases')
+// estimate; returns the estimates of a's eigenvalues in Q's order ([nb, b]; empty when the solver
+// failed: every ok 0).
+std::vector<double> qr_basis(const Tensor& a, Tensor& Q, const RootOptions& opts, std::vector<char>& ok,
+                             bool descending) {
   const int64_t nb = a.dim(0), b = a.dim(1);
   const DType dt = a.dtype();
   const Device dev = a.device();
@@ -132,7 +134,7 @@ std::vector<double> qr_basis(const Tensor& a, Tensor& Q, const RootOptions& opts
     for (int64_t i = 0; i < nb; ++i) {
       std::vector<char> oki(1, 1);
       Tensor Qi = Q.slice(i, i + 1);
-      const std::vector<double> mi = qr_basis(a.slice(i, i + 1), Qi, opts, oki);
+      const std::vector<double> mi = qr_basis(a.slice(i, i + 1), Qi, opts, oki, descending);
       ok[static_cast<size_t>(i)] = oki[0];
       if (oki[0]) std::copy(mi.begin(), mi.end(), all.begin() + i * b);
     }
@@ -185,12 +187,14 @@ std::vector<double> qr_basis(const Tensor& a, Tensor& Q, const RootOptions& opts
     }
     for (size_t e = 0; e < mu.size(); ++e) mu[e] = diag[e] - eps;  // estimates of a's eigenvalues
   }
-  // The basis kept for the next root step: columns by descending estimate (stable).
+  // The basis kept for the next root step: columns sorted by estimate (stable).
   for (int64_t i = 0; i < nb; ++i) {
     std::vector<int64_t> order(static_cast<size_t>(b));
     std::iota(order.begin(), order.end(), int64_t{0});
     const double* m = mu.data() + i * b;
-    std::stable_sort(order.begin(), order.end(), [m](int64_t x, int64_t y) { return m[x] > m[y]; });
+    std::stable_sort(order.begin(), order.end(), [m, descending](int64_t x, int64_t y) {
+      return descending ? m[x] > m[y] : m[x] < m[y];
+    });
     const std::vector<double> v = V.select(i).to_doubles();
     std::vector<double> sorted(v.size());
     for (int64_t r = 0; r < b; ++r)
@@ -205,7 +209,7 @@ std::vector<double> qr_basis(const Tensor& a, Tensor& Q, const RootOptions& opts
 
 // The root from qr_basis's basis and estimates, formed as roots_eigh forms it.
 void roots_qr(const Tensor& a, Tensor& Q, double p, const RootOptions& opts, Tensor& out, std::vector<char>& ok) {
-  const std::vector<double> mu = qr_basis(a, Q, opts, ok);
+  const std::vector<double> mu = qr_basis(a, Q, opts, ok, true);
   if (mu.empty()) return;
   form_root(Q, root_scales(mu, a.dim(1), p, opts.eps, ok), out, ok);
 }
@@ -295,7 +299,7 @@ std::vector<char> eigenbases(const Tensor& a, const RootOptions& opts, Tensor& b
   const int64_t nb = a.dim(0), b = a.dim(1);
   if (nb == 0 || b == 0) return ok;
   if (opts.method == RootMethod::qr) {
-    if (qr_basis(a, basis, opts, ok).empty()) fill(basis, 0.0);
+    if (qr_basis(a, basis, opts, ok, false).empty()) fill(basis, 0.0);
   } else {
     // eigh(a): a + eps I has the same eigenvectors in the same (ascending) order.
     Tensor w = Tensor::empty({nb, b}, a.dtype(), a.device());

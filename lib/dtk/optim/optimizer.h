@@ -45,6 +45,13 @@ class Optimizer : public Component {
   // else replicated), "step" is replicated; Shampoo places its blocks (optim/shampoo.h).
   virtual std::vector<PlacedTensor> state() = 0;
   virtual nlohmann::json config() const = 0;
+  // After state() was restored from a checkpoint whose optimizer config is `saved`: state that an
+  // older dtk laid out otherwise is brought up to date; returns what was done, for rank 0's log
+  // ("" when nothing was).
+  virtual std::string restored(const nlohmann::json& saved) {
+    (void)saved;
+    return "";
+  }
 };
 
 // rows: where each parameter lies over a shard group (Parallelism::param_rows()); empty, or a

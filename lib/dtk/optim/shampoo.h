@@ -31,17 +31,20 @@
 // is an Error naming the parameter. root_method "newton" uses the coupled Newton iteration instead.
 //
 // root_method "qr" is the reference's warm-started eigendecomposition (QREigendecompositionConfig):
-// each factor keeps an eigenbasis Q (zero until its first root, which is a full eigh). At a root
-// step, with A = F + eps I and B = Q^T A Q: while fewer than qr_max_iterations iterations have run
-// and ||B - diag B||_F > qr_tolerance ||B||_F, Q = qr(A Q) (Householder) and B = Q^T A Q. The
-// eigenvalue estimates are diag B, shifted by the rule above, R = Q diag(mu^(-1/p)) Q^T, and Q is
-// kept with its columns in DESCENDING order of the estimates (stable). The reference sorts them
-// ascending, and simultaneous iteration then pulls its first column, the smallest eigenvector,
-// towards the largest, spoiling the small-eigenvalue directions that the root amplifies; in
-// descending order each column converges at the rate of its eigenvalue gap. Measured on a drifting
-// 24 x 24 factor, roots every 10 steps, 1 iteration (Shampoo.QrRootAccuracy): root error against
-// the full eigh 2.3e-2 to 3.0e-2 descending, 0.16 to 0.29 ascending. A block whose estimate
-// is not finite retries as above (f64 eigh) and restarts from a full eigh at its next root.
+// each factor keeps an eigenbasis Q. At a root step, with A = F + eps I and B = Q^T A Q: while
+// fewer than qr_max_iterations iterations have run and ||B - diag B||_F > qr_tolerance ||B||_F
+// (tolerance 0, the default and the reference's: always qr_max_iterations), Q = qr(A Q)
+// (Householder) and B = Q^T A Q; then Q's columns are sorted by the estimates diag B (stable).
+// For the roots (a dtk extension: the reference computes roots by eigh or Newton) Q is zero until
+// the first root, which is a full eigh; the estimates, shifted by the rule above, give
+// R = Q diag(mu^(-1/p)) Q^T, and Q is kept in DESCENDING order of the estimates. In ascending
+// order, simultaneous iteration pulls the first column, the smallest eigenvector, towards the
+// largest, spoiling the small-eigenvalue directions that the root amplifies; in descending order
+// each column converges at the rate of its eigenvalue gap. Measured on a drifting 24 x 24 factor,
+// roots every 10 steps, 1 iteration, tolerance 0.01 (Shampoo.QrRootAccuracy): root error against
+// the full eigh 2.3e-2 to 3.0e-2 descending, 0.16 to 0.29 ascending. The eigenvalue-corrected
+// bases follow the reference exactly instead (below). A block whose estimate is not finite
+// retries as above (f64 eigh) and restarts from a full eigh at its next root.
 //
 // root_spread S > 1 spreads the root computations over each period: the blocks are divided into
 // S phases (greedily by their root cost, sum of b_k^3 over the factors, 0 for diagonal blocks,
@@ -54,9 +57,15 @@
 // Preconditioners (preconditioner; "root" is all of the above):
 // - eigenvalue_corrected (SOAP, Vyas et al. 2024; Meta's EigenvalueCorrectedShampoo): the same
 //   factors, but at the root steps the eigenbases Q_k of F_k / bc are computed instead of roots
-//   (root_method eigh: ops::eigenbases, ascending; qr: warm-started QR iterations from the
-//   current bases, at the start step from none, columns by descending estimate: the order is
-//   consistent, which matters because the second moment below is positional); Q_k = I before.
+//   (ops::eigenbases; root_method eigh: columns by ascending eigenvalue; qr, Meta's
+//   DefaultSOAPConfig: the QR iterations above from the current bases, the first time from the
+//   identity, columns by ascending estimate: the reference's order, which matters because the
+//   second moment below is positional); Q_k = I before. The bases and the second moment are
+//   kept in basis_dtype (f32, the reference's default, or f64: its
+//   factor_matrix_eigenvectors_dtype and corrected_eigenvalues_dtype), the rotations below done
+//   in it. Checkpoints of dtk before this order (their optimizer config has no
+//   "eigenbasis_order") kept qr bases in descending order: restored, each basis's columns and
+//   each block's second moment are reversed (the same preconditioner, in ascending order).
 //   Every step: Gr = G x_k Q_k^T (G the raw, L2-augmented gradient; every mode into its basis),
 //   V = b V + (1 - b) Gr^2 (b = ec_beta2, default beta2; b = 1: the sum), and
 //   P = [(Mh x_k Q_k^T) / (sqrt(V / (1 - b^t)) + e)] x_k Q_k (e = ec_epsilon, default epsilon;
@@ -176,7 +185,7 @@ struct ShampooConfig {
   int newton_max_iters = 100;
   double newton_tolerance = 1e-6;
   int qr_max_iterations = 1;    // qr: at most this many QR iterations per root step
-  double qr_tolerance = 0.01;   // qr: none once ||B - diag B||_F <= tol ||B||_F
+  double qr_tolerance = 0;      // qr: none once ||B - diag B||_F <= tol ||B||_F (0: always max_iterations)
   int64_t root_spread = 1;      // root computations spread over this many phases of each period
   double rank_rtol = -1;        // root_method pseudo-inverse: relative rank cutoff (< 0: n * machine epsilon)
   double rank_atol = 0;         // root_method pseudo-inverse: absolute rank cutoff
@@ -184,6 +193,7 @@ struct ShampooConfig {
   // eigenvalue-corrected
   double ec_beta2 = -1;    // the corrected second moment's decay (< 0: beta2)
   double ec_epsilon = -1;  // added to its square root (< 0: epsilon)
+  DType basis_dtype = DType::f32;  // the eigenbases' and the corrected second moment's precision: f32 | f64
   // spectral
   SpectralMethod spectral_method = SpectralMethod::newton_schulz;
   int newton_schulz_steps = 5;
@@ -211,7 +221,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShampooConfig, name, preconditio
                                                 start_preconditioning_step, exponent_override, root_method,
                                                 newton_max_iters, newton_tolerance, qr_max_iterations, qr_tolerance,
                                                 root_spread, rank_rtol, rank_atol, factor_update_every, ec_beta2,
-                                                ec_epsilon, spectral_method, newton_schulz_steps, spectral_scale,
+                                                ec_epsilon, basis_dtype, spectral_method, newton_schulz_steps, spectral_scale,
                                                 diagonal_params, grafting, grafting_beta2, grafting_epsilon, beta1,
                                                 momentum, nesterov, weight_decay, weight_decay_type,
                                                 trainers_per_group, communication_dtype)

@@ -24,7 +24,8 @@ void fill_identity(Tensor& batch, Device device) {
   const Tensor src = Tensor::from_host(eye.data(), {tile, b, b}, DType::f32, device);
   for (int64_t s = 0; s < B; s += tile) {
     const int64_t e = std::min(B, s + tile);
-    batch.slice(s, e).copy_from(src.slice(0, e - s));
+    Tensor dst = batch.slice(s, e);
+    ops::cast(src.slice(0, e - s), dst);  // exact into f64 bases too
   }
 }
 

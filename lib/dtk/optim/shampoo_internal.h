@@ -48,9 +48,9 @@ struct Group {
   int64_t chunk = 1;        // blocks per chunk
   int64_t send_offset = 0;  // in this rank's segment
   std::vector<Tensor> factor, root;  // [B, b_k, b_k] (root: both; eigenvalue-corrected: factors)
-  std::vector<Tensor> basis;         // [B, b_k, b_k] eigenvectors (root_method qr; eigenvalue-corrected: f32)
+  std::vector<Tensor> basis;         // [B, b_k, b_k] eigenvectors (root_method qr; eigenvalue-corrected: basis_dtype)
   Tensor graft, filtered, momentum;  // [B, n]
-  Tensor corrected;                  // [B, n] eigenvalue-corrected: the second moment in the bases
+  Tensor corrected;                  // [B, n] eigenvalue-corrected: the second moment in the bases (basis_dtype)
   Tensor failures;                   // i64 [B] on the host
   std::vector<Tensor> rotate;        // order >= 3: transposition indices over one chunk
   struct Run {
@@ -72,7 +72,9 @@ struct Scratch {
   Tensor search;      // the search direction before momentum (momentum only)
   Tensor ping2, pong2;  // eigenvalue-corrected: the denominator, the way back from the bases;
                         // spectral: Newton-Schulz's X and Y
-  Tensor grad64, ping64, pong64;  // f64 factors: the gradient, the rotations
+  Tensor grad64, ping64, pong64;  // f64 factors: the gradient, the rotations; f64 bases: G or Mh
+                                  // widened, the products into the bases, the way back (grad64)
+  Tensor side64;                  // f64 bases: the denominator, the way back
   Tensor norm_a, norm_b;          // [Bc]: per-block norms
   Tensor ones;                    // [max n] of 1: a per-block scale broadcast by an outer product
   Tensor update;                  // apply: one parameter's directions, gathered

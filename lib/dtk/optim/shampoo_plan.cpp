@@ -27,6 +27,7 @@ void ShampooConfig::validate() const {
   if (max_preconditioner_dim < 1) bad("max_preconditioner_dim", ">= 1", max_preconditioner_dim);
   if (!(beta2 >= 0 && beta2 <= 1)) bad("beta2", "in [0, 1]", num(beta2));
   if (factor_dtype != DType::f32 && factor_dtype != DType::f64) bad("factor_dtype", "f32 or f64", std::string(dtype_name(factor_dtype)));
+  if (basis_dtype != DType::f32 && basis_dtype != DType::f64) bad("basis_dtype", "f32 or f64", std::string(dtype_name(basis_dtype)));
   if (!(epsilon >= 0) || !std::isfinite(epsilon)) bad("epsilon", "finite and >= 0", num(epsilon));
   if (epsilon == 0 && preconditioner == Preconditioner::root && root_method != RootMethod::pseudo_inverse)
     fail_usage("shampoo: --shampoo-epsilon 0 needs --root-method pseudo-inverse (the roots of singular factors are not finite)");
@@ -87,6 +88,7 @@ void ShampooConfig::validate() const {
   switch (preconditioner) {
     case Preconditioner::root:
       misfit(ec_set, ec_beta2 != def.ec_beta2 ? "--ec-beta2" : "--ec-epsilon");
+      misfit(basis_dtype != def.basis_dtype, "--basis-dtype f64");
       spectral_opts();
       break;
     case Preconditioner::eigenvalue_corrected:
@@ -105,6 +107,7 @@ void ShampooConfig::validate() const {
       misfit(root_spread != 1, "--root-spread");
       misfit(factor_dtype != DType::f32, "--factor-dtype f64");
       misfit(ec_set, ec_beta2 != def.ec_beta2 ? "--ec-beta2" : "--ec-epsilon");
+      misfit(basis_dtype != def.basis_dtype, "--basis-dtype f64");
       break;
   }
   if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", trainers_per_group);

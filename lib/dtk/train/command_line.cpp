@@ -293,7 +293,8 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   add_enum(app, "--root-method", c.root_method,
            "inverse roots by eigh, (coupled) newton iteration, qr: eigh warm-started from the previous "
            "eigenbasis by QR iterations, or pseudo-inverse: eigh with eigenvalues below a rank cutoff dropped "
-           "(no epsilon); eigenvalue-corrected: its eigenbases by eigh or qr")->group(g);
+           "(no epsilon); eigenvalue-corrected: its eigenbases by eigh or qr (Meta's SOAP: QR iterations from the "
+           "previous bases, the first time from the identity)")->group(g);
   app.add_option("--rank-rtol", c.rank_rtol,
                  "pseudo-inverse: eigenvalues at or below this fraction of the largest are dropped (< 0: n times the "
                  "machine epsilon)")->group(g);
@@ -302,6 +303,9 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
                  "eigenvalue-corrected: decay of the second moment in the eigenbases (< 0: --beta2)")->group(g);
   app.add_option("--ec-epsilon", c.ec_epsilon,
                  "eigenvalue-corrected: added to the second moment's square root (< 0: --shampoo-epsilon)")->group(g);
+  shapes_state(add_enum(app, "--basis-dtype", c.basis_dtype,
+                        "eigenvalue-corrected: the precision of the eigenbases and of the second moment in them",
+                        {DType::f32, DType::f64}))->group(g);
   add_enum(app, "--spectral-method", c.spectral_method,
            "spectral: U V^T by quintic Newton-Schulz iterations or exactly (an eigendecomposition in f64)")->group(g);
   app.add_option("--newton-schulz-steps", c.newton_schulz_steps, "spectral: Newton-Schulz iterations")
@@ -314,7 +318,8 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   app.add_option("--qr-max-iterations", c.qr_max_iterations, "qr: at most this many QR iterations per root step")
       ->group(g)->check(cli::at_least(0));
   app.add_option("--qr-tolerance", c.qr_tolerance,
-                 "qr: no more iterations once the off-diagonal part of Q^T F Q is at most this fraction of it (Frobenius)")
+                 "qr: no more iterations once the off-diagonal part of Q^T F Q is at most this fraction of it (Frobenius; "
+                 "0: always --qr-max-iterations, as the reference)")
       ->group(g)->check(cli::between(0, 1));
   app.add_option("--root-spread", c.root_spread,
                  "recompute the roots in this many phases spread over each period, each root step doing about 1/S of "

@@ -176,9 +176,14 @@ int64_t RunState::resume(const Resumed& resumed) const {
   note(nullptr, outcome[0]);
   note(&par, outcome[1]);
   note(optim.get(), outcome[2]);
-  if (outcome[2] == static_cast<int64_t>(Restored::fresh)) optim = strategy.optimizer(par);  // afresh, whole
+  std::string updated;
+  if (outcome[2] == static_cast<int64_t>(Restored::fresh))
+    optim = strategy.optimizer(par);  // afresh, whole
+  else
+    updated = optim->restored(meta.optim_config);
   if (first)
     for (const std::string& n : notes) spdlog::warn("{}", n);
+  if (first && !updated.empty()) spdlog::info("{}: {}", path.string(), updated);
   spdlog::info("resuming from {} at step {}", path.string(), meta.step);
   spdlog::debug("{} was opened {} time(s) by this process", path.string(), ckpt::Reader::times_opened(path));
   return meta.step;
