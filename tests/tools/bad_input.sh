@@ -3,7 +3,8 @@
 # or file and the problem, on every rank, before any work starts and creating nothing:
 #   non-finite features in a data file (--data, --val-data; data-pack's writer refuses them too);
 #   a token not below the file's vocab_size, found on every rank, not only where it is read;
-#   outputs that cannot be written (--checkpoint-dir through a file or in a read-only directory,
+#   outputs that cannot be written (--checkpoint-dir through a file, in a read-only directory or
+#   under /proc,
 #   --metrics or --save where nothing can be written, -o of data-pack and shard-inspect), checked
 #   on every rank under mpiexec -n 2; numeric options whose message states the rule
 #   ("--steps must be at least 1"); data files that are not HDF5, truncated or incomplete, and
@@ -118,6 +119,12 @@ every_rank "--save in a missing directory (fsdp-train)" fsdp-train "--save nodir
 every_rank "--checkpoint-dir with a bad --metrics" psgd-train "--metrics afile/m.jsonl: afile is not a directory" \
   $psgd $common --checkpoint-dir newck --metrics afile/m.jsonl
 [ ! -e newck ] && ok "a run that fails validation creates no checkpoint directory" || bad "newck was created"
+# Where permission bits say yes but nothing can be made (/proc: root passes access(2) there; it
+# used to fail on rank 0 alone, in the run, exit 1 through MPI_ABORT).
+every_rank "--checkpoint-dir where nothing can be made (/proc)" psgd-train \
+  "--checkpoint-dir /proc/dtk-nope: cannot be created in /proc" $psgd $common --steps 3 --stop-at 2 --checkpoint-dir /proc/dtk-nope
+every_rank "--save where nothing can be made (/proc, fsdp-train)" fsdp-train "--save /proc/dtk.h5: cannot write in /proc" \
+  $fsdp $common --save /proc/dtk.h5
 # A read-only directory: mode 555 (root ignores it: chattr +i, where the file system has it).
 mkdir ro
 chmod 555 ro

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,16 @@ fs::path parent_of(const fs::path& p) {
   return parent.empty() ? fs::path(".") : parent;
 }
 
+// 0 when this process can create entries in the directory dir, else the errno: it makes a
+// directory of a unique name there and removes it. Permission bits alone do not tell (root
+// passes access(2) on /proc and on read-only mounts' directories, where mkdir then fails).
+int cannot_create_in(const fs::path& dir) {
+  std::string probe = (dir / ".dtk-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr) return errno;
+  ::rmdir(probe.c_str());
+  return 0;
+}
+
 }  // namespace
 
 void check_output_dir(const std::string& option, const std::string& path) {
@@ -32,7 +43,7 @@ void check_output_dir(const std::string& option, const std::string& path) {
   const fs::file_status st = fs::status(p, ec);
   if (fs::exists(st)) {
     if (!fs::is_directory(st)) fail_usage(what + ": exists and is not a directory");
-    if (::access(p.c_str(), W_OK | X_OK) != 0) fail_usage(what + ": the directory is not writable (" + why(errno) + ")");
+    if (const int e = cannot_create_in(p)) fail_usage(what + ": the directory is not writable (" + why(e) + ")");
     return;
   }
   if (fs::exists(fs::symlink_status(p, ec))) fail_usage(what + ": a symbolic link to nothing");
@@ -45,8 +56,7 @@ void check_output_dir(const std::string& option, const std::string& path) {
     }
     if (!fs::is_directory(s))
       fail_usage(what + ": cannot be created: " + a.string() + " is not a directory");
-    if (::access(a.c_str(), W_OK | X_OK) != 0)
-      fail_usage(what + ": cannot be created in " + a.string() + " (" + why(errno) + ")");
+    if (const int e = cannot_create_in(a)) fail_usage(what + ": cannot be created in " + a.string() + " (" + why(e) + ")");
     return;
   }
 }
@@ -61,8 +71,7 @@ void check_output_parent(const std::string& option, const std::string& path) {
   const fs::file_status ds = fs::status(dir, ec);
   if (!fs::exists(ds)) fail_usage(what + ": the directory " + dir.string() + " does not exist");
   if (!fs::is_directory(ds)) fail_usage(what + ": " + dir.string() + " is not a directory");
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    fail_usage(what + ": cannot write in " + dir.string() + " (" + why(errno) + ")");
+  if (const int e = cannot_create_in(dir)) fail_usage(what + ": cannot write in " + dir.string() + " (" + why(e) + ")");
 }
 
 void check_output_file(const std::string& option, const std::string& path) {

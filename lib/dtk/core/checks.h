@@ -1,5 +1,7 @@
-// Output paths are checked before any work starts, on every rank, creating nothing (UsageError
-// naming the option and the problem: exit 2).
+// Output paths are checked before any work starts, on every rank, leaving nothing behind
+// (UsageError naming the option and the problem: exit 2). Whether a directory can be written is
+// tried, not read from its permission bits: a directory of a unique name is made there and
+// removed at once.
 #pragma once
 #include <string>
 

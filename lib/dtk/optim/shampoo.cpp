@@ -91,36 +91,13 @@ class Shampoo final : public Optimizer {
     if (sharded_) build_gather();
   }
 
-  // The config; eigenvalue-corrected adds the order of its bases' columns, which dtk before it
-  // kept descending for qr (restored below).
+  // The config, and what the preconditioner adds to describe its state's layout.
   nlohmann::json config() const override {
     nlohmann::json j = cx_.cfg;
-    if (cx_.cfg.preconditioner == Preconditioner::eigenvalue_corrected) j["eigenbasis_order"] = "ascending";
+    pre_->describe(j);
     return j;
   }
-
-  // An eigenvalue-corrected checkpoint of dtk before the ascending order, with qr bases (their
-  // columns by descending estimate): every basis's columns reversed, and with them every block's
-  // second moment (positional: reversing each mode's index reverses the block's flat index).
-  // The same preconditioner, in the reference's order.
-  std::string restored(const nlohmann::json& saved) override {
-    if (cx_.cfg.preconditioner != Preconditioner::eigenvalue_corrected || saved.contains("eigenbasis_order") ||
-        saved.value("root_method", std::string()) != "qr")
-      return "";
-    const auto reversed = [](Tensor& t, int64_t rows, int64_t cols) {  // each row's elements in reverse
-      std::vector<double> v = t.to_doubles();
-      for (int64_t r = 0; r < rows; ++r) std::reverse(v.begin() + r * cols, v.begin() + (r + 1) * cols);
-      t.copy_from(Tensor::from_doubles(v, t.shape(), t.dtype(), t.device()));
-    };
-    for (Group& gr : groups_) {
-      if (!gr.corrected.defined()) continue;
-      const int64_t B = gr.corrected.dim(0);
-      for (Tensor& Q : gr.basis) reversed(Q, Q.numel() / Q.dim(-1), Q.dim(-1));
-      reversed(gr.corrected, B, gr.n);
-    }
-    return "its eigenvalue-corrected qr bases were kept in descending order (dtk before 2026-11-29): reversed, "
-           "with the second moment, into the reference's ascending order";
-  }
+  std::string restored(const nlohmann::json& saved) override { return pre_->restored(groups_, saved); }
   std::string_view component_name() const override { return "shampoo"; }
 
   // Its blocks (parameter, index, shape, the rank of the group that owns it, its root phase,
@@ -410,7 +387,6 @@ class Shampoo final : public Optimizer {
   void allocate_groups() {
     const bool graft_state = cx_.cfg.grafting == Grafting::adagrad || cx_.cfg.grafting == Grafting::rmsprop || cx_.cfg.grafting == Grafting::adam;
     int64_t scratch = 1, max_chunk = 1, max_n = 1;
-    bool rotate64 = false;
     for (auto& gr : groups_) {
       const int64_t B = static_cast<int64_t>(gr.blocks.size());
       gr.chunk = std::clamp<int64_t>(kChunkElements / gr.n, 1, B);
@@ -422,7 +398,6 @@ class Shampoo final : public Optimizer {
       if (cx_.cfg.beta1 > 0) gr.filtered = Tensor::zeros({B, gr.n}, DType::f32, cx_.device);
       if (cx_.cfg.momentum > 0) gr.momentum = Tensor::zeros({B, gr.n}, DType::f32, cx_.device);
       gr.failures = Tensor::zeros({B}, DType::i64);
-      if (!gr.rotate.empty() && cx_.cfg.factor_dtype == DType::f64) rotate64 = true;
       // Runs of consecutive blocks of one parameter, for gathering the gradient blocks.
       for (int64_t i = 0; i < B;) {
         const int p = cx_.blocks[static_cast<size_t>(gr.blocks[static_cast<size_t>(i)])].param;
@@ -447,17 +422,7 @@ class Shampoo final : public Optimizer {
     Scratch& sc = cx_.sc;
     for (Tensor* t : {&sc.grad, &sc.filtered, &sc.side, &sc.ping, &sc.pong}) *t = Tensor::empty({scratch}, DType::f32, cx_.device);
     if (cx_.cfg.momentum > 0) cx_.sc.search = Tensor::empty({scratch}, DType::f32, cx_.device);
-    if (pre_->needs_second_pair()) {
-      cx_.sc.ping2 = Tensor::empty({scratch}, DType::f32, cx_.device);
-      cx_.sc.pong2 = Tensor::empty({scratch}, DType::f32, cx_.device);
-    }
-    const bool bases64 = cx_.cfg.preconditioner == Preconditioner::eigenvalue_corrected && cx_.cfg.basis_dtype == DType::f64;
-    if (cx_.cfg.factor_dtype == DType::f64 || bases64) cx_.sc.grad64 = Tensor::empty({scratch}, DType::f64, cx_.device);
-    if (rotate64 || bases64) {
-      cx_.sc.ping64 = Tensor::empty({scratch}, DType::f64, cx_.device);
-      cx_.sc.pong64 = Tensor::empty({scratch}, DType::f64, cx_.device);
-    }
-    if (bases64) cx_.sc.side64 = Tensor::empty({scratch}, DType::f64, cx_.device);
+    pre_->allocate_scratch(groups_, scratch);
     cx_.sc.norm_a = Tensor::empty({max_chunk}, DType::f32, cx_.device);
     cx_.sc.norm_b = Tensor::empty({max_chunk}, DType::f32, cx_.device);
     cx_.sc.ones = Tensor::empty({max_n}, DType::f32, cx_.device);

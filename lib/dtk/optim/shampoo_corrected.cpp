@@ -2,6 +2,7 @@
 // shampoo.h): the same Kronecker factors, their eigenbases Q_k recomputed at the root steps, and
 // Adam run in those bases: V = b V + (1 - b) (G x_k Q_k^T)^2 every step, and
 // P = [(Mh x_k Q_k^T) / (sqrt(V / bc) + e)] x_k Q_k.
+#include <algorithm>
 #include <cmath>
 
 #include "dtk/optim/shampoo_internal.h"
@@ -14,7 +15,38 @@ class Corrected final : public Factored {
   using Factored::Factored;
 
   const char* amortized_name() const override { return "eigenbasis"; }
-  bool needs_second_pair() const override { return true; }
+  // The factors' scratch; ping2 and pong2; with f64 bases the f64 gradient, products and side.
+  void allocate_scratch(const std::vector<Group>& groups, int64_t elements) override {
+    Factored::allocate_scratch(groups, elements);
+    Scratch& sc = cx_.sc;
+    for (Tensor* t : {&sc.ping2, &sc.pong2}) *t = Tensor::empty({elements}, DType::f32, cx_.device);
+    if (cx_.cfg.basis_dtype == DType::f64)
+      for (Tensor* t : {&sc.grad64, &sc.ping64, &sc.pong64, &sc.side64})
+        if (!t->defined()) *t = Tensor::empty({elements}, DType::f64, cx_.device);
+  }
+
+  // The order of the bases' columns, which dtk before 2026-11-29 kept descending with qr.
+  void describe(nlohmann::json& config) const override { config["eigenbasis_order"] = "ascending"; }
+
+  // A checkpoint of dtk before the ascending order, with qr bases (columns by descending
+  // estimate): every basis's columns reversed, and with them every block's second moment
+  // (positional: reversing each mode's index reverses the block's flat index). The same
+  // preconditioner, in the reference's order.
+  std::string restored(std::vector<Group>& groups, const nlohmann::json& saved) override {
+    if (saved.contains("eigenbasis_order") || saved.value("root_method", std::string()) != "qr") return "";
+    const auto reversed = [](Tensor& t, int64_t rows, int64_t cols) {  // each row's elements in reverse
+      std::vector<double> v = t.to_doubles();
+      for (int64_t r = 0; r < rows; ++r) std::reverse(v.begin() + r * cols, v.begin() + (r + 1) * cols);
+      t.copy_from(Tensor::from_doubles(v, t.shape(), t.dtype(), t.device()));
+    };
+    for (Group& gr : groups) {
+      if (!gr.corrected.defined()) continue;  // diagonal groups
+      for (Tensor& Q : gr.basis) reversed(Q, Q.numel() / Q.dim(-1), Q.dim(-1));
+      reversed(gr.corrected, gr.corrected.dim(0), gr.n);
+    }
+    return "its eigenvalue-corrected qr bases were kept in descending order (dtk before 2026-11-29): reversed, "
+           "with the second moment, into the reference's ascending order";
+  }
 
   // Factors zero, bases identity (Adam until the first basis), the second moment zero; bases and
   // second moment in basis_dtype.

@@ -29,6 +29,16 @@ void fill_identity(Tensor& batch, Device device) {
   }
 }
 
+void Factored::allocate_scratch(const std::vector<Group>& groups, int64_t elements) {
+  if (cx_.cfg.factor_dtype != DType::f64) return;
+  Scratch& sc = cx_.sc;
+  sc.grad64 = Tensor::empty({elements}, DType::f64, cx_.device);
+  if (std::any_of(groups.begin(), groups.end(), [](const Group& g) { return !g.rotate.empty(); })) {
+    sc.ping64 = Tensor::empty({elements}, DType::f64, cx_.device);
+    sc.pong64 = Tensor::empty({elements}, DType::f64, cx_.device);
+  }
+}
+
 void Factored::allocate_factors(Group& gr) {
   const int64_t B = static_cast<int64_t>(gr.blocks.size());
   for (int k = 0; k < gr.order; ++k) {

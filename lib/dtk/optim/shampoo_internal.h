@@ -125,8 +125,8 @@ class BlockPreconditioner {
   virtual ~BlockPreconditioner() = default;
   // The group's state for its B blocks (factors, roots, bases, second moment).
   virtual void allocate(Group& gr) = 0;
-  // Scratch beyond the driver's: ping2 and pong2.
-  virtual bool needs_second_pair() const = 0;
+  // Scratch beyond the driver's, of `elements` (the largest chunk's) each.
+  virtual void allocate_scratch(const std::vector<Group>& groups, int64_t elements) = 0;
   // Every step, before the direction: the statistics of G (the chunk [c0, c1), L2-augmented).
   virtual void update(Group& gr, int64_t c0, int64_t c1, const Tensor& G, int64_t t) = 0;
   // At a root step of their phase: the amortized work of the blocks [r0, r1) of the group.
@@ -138,6 +138,14 @@ class BlockPreconditioner {
                            bool precond) = 0;
   // The name of the amortized work in messages ("inverse root", "eigenbasis").
   virtual const char* amortized_name() const = 0;
+  // What describes its state's layout, added to the optimizer's config (checkpoints keep it).
+  virtual void describe(nlohmann::json& config) const { (void)config; }
+  // After the groups' state was restored from a checkpoint whose optimizer config is `saved`:
+  // state an older dtk laid out otherwise brought up to date; what was done, or "".
+  virtual std::string restored(std::vector<Group>& groups, const nlohmann::json& saved) {
+    (void)groups, (void)saved;
+    return "";
+  }
 
  protected:
   Context& cx_;
@@ -153,7 +161,8 @@ std::unique_ptr<BlockPreconditioner> make_spectral(Context& cx);
 class Factored : public BlockPreconditioner {
  public:
   using BlockPreconditioner::BlockPreconditioner;
-  bool needs_second_pair() const override { return false; }
+  // The f64 factors' gradient, and their rotations (order >= 3).
+  void allocate_scratch(const std::vector<Group>& groups, int64_t elements) override;
 
  protected:
   // The factors, zero, and the rotations of order >= 3.

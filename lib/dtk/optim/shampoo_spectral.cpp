@@ -17,7 +17,9 @@ class Spectral final : public BlockPreconditioner {
   using BlockPreconditioner::BlockPreconditioner;
 
   const char* amortized_name() const override { return "orthogonalisation"; }
-  bool needs_second_pair() const override { return true; }
+  void allocate_scratch(const std::vector<Group>&, int64_t elements) override {  // ping2, pong2
+    for (Tensor* t : {&cx_.sc.ping2, &cx_.sc.pong2}) *t = Tensor::empty({elements}, DType::f32, cx_.device);
+  }
   void allocate(Group&) override {}
   void update(Group&, int64_t, int64_t, const Tensor&, int64_t) override {}
   void amortized_step(Group&, int64_t, int64_t, int64_t) override {}
