@@ -96,22 +96,6 @@ for c in "ec|--preconditioner eigenvalue-corrected --grafting none --ec-epsilon 
   run $si ls p${name}2.h5
   for k in $keys; do grep -q "/$k " $tmp/o || bad "$name: no $k in the checkpoint" "$(grep shampoo $tmp/o | head -8)"; done
 done
-# ---- eigenvalue-corrected in f64: 1, 2 and 4 ranks, and a 4 -> 2 rank resume, 30 steps ----
-# With f64 factors and bases and converged (eigh) bases SOAP agrees across world sizes about as
-# well as the roots do (measured: 8e-6, 1.2e-5 for 4 ranks, the resume 3.5e-6; in f32 4e-4).
-# The norms, embeddings and output go diagonal: their factors are rank-deficient, and a basis
-# within a degenerate eigenspace is rounding's choice.
-f64="--preconditioner eigenvalue-corrected --grafting none --ec-epsilon 1e-6 --factor-dtype f64 --basis-dtype f64 --diagonal-params norm,embeddings,output"
-for n in 1 2 4; do run $mpiexec -n $n $st $common $f64 --steps 30 --save s64-$n.h5; done
-rm -rf sk; run $mpiexec -n 4 $st $common $f64 --steps 30 --stop-at 15 --checkpoint-dir sk
-run $mpiexec -n 2 $st $common $f64 --steps 30 --resume sk --save s64-r.h5
-rc_all=0
-for f in s64-2 s64-4 s64-r; do run $si diff s64-1.h5 $f.h5 model/ --rtol 0 --atol 3e-5; [ $rc = 0 ] || rc_all=$rc; done
-run $si ls s64-2.h5
-[ $rc_all = 0 ] && grep -qE "corrected_second_moment +f64" $tmp/o && grep -qE "eigvecs0 +f64" $tmp/o \
-  && ok "eigenvalue-corrected with f64 bases: 1, 2, 4 ranks and a 4 -> 2 resume within 3e-5, bases stored f64" \
-  || bad "eigenvalue-corrected in f64 across world sizes" "$(cat $tmp/o | head -20)"
-
 run $si ls pmuon2.h5
 grep -q "tok_embeddings.weight/block0/filtered_grad" $tmp/o && ! grep -q "/factor0 \|/root0 \|/graft " $tmp/o &&
   ok "muon: no factors, no grafting state: the filtered gradients" || bad "muon state" "$(grep shampoo $tmp/o | head)"
@@ -122,6 +106,22 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
 assert rows[-1]["loss"] < 3.2
 PY
+
+# ---- eigenvalue-corrected in f64: 1, 2 and 4 ranks, and a 4 -> 2 rank resume, 30 steps ----
+# With f64 factors and bases and converged (eigh) bases SOAP agrees across world sizes about as
+# well as the roots do (measured: 8e-6, 1.2e-5 for 4 ranks, the resume 3.5e-6; in f32 4e-4).
+# The norms, embeddings and output go diagonal: their factors are rank-deficient, and a basis
+# within a degenerate eigenspace is rounding's choice.
+f64="--preconditioner eigenvalue-corrected --grafting none --ec-epsilon 1e-6 --factor-dtype f64 --basis-dtype f64 --diagonal-params norm,embeddings,output"
+for n in 1 2 4; do run $mpiexec -n $n $st $common $f64 --steps 30 --save s64-$n.h5; done
+rm -rf sk; run $mpiexec -n 4 $st $common $f64 --steps 30 --stop-at 15 --checkpoint-dir sk
+run $mpiexec -n 2 $st $common $f64 --steps 30 --resume sk --save s64-r.h5
+far=""
+for f in s64-2 s64-4 s64-r; do run $si diff s64-1.h5 $f.h5 model/ --rtol 0 --atol 3e-5; [ $rc = 0 ] || far="$far $f"; done
+run $si ls s64-2.h5
+[ -z "$far" ] && grep -qE "corrected_second_moment +f64" $tmp/o && grep -qE "eigvecs0 +f64" $tmp/o \
+  && ok "eigenvalue-corrected with f64 bases: 1, 2, 4 ranks and a 4 -> 2 resume within 3e-5, bases stored f64" \
+  || bad "eigenvalue-corrected in f64 across world sizes (beyond 3e-5:${far:- none})" "$(head -20 $tmp/o)"
 
 # ---- adamw and sgd in the same loop ----
 run $st $common --steps 3 --optimizer adamw

@@ -37,9 +37,20 @@ void visit_reduce(Reduce k, F&& f) {
   }
 }
 
+// max and min that propagate NaN as PyTorch does: an accumulator a that is NaN stays NaN, a NaN
+// b wins.
+template <typename T>
+DTK_HD T max_nan(T a, T b) {
+  return (a > b || a != a) ? a : b;
+}
+template <typename T>
+DTK_HD T min_nan(T a, T b) {
+  return (a < b || a != a) ? a : b;
+}
+
 // A reduction kind as a policy over double accumulators: map each element, combine two partial
-// results (in any tree: the backends fix the tree), finish with the element count. max and min
-// propagate NaN as PyTorch does: an accumulator that is NaN stays NaN, a NaN element wins.
+// results (in any tree: the backends fix the tree), finish with the element count; max and min
+// propagate NaN (max_nan, min_nan).
 template <Reduce K>
 struct ReducePolicy {
   static constexpr bool additive = K == Reduce::sum || K == Reduce::mean || K == Reduce::norm2;
@@ -55,8 +66,8 @@ struct ReducePolicy {
   }
   DTK_HD static double combine(double acc, double x) {
     if constexpr (additive) return acc + x;
-    else if constexpr (K == Reduce::min) return (acc < x || acc != acc) ? acc : x;
-    else return (acc > x || acc != acc) ? acc : x;
+    else if constexpr (K == Reduce::min) return min_nan(acc, x);
+    else return max_nan(acc, x);
   }
   DTK_HD static double finish(double acc, int64_t count) {
     if constexpr (K == Reduce::mean) return acc / static_cast<double>(count);  // 0 / 0 = NaN when empty

@@ -69,14 +69,15 @@ class Corrected final : public Factored {
   // alone in f64 from the same bases (Meta's retry_double_precision), else keeps its bases.
   void amortized_step(Group& gr, int64_t c0, int64_t c1, int64_t t) override {
     const ops::RootOptions o = root_options();
+    const bool warm = o.method == RootMethod::qr;  // eigh takes no starting basis
     amortized(gr, c0, c1, t, [&](int k, int64_t r0, const Tensor& Fc, std::vector<char>& failed) {
       const int64_t nb = Fc.dim(0), b = Fc.dim(1);
       Tensor Q = gr.basis[static_cast<size_t>(k)].slice(c0 + r0, c0 + r0 + nb);
       Tensor Qn = Tensor::empty({nb, b, b}, Fc.dtype(), cx_.device);
-      ops::cast(Q, Qn);
+      if (warm) ops::cast(Q, Qn);
       take_or_retry(ops::eigenbases(Fc, o, Qn), Fc, Qn, Q, failed, r0,
                     [&](int64_t i, const Tensor& Fd, Tensor& Qd) {
-                      ops::cast(Q.slice(i, i + 1), Qd);
+                      if (warm) ops::cast(Q.slice(i, i + 1), Qd);
                       return ops::eigenbases(Fd, o, Qd)[0] != 0;
                     });
     });

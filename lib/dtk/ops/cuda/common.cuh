@@ -110,15 +110,8 @@ __device__ __forceinline__ T d_inf() {
   return static_cast<T>(INFINITY);
 }
 
-// max / min that propagate NaN (as PyTorch does): a NaN anywhere makes the result NaN.
-template <typename T>
-__device__ __forceinline__ T max_nan(T a, T b) {
-  return (a > b || d_isnan(a)) ? a : b;
-}
-template <typename T>
-__device__ __forceinline__ T min_nan(T a, T b) {
-  return (a < b || d_isnan(a)) ? a : b;
-}
+using detail::max_nan;  // max / min that propagate NaN (ops/dispatch.h)
+using detail::min_nan;
 
 // ------------------------------------------------------------------------------- reductions
 struct SumOp {
