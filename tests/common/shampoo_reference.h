@@ -421,7 +421,7 @@ class Reference {
       for (size_t i = 0; i < bl.block_shapes.size(); ++i) {
         Block b;
         b.dims = bl.block_shapes[i];
-        b.kind = diagonal                ? Kind::diagonal
+        b.kind = diagonal || pre == "dion" ? Kind::diagonal  // dion: its matrices are dion_reference.h's
                  : pre == "spectral"     ? (b.dims.size() == 2 ? Kind::spectral : Kind::diagonal)
                  : pre == "root"         ? Kind::roots
                                          : Kind::corrected;
@@ -568,7 +568,7 @@ class Reference {
           const int r = static_cast<int>(b.dims[0]), c = static_cast<int>(b.dims[1]);
           P = name_of(cfg_.spectral_method) == "exact" ? orth_exact(Mh, r, c) : newton_schulz(Mh, r, c, cfg_.newton_schulz_steps);
           const std::string sc(name_of(cfg_.spectral_scale));
-          const double scale = sc == "muon"  ? std::sqrt(std::max(1.0, double(r) / double(c)))
+          const double scale = sc == "muon" || sc == "auto" ? std::sqrt(std::max(1.0, double(r) / double(c)))
                                : sc == "rms" ? 0.2 * std::sqrt(double(std::max(r, c)))
                                              : 1.0;
           for (double& x : P) x *= scale;

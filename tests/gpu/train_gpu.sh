@@ -66,6 +66,19 @@ run $shampoo $common $sham --steps 7 --save ws1.h5
 # (inverse roots amplify the reordered sums: shampoo_train.sh's tolerance)
 [ $rc = 0 ] && run $si diff ws1.h5 wsn.h5 model/ --rtol 1e-3 --atol 1e-4
 [ $rc = 0 ] && ok "shampoo-train: $n ranks over $backend == 1 rank" || bad "shampoo-train on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+# Dion: the power iteration on the GPU is the CPU's up to the kernels' rounding; N ranks (their
+# factors averaged, each keeping its own buffer) and N shards of fsdp-train are the one rank's.
+dion="--optimizer shampoo --preconditioner dion --diagonal-params embeddings,output"
+run $shampoo $common $dion --steps 7 --save d1.h5
+[ $rc = 0 ] && run $shampoo ${common/--device $dev/--device cpu} $dion --steps 7 --save dcpu.h5
+[ $rc = 0 ] && run $si diff dcpu.h5 d1.h5 model/ --rtol 1e-3 --atol 1e-5
+[ $rc = 0 ] && ok "dion: $dev == cpu" || bad "dion on $dev against the CPU (exit $rc)" "$(cat $tmp/o $tmp/e)"
+run $launch $shampoo $common $dion $wire --steps 7 --save dn.h5
+[ $rc = 0 ] && run $si diff d1.h5 dn.h5 model/ --rtol 1e-3 --atol 1e-5
+[ $rc = 0 ] && ok "dion: shampoo-train on $n ranks over $backend == 1 rank" || bad "dion on $n ranks (exit $rc)" "$(cat $tmp/o $tmp/e)"
+run $launch $fsdp $common $dion $exact $wire --steps 7 --save dfs.ckpt
+[ $rc = 0 ] && run $si diff d1.h5 dfs.ckpt model/ --rtol 1e-3 --atol 1e-5
+[ $rc = 0 ] && ok "dion: fsdp-train on $n shards over $backend == 1 rank" || bad "dion on $n shards (exit $rc)" "$(cat $tmp/o $tmp/e)"
 # psgd-train: plain all-reduce of the gradient buckets, and PowerSGD running.
 run $psgd $common --compressor none --steps 8 --save p1.h5
 [ $rc = 0 ] && run $launch $psgd $common $wire --compressor none --steps 8 --save pn.h5

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/dion_reference.h"
 #include "../common/shampoo_reference.h"
 #include "../common/shared_tmpdir.h"
 #include "dtk/ckpt/state.h"
@@ -205,6 +206,40 @@ TEST(ShampooMpi, WorldSizeInvariance) {
 
 // ---------------------------------------------------------------------------- sharded
 
+// This rank's rows of dim 0 of a run's parameters, split as Fsdp::layout splits them (ceil(rows /
+// n) each, the last ranks possibly none).
+struct Shards {
+  std::vector<nn::Param> params;
+  std::vector<Rows> rows;
+  int rank;
+  Shards(const RunState& full, int rank_, int n) : rank(rank_) {
+    for (size_t i = 0; i < kSpecs.size(); ++i) {
+      const Shape& s = kSpecs[i].second;
+      Rows r{s, {}, {}, rank};
+      const int64_t pad = (s[0] + n - 1) / n;
+      for (int q = 0; q < n; ++q) {
+        const int64_t o = std::min(s[0], q * pad);
+        r.offsets.push_back(o);
+        r.lengths.push_back(std::min(s[0], o + pad) - o);
+      }
+      rows.push_back(r);
+      Shape ss = s;
+      ss[0] = r.lengths[size_t(rank)];
+      params.push_back({kSpecs[i].first, Tensor::from_doubles(mine(full.start[i], i), ss, DType::f32), Tensor::zeros(ss, DType::f32), 0});
+    }
+  }
+  // This rank's rows of the values v of parameter i.
+  Vec mine(const Vec& v, size_t i) const {
+    const Rows& r = rows[i];
+    const int64_t cols = shape_numel(r.shape) / r.shape[0], o = r.offsets[size_t(rank)], len = r.lengths[size_t(rank)];
+    return Vec(v.begin() + o * cols, v.begin() + (o + len) * cols);
+  }
+  void set_grads(const std::vector<Vec>& g) {
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].grad.copy_from(Tensor::from_doubles(mine(g[i], i), params[i].value.shape(), DType::f32));
+  }
+};
+
 // fsdp-train's placement: each rank holds dim-0 rows of every parameter (split as Fsdp splits
 // them: ceil(rows / n) each, the last ranks possibly none), and the optimizer over the shard group
 // gathers the gradients (and weights) so that its blocks are the whole parameters'. Every rank's
@@ -235,55 +270,22 @@ TEST(ShampooMpi, ShardedParametersEqualReplicated) {
       {"pseudo-inverse, factor update every 2", [](ShampooConfig& c) {
          c.root_method = RootMethod::pseudo_inverse; c.epsilon = 0; c.factor_update_every = 2; }},
   };
-  // Rows of dim 0 per rank, as Fsdp::layout splits them.
-  auto split = [&](const Shape& s) {
-    Rows r{s, {}, {}, rank};
-    const int64_t pad = (s[0] + n - 1) / n;
-    for (int q = 0; q < n; ++q) {
-      const int64_t o = std::min(s[0], q * pad);
-      r.offsets.push_back(o);
-      r.lengths.push_back(std::min(s[0], o + pad) - o);
-    }
-    return r;
-  };
-  auto rows_of = [](const Vec& v, const Shape& s, int64_t o, int64_t len) {
-    const int64_t cols = shape_numel(s) / s[0];
-    return Vec(v.begin() + o * cols, v.begin() + (o + len) * cols);
-  };
   for (const auto& [label, tweak] : variants) {
     ShampooConfig c = base_config();
     tweak(c);
     RunState full = make_run();
     auto one = make_shampoo(c, full.params, *local);
     steps(*one, full, 0, 6);
-    // This rank's shards.
-    std::vector<nn::Param> params;
-    std::vector<Rows> rows;
-    for (size_t i = 0; i < kSpecs.size(); ++i) {
-      const Shape& s = kSpecs[i].second;
-      rows.push_back(split(s));
-      const int64_t o = rows.back().offsets[size_t(rank)], len = rows.back().lengths[size_t(rank)];
-      Shape ss = s;
-      ss[0] = len;
-      params.push_back({kSpecs[i].first, Tensor::from_doubles(rows_of(full.start[i], s, o, len), ss, DType::f32),
-                        Tensor::zeros(ss, DType::f32), 0});
-    }
-    auto dist = make_shampoo(c, params, *world, rows);
+    Shards sh(full, rank, n);
+    auto dist = make_shampoo(c, sh.params, *world, sh.rows);
     for (int t = 0; t < 6; ++t) {
-      const auto g = grads_at(full.shapes, t);
-      for (size_t i = 0; i < params.size(); ++i) {
-        const Rows& r = rows[i];
-        params[i].grad.copy_from(Tensor::from_doubles(rows_of(g[i], r.shape, r.offsets[size_t(rank)], r.lengths[size_t(rank)]),
-                                                      params[i].value.shape(), DType::f32));
-      }
-      dist->step(params, 0.05);
+      sh.set_grads(grads_at(full.shapes, t));
+      dist->step(sh.params, 0.05);
     }
     const auto want = values(full);
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Rows& r = rows[i];
-      EXPECT_EQ(params[i].value.to_doubles(), rows_of(want[i], r.shape, r.offsets[size_t(rank)], r.lengths[size_t(rank)]))
-          << label << ": " << kSpecs[i].first << " on rank " << rank << " of " << n;
-    }
+    for (size_t i = 0; i < sh.params.size(); ++i)
+      EXPECT_EQ(sh.params[i].value.to_doubles(), sh.mine(want[i], i)) << label << ": " << kSpecs[i].first << " on rank "
+                                                                      << rank << " of " << n;
     // The replicated optimizer's state: every tensor written once, by its owner.
     std::map<std::string, Shape> names;
     for (const PlacedTensor& t : one->state()) names[t.name] = t.value.shape();
@@ -373,6 +375,160 @@ TEST(ShampooMpi, StateRestoresOnAnotherWorldSize) {
   }
   world->barrier().wait();
   if (rank == 0) fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------- Dion
+
+ShampooConfig dion_config() {
+  ShampooConfig c = base_config();
+  c.preconditioner = Preconditioner::dion;
+  c.precondition_frequency = 100;
+  c.start_preconditioning_step = -1;
+  c.momentum = 0;
+  c.nesterov = false;
+  c.dion_rank_fraction = 0.5;  // layers.0.w [6, 4]: r 2; layers.0.conv as [3, 20], transposed: r 2
+  c.diagonal_params = {"embeddings", "output"};
+  return c;
+}
+
+double max_rel(const std::vector<Vec>& got, const std::vector<Vec>& want, const std::vector<Vec>& start) {
+  double err = 0, moved = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    for (size_t e = 0; e < got[i].size(); ++e) {
+      err = std::max(err, std::fabs(got[i][e] - want[i][e]));
+      moved = std::max(moved, std::fabs(want[i][e] - start[i][e]));
+    }
+  return err / moved;
+}
+
+// Dion with dion_sync factors over N ranks, each rank stepping with its own contribution to the
+// gradient of Dion's matrices (rank q's share (q + 1) / (1 + ... + N) of the gradient g; the other
+// parameters' gradients aggregated, as GradSync leaves them): the weights equal a world of one
+// fed g, and the f64 re-derivation fed the N replicas' estimates N share_q g, within f32 rounding
+// (the products are averaged, not the gradients). Each rank's own buffer is checkpointed: saved
+// on N ranks and restored on N, the run continues bit for bit; restored on 1 (their mean), it
+// continues as the world of one within rounding.
+TEST(ShampooMpi, DionFactorsOverRanks) {
+  auto world = Runtime::get().world();
+  auto local = comm::make_local_communicator();
+  const int rank = world->rank(), n = world->size();
+  const ShampooConfig c = dion_config();
+  auto share = [&](int q) { return 2.0 * (q + 1) / (n * (n + 1.0)); };
+  auto dion_param = [](size_t i) { return kSpecs[i].first == "layers.0.w" || kSpecs[i].first == "layers.0.conv"; };
+  auto run = [&](Optimizer& opt, RunState& r, int from, int to, bool own_share) {
+    for (int t = from; t < to; ++t) {
+      const auto g = grads_at(r.shapes, t);
+      for (size_t i = 0; i < r.params.size(); ++i) {
+        Vec gi = g[i];
+        if (own_share && dion_param(i))
+          for (double& x : gi) x *= share(rank);
+        r.params[i].grad.copy_from(Tensor::from_doubles(gi, r.shapes[i], DType::f32));
+      }
+      opt.step(r.params, 0.05);
+    }
+  };
+  RunState a = make_run(), b = make_run();
+  auto dist = make_shampoo(c, a.params, *world, {}, world.get());
+  auto one = make_shampoo(c, b.params, *local, {}, local.get());
+  // The f64 reference of the two matrices, from the same initial Q.
+  std::map<size_t, dion_ref::Matrix> ref;
+  std::vector<Vec> want = a.start;
+  for (size_t i = 0; i < kSpecs.size(); ++i)
+    if (dion_param(i)) {
+      const Shape& s = kSpecs[i].second;
+      const int m = int(s[0]), cols = int(shape_numel(s) / s[0]);
+      Vec q0;
+      for (const PlacedTensor& t : dist->state())
+        if (t.name == "dion/" + kSpecs[i].first + "/q") q0 = t.value.to_doubles();
+      ref.emplace(i, dion_ref::Matrix(m, cols, 2, q0, c.beta1, std::sqrt(double(m) / cols)));
+    }
+  ASSERT_EQ(ref.size(), 2u);
+  run(*dist, a, 0, 4, true);
+  run(*one, b, 0, 4, false);
+  // Saved here on N ranks.
+  const fs::path dir = shared_tmpdir(), file = dir / "dion_factors.h5";
+  ckpt::Metadata meta;
+  meta.world_size = n;
+  meta.step = 4;
+  ckpt::save_state(file, entries(*dist, a), meta, *world);
+  run(*dist, a, 4, 7, true);
+  run(*one, b, 4, 7, false);
+  for (int t = 0; t < 7; ++t) {
+    const auto g = grads_at(a.shapes, t);
+    for (auto& [i, mat] : ref) {
+      std::vector<Vec> est;
+      for (int q = 0; q < n; ++q) {
+        Vec e = g[i];
+        for (double& x : e) x *= n * share(q);
+        est.push_back(e);
+      }
+      mat.step(want[i], est, 0.05, c.weight_decay, true);
+    }
+  }
+  const auto got = values(a), single = values(b);
+  EXPECT_LT(max_rel(got, single, a.start), 1e-5) << n << " ranks against one";
+  std::vector<Vec> got_d, want_d, start_d;
+  for (auto& [i, mat] : ref) got_d.push_back(got[i]), want_d.push_back(want[i]), start_d.push_back(a.start[i]);
+  EXPECT_LT(max_rel(got_d, want_d, start_d), 2e-5) << "against the f64 reference";
+  // Restored on N ranks: bit for bit; on 1: the mean buffer, within rounding.
+  {
+    RunState r = make_run();
+    auto o = make_shampoo(c, r.params, *world, {}, world.get());
+    auto e = entries(*o, r);
+    ckpt::Reader rd(file);
+    ckpt::load_state(rd, e, rank, n);
+    run(*o, r, 4, 7, true);
+    EXPECT_EQ(values(r), got) << "restored on " << n << " ranks";
+  }
+  {
+    RunState r = make_run();
+    auto o = make_shampoo(c, r.params, *local, {}, local.get());
+    auto e = entries(*o, r);
+    ckpt::Reader rd(file);
+    ckpt::load_state(rd, e, 0, 1);
+    run(*o, r, 4, 7, false);
+    EXPECT_LT(max_rel(values(r), single, a.start), 1e-5) << "saved on " << n << " ranks, restored on 1";
+  }
+  world->barrier().wait();
+  if (rank == 0) fs::remove_all(dir);
+}
+
+// Dion over sharded parameters (fsdp-train's rows; N = 4 leaves rank 3 no row of the [3, 20]
+// matrix): the products summed or gathered over the shard group, every rank's rows equal the
+// replicated world of one's within rounding; the state is the replicated one's, sharded by rows.
+TEST(ShampooMpi, DionShardedEqualsReplicated) {
+  auto world = Runtime::get().world();
+  auto local = comm::make_local_communicator();
+  const int rank = world->rank(), n = world->size();
+  for (DionSync sync : {DionSync::factors, DionSync::gradients}) {
+    ShampooConfig c = dion_config();
+    c.dion_sync = sync;
+    c.weight_decay_type = sync == DionSync::gradients ? WeightDecayType::l2 : WeightDecayType::decoupled;
+    RunState full = make_run();
+    auto one = make_shampoo(c, full.params, *local);
+    steps(*one, full, 0, 6);
+    Shards sh(full, rank, n);
+    auto dist = make_shampoo(c, sh.params, *world, sh.rows);
+    for (int t = 0; t < 6; ++t) {
+      sh.set_grads(grads_at(full.shapes, t));
+      dist->step(sh.params, 0.05);
+    }
+    const auto want = values(full);
+    double err = 0, moved = 0;
+    for (size_t i = 0; i < sh.params.size(); ++i) {
+      const Vec x = sh.params[i].value.to_doubles(), w = sh.mine(want[i], i), s0 = sh.mine(full.start[i], i);
+      for (size_t e = 0; e < x.size(); ++e) {
+        err = std::max(err, std::fabs(x[e] - w[e]));
+        moved = std::max(moved, std::fabs(w[e] - s0[e]));
+      }
+    }
+    EXPECT_LT(err, 1e-5 * std::max(moved, 1e-3)) << name_of(sync) << ", rank " << rank << " of " << n;
+    for (const PlacedTensor& t : dist->state())
+      if (t.name.rfind("dion/", 0) == 0 && t.name.find("/momentum") != std::string::npos) {
+        EXPECT_EQ(t.placement, Placement::sharded) << t.name;
+        EXPECT_EQ(t.rows.shape[1], t.value.dim(1)) << t.name;
+      }
+  }
 }
 
 // ---------------------------------------------------------------------------- errors

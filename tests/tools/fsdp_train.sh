@@ -231,6 +231,42 @@ run $si consolidate sfull.ckpt -o sfull.h5
 run $shampoo $common $sh --steps 22 --resume sfull.h5 --save sfull22.h5
 [ $rc = 0 ] && ok "shampoo-train resumes fsdp-train's consolidated Shampoo state" || bad "shampoo-train --resume consolidated (exit $rc)" "$(cat $tmp/e)"
 
+# ---- Dion on shards: only the rank-r factors cross the shard group and the replica groups ----
+# Its matrices stay on their shards (P's rows gathered, M^T Q and M^T P summed over the shard
+# group; across HSDP's replica groups M Q and M^T P averaged instead of the gradients): the
+# run of shampoo-train on one rank up to the order of the sums, on any R x S.
+dion="--optimizer shampoo --preconditioner dion --diagonal-params embeddings,output"
+# (--clip leaves Dion's matrices out with factors, not with gradients: a reference for each.)
+run $shampoo $common $dion --steps 20 --save dref.h5
+[ $rc = 0 ] && run $shampoo $common $dion --dion-sync gradients --steps 20 --save dref-gradients.h5
+[ $rc = 0 ] || bad "shampoo-train dion reference (exit $rc)" "$(cat $tmp/e)"
+for c in "1|" "2|" "4|" "2|--replicate 2" "4|--replicate 2" "4|--dion-sync gradients --replicate 2"; do
+  n=${c%%|*} extra=${c#*|} ref=dref.h5
+  [[ $extra == *gradients* ]] && ref=dref-gradients.h5
+  rm -rf d.ckpt d.jsonl; run $mpiexec -n $n $fsdp $common $dion $exact --steps 20 $extra --save d.ckpt --metrics d.jsonl
+  [ $rc = 0 ] || { bad "dion on $n ranks $extra (exit $rc)" "$(cat $tmp/e)"; continue; }
+  run $si diff $ref d.ckpt model/ --rtol 0 --atol 2e-6
+  [ $rc = 0 ] && ok "dion: $n ranks $extra == shampoo-train within 2e-6" || bad "dion: $n ranks $extra differs" "$(cat $tmp/o)"
+done
+# HSDP, factors: the replica hop carries the others' gradients only (fewer bytes than gradients').
+python3 - d.jsonl <<'PY' || bad "dion's HSDP bytes"
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert r["all_reduce_bytes"] > 0 and r["optim_comm_bytes"] > 0, r
+PY
+# Resume on HSDP 2 x 2: every replica's buffer becomes the replicas' mean at a save, so the run
+# that checkpoints at step 10 and its resume continue alike, bit for bit; on 1 rank within rounding.
+rm -rf dck; run $mpiexec -n 4 $fsdp $common $dion $exact --replicate 2 --steps 20 --checkpoint-every 10 --checkpoint-dir dck --save dfull.ckpt
+rm -rf dck2; run $mpiexec -n 4 $fsdp $common $dion $exact --replicate 2 --steps 20 --stop-at 10 --checkpoint-dir dck2
+run $mpiexec -n 4 $fsdp $common $dion $exact --replicate 2 --steps 20 --resume dck2 --save dres.ckpt
+run $si diff dfull.ckpt dres.ckpt
+[ $rc = 0 ] && ok "dion on HSDP 2 x 2: resume is exact" || bad "dion HSDP resume differs" "$(cat $tmp/o)" "$(cat $tmp/e)"
+run $fsdp $common $dion $exact --steps 20 --resume dck2 --save dres1.ckpt
+[ $rc = 0 ] && [ ! -s $tmp/e ] && run $si diff dfull.ckpt dres1.ckpt model/ --rtol 0 --atol 2e-6
+[ $rc = 0 ] && ok "dion: HSDP 2 x 2 checkpoint resumes on 1 rank, no warning" || bad "dion resume on 1 rank" "$(cat $tmp/o)" "$(cat $tmp/e)"
+expect2 "a compressor with dion's factors" "does not fit \-\-preconditioner dion" \
+  $mpiexec -n 2 $fsdp $common $dion --replicate 2 --compressor powersgd --steps 2
+
 # ---- bad input: exit 2 on every rank, one line naming the problem ----
 expect2 "--replicate that does not divide" "does not divide" $mpiexec -n 4 $fsdp $common --steps 2 --replicate 3
 expect2 "--buckets nonsense" "--buckets" $mpiexec -n 2 $fsdp $common --steps 2 --buckets nonsense

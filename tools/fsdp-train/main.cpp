@@ -7,6 +7,7 @@
 #include "dtk/train/command_line.h"
 #include "dtk/compress/auto.h"
 #include "dtk/core/error.h"
+#include "dtk/optim/shampoo.h"
 #include "dtk/parallel/fsdp.h"
 #include "dtk/train/trainer.h"
 
@@ -34,7 +35,8 @@ cli::Program program(Args& a) {
       "that communication hides behind compute.";
   p.footer =
       train::metrics_help(
-          {train::MetricSource::sharded, train::MetricSource::compression, train::MetricSource::auto_compression}) +
+          {train::MetricSource::sharded, train::MetricSource::compression, train::MetricSource::auto_compression,
+           train::MetricSource::shampoo}) +
       "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 fsdp-train --model llama-small --buckets auto --activation-checkpointing --steps 300";
   p.add_options = [&a](CLI::App& app) {
@@ -93,8 +95,12 @@ cli::Program program(Args& a) {
     // The sharded placement: the model's parameters live in its shards.
     s.storage = nn::Storage::external;
     if (compressor) s.config["compressor"] = *compressor;
-    s.parallelism = [c, compressor](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
-      return std::make_unique<parallel::Fsdp>(model, world, host, c, compressor);
+    // Dion's factors aggregate its matrices across the replica groups: HSDP's all-reduce leaves them out.
+    const bool shampoo = o.optimization.optimizer == optim::Kind::shampoo;
+    const optim::ShampooConfig sc = train::shampoo_config(o, a.shampoo);
+    s.parallelism = [c, compressor, shampoo, sc](nn::Model& model, comm::Communicator& world, comm::Communicator& host) {
+      return std::make_unique<parallel::Fsdp>(model, world, host, c, compressor,
+                                              shampoo ? optim::dion_local_gradients(sc, model.params()) : std::vector<char>{});
     };
     return [r, s](comm::Runtime& rt) { return train::run(r, s, rt); };
   };

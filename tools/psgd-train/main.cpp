@@ -28,7 +28,8 @@ cli::Program program(Args& a) {
       "Data-parallel training with PowerSGD gradient compression (Vogels et al., 2019): rank-r power iteration "
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "
       "aggregation as baselines.";
-  p.footer = train::metrics_help({train::MetricSource::compression, train::MetricSource::auto_compression}) +
+  p.footer = train::metrics_help({train::MetricSource::compression, train::MetricSource::auto_compression,
+                                   train::MetricSource::shampoo}) +
              "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp +
              ".\n"
              "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 "

@@ -25,7 +25,7 @@ cli::Program program(Args& a) {
       "blocks, and one all-gather per step shares the directions. --preconditioner eigenvalue-corrected (SOAP) "
       "and spectral (Muon) use the same blocks. AdamW and SGD run in the same loop for comparison.";
   p.footer =
-      train::metrics_help({}) +
+      train::metrics_help({train::MetricSource::shampoo}) +
       "Exit status: 0 done, 1 a failure while training (a factor with NaN, four failed roots in a row), 2 bad usage "
       "or bad input, " + cli::kExitStoppedHelp + ".\n"
       "Example: mpiexec -n 4 shampoo-train --model llama-tiny --optimizer shampoo --precondition-frequency 20 "

@@ -44,7 +44,12 @@ class Optimizer : public Component {
   // with its placement: state shaped like a parameter is placed like it (sharded with its rows,
   // else replicated), "step" is replicated; Shampoo places its blocks (optim/shampoo.h).
   virtual std::vector<PlacedTensor> state() = 0;
+  // The state as a checkpoint saves it; collective over the world, on every rank, right before
+  // a save (Shampoo: Dion's per-replica buffers of sharded parameters as their mean).
+  virtual std::vector<PlacedTensor> saved_state() { return state(); }
   virtual nlohmann::json config() const = 0;
+  // What the last step adds to the metrics line (Shampoo: optim_comm_bytes); nothing by default.
+  virtual void metrics(nlohmann::ordered_json& m) const { (void)m; }
   // After state() was restored from a checkpoint whose optimizer config is `saved`: state that an
   // older dtk laid out otherwise is brought up to date; returns what was done, for rank 0's log
   // ("" when nothing was).

@@ -51,7 +51,7 @@ struct ParamUpdate {
 class Shampoo final : public Optimizer {
  public:
   Shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params, comm::Communicator& comm,
-          const std::vector<Rows>& rows) {
+          const std::vector<Rows>& rows, comm::Communicator* replicas) {
     cx_.cfg = cfg;
     sharded_ = std::any_of(rows.begin(), rows.end(), [](const Rows& r) { return !r.offsets.empty(); });
     if (sharded_) rows_ = rows;
@@ -61,6 +61,7 @@ class Shampoo final : public Optimizer {
     cx_.ec_beta2 = cx_.cfg.ec_beta2 < 0 ? cx_.cfg.beta2 : cx_.cfg.ec_beta2;
     cx_.ec_epsilon = cx_.cfg.ec_epsilon < 0 ? cx_.cfg.epsilon : cx_.cfg.ec_epsilon;
     bf16_ = cx_.cfg.communication_dtype == DType::bf16;
+    // dion: every block is diagonal (its matrices are not blocks), so the root's is never asked.
     pre_ = cx_.cfg.preconditioner == Preconditioner::spectral               ? make_spectral(cx_)
            : cx_.cfg.preconditioner == Preconditioner::eigenvalue_corrected ? make_corrected(cx_)
                                                                             : make_root(cx_);
@@ -89,6 +90,14 @@ class Shampoo final : public Optimizer {
     allocate_groups();
     build_updates(params);
     if (sharded_) build_gather();
+    std::vector<int> which;
+    for (size_t p = 0; p < dion_.size(); ++p)
+      if (dion_[p]) which.push_back(static_cast<int>(p));
+    if (!which.empty()) {
+      // dion_sync factors: each replica's own gradients, aggregated by Dion.
+      if (cx_.cfg.dion_sync != DionSync::factors) replicas = nullptr;
+      dion_mats_ = std::make_unique<Dion>(cx_, params, std::move(which), replicas, sharded_ ? &comm : nullptr, rows_);
+    }
   }
 
   // The config, and what the preconditioner adds to describe its state's layout.
@@ -107,8 +116,10 @@ class Shampoo final : public Optimizer {
     for (const BlockDesc& b : cx_.blocks)
       blocks.push_back({{"param", cx_.names[static_cast<size_t>(b.param)]}, {"block", b.index}, {"shape", b.dims},
                         {"owner", b.owner}, {"phase", b.phase}, {"diagonal", b.diagonal}});
-    return {{"preconditioner", cx_.cfg.preconditioner}, {"group_size", group_size_}, {"elements_per_rank", counts_},
-            {"blocks", std::move(blocks)}};
+    nlohmann::json out = {{"preconditioner", cx_.cfg.preconditioner}, {"group_size", group_size_},
+                          {"elements_per_rank", counts_}, {"blocks", std::move(blocks)}};
+    if (dion_mats_) out["dion"] = {{"sync", cx_.cfg.dion_sync}, {"matrices", dion_mats_->plan()}};
+    return out;
   }
 
   // Blocks of sharded parameters that an older fsdp-train cut from the shards (Resize::if_present).
@@ -148,9 +159,20 @@ class Shampoo final : public Optimizer {
       if (gr.momentum.defined()) placed(b.prefix + "momentum", gr.momentum.select(i).reshape(elem), false, b);
       if (!gr.factor.empty()) placed(b.prefix + "root_failures", gr.failures.slice(i, i + 1), false, b);
     }
+    if (dion_mats_)
+      for (PlacedTensor& t : dion_mats_->state()) s.push_back(std::move(t));
     s.push_back({"step", step_});
     return s;
   }
+
+  // Dion's buffers of sharded parameters, one per replica group: their mean (collective).
+  std::vector<PlacedTensor> saved_state() override {
+    if (dion_mats_) dion_mats_->before_save();
+    return state();
+  }
+
+  // optim_comm_bytes: the payload this rank put into the optimizer's collectives in the last step.
+  void metrics(nlohmann::ordered_json& m) const override { m["optim_comm_bytes"] = last_bytes_; }
 
   void step(std::vector<nn::Param>& params, double lr) override {
     if (params.size() != cx_.shapes.size())
@@ -163,17 +185,18 @@ class Shampoo final : public Optimizer {
     if (!std::isfinite(lr)) fail_usage("shampoo: the learning rate is not finite");
     const int64_t t = ++*step_.ptr<int64_t>();
     const bool precond = t >= cx_.start;
-    const bool spectral = cx_.cfg.preconditioner == Preconditioner::spectral;
+    const bool no_roots = cx_.cfg.preconditioner == Preconditioner::spectral || cx_.cfg.preconditioner == Preconditioner::dion;
     // The reference's rule: at the start step, then at every multiple of the frequency after it;
     // phase j of root_spread S at the multiples shifted by j floor(f / S).
     const int64_t f = cx_.cfg.precondition_frequency, shift = f / cx_.cfg.root_spread;
     std::vector<char> due(static_cast<size_t>(cx_.cfg.root_spread));
     bool root_step = false;
     for (int64_t j = 0; j < cx_.cfg.root_spread; ++j) {
-      due[static_cast<size_t>(j)] = !spectral && (t == cx_.start || (t > cx_.start && (t - j * shift) % f == 0));
+      due[static_cast<size_t>(j)] = !no_roots && (t == cx_.start || (t > cx_.start && (t - j * shift) % f == 0));
       root_step = root_step || due[static_cast<size_t>(j)];
     }
     cx_.nan_code = cx_.fatal_code = std::numeric_limits<int64_t>::max();
+    last_bytes_ = 0;
     if (sharded_) {  // every block whole on its owner: the shards' gradients (and weights) gathered
       gather_shards(params, false, gathered_grads_);
       if (cx_.cfg.weight_decay > 0) gather_shards(params, true, gathered_values_);
@@ -187,6 +210,10 @@ class Shampoo final : public Optimizer {
     if (root_step) agree_and_raise(t);
     communicate();
     apply(params, lr);
+    if (dion_mats_) {
+      dion_mats_->step(params, lr);
+      last_bytes_ += dion_mats_->bytes_sent();
+    }
   }
 
  private:
@@ -216,9 +243,10 @@ class Shampoo final : public Optimizer {
     for (size_t pi = 0; pi < params.size(); ++pi) {
       const bool spectral = cx_.cfg.preconditioner == Preconditioner::spectral;
       const ShampooBlocking bl = shampoo_blocking(cx_.shapes[pi], cx_.cfg.max_preconditioner_dim, spectral);
-      const bool named_diagonal = std::any_of(cx_.cfg.diagonal_params.begin(), cx_.cfg.diagonal_params.end(),
-                                              [&](const std::string& d) { return params[pi].name.find(d) != std::string::npos; });
+      const bool diagonal = named_diagonal(cx_.cfg, params[pi].name);
       merged_.push_back(bl.merged);
+      dion_.push_back(dion_matrix(cx_.cfg, params[pi].name, cx_.shapes[pi]) ? 1 : 0);
+      if (dion_.back()) continue;  // not blocks: Dion's matrices (shampoo_dion.cpp)
       for (size_t i = 0; i < bl.block_shapes.size(); ++i) {
         BlockDesc b;
         b.param = static_cast<int>(pi);
@@ -226,7 +254,7 @@ class Shampoo final : public Optimizer {
         b.dims = bl.block_shapes[i];
         b.offset = bl.offsets[i];
         b.numel = shape_numel(b.dims);
-        b.diagonal = named_diagonal || (spectral && b.dims.size() != 2);
+        b.diagonal = diagonal || (spectral && b.dims.size() != 2) || cx_.cfg.preconditioner == Preconditioner::dion;
         b.prefix = fmt::format("shampoo/{}/block{}/", params[pi].name, i);
         // Contiguous: every dim after some j is whole, every dim before j has extent 1.
         const size_t k = b.dims.size();
@@ -295,7 +323,7 @@ class Shampoo final : public Optimizer {
         base[static_cast<size_t>(q)].push_back(pos);
         const Rows& r = rows_[p];
         const int64_t row = r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
-        const int64_t n = r.lengths[static_cast<size_t>(q)] * row;
+        const int64_t n = dion_[p] ? 0 : r.lengths[static_cast<size_t>(q)] * row;  // Dion's stay on their shards
         pos += n;
         gather_counts_[static_cast<size_t>(q)] += static_cast<size_t>(n);
       }
@@ -304,6 +332,7 @@ class Shampoo final : public Optimizer {
     if (cx_.cfg.weight_decay > 0) gathered_values_ = Tensor::empty({std::max<int64_t>(pos, 1)}, DType::f32, cx_.device);
     gathered_at_.resize(rows_.size());
     for (size_t p = 0; p < rows_.size(); ++p) {
+      if (dion_[p]) continue;
       const Rows& r = rows_[p];
       const int64_t row = r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
       auto& at = gathered_at_[p];
@@ -333,8 +362,9 @@ class Shampoo final : public Optimizer {
     const int me = shard_comm_->rank();
     int64_t at = 0;
     for (int q = 0; q < me; ++q) at += static_cast<int64_t>(gather_counts_[static_cast<size_t>(q)]);
-    for (const nn::Param& p : params) {
-      const Tensor src = (values ? p.value : p.grad).flatten();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (dion_[i]) continue;
+      const Tensor src = (values ? params[i].value : params[i].grad).flatten();
       copy_into(out.slice(at, at + src.numel()), src);
       at += src.numel();
     }
@@ -345,6 +375,7 @@ class Shampoo final : public Optimizer {
     for (int q = 0; q < me; ++q) mine_at += gather_counts_[static_cast<size_t>(q)];
     shard_comm_->all_gather_v(all.slice(mine_at, gather_counts_[static_cast<size_t>(me)]), all, gather_counts_,
                               comm::Mode::sync).wait();
+    last_bytes_ += static_cast<int64_t>(gather_counts_[static_cast<size_t>(me)] * 4);
   }
 
   // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
@@ -439,6 +470,7 @@ class Shampoo final : public Optimizer {
     int64_t max_index = 0;
     updates_.resize(params.size());
     for (size_t p = 0; p < params.size(); ++p) {
+      if (dion_[p]) continue;  // Dion applies its own
       ParamUpdate& u = updates_[p];
       bool contiguous = true;
       std::vector<std::array<int64_t, 3>> segs;
@@ -623,12 +655,14 @@ class Shampoo final : public Optimizer {
       if (group_size_ > 1) {
         comm::Buffer all{recv16_.data(), static_cast<size_t>(total_), DType::bf16, cx_.device};
         group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync).wait();
+        last_bytes_ += static_cast<int64_t>(mine * 2);
       }
       Tensor all16 = recv16_.slice(0, total_), all32 = recv_.slice(0, total_);
       ops::cast(all16, all32);  // every rank applies the same rounded directions
     } else if (group_size_ > 1) {
       comm::Buffer all{recv_.data(), static_cast<size_t>(total_), DType::f32, cx_.device};
       group_->all_gather_v(all.slice(static_cast<size_t>(my_offset_), mine), all, counts_, comm::Mode::sync).wait();
+      last_bytes_ += static_cast<int64_t>(mine * 4);
     }
   }
 
@@ -656,6 +690,9 @@ class Shampoo final : public Optimizer {
 
   Context cx_;  // the options, the blocks, the scratch, a step's fatal conditions
   std::unique_ptr<BlockPreconditioner> pre_;
+  std::vector<char> dion_;             // per parameter: one of Dion's matrices (no blocks)
+  std::unique_ptr<Dion> dion_mats_;    // their update, when there are any
+  int64_t last_bytes_ = 0;             // optim_comm_bytes of the last step
   std::shared_ptr<comm::Communicator> group_holder_;
   comm::Communicator* group_ = nullptr;
   int group_size_ = 1, group_rank_ = 0;
@@ -686,8 +723,9 @@ class Shampoo final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
-                                        comm::Communicator& comm, const std::vector<Rows>& rows) {
-  return std::make_unique<Shampoo>(cfg, params, comm, rows);
+                                        comm::Communicator& comm, const std::vector<Rows>& rows,
+                                        comm::Communicator* replicas) {
+  return std::make_unique<Shampoo>(cfg, params, comm, rows, replicas);
 }
 
 }  // namespace dtk::optim

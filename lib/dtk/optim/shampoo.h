@@ -78,6 +78,19 @@
 //   2.0315 A^2) X, in the mirrored form X^T X, X B for tall blocks), or exactly (X (X^T X)^(+1/2)
 //   in f64, the pseudo-inverse root); s = 1, max(1, r/c)^(1/2) (muon) or 0.2 sqrt(max(r, c))
 //   (rms, Moonlight); grafted as above. No factors, no root steps.
+// - dion ("Dion": Ahn et al. 2025, microsoft/dion's dion_reference.py, power_iters 1): every
+//   parameter of 2 or more dims of size > 1 not named by diagonal_params is one matrix X [m, n]
+//   (as [d0, rest]; no blocks, shampoo_dion.cpp), with a buffer M and a right factor Q [n, r]
+//   (N(0, 1) from a fixed stream per parameter), r = dion_rank(m, n); every step
+//     M += G; P = orth(M Q) (Householder); R = M^T P; M -= (1 - beta1) P R^T;
+//     Q = R / (||R_j|| + 1e-8) per column (a zero column keeps its Q_j); X = X (1 - lr wd) - lr s P Q^T
+//   on M^T (Q [m, r]) when m < n; s = spectral_scale_factor (fan by default: sqrt(m / n)); l2
+//   decay adds wd X to M. No grafting, momentum or root steps for these. dion_sync factors:
+//   their gradients arrive unreduced (each replica's own contribution, times the replica count:
+//   its estimate of the mean), each replica keeps its own M, and M Q and M^T P are averaged over
+//   the replicas (two all-reduces for all matrices together), which makes P, R and the update
+//   those of one process fed the mean gradient; sharded rows: M Q's rows gathered, M^T Q and M^T
+//   P summed over the shard group.
 // - root_method pseudo_inverse: roots of F / bc by eigh with no epsilon, eigenvalues at or
 //   below max(rank_atol, rank_rtol w_max) given the power 0 (ops.h).
 // Blocks of parameters named in diagonal_params, and spectral's blocks of order other than 2,
@@ -94,7 +107,8 @@
 // communication between groups; g = 1: every rank computes everything, no communication at all).
 //
 // Use from a training loop: step() must be called on every rank of the communicator, with the
-// same (already aggregated) gradients and lr everywhere; it communicates (one all_gather_v within
+// same (already aggregated) gradients and lr everywhere (but Dion's matrices' with dion_sync
+// factors and replicas given: each rank's own contribution); it communicates (one all_gather_v within
 // the group per step when the group has more than one rank, and on root steps one small
 // all-reduce so that every rank raises the same error). Its buffers live on the parameters'
 // device, so the communicator must accept that device (nccl for cuda, mpi or local for cpu).
@@ -114,6 +128,9 @@
 //   shampoo/<param>/block<i>/root_failures  i64 [1] on the host (consecutive failed roots or
 //                                           eigenbases; blocks with factors)
 // (spectral and diagonal blocks: graft, filtered_grad, momentum only)
+//   dion/<param>/momentum                   [m, n] f32 (Dion's M; dion_sync factors over replicated
+//                                           parameters: per rank, Resize::mean; sharded: by rows)
+//   dion/<param>/q                          [n, r] f32, or [m, r] when m < n (by rows when sharded)
 //   step                                    i64 [1] on the host, replicated
 // i is the block's index in the row-major grid of the parameter's blocks. A block's tensors are
 // owned by (written by) its owner in group 0 (ranks [0, g)); ranks of other groups hold
@@ -156,16 +173,27 @@ DTK_ENUM_NAMES(WeightDecayType, {WeightDecayType::decoupled, "decoupled"}, {Weig
 // What a block's search direction is made of (shampoo.h, "Preconditioners"): inverse roots of
 // the Kronecker factors (Shampoo), Adam in the factors' eigenbases (eigenvalue-corrected
 // Shampoo, SOAP), or the orthogonalised filtered gradient (spectral descent, Muon).
-enum class Preconditioner { root, eigenvalue_corrected, spectral };
+// Dion (Ahn et al. 2025): Muon's orthonormalised update of each matrix by one warm-started power
+// iteration of rank r, with error feedback (shampoo.h, "Dion").
+enum class Preconditioner { root, eigenvalue_corrected, spectral, dion };
 DTK_ENUM_NAMES(Preconditioner, {Preconditioner::root, "root"},
-               {Preconditioner::eigenvalue_corrected, "eigenvalue-corrected"}, {Preconditioner::spectral, "spectral"})
+               {Preconditioner::eigenvalue_corrected, "eigenvalue-corrected"}, {Preconditioner::spectral, "spectral"},
+               {Preconditioner::dion, "dion"})
+// dion: how the data-parallel ranks agree on an update. factors: each rank keeps its own buffer
+// M_i and only the power iteration's factors P and R are all-reduced (the reference's
+// replicate_mesh_grad_sync); gradients: the matrices' gradients are all-reduced as every other
+// parameter's, and M is the same on every rank.
+enum class DionSync { factors, gradients };
+DTK_ENUM_NAMES(DionSync, {DionSync::factors, "factors"}, {DionSync::gradients, "gradients"})
 // spectral: U V^T by Newton-Schulz iterations (quintic) or exactly (eigh of X^T X in f64).
 enum class SpectralMethod { newton_schulz, exact };
 DTK_ENUM_NAMES(SpectralMethod, {SpectralMethod::newton_schulz, "newton-schulz"}, {SpectralMethod::exact, "exact"})
-// spectral: the orthogonalised block [r, c] times 1 (none), max(1, r/c)^(1/2) (muon, Jordan et
-// al.) or 0.2 sqrt(max(r, c)) (rms, Moonlight: AdamW's update RMS).
-enum class SpectralScale { none, muon, rms };
-DTK_ENUM_NAMES(SpectralScale, {SpectralScale::none, "none"}, {SpectralScale::muon, "muon"}, {SpectralScale::rms, "rms"})
+// spectral, dion: the orthogonalised block [r, c] times 1 (none), max(1, r/c)^(1/2) (muon, Jordan
+// et al.), 0.2 sqrt(max(r, c)) (rms, Moonlight: AdamW's update RMS) or (r/c)^(1/2) (fan: the
+// reference Dion's fan_out / fan_in); auto: muon for spectral, fan for dion.
+enum class SpectralScale { auto_, none, muon, rms, fan };
+DTK_ENUM_NAMES(SpectralScale, {SpectralScale::auto_, "auto"}, {SpectralScale::none, "none"},
+               {SpectralScale::muon, "muon"}, {SpectralScale::rms, "rms"}, {SpectralScale::fan, "fan"})
 
 struct ShampooConfig {
   Kind name = Kind::shampoo;  // always shampoo: an optimizer's config() names the optimizer
@@ -197,7 +225,11 @@ struct ShampooConfig {
   // spectral
   SpectralMethod spectral_method = SpectralMethod::newton_schulz;
   int newton_schulz_steps = 5;
-  SpectralScale spectral_scale = SpectralScale::muon;
+  SpectralScale spectral_scale = SpectralScale::auto_;
+  // dion
+  double dion_rank_fraction = 0.25;  // r = ceil(fraction min(m, n)) ...
+  int64_t dion_rank = 0;             // ... or this (capped at min(m, n)) when > 0
+  DionSync dion_sync = DionSync::factors;
   // parameters whose name contains one of these take the grafting (diagonal) direction only
   std::vector<std::string> diagonal_params{};
   // grafting
@@ -222,6 +254,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShampooConfig, name, preconditio
                                                 newton_max_iters, newton_tolerance, qr_max_iterations, qr_tolerance,
                                                 root_spread, rank_rtol, rank_atol, factor_update_every, ec_beta2,
                                                 ec_epsilon, basis_dtype, spectral_method, newton_schulz_steps, spectral_scale,
+                                                dion_rank_fraction, dion_rank, dion_sync,
                                                 diagonal_params, grafting, grafting_beta2, grafting_epsilon, beta1,
                                                 momentum, nesterov, weight_decay, weight_decay_type,
                                                 trainers_per_group, communication_dtype)
@@ -236,6 +269,17 @@ struct ShampooBlocking {
 // matrix_view (spectral): a tensor of 2 or more dims (of size > 1) is [d0, product of the rest].
 ShampooBlocking shampoo_blocking(const Shape& shape, int64_t max_preconditioner_dim, bool matrix_view = false);
 
+// Dion (preconditioner dion): a parameter is one of its matrices when it has 2 or more dims of
+// size > 1 and diagonal_params does not name it; it is viewed as [d0, product of the rest].
+bool dion_matrix(const ShampooConfig& c, const std::string& name, const Shape& shape);
+// Its rank for a [m, n] matrix: ceil(dion_rank_fraction min(m, n)), or dion_rank, at most min(m, n).
+int64_t dion_rank(const ShampooConfig& c, int64_t m, int64_t n);
+// Per parameter: Dion aggregates its gradient itself (dion_sync factors), so the data-parallel
+// synchronisation must leave it out (each rank keeps its own contribution).
+std::vector<char> dion_local_gradients(const ShampooConfig& c, const std::vector<nn::Param>& params);
+// The parameter's name contains one of diagonal_params.
+bool named_diagonal(const ShampooConfig& c, const std::string& name);
+
 // Greedy assignment: sizes largest first (ties by index), each to the least-loaded of `ranks`
 // (ties by lower rank). Returns the rank of each item.
 std::vector<int> shampoo_assign(const std::vector<int64_t>& sizes, int ranks);
@@ -246,8 +290,10 @@ std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64
 
 // The optimizer over `params` (f32, all on one device). Collective over comm (it may split it).
 // rows: as make_optimizer's; sharded parameters (every one, over comm, this rank's rows) are
-// gathered every step (above).
+// gathered every step (above). replicas (Parallelism::replica_comm): the ranks whose own
+// gradients of Dion's matrices Dion aggregates (dion_sync factors; null: they arrive aggregated).
 std::unique_ptr<Optimizer> make_shampoo(const ShampooConfig& cfg, const std::vector<nn::Param>& params,
-                                        comm::Communicator& comm, const std::vector<Rows>& rows = {});
+                                        comm::Communicator& comm, const std::vector<Rows>& rows = {},
+                                        comm::Communicator* replicas = nullptr);
 
 }  // namespace dtk::optim

@@ -5,6 +5,7 @@
 //   root (shampoo_root.cpp)                  Kronecker factors and their inverse roots
 //   eigenvalue-corrected (shampoo_corrected.cpp)  the factors' eigenbases and Adam's second moment in them
 //   spectral (shampoo_spectral.cpp)          the orthogonalised filtered gradient (Newton-Schulz, or exact)
+// and Dion's matrices are not blocks: the Dion class (shampoo_dion.cpp) updates them whole.
 // The first two share the factors and their amortized computation (shampoo_factors.cpp).
 #pragma once
 #include <fmt/format.h>
@@ -15,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "dtk/comm/comm.h"
+#include "dtk/core/placed.h"
 #include "dtk/ops/ops.h"
 #include "dtk/optim/shampoo.h"
 
@@ -79,6 +82,10 @@ struct Scratch {
   Tensor ones;                    // [max n] of 1: a per-block scale broadcast by an outer product
   Tensor update;                  // apply: one parameter's directions, gathered
 };
+
+// The factor a spectral or Dion update of a block [r, c] is multiplied by (SpectralScale; auto:
+// muon for spectral, fan for dion).
+double spectral_scale_factor(const ShampooConfig& c, int64_t r, int64_t cols);
 
 // Row-major strides of a shape.
 Shape strides_of(const Shape& s);
@@ -149,6 +156,60 @@ class BlockPreconditioner {
 
  protected:
   Context& cx_;
+};
+
+// Dion's matrices (shampoo_dion.cpp; shampoo.h, "Dion"): not blocks, each whole, and every rank
+// updates every one of them (its own rows when sharded), applying the update itself.
+class Dion {
+ public:
+  // which: the indices of Dion's matrices in params (as step() takes them: whole, or this rank's
+  // rows over `shards`). replicas: the ranks whose own gradients Dion aggregates (dion_sync
+  // factors over replicated parameters), else null: the gradients arrive aggregated. shards:
+  // the shard group the rows are split over (rows), else null.
+  Dion(Context& cx, const std::vector<nn::Param>& params, std::vector<int> which, comm::Communicator* replicas,
+       comm::Communicator* shards, const std::vector<Rows>& rows);
+  // M += G, the power iteration with its two rounds of collectives, the error feedback, Q, and
+  // the update of every matrix (W = W (1 - lr wd) - lr s P Q^T with decoupled weight decay).
+  void step(std::vector<nn::Param>& params, double lr);
+  std::vector<PlacedTensor> state();
+  // Before a save (collective): sharded buffers, one per replica group, become their mean there
+  // (exact: every later step depends on them only through it), as one shard group writes.
+  void before_save();
+  nlohmann::json plan() const;
+  int64_t bytes_sent() const { return bytes_; }  // payload of the last step's collectives
+
+ private:
+  struct Mat {
+    int param = 0;
+    int64_t m = 0, n = 0, r = 0;  // the whole matrix [m, n] (the parameter as [d0, rest]) and its rank
+    int64_t row0 = 0, rows = 0;   // this rank's rows of the m
+    bool transposed = false;      // m < n: the iteration runs on M^T, P on the longer side
+    double scale = 1;             // spectral_scale_factor(m, n)
+    Tensor M;                     // [rows, n]: the buffer (momentum and error feedback)
+    Tensor Q;                     // [n, r], or transposed [rows, r]: the right factor, warm start
+    Tensor P;                     // [a, r] (a = max(m, n)): the whole left factor of this step
+    int64_t p_at = 0, r_at = 0, norm_at = 0;  // in the staging buffers
+  };
+  // bcast [rows, r] = v [r] repeated on every row: an outer product with ones (exact).
+  void broadcast_columns(const Tensor& v, Tensor& out) const;
+  void reduce_replicas(Tensor& buf);
+  void reduce_shards(const Tensor& part);
+
+  Context& cx_;
+  std::vector<Mat> mats_;
+  comm::Communicator* replicas_ = nullptr;
+  comm::Communicator* shards_ = nullptr;  // null also for a shard group of one
+  bool sharded_ = false;                  // rows of the matrices (their state placed by rows)
+  int replica_count_ = 1;
+  // Round 1: [sums over shards (transposed: M^T Q) | this rank's rows (not transposed: M Q)];
+  // round 2: [sums over shards (not transposed: M^T P) | rows (transposed: M P)]; the columns'
+  // squared norms [sums over shards (transposed) | whole (not transposed)].
+  Tensor stage1_, stage2_, norms_, gathered_, ones_;
+  Tensor qn_, bcast_, den_, keep_;  // one matrix's new Q [rows, r], a broadcast [rows, r]; [r] vectors
+  std::vector<Rows> rows_;
+  int64_t sum1_ = 0, sum2_ = 0, sum_norms_ = 0;
+  std::vector<size_t> gather_counts_;  // round 1's rows over the shard group, per rank
+  int64_t bytes_ = 0;
 };
 
 std::unique_ptr<BlockPreconditioner> make_root(Context& cx);

@@ -98,6 +98,7 @@ void ShampooConfig::validate() const {
       spectral_opts();
       break;
     case Preconditioner::spectral:
+    case Preconditioner::dion:  // no factors, no root steps
       misfit(root_method != RootMethod::eigh, fmt::format("--root-method {}", name_of(root_method)));
       misfit(exponent_override != 0, "--exponent-override");
       misfit(factor_update_every != 1, "--factor-update-every");
@@ -108,11 +109,50 @@ void ShampooConfig::validate() const {
       misfit(factor_dtype != DType::f32, "--factor-dtype f64");
       misfit(ec_set, ec_beta2 != def.ec_beta2 ? "--ec-beta2" : "--ec-epsilon");
       misfit(basis_dtype != def.basis_dtype, "--basis-dtype f64");
+      if (preconditioner == Preconditioner::spectral) break;
+      misfit(spectral_method != def.spectral_method, fmt::format("--spectral-method {}", name_of(spectral_method)));
+      misfit(newton_schulz_steps != def.newton_schulz_steps, "--newton-schulz-steps");
+      if (momentum > 0)
+        fail_usage("shampoo: --momentum does not fit --preconditioner dion (its buffer M is the momentum: --beta1)");
       break;
   }
+  if (preconditioner != Preconditioner::dion) {
+    misfit(dion_rank_fraction != def.dion_rank_fraction, "--dion-rank-fraction");
+    misfit(dion_rank != def.dion_rank, "--dion-rank");
+    misfit(dion_sync != def.dion_sync, fmt::format("--dion-sync {}", name_of(dion_sync)));
+  }
+  if (!(dion_rank_fraction > 0 && dion_rank_fraction <= 1)) bad("dion_rank_fraction", "in (0, 1]", num(dion_rank_fraction));
+  if (dion_rank < 0) bad("dion_rank", ">= 0 (0: by dion_rank_fraction)", dion_rank);
   if (trainers_per_group < 0) bad("trainers_per_group", ">= 0 (0: the whole world)", trainers_per_group);
   if (communication_dtype != DType::f32 && communication_dtype != DType::bf16)
     bad("communication_dtype", "f32 or bf16", std::string(dtype_name(communication_dtype)));
+}
+
+// ------------------------------------------------------------------------------ Dion's matrices
+
+bool named_diagonal(const ShampooConfig& c, const std::string& name) {
+  return std::any_of(c.diagonal_params.begin(), c.diagonal_params.end(),
+                     [&](const std::string& d) { return name.find(d) != std::string::npos; });
+}
+
+bool dion_matrix(const ShampooConfig& c, const std::string& name, const Shape& shape) {
+  if (c.preconditioner != Preconditioner::dion || named_diagonal(c, name)) return false;
+  return std::count_if(shape.begin(), shape.end(), [](int64_t d) { return d > 1; }) >= 2 &&
+         std::none_of(shape.begin(), shape.end(), [](int64_t d) { return d == 0; });
+}
+
+int64_t dion_rank(const ShampooConfig& c, int64_t m, int64_t n) {
+  const int64_t k = std::min(m, n);
+  const int64_t r = c.dion_rank > 0 ? c.dion_rank
+                                    : static_cast<int64_t>(std::ceil(c.dion_rank_fraction * static_cast<double>(k) - 1e-9));
+  return std::clamp<int64_t>(r, 1, k);
+}
+
+std::vector<char> dion_local_gradients(const ShampooConfig& c, const std::vector<nn::Param>& params) {
+  std::vector<char> out;
+  for (const nn::Param& p : params)
+    out.push_back(c.dion_sync == DionSync::factors && dion_matrix(c, p.name, p.shape) ? 1 : 0);
+  return out;
 }
 
 // ------------------------------------------------------------------------------ blocking
@@ -190,6 +230,18 @@ std::vector<int> shampoo_root_phases(const std::vector<Shape>& block_dims, int64
 }
 
 namespace shampoo {
+
+double spectral_scale_factor(const ShampooConfig& c, int64_t r, int64_t cols) {
+  const double rd = static_cast<double>(r), cd = static_cast<double>(cols);
+  switch (c.spectral_scale) {
+    case SpectralScale::none: return 1.0;
+    case SpectralScale::muon: return std::sqrt(std::max(1.0, rd / cd));
+    case SpectralScale::rms: return 0.2 * std::sqrt(std::max(rd, cd));
+    case SpectralScale::fan: return std::sqrt(rd / cd);
+    case SpectralScale::auto_: break;
+  }
+  return c.preconditioner == Preconditioner::dion ? std::sqrt(rd / cd) : std::sqrt(std::max(1.0, rd / cd));
+}
 
 Shape strides_of(const Shape& s) {
   Shape st(s.size(), 1);

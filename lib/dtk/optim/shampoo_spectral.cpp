@@ -30,9 +30,7 @@ class Spectral final : public BlockPreconditioner {
     const int64_t m = std::min(r, c);
     Scratch& sc = cx_.sc;
     Tensor X = rows(sc.ping2, Bc, n), Y = rows(sc.pong2, Bc, n);
-    double scale = 1.0;
-    if (cx_.cfg.spectral_scale == SpectralScale::muon) scale = std::sqrt(std::max(1.0, static_cast<double>(r) / c));
-    if (cx_.cfg.spectral_scale == SpectralScale::rms) scale = 0.2 * std::sqrt(static_cast<double>(std::max(r, c)));
+    const double scale = spectral_scale_factor(cx_.cfg, r, c);
     if (cx_.cfg.spectral_method == SpectralMethod::exact && exact(Bc, r, c, M, X)) {
       ops::scale(X, scale, X);
       return X;

@@ -18,11 +18,20 @@ uint64_t checksum(const Tensor& t) {
   return XXH3_64bits(h.data(), h.bytes()) & ((1ull << 53) - 1);
 }
 
+// The parameters but those marked local.
+std::vector<nn::Param> without_local(const std::vector<nn::Param>& params, const std::vector<char>& local) {
+  std::vector<nn::Param> out;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (i >= local.size() || !local[i]) out.push_back(params[i]);
+  return out;
+}
+
 // The plain bucketed all-reduce: the `none` compressor.
-std::unique_ptr<compress::Compressor> plain(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes) {
+std::unique_ptr<compress::Compressor> plain(const std::vector<nn::Param>& params, comm::Communicator& comm,
+                                            size_t bucket_bytes) {
   compress::Config c;
   c.kind = compress::Kind::none;
-  return compress::make_compressor(c, comm, model.params(), bucket_bytes);
+  return compress::make_compressor(c, comm, params, bucket_bytes);
 }
 
 }  // namespace
@@ -52,13 +61,20 @@ GradSync::GradSync(nn::Model& model, comm::Communicator& comm, std::unique_ptr<c
   init();
 }
 
-GradSync::GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes)
-    : model_(model), comm_(comm), owned_(plain(model, comm, bucket_bytes)), c_(*owned_) {
+GradSync::GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes, std::vector<char> local)
+    : model_(model),
+      comm_(comm),
+      synced_(without_local(model.params(), local)),
+      all_synced_(synced_.size() == model.params().size()),
+      owned_(plain(synced_, comm, bucket_bytes)),
+      c_(*owned_) {
   init();
 }
 
+std::vector<nn::Param>& GradSync::synced() { return all_synced_ ? model_.params() : synced_; }
+
 void GradSync::init() {
-  const auto& ps = model_.params();
+  const auto& ps = synced();
   for (const compress::ParamRange& b : c_.buckets()) {
     int lo = 1 << 30;
     for (size_t i = b.first; i < b.last; ++i) lo = std::min(lo, ps[i].block);
@@ -68,7 +84,7 @@ void GradSync::init() {
 
 void GradSync::begin(int64_t step) {
   next_ = 0;
-  c_.begin(model_.params(), step);
+  c_.begin(synced(), step);
   armed_ = true;
 }
 
@@ -88,7 +104,7 @@ std::vector<PlacedTensor> GradSync::sync_state() {
   return prefixed("compress/", c_.state());
 }
 
-double GradSync::clip_grad_norm(double max_norm) { return optim::clip_grad_norm(model_.params(), max_norm); }
+double GradSync::clip_grad_norm(double max_norm) { return optim::clip_grad_norm(synced(), max_norm); }
 
 void GradSync::metrics(nlohmann::ordered_json& m) const {
   const compress::Bytes b = c_.last_bytes();

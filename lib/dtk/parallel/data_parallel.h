@@ -36,9 +36,12 @@ class GradSync final : public Parallelism {
   // With a compressor (owned by the caller, or by this), or without: a plain bucketed all-reduce (sum).
   GradSync(nn::Model& model, comm::Communicator& comm, compress::Compressor& compressor);
   GradSync(nn::Model& model, comm::Communicator& comm, std::unique_ptr<compress::Compressor> compressor);
-  GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes);
+  // local: per parameter, 1 where the optimizer aggregates the gradient itself (Dion's factors):
+  // left out of the all-reduce, each rank keeping its own contribution.
+  GradSync(nn::Model& model, comm::Communicator& comm, size_t bucket_bytes, std::vector<char> local = {});
   std::vector<nn::Param>& params() override { return model_.params(); }
   comm::Communicator& optimizer_comm() override { return comm_; }
+  comm::Communicator* replica_comm() override { return &comm_; }
   // The model's parameters (replicated) and buffers; a compressor's state (not the plain all-reduce's).
   std::vector<PlacedTensor> state() override { return model_state(model_); }
   std::vector<PlacedTensor> sync_state() override;
@@ -51,6 +54,7 @@ class GradSync final : public Parallelism {
   void after_backward(int block) override;
   // After backward: every rank's gradients hold the aggregate on return.
   void finish() override;
+  // Over the synchronised gradients only (those left local differ between ranks).
   double clip_grad_norm(double max_norm) override;
   // comm_bytes; with a compressor also comm_bytes_uncompressed and compression_ratio; with one
   // that plans (auto) compress_ranks.
@@ -68,8 +72,11 @@ class GradSync final : public Parallelism {
 
  private:
   void init();
+  std::vector<nn::Param>& synced();  // the parameters the compressor aggregates
   nn::Model& model_;
   comm::Communicator& comm_;
+  std::vector<nn::Param> synced_;  // with local parameters: the others
+  bool all_synced_ = true;
   std::unique_ptr<compress::Compressor> owned_;
   compress::Compressor& c_;
   bool compressed_ = false;  // a compressor chosen by the program (not the plain all-reduce)

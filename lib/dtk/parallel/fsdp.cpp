@@ -35,6 +35,10 @@ struct Fsdp::Impl {
   Tensor full_grads;
   // Per bucket: chunk offset and numel in the shard buffer; gathered numel (S * chunk).
   std::vector<int64_t> chunk_off, chunk_n;
+  // Parameters whose gradients the optimizer aggregates across the replicas itself (Dion); per
+  // bucket, the runs [begin, end) of the shard buffer that HSDP's all-reduce sums (the rest).
+  std::vector<char> local;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> replica_runs;
   int64_t max_chunk = 0;
   Schedule train, eval;
   // Arenas (allocated by build, reused every step; count() sizes each pool). A bucket buffer
@@ -156,10 +160,17 @@ struct Fsdp::Impl {
     const int B = model.num_blocks();
     chunk_off.clear(), chunk_n.clear();
     max_chunk = 0;
+    replica_runs.clear();
     for (const Bucket& b : plan) {
       chunk_off.push_back(off[b.first]);
       chunk_n.push_back(bucket_sum(sn, b));
       max_chunk = std::max(max_chunk, chunk_n.back());
+      auto& runs = replica_runs.emplace_back();
+      for (size_t i = b.first; i < b.end; ++i) {
+        if (i < local.size() && local[i]) continue;
+        if (!runs.empty() && runs.back().second == off[i]) runs.back().second += sn[i];
+        else runs.emplace_back(off[i], off[i] + sn[i]);
+      }
     }
     train = make_schedule(plan, B, cfg, true);
     eval = make_schedule(plan, B, cfg, false);
@@ -331,9 +342,12 @@ struct Fsdp::Impl {
           if (comp && last_micro) {  // HSDP, compressed
             compress_ready(k);
           } else if (replica && last_micro) {  // HSDP: the shard gradient summed over the groups
-            replica_works.push_back(
-                replica->all_reduce(comm::buffer_of(g), comm::buffer_of(g), comm::ReduceOp::sum, comm::Mode::async));
-            ar_bytes += static_cast<double>(C) * 4;
+            for (const auto& [b0, b1] : replica_runs[k]) {  // all of it but the optimizer's own
+              Tensor part = shard_grads.slice(b0, b1);
+              replica_works.push_back(
+                  replica->all_reduce(comm::buffer_of(part), comm::buffer_of(part), comm::ReduceOp::sum, comm::Mode::async));
+              ar_bytes += static_cast<double>(b1 - b0) * 4;
+            }
           }
           break;
         }
@@ -352,10 +366,15 @@ void validate_compressor(const compress::Config& compressor, int replicate, cons
 }
 
 Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg,
-           std::optional<compress::Config> compressor) {
+           std::optional<compress::Config> compressor, std::vector<char> local) {
   if (model.storage() != nn::Storage::external) fail("Fsdp: the model must have external parameter storage");
   validate(cfg, world.size());
+  const bool any_local = std::any_of(local.begin(), local.end(), [](char c) { return c != 0; });
+  if (compressor && any_local)
+    fail_usage("--compressor {} does not fit --preconditioner dion --dion-sync factors: both aggregate across the replica "
+               "groups (use --dion-sync gradients to compress the others' gradients)", name_of(compressor->kind));
   impl_ = std::make_unique<Impl>(model, world, host, cfg);
+  impl_->local = std::move(local);
   impl_->layout(params_, rows_);
   plan_ = plan_from_spec(model, cfg.buckets);
   impl_->build(plan_);
@@ -425,13 +444,25 @@ void Fsdp::finish() {
 
 double Fsdp::clip_grad_norm(double max_norm) {
   Impl& m = *impl_;
-  const double local = ops::reduce_all(ops::Reduce::norm2, m.shard_grads);
-  double sumsq = local * local;
+  // Over the gradients HSDP sums (the optimizer's own differ between the replica groups).
+  std::vector<Tensor> parts;
+  for (const auto& runs : m.replica_runs)
+    for (const auto& [b0, b1] : runs) parts.push_back(m.shard_grads.slice(b0, b1));
+  const bool all = m.local.empty() || std::none_of(m.local.begin(), m.local.end(), [](char c) { return c != 0; });
+  if (all) parts = {m.shard_grads};
+  double sumsq = 0;
+  for (const Tensor& p : parts) {
+    const double n = ops::reduce_all(ops::Reduce::norm2, p);
+    sumsq += n * n;
+  }
   m.host_shard->all_reduce({&sumsq, 1, DType::f64, {}}, {&sumsq, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
   const double norm = std::sqrt(sumsq);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) ops::scale(m.shard_grads, max_norm / norm, m.shard_grads);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)
+    for (Tensor& p : parts) ops::scale(p, max_norm / norm, p);
   return norm;
 }
+
+comm::Communicator* Fsdp::replica_comm() { return impl_->replica.get(); }
 
 void Fsdp::metrics(nlohmann::ordered_json& j) const {
   const Impl& m = *impl_;

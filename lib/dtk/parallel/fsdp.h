@@ -119,12 +119,15 @@ class Fsdp final : public Parallelism {
  public:
   // model: external storage. world, host: the job's device and host world communicators.
   // compressor: HSDP's all-reduce across the replica groups compressed (cfg.replicate > 1).
+  // local: per parameter, 1 where the optimizer aggregates the gradient across the replica
+  // groups itself (Dion's factors): HSDP's all-reduce and clipping leave it out.
   Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host, FsdpConfig cfg,
-       std::optional<compress::Config> compressor = std::nullopt);
+       std::optional<compress::Config> compressor = std::nullopt, std::vector<char> local = {});
   ~Fsdp() override;
 
   std::vector<nn::Param>& params() override { return params_; }
   comm::Communicator& optimizer_comm() override;
+  comm::Communicator* replica_comm() override;
   bool sharded() const override { return true; }
   const Rows* rows(size_t i) const override { return &rows_.at(i); }
   std::vector<PlacedTensor> state() override;  // the parameters' shards and the model's buffers

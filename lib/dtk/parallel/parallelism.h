@@ -37,6 +37,10 @@ class Parallelism : public nn::BlockHooks, public Component {
   // computes the whole parameters' blocks, as the reference's lossless fully-sharded
   // distributors do; HSDP's replicas compute the same).
   virtual comm::Communicator& optimizer_comm() = 0;
+  // The ranks that hold the same parameters (or rows) and sum their gradients: the world when
+  // replicated, HSDP's replica groups when sharded (null: none). An optimizer that aggregates
+  // some gradients itself (Dion's low-rank factors) does it over these.
+  virtual comm::Communicator* replica_comm() { return nullptr; }
   // The parameters are sharded (params()[i] holds rows of dim 0): checkpoints are sharded states.
   virtual bool sharded() const { return false; }
   // params()[i]'s rows over the shard group; null: whole on every rank.

@@ -273,7 +273,8 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   const char* g = "Shampoo";
   add_enum(app, "--preconditioner", c.preconditioner,
            "root: inverse roots of the Kronecker factors (Shampoo); eigenvalue-corrected: Adam in the factors' "
-           "eigenbases (SOAP); spectral: the orthogonalised filtered gradient of each matrix block (Muon)")->group(g);
+           "eigenbases (SOAP); spectral: the orthogonalised filtered gradient of each matrix block (Muon); dion: "
+           "Muon's update of each whole matrix by a rank-r power iteration with error feedback (Dion)")->group(g);
   shapes_state(app.add_option("--max-preconditioner-dim", c.max_preconditioner_dim,
                               "merge dims while their product stays below this, and split dims into blocks of at most it"))
       ->group(g)->check(cli::at_least(1));
@@ -311,7 +312,17 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
   app.add_option("--newton-schulz-steps", c.newton_schulz_steps, "spectral: Newton-Schulz iterations")
       ->group(g)->check(cli::at_least(1));
   add_enum(app, "--spectral-scale", c.spectral_scale,
-           "spectral: a block [r, c] times none: 1, muon: max(1, r/c)^(1/2), rms: 0.2 sqrt(max(r, c))")->group(g);
+           "spectral, dion: a block [r, c] times none: 1, muon: max(1, r/c)^(1/2), rms: 0.2 sqrt(max(r, c)), fan: "
+           "(r/c)^(1/2); auto: muon for spectral, fan (the reference's) for dion")->group(g);
+  shapes_state(app.add_option("--dion-rank-fraction", c.dion_rank_fraction,
+                              "dion: the rank of a matrix [m, n] is ceil(this min(m, n))"))
+      ->group(g)->check(cli::between(0, 1));
+  shapes_state(app.add_option("--dion-rank", c.dion_rank, "dion: this rank (at most min(m, n)) instead (0: the fraction)"))
+      ->group(g)->check(cli::at_least(0));
+  shapes_state(add_enum(app, "--dion-sync", c.dion_sync,
+                        "dion: factors: each rank keeps its own buffer and only the factors P, R are all-reduced "
+                        "((m + n) r values per matrix instead of m n; --clip and grad_norm then leave these matrices out); gradients: the matrices' gradients "
+                        "all-reduced as the others'"))->group(g);
   app.add_option("--diagonal-params", c.diagonal_params,
                  "parameters whose name contains one of these take the grafting direction alone (no factors), e.g. "
                  "embeddings,output for Muon")->group(g)->delimiter(',')->type_name("NAME,...");

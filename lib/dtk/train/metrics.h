@@ -16,8 +16,8 @@ namespace dtk::train {
 
 // Who writes a metric: the loop (every *-train program), a compressor chosen by the program
 // (psgd-train, fsdp-train's HSDP), the compressor auto (psgd-train), the sharded placement
-// (fsdp-train).
-enum class MetricSource { loop, compression, auto_compression, sharded };
+// (fsdp-train), the Shampoo optimizer (every program's --optimizer shampoo).
+enum class MetricSource { loop, compression, auto_compression, sharded, shampoo };
 
 // The schema of the metrics lines, in the order a line has them: every key once. The --help
 // footers (train::metrics_help) are made from it; tests/repo/metrics_keys.sh checks that runs
@@ -53,6 +53,7 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"exposed_comm_ms", MetricSource::sharded, ""},
     {"shard_bytes", MetricSource::sharded, ""},
     {"arena_bytes", MetricSource::sharded, ""},
+    {"optim_comm_bytes", MetricSource::shampoo, "--optimizer shampoo"},
     {"val_loss", MetricSource::loop, "evaluation steps"},
     {"val_accuracy", MetricSource::loop, "evaluation steps of classifiers"},
     {"checkpoint_write_ms", MetricSource::loop, "steps that complete a checkpoint: from its start to its files written"},

@@ -37,7 +37,7 @@ void agreed(comm::Communicator& host, bool mine, const std::function<void()>& f)
 std::vector<PlacedTensor> RunState::placed(bool weights_only, bool saving) const {
   std::vector<PlacedTensor> s = par.state();
   if (weights_only) return s;
-  for (PlacedTensor& t : prefixed("optim/", optim->state())) s.push_back(std::move(t));
+  for (PlacedTensor& t : prefixed("optim/", saving ? optim->saved_state() : optim->state())) s.push_back(std::move(t));
   for (PlacedTensor& t : saving ? par.saved_sync_state() : par.sync_state()) s.push_back(std::move(t));
   return s;
 }

@@ -26,13 +26,18 @@ Strategy strategy(std::string program, const Options& o, int optimizer_ranks, co
   if (o.optimization.optimizer == optim::Kind::shampoo) {
     const optim::ShampooConfig c = shampoo_config(o, shampoo);
     c.validate();
+    // Dion's factors aggregate its matrices' gradients: the all-reduce leaves them out, and so do
+    // --clip and grad_norm (their mean gradient is never formed).
+    s.parallelism = [bucket_bytes, c](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
+      return std::make_unique<parallel::GradSync>(model, world, bucket_bytes, optim::dion_local_gradients(c, model.params()));
+    };
     if (c.trainers_per_group > 0 && optimizer_ranks % c.trainers_per_group != 0)
       fail_usage("--trainers-per-group {} does not divide the {} ranks that share Shampoo's blocks",
                  c.trainers_per_group, optimizer_ranks);
     s.optimizer_config = c;
     // Shampoo splits its blocks over the ranks that hold the same parameters (collective over them).
     s.optimizer = [c](parallel::Parallelism& p) {
-      return optim::make_shampoo(c, p.params(), p.optimizer_comm(), p.param_rows());
+      return optim::make_shampoo(c, p.params(), p.optimizer_comm(), p.param_rows(), p.replica_comm());
     };
     return s;
   }

@@ -104,6 +104,7 @@ class Trainer {
                                                .persistent_mem = persistent,
                                                .optim_state_bytes = optim_state_bytes_});
       par_->metrics(m);
+      optim_->metrics(m);
       const bool last = step + 1 == stop;
       const bool stopping = stop_requested_ && !last;  // a signal: this step is the last
       double val = NAN, val_acc = NAN;
