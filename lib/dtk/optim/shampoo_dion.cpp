@@ -21,8 +21,6 @@ namespace {
 constexpr uint64_t kDionSeed = 0x44696f6e;  // Q's initial draw: one stream per parameter
 constexpr double kColumnEpsilon = 1e-8;      // the reference's epsilon of the column normalisation
 
-comm::Buffer buffer(const Tensor& t) { return comm::buffer_of(t); }
-
 }  // namespace
 
 Dion::Dion(Context& cx, const std::vector<nn::Param>& params, std::vector<int> which, comm::Communicator* replicas,
@@ -99,7 +97,7 @@ void Dion::broadcast_columns(const Tensor& v, Tensor& out) const {
 // The mean over the replicas (sum, then 1 / W).
 void Dion::reduce_replicas(Tensor& buf) {
   if (!replicas_) return;
-  comm::Buffer b = buffer(buf);
+  comm::Buffer b = comm::buffer_of(buf);
   replicas_->all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync).wait();
   bytes_ += static_cast<int64_t>(b.bytes());
   ops::scale(buf, 1.0 / replica_count_, buf);
@@ -107,7 +105,7 @@ void Dion::reduce_replicas(Tensor& buf) {
 
 void Dion::reduce_shards(const Tensor& part) {
   if (!shards_ || part.numel() == 0) return;
-  comm::Buffer b = buffer(part);
+  comm::Buffer b = comm::buffer_of(part);
   shards_->all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::sync).wait();
   bytes_ += static_cast<int64_t>(b.bytes());
 }
@@ -141,7 +139,7 @@ void Dion::step(std::vector<nn::Param>& params, double lr) {
     const size_t total = std::accumulate(gather_counts_.begin(), gather_counts_.end(), size_t{0});
     size_t mine_at = 0;
     for (int q = 0; q < me; ++q) mine_at += gather_counts_[static_cast<size_t>(q)];
-    comm::Buffer all = buffer(gathered_).slice(0, total);
+    comm::Buffer all = comm::buffer_of(gathered_).slice(0, total);
     const size_t mine = gather_counts_[static_cast<size_t>(me)];
     if (mine > 0) copy_into(gathered_.slice(static_cast<int64_t>(mine_at), static_cast<int64_t>(mine_at + mine)),
                             stage1_.slice(sum1_, sum1_ + static_cast<int64_t>(mine)));
@@ -251,7 +249,7 @@ void Dion::before_save() {
   if (!sharded_ || !replicas_) return;
   for (Mat& x : mats_) {
     if (x.M.numel() == 0) continue;
-    comm::Buffer b = buffer(x.M);
+    comm::Buffer b = comm::buffer_of(x.M);
     replicas_->all_reduce(b, b, comm::ReduceOp::avg, comm::Mode::sync).wait();
   }
 }
