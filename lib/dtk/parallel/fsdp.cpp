@@ -38,6 +38,7 @@ struct Fsdp::Impl {
   // Parameters whose gradients the optimizer aggregates across the replicas itself (Dion); per
   // bucket, the runs [begin, end) of the shard buffer that HSDP's all-reduce sums (the rest).
   std::vector<char> local;
+  bool any_local = false;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> replica_runs;
   int64_t max_chunk = 0;
   Schedule train, eval;
@@ -375,6 +376,7 @@ Fsdp::Fsdp(nn::Model& model, comm::Communicator& world, comm::Communicator& host
                "groups (use --dion-sync gradients to compress the others' gradients)", name_of(compressor->kind));
   impl_ = std::make_unique<Impl>(model, world, host, cfg);
   impl_->local = std::move(local);
+  impl_->any_local = any_local;
   impl_->layout(params_, rows_);
   plan_ = plan_from_spec(model, cfg.buckets);
   impl_->build(plan_);
@@ -448,8 +450,7 @@ double Fsdp::clip_grad_norm(double max_norm) {
   std::vector<Tensor> parts;
   for (const auto& runs : m.replica_runs)
     for (const auto& [b0, b1] : runs) parts.push_back(m.shard_grads.slice(b0, b1));
-  const bool all = m.local.empty() || std::none_of(m.local.begin(), m.local.end(), [](char c) { return c != 0; });
-  if (all) parts = {m.shard_grads};
+  if (!m.any_local) parts = {m.shard_grads};
   double sumsq = 0;
   for (const Tensor& p : parts) {
     const double n = ops::reduce_all(ops::Reduce::norm2, p);
