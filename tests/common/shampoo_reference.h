@@ -570,13 +570,14 @@ class Reference {
           const std::string sc(name_of(cfg_.spectral_scale));
           const double scale = sc == "muon" || sc == "auto" ? std::sqrt(std::max(1.0, double(r) / double(c)))
                                : sc == "rms" ? 0.2 * std::sqrt(double(std::max(r, c)))
+                               : sc == "fan" ? std::sqrt(double(r) / double(c))
                                              : 1.0;
           for (double& x : P) x *= scale;
           has_p = true;
         }
         Vec D = Dg;
         if (has_p) {
-          if (gm == "none") {
+          if (gm == "none" || name_of(cfg_.grafting_scope) == std::string("diagonal")) {  // ungrafted
             D = P;
           } else {
             const double np = norm(P), s = np > 0 ? norm(Dg) / np : 0.0;

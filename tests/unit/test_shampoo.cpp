@@ -40,7 +40,8 @@ Model make_model(const std::vector<std::pair<std::string, Shape>>& specs, uint64
   Model m;
   for (const auto& [name, shape] : specs) {
     const Vec v = shampoo_ref::random_values(static_cast<size_t>(shape_numel(shape)), seed++);
-    m.params.push_back({name, Tensor::from_doubles(v, shape, DType::f32), Tensor::zeros(shape, DType::f32), 0});
+    nn::Param& p = m.params.emplace_back();
+    p.name = name, p.value = Tensor::from_doubles(v, shape, DType::f32), p.grad = Tensor::zeros(shape, DType::f32);
     m.shapes.push_back(shape);
     m.values.push_back(v);
   }
@@ -910,6 +911,12 @@ TEST(Shampoo, FamilyMatchesReference) {
       {"spectral, diagonal v and sq", [](ShampooConfig& c) { spectral(c); c.diagonal_params = {"v", "sq"}; }, 1e-5},
       {"spectral, diagonal conv, no grafting", [](ShampooConfig& c) {
          spectral(c); c.diagonal_params = {"conv"}; c.grafting = Grafting::none; }, 1e-5},
+      // Muon as Dion's paper runs it: the matrices ungrafted (fan scale), Adam on conv and vectors
+      {"spectral, grafting scope diagonal, diagonal conv, fan scale", [](ShampooConfig& c) {
+         spectral(c); c.diagonal_params = {"conv"}; c.grafting_scope = GraftingScope::diagonal;
+         c.spectral_scale = SpectralScale::fan; }, 1e-5},
+      {"roots, grafting scope diagonal, diagonal w", [](ShampooConfig& c) {
+         c.diagonal_params = {"w"}; c.grafting_scope = GraftingScope::diagonal; }, 1e-5},
   };
   for (const FamilyCase& k : cases) {
     ShampooConfig c = family_config();
@@ -1031,11 +1038,13 @@ TEST(Shampoo, DionStateAndPlan) {
     auto opt = make_shampoo(c, m.params, *comm);
     std::map<std::string, PlacedTensor> st;
     for (const PlacedTensor& t : opt->state()) st.emplace(t.name, t);
-    for (const std::string& p : {"v", "w", "sq", "conv"}) {
+    for (const std::string p : {"v", "w", "sq", "conv"}) {
       EXPECT_FALSE(st.count("shampoo/" + p + "/block0/graft")) << p;
       ASSERT_TRUE(st.count("dion/" + p + "/momentum")) << p;
       EXPECT_EQ(st.at("dion/" + p + "/momentum").placement, sync == DionSync::factors ? Placement::per_rank : Placement::replicated);
-      if (sync == DionSync::factors) EXPECT_EQ(st.at("dion/" + p + "/momentum").resize, Resize::mean);
+      if (sync == DionSync::factors) {
+        EXPECT_EQ(st.at("dion/" + p + "/momentum").resize, Resize::mean);
+      }
     }
     EXPECT_TRUE(st.count("shampoo/bias/block0/graft"));
     auto shape = [&](const std::string& n) { return st.at(n).value.shape(); };
@@ -1244,6 +1253,9 @@ TEST(Shampoo, FamilyBadCombinations) {
       {"factor_dtype", "preconditioner", [](ShampooConfig& c) { dion(c); c.factor_dtype = DType::f64; }},
       {"dion_rank_fraction", "(0, 1]", [](ShampooConfig& c) { dion(c); c.dion_rank_fraction = 0; }},
       {"dion_rank", ">= 0", [](ShampooConfig& c) { dion(c); c.dion_rank = -1; }},
+      {"grafting_scope", "preconditioner", [](ShampooConfig& c) { dion(c); c.grafting_scope = GraftingScope::diagonal; }},
+      {"grafting_scope", "grafting", [](ShampooConfig& c) {
+         spectral(c); c.grafting_scope = GraftingScope::diagonal; c.grafting = Grafting::none; }},
   };
   // The message names an option as its config field (root_method) or its program option
   // (--root-method).
@@ -1278,6 +1290,7 @@ TEST(Shampoo, FamilyBadCombinations) {
            [](ShampooConfig& c) { c.root_method = RootMethod::pseudo_inverse; },
            [](ShampooConfig& c) { ec(c); c.root_method = RootMethod::qr; c.ec_beta2 = 0.99; c.ec_epsilon = 1e-8; },
            [](ShampooConfig& c) { c.factor_update_every = 10; },
+           [](ShampooConfig& c) { spectral(c); c.grafting_scope = GraftingScope::diagonal; c.diagonal_params = {"emb"}; },
            [](ShampooConfig& c) { dion(c); c.dion_rank = 8; c.dion_sync = DionSync::gradients; c.spectral_scale = SpectralScale::muon; }}) {
     ShampooConfig c;
     ok(c);
@@ -1288,6 +1301,7 @@ TEST(Shampoo, FamilyBadCombinations) {
   expect_usage({{"spectral_method", "svd"}}, "spectral_method");
   expect_usage({{"spectral_scale", "max"}}, "spectral_scale");
   expect_usage({{"root_method", "pinv"}}, "root_method");
+  expect_usage({{"grafting_scope", "some"}}, "grafting_scope");
 }
 
 // The state of each preconditioner: eigenvalue-corrected blocks hold factor<k>, eigvecs<k>

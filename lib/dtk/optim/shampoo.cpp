@@ -573,7 +573,7 @@ class Shampoo final : public Optimizer {
     const Tensor P = gr.diagonal ? Tensor{} : pre_->direction(gr, c0, c1, G, Mh, t, precond);
     if (!P.defined()) {
       copy_into(T, Dg);
-    } else if (cx_.cfg.grafting == Grafting::none) {
+    } else if (cx_.cfg.grafting == Grafting::none || cx_.cfg.grafting_scope == GraftingScope::diagonal) {
       copy_into(T, P);
     } else {
       // Per block: D = P * ||Dg|| / ||P||.

@@ -17,7 +17,7 @@
 //             Mh / (sqrt(EMA G^2) + graft_eps); adam: as rmsprop with EMA / (1 - graft_beta2^t))
 //   t <  start: D = D_graft
 //   t >= start: P = Mh x_0 R_0 x_1 R_1 ... (mode products), D = P ||D_graft|| / ||P|| per block
-//               (grafting none: D = P)
+//               (grafting none, or grafting_scope diagonal: D = P)
 //   weight decay "decoupled": D = D + wd W (W the block's weights before the step)
 //   momentum:   B = mu B + D; D = nesterov ? D + mu B : B
 // then every rank applies p = p - lr D. Weight decay "l2" instead adds wd W to the gradient G
@@ -165,6 +165,12 @@ using ops::RootMethod;
 enum class Grafting { none, sgd, adagrad, rmsprop, adam };
 DTK_ENUM_NAMES(Grafting, {Grafting::none, "none"}, {Grafting::sgd, "sgd"}, {Grafting::adagrad, "adagrad"},
                {Grafting::rmsprop, "rmsprop"}, {Grafting::adam, "adam"})
+// Which blocks take the grafting norm: all (Meta's grafting), or only the diagonal ones, whose
+// direction the grafting method is (diagonal_params, spectral's blocks of order != 2), the
+// preconditioned blocks going ungrafted: Muon as its papers and Dion's run it, AdamW on the
+// embeddings, the output layer and the vectors (Meta's two parameter groups, one option here).
+enum class GraftingScope { all, diagonal };
+DTK_ENUM_NAMES(GraftingScope, {GraftingScope::all, "all"}, {GraftingScope::diagonal, "diagonal"})
 // "decoupled" (the reference's default): wd W added to the search direction, before momentum;
 // "l2": wd W added to the gradient, before the factors, grafting and filtering see it.
 enum class WeightDecayType { decoupled, l2 };
@@ -234,6 +240,7 @@ struct ShampooConfig {
   std::vector<std::string> diagonal_params{};
   // grafting
   Grafting grafting = Grafting::adam;
+  GraftingScope grafting_scope = GraftingScope::all;
   double grafting_beta2 = 0.95;   // rmsprop, adam
   double grafting_epsilon = 1e-8;
   // first moment, momentum, weight decay
@@ -255,7 +262,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ShampooConfig, name, preconditio
                                                 root_spread, rank_rtol, rank_atol, factor_update_every, ec_beta2,
                                                 ec_epsilon, basis_dtype, spectral_method, newton_schulz_steps, spectral_scale,
                                                 dion_rank_fraction, dion_rank, dion_sync,
-                                                diagonal_params, grafting, grafting_beta2, grafting_epsilon, beta1,
+                                                diagonal_params, grafting, grafting_scope, grafting_beta2, grafting_epsilon, beta1,
                                                 momentum, nesterov, weight_decay, weight_decay_type,
                                                 trainers_per_group, communication_dtype)
 

@@ -53,6 +53,11 @@ void ShampooConfig::validate() const {
   }
   if (!(grafting_beta2 >= 0 && grafting_beta2 < 1)) bad("grafting_beta2", "in [0, 1)", num(grafting_beta2));
   if (!(grafting_epsilon > 0) || !std::isfinite(grafting_epsilon)) bad("grafting_epsilon", "finite and > 0", num(grafting_epsilon));
+  if (grafting_scope == GraftingScope::diagonal && grafting == Grafting::none)
+    fail_usage("shampoo: --grafting-scope diagonal needs a --grafting method (the diagonal blocks' direction)");
+  if (grafting_scope == GraftingScope::diagonal && preconditioner == Preconditioner::dion)
+    fail_usage("shampoo: --grafting-scope diagonal does not fit --preconditioner dion (its matrices are never grafted: "
+               "that is already the scope)");
   if (!(beta1 >= 0 && beta1 < 1)) bad("beta1", "in [0, 1)", num(beta1));
   if (!(momentum >= 0 && momentum < 1)) bad("momentum", "in [0, 1)", num(momentum));
   if (nesterov && momentum == 0) fail_usage("shampoo: nesterov needs a momentum above 0");

@@ -337,6 +337,10 @@ void add_shampoo_options(CLI::App& app, optim::ShampooConfig& c) {
                  "the blocks (1: all at once, the reference's schedule)")
       ->group(g)->check(cli::at_least(1));
   add_enum(app, "--grafting", c.grafting, "step-size grafting")->group(g);
+  add_enum(app, "--grafting-scope", c.grafting_scope,
+           "all: every block takes the grafting norm; diagonal: only the diagonal blocks (--diagonal-params, "
+           "vectors), which take the grafting direction, the others going ungrafted (Muon with AdamW on the rest)")
+      ->group(g);
   app.add_option("--grafting-beta2", c.grafting_beta2, "second-moment decay of rmsprop/adam grafting")
       ->group(g)->check(cli::between(0, 1));
   app.add_option("--grafting-epsilon", c.grafting_epsilon, "epsilon of the grafting method")
