@@ -36,5 +36,24 @@ TEST(GpuPlacement, OwnGpusAreAccepted) {
   EXPECT_EQ(shared_gpu_problem({}), "");
 }
 
+// Two hosts of one name (netlab's namespaces: each its own network namespace, one host name;
+// cloned machines: their own boot ids) are refused before Open MPI splits the ranks by host.
+TEST(HostIdentity, OneNameOnTwoHostsIsRefused) {
+  const std::string p = repeated_host_name_problem(
+      {{"vm", "b1 net:[1]"}, {"vm", "b1 net:[1]"}, {"vm", "b1 net:[2]"}, {"vm", "b1 net:[2]"}});
+  EXPECT_NE(p.find("ranks 0 and 2 both run on a host named 'vm', but on different hosts"), std::string::npos) << p;
+  EXPECT_NE(p.find("unshare --uts"), std::string::npos) << p;
+  EXPECT_EQ(p.find('\n'), std::string::npos) << "one line";
+  EXPECT_NE(repeated_host_name_problem({{"n", "boot-a net:[1]"}, {"n", "boot-b net:[1]"}}), "");  // cloned machines
+}
+
+TEST(HostIdentity, NamesThatTellHostsApartAreAccepted) {
+  // Several ranks of a host; two hosts with their own names; SLURM's emulated nodes of one host
+  // (one name, one machine); a rank whose /proc says nothing is not compared.
+  EXPECT_EQ(repeated_host_name_problem({{"a", "b net:[1]"}, {"a", "b net:[1]"}, {"c", "b net:[2]"}}), "");
+  EXPECT_EQ(repeated_host_name_problem({{"a", "x"}, {"a", ""}, {"a", "x"}}), "");
+  EXPECT_EQ(repeated_host_name_problem({}), "");
+}
+
 }  // namespace
 }  // namespace dtk::comm

@@ -114,8 +114,8 @@ int main(int argc, char** argv, const Program& p) {
   std::unique_ptr<comm::Runtime> rt;
   rt = std::make_unique<comm::Runtime>(&argc, &argv, comm::Runtime::Options{});
   int code = guarded([&] { rt->check_launch(); return 0; }, message);
-  if (code != kExitOk) {  // a misconfigured launch: each process is its own world, each says so
-    std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), message.c_str());
+  if (code != kExitOk) {  // a misconfigured launch: every rank 0 says so (each process its own world: each)
+    if (rt->rank() == 0) std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), message.c_str());
     return code;
   }
   const int rank = rt->rank();

@@ -171,6 +171,18 @@ struct GpuPlacement {
 // --gpus-per-task=1) all use index 0 of different GPUs. placements[r] is rank r's.
 std::string shared_gpu_problem(const std::vector<GpuPlacement>& placements);
 
+// Where a rank runs: its host name and what tells hosts apart when names repeat (the kernel's
+// boot id and the rank's network namespace; empty where /proc does not say).
+struct HostIdentity {
+  std::string name, machine;
+};
+// The one-line problem when two ranks report one host name from different hosts (other boot ids
+// or network namespaces: cloned machines, netlab's namespaces): Open MPI 4.1 crashes splitting
+// such ranks by host (SIGSEGV in ob1's match callback inside MPI_Comm_split_type, a bare MPI
+// program included), and dtk counts a host's ranks and reaches its peers by name; empty when
+// names and hosts agree. hosts[r] is rank r's.
+std::string repeated_host_name_problem(const std::vector<HostIdentity>& hosts);
+
 // The host's wait for the GPU, which Runtime installs as cuda::set_wait_hook (see the file
 // comment): polls done(event) under the watchdog and, while NCCL communicators live, their
 // asynchronous errors. Public for tests.
@@ -199,7 +211,8 @@ class Runtime {
 
   static Runtime& get();
   // UsageError when the launch is broken: srun started N > 1 tasks without PMIx (Open MPI; MPI
-  // is then not initialised), or MPI sees a world of 1 in each.
+  // is then not initialised), MPI sees a world of 1 in each, or two hosts share a name
+  // (repeated_host_name_problem; the same line on every rank).
   void check_launch() const;  // the one runtime (error when none exists)
 
   int rank() const { return rank_; }
@@ -240,6 +253,7 @@ class Runtime {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   int runtime_comm_ = -1;  // the flight recorder's id of the runtime's own calls (flight.h)
   std::shared_ptr<Communicator> mpi_world_, nccl_world_, local_world_;
+  std::string host_problem_;  // repeated_host_name_problem at MPI's start
   int* argc_;
   char*** argv_;
 };

@@ -35,6 +35,20 @@ int env_int(const char* name, int fallback) {
 
 int srun_tasks() { return env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 1)); }
 
+// What tells this host from another of the same name: the kernel's boot id and this process's
+// network namespace.
+std::string machine_identity() {
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof buf, f)) id = std::string(buf, strcspn(buf, "\n"));
+    std::fclose(f);
+  }
+  char ns[64] = {0};
+  if (readlink("/proc/self/ns/net", ns, sizeof ns - 1) > 0) id += std::string(" ") + ns;
+  return id;
+}
+
 // srun started several tasks without PMIx (no --mpi=pmix: --mpi=none, or pmi2): Open MPI can
 // only fail inside MPI_Init then (exit 1, a screenful), so dtk says it first.
 bool srun_without_pmix() {
@@ -136,10 +150,34 @@ void Runtime::init_mpi() {
     std::vector<std::string> hosts;
     for (int r = 0; r < size_; ++r) hosts.emplace_back(names.data() + static_cast<size_t>(r) * kName);
     side::set_peers(hosts, ports, rank_);
+    // Before any communicator is split by host (Open MPI crashes there when two hosts share a name).
+    std::vector<char> ids(static_cast<size_t>(kName) * size_), id(kName, 0);
+    machine_identity().copy(id.data(), kName - 1);
+    MPI_Allgather(id.data(), kName, MPI_CHAR, ids.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
+    std::vector<HostIdentity> all;
+    for (int r = 0; r < size_; ++r) all.push_back({hosts[r], ids.data() + static_cast<size_t>(r) * kName});
+    host_problem_ = repeated_host_name_problem(all);
   }
 }
 
+std::string repeated_host_name_problem(const std::vector<HostIdentity>& hosts) {
+  std::map<std::string, size_t> first;  // host name -> the first rank that reported it with a known machine
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    const HostIdentity& h = hosts[r];
+    if (h.machine.empty()) continue;
+    const auto [it, fresh] = first.emplace(h.name, r);
+    if (fresh || hosts[it->second].machine == h.machine) continue;
+    return fmt::format("ranks {} and {} both run on a host named '{}', but on different hosts (other boot ids or "
+                       "network namespaces): Open MPI crashes splitting ranks by host when two hosts share a name, and "
+                       "dtk counts a host's ranks by name; give each host its own name (hostname(1); network "
+                       "namespaces: a UTS namespace each, unshare --uts)",
+                       it->second, r, h.name);
+  }
+  return "";
+}
+
 void Runtime::check_launch() const {
+  if (!host_problem_.empty()) fail_usage("{}", host_problem_);
   if (launcher_ == Launcher::srun) {
     const int tasks = srun_tasks();
     if (srun_without_pmix())
