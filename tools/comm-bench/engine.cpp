@@ -235,24 +235,32 @@ class Engine {
  private:
   bool rank0() const { return rt_.rank() == 0; }
 
-  // The alpha-beta fit of one collective's sweep (comm/cost.h): printed as comment lines, and
-  // returned for the JSON document. Bandwidth is algorithmic (bytes as in the size column).
+  // The alpha-beta fit of one collective's sweep (comm/cost.h, two regimes where one line does
+  // not fit): printed as comment lines, and returned for the JSON document. Bandwidth is
+  // algorithmic (bytes as in the size column).
   nlohmann::json report_fit(const Collective& c, const std::vector<comm::Sample>& samples) const {
-    const comm::CostModel m = comm::fit_cost(samples);
-    const double err = comm::max_relative_error(m, samples);
+    const comm::CostFit f = comm::fit_cost_regimes(samples);
+    const comm::CostModel& m = f.model;
+    const double err = f.max_relative_error(samples);
     const double gbps = m.gbps();
     const std::string name(c.name);
     nlohmann::json predicted = nlohmann::json::array();
-    for (uint64_t b : o_.predict) predicted.push_back({{"size", b}, {"time_us", m.seconds(static_cast<double>(b)) * 1e6}});
+    for (uint64_t b : o_.predict) predicted.push_back({{"size", b}, {"time_us", f.seconds(static_cast<double>(b)) * 1e6}});
     if (!o_.json) {
-      std::printf("# fit (%s): time = %.3f us + bytes / %.3f GB/s; largest error over the sweep %.1f%%\n", name.c_str(),
-                  m.alpha_s * 1e6, gbps, err * 100);
+      std::printf("# fit (%s): time = %.3f us + bytes / %.3f GB/s", name.c_str(), m.alpha_s * 1e6, gbps);
+      if (f.knee_bytes > 0)
+        std::printf(" from %.0f B up; below, %.3f us + bytes / %.3f GB/s (two regimes: a burst, a latency floor or a "
+                    "protocol switch)", f.knee_bytes, f.below.alpha_s * 1e6, f.below.gbps());
+      std::printf("; largest error over the sweep %.1f%%\n", err * 100);
       for (const auto& p : predicted)
         std::printf("# predicted (%s): %llu B in %.2f us\n", name.c_str(),
                     static_cast<unsigned long long>(p["size"].get<uint64_t>()), p["time_us"].get<double>());
       std::fflush(stdout);
     }
-    return {{"alpha_us", m.alpha_s * 1e6}, {"algbw_gbps", gbps}, {"max_rel_err", err}, {"predicted", predicted}};
+    nlohmann::json j = {{"alpha_us", m.alpha_s * 1e6}, {"algbw_gbps", gbps}, {"max_rel_err", err}, {"knee_bytes", f.knee_bytes}};
+    if (f.knee_bytes > 0) j["below"] = {{"alpha_us", f.below.alpha_s * 1e6}, {"algbw_gbps", f.below.gbps()}};
+    j["predicted"] = predicted;
+    return j;
   }
   Mode mode() const { return o_.async ? Mode::async : Mode::sync; }
 

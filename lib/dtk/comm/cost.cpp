@@ -6,6 +6,30 @@
 #include "dtk/core/error.h"
 
 namespace dtk::comm {
+namespace {
+
+// The unconstrained least-squares line in relative error; false when the sizes do not determine
+// it or its bandwidth term is not positive.
+bool free_line(const std::vector<Sample>& samples, CostModel& m) {
+  double s11 = 0, s12 = 0, s22 = 0, r1 = 0, r2 = 0;
+  for (const Sample& s : samples) {
+    const double u1 = 1 / s.seconds, u2 = s.bytes / s.seconds;
+    s11 += u1 * u1, s12 += u1 * u2, s22 += u2 * u2, r1 += u1, r2 += u2;
+  }
+  const double det = s11 * s22 - s12 * s12;
+  if (!(det > 1e-12 * s11 * s22)) return false;
+  m = {(r1 * s22 - r2 * s12) / det, (r2 * s11 - r1 * s12) / det};
+  return m.beta_s_per_byte > 0;
+}
+
+// The root mean square of the relative errors (the fits' own measure).
+double rms_relative_error(const CostFit& f, const std::vector<Sample>& samples) {
+  double e = 0;
+  for (const Sample& s : samples) e += std::pow((f.seconds(s.bytes) - s.seconds) / s.seconds, 2);
+  return std::sqrt(e / static_cast<double>(samples.size()));
+}
+
+}  // namespace
 
 CostModel fit_cost(const std::vector<Sample>& samples) {
   // Rows u_i = (1 / t_i, b_i / t_i), target 1: normal equations of the 2x2 system.
@@ -42,6 +66,34 @@ double max_relative_error(const CostModel& m, const std::vector<Sample>& samples
   for (const Sample& s : samples)
     if (s.seconds > 0 && std::isfinite(s.seconds)) e = std::max(e, std::abs(m.seconds(s.bytes) - s.seconds) / s.seconds);
   return e;
+}
+
+double CostFit::max_relative_error(const std::vector<Sample>& samples) const {
+  double e = 0;
+  for (const Sample& s : samples)
+    if (s.seconds > 0 && std::isfinite(s.seconds)) e = std::max(e, std::abs(seconds(s.bytes) - s.seconds) / s.seconds);
+  return e;
+}
+
+CostFit fit_cost_regimes(const std::vector<Sample>& samples) {
+  CostFit best{fit_cost(samples), {}, 0};
+  std::vector<Sample> s;
+  for (const Sample& x : samples)
+    if (x.seconds > 0 && std::isfinite(x.seconds) && x.bytes >= 0 && std::isfinite(x.bytes)) s.push_back(x);
+  std::sort(s.begin(), s.end(), [](const Sample& a, const Sample& b) { return a.bytes < b.bytes; });
+  const double one_line = rms_relative_error(best, s);
+  if (one_line <= kKneeMinError) return best;
+  double err = one_line;
+  for (size_t i = 2; i + 3 <= s.size(); ++i) {
+    if (s[i].bytes == s[i - 1].bytes) continue;  // a knee between two sizes
+    const std::vector<Sample> lo(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(i)), hi(s.begin() + static_cast<std::ptrdiff_t>(i), s.end());
+    // From the knee up the line may start below zero (a burst's head start); not below the knee.
+    CostFit split{fit_cost(hi), fit_cost(lo), s[i].bytes};
+    if (CostModel m; free_line(hi, m) && m.seconds(s[i].bytes) > 0) split.model = m;
+    const double e = rms_relative_error(split, s);
+    if (e < err) err = e, best = split;
+  }
+  return err <= kKneeGain * one_line ? best : CostFit{fit_cost(samples), {}, 0};
 }
 
 }  // namespace dtk::comm
