@@ -58,10 +58,7 @@ CostModel fit_cost(const std::vector<Sample>& samples) {
 }
 
 double max_relative_error(const CostModel& m, const std::vector<Sample>& samples) {
-  double e = 0;
-  for (const Sample& s : samples)
-    if (s.seconds > 0 && std::isfinite(s.seconds)) e = std::max(e, std::abs(m.seconds(s.bytes) - s.seconds) / s.seconds);
-  return e;
+  return CostFit{m, {}, 0}.max_relative_error(samples);
 }
 
 double CostFit::max_relative_error(const std::vector<Sample>& samples) const {
