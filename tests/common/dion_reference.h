@@ -2,12 +2,14 @@
 // dion_reference.py, dion_update with power_iters 1), written from the paper and the reference
 // code, not from dtk: one matrix X [m, n] with its buffer M and right factor Q, run on M^T when
 // m < n (the reference's transposition: P on the longer side). The orthonormalisation is thin QR
-// by modified Gram-Schmidt (twice): its columns differ from a Householder QR's or the
+// by modified Gram-Schmidt (twice; shampoo_reference.h): its columns differ from a Householder QR's or the
 // reference's randomized Cholesky QR only in sign, which the update P Q^T, the error feedback
 // P R^T and the next step's product M Q do not see.
 #pragma once
 #include <cmath>
 #include <vector>
+
+#include "shampoo_reference.h"  // orthonormal_columns
 
 namespace dion_ref {
 
@@ -36,26 +38,12 @@ class Matrix {
           Mi_[w][at(i, j)] += g;
         }
     // P = mean_i(M_i Q) [a, r], orthonormalised.
-    Vec P(size_t(a_) * r_, 0.0);
-    for (size_t w = 0; w < W; ++w)
-      for (int i = 0; i < a_; ++i)
-        for (int k = 0; k < r_; ++k) {
-          double s = 0;
-          for (int j = 0; j < b_; ++j) s += Mi_[w][size_t(i) * b_ + j] * q_[size_t(j) * r_ + k];
-          P[size_t(i) * r_ + k] += s / double(W);
-        }
+    Vec P = mean_product(q_, false);
     bool zero = true;
     for (double v : P) zero = zero && v == 0.0;
-    orthonormalise(P, a_, r_);
+    P = dtk::shampoo_ref::orthonormal_columns(P, a_, r_);
     // R = mean_i(M_i^T P) [b, r].
-    Vec R(size_t(b_) * r_, 0.0);
-    for (size_t w = 0; w < W; ++w)
-      for (int j = 0; j < b_; ++j)
-        for (int k = 0; k < r_; ++k) {
-          double s = 0;
-          for (int i = 0; i < a_; ++i) s += Mi_[w][size_t(i) * b_ + j] * P[size_t(i) * r_ + k];
-          R[size_t(j) * r_ + k] += s / double(W);
-        }
+    Vec R = mean_product(P, true);
     if (zero) {  // the reference's guard: M all zero gives P = 0, and R = the old Q
       for (double& v : P) v = 0.0;
       R = q_;
@@ -99,21 +87,19 @@ class Matrix {
  private:
   size_t at(int i, int j) const { return t_ ? size_t(j) * b_ + i : size_t(i) * b_ + j; }
 
-  // Thin QR of P [a, r] (r <= a) by modified Gram-Schmidt, twice; a zero column stays zero.
-  static void orthonormalise(Vec& P, int a, int r) {
-    for (int k = 0; k < r; ++k)
-      for (int pass = 0; pass < 2; ++pass) {
-        for (int l = 0; l < k; ++l) {
-          double d = 0;
-          for (int i = 0; i < a; ++i) d += P[size_t(i) * r + l] * P[size_t(i) * r + k];
-          for (int i = 0; i < a; ++i) P[size_t(i) * r + k] -= d * P[size_t(i) * r + l];
+  // mean_i(M_i B) [a, r] for B [b, r], or mean_i(M_i^T B) [b, r] for B [a, r] (M_i [a, b]).
+  Vec mean_product(const Vec& B, bool transposed) const {
+    const int out = transposed ? b_ : a_, in = transposed ? a_ : b_;
+    Vec C(size_t(out) * r_, 0.0);
+    for (const Vec& Mi : Mi_)
+      for (int o = 0; o < out; ++o)
+        for (int k = 0; k < r_; ++k) {
+          double s = 0;
+          for (int l = 0; l < in; ++l)
+            s += (transposed ? Mi[size_t(l) * b_ + o] : Mi[size_t(o) * b_ + l]) * B[size_t(l) * r_ + k];
+          C[size_t(o) * r_ + k] += s / double(Mi_.size());
         }
-        double s = 0;
-        for (int i = 0; i < a; ++i) s += P[size_t(i) * r + k] * P[size_t(i) * r + k];
-        s = std::sqrt(s);
-        if (s > 0)
-          for (int i = 0; i < a; ++i) P[size_t(i) * r + k] /= s;
-      }
+    return C;
   }
 
   int m_, n_, r_, a_ = 0, b_ = 0;

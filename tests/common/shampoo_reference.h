@@ -134,22 +134,25 @@ inline Vec inverse_root(const Vec& F, int n, double eps, double p, bool* ok = nu
   return root_from(w, V, n, eps, p, ok);
 }
 
-// The columns of X [n, n] orthonormalised in order (modified Gram-Schmidt, twice).
-inline Vec orthonormal_columns(Vec X, int n) {
-  for (int j = 0; j < n; ++j)
+// The columns of X [rows, cols] (cols <= rows) orthonormalised in order (modified Gram-Schmidt,
+// twice; a thin QR's Q up to column signs); a zero column stays zero.
+inline Vec orthonormal_columns(Vec X, int rows, int cols) {
+  for (int j = 0; j < cols; ++j)
     for (int pass = 0; pass < 2; ++pass) {
       for (int i = 0; i < j; ++i) {
         double d = 0;
-        for (int r = 0; r < n; ++r) d += X[size_t(r) * n + i] * X[size_t(r) * n + j];
-        for (int r = 0; r < n; ++r) X[size_t(r) * n + j] -= d * X[size_t(r) * n + i];
+        for (int r = 0; r < rows; ++r) d += X[size_t(r) * cols + i] * X[size_t(r) * cols + j];
+        for (int r = 0; r < rows; ++r) X[size_t(r) * cols + j] -= d * X[size_t(r) * cols + i];
       }
       double nn = 0;
-      for (int r = 0; r < n; ++r) nn += X[size_t(r) * n + j] * X[size_t(r) * n + j];
+      for (int r = 0; r < rows; ++r) nn += X[size_t(r) * cols + j] * X[size_t(r) * cols + j];
       nn = std::sqrt(nn);
-      for (int r = 0; r < n; ++r) X[size_t(r) * n + j] /= nn;
+      if (nn > 0)
+        for (int r = 0; r < rows; ++r) X[size_t(r) * cols + j] /= nn;
     }
   return X;
 }
+inline Vec orthonormal_columns(Vec X, int n) { return orthonormal_columns(std::move(X), n, n); }
 
 // The reference's warm-started eigendecomposition (matrix_functions.py _qr_algorithm) of
 // A = F + eps I from the basis Q (columns; all zero: a full eigh), as shampoo.h states it: QR

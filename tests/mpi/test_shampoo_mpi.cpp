@@ -42,7 +42,8 @@ RunState make_run() {
   uint64_t seed = 1;
   for (const auto& [name, shape] : kSpecs) {
     const Vec v = shampoo_ref::random_values(static_cast<size_t>(shape_numel(shape)), seed++);
-    r.params.push_back({name, Tensor::from_doubles(v, shape, DType::f32), Tensor::zeros(shape, DType::f32), 0});
+    nn::Param& p = r.params.emplace_back();
+    p.name = name, p.value = Tensor::from_doubles(v, shape, DType::f32), p.grad = Tensor::zeros(shape, DType::f32);
     r.shapes.push_back(shape);
     r.start.push_back(v);
   }
@@ -225,7 +226,8 @@ struct Shards {
       rows.push_back(r);
       Shape ss = s;
       ss[0] = r.lengths[size_t(rank)];
-      params.push_back({kSpecs[i].first, Tensor::from_doubles(mine(full.start[i], i), ss, DType::f32), Tensor::zeros(ss, DType::f32), 0});
+      nn::Param& p = params.emplace_back();
+      p.name = kSpecs[i].first, p.value = Tensor::from_doubles(mine(full.start[i], i), ss, DType::f32), p.grad = Tensor::zeros(ss, DType::f32);
     }
   }
   // This rank's rows of the values v of parameter i.
@@ -234,9 +236,14 @@ struct Shards {
     const int64_t cols = shape_numel(r.shape) / r.shape[0], o = r.offsets[size_t(rank)], len = r.lengths[size_t(rank)];
     return Vec(v.begin() + o * cols, v.begin() + (o + len) * cols);
   }
-  void set_grads(const std::vector<Vec>& g) {
-    for (size_t i = 0; i < params.size(); ++i)
-      params[i].grad.copy_from(Tensor::from_doubles(mine(g[i], i), params[i].value.shape(), DType::f32));
+  // Steps [from, to) of opt on these rows, with the gradients' rows of grads_at (as steps()).
+  void steps(Optimizer& opt, const RunState& full, int from, int to) {
+    for (int t = from; t < to; ++t) {
+      const auto g = grads_at(full.shapes, t);
+      for (size_t i = 0; i < params.size(); ++i)
+        params[i].grad.copy_from(Tensor::from_doubles(mine(g[i], i), params[i].value.shape(), DType::f32));
+      opt.step(params, 0.05);
+    }
   }
 };
 
@@ -278,10 +285,7 @@ TEST(ShampooMpi, ShardedParametersEqualReplicated) {
     steps(*one, full, 0, 6);
     Shards sh(full, rank, n);
     auto dist = make_shampoo(c, sh.params, *world, sh.rows);
-    for (int t = 0; t < 6; ++t) {
-      sh.set_grads(grads_at(full.shapes, t));
-      dist->step(sh.params, 0.05);
-    }
+    sh.steps(*dist, full, 0, 6);
     const auto want = values(full);
     for (size_t i = 0; i < sh.params.size(); ++i)
       EXPECT_EQ(sh.params[i].value.to_doubles(), sh.mine(want[i], i)) << label << ": " << kSpecs[i].first << " on rank "
@@ -509,10 +513,7 @@ TEST(ShampooMpi, DionShardedEqualsReplicated) {
     steps(*one, full, 0, 6);
     Shards sh(full, rank, n);
     auto dist = make_shampoo(c, sh.params, *world, sh.rows);
-    for (int t = 0; t < 6; ++t) {
-      sh.set_grads(grads_at(full.shapes, t));
-      dist->step(sh.params, 0.05);
-    }
+    sh.steps(*dist, full, 0, 6);
     const auto want = values(full);
     double err = 0, moved = 0;
     for (size_t i = 0; i < sh.params.size(); ++i) {

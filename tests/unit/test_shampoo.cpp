@@ -828,6 +828,17 @@ ShampooConfig family_config() {
   return c;
 }
 
+// Each case's config (family_config, tweaked) run by error(config, steps), printed and held to its tolerance.
+void expect_cases(const std::vector<FamilyCase>& cases, const std::function<double(const ShampooConfig&, int)>& error) {
+  for (const FamilyCase& k : cases) {
+    ShampooConfig c = family_config();
+    k.tweak(c);
+    const double e = error(c, k.steps);
+    std::printf("%-60s %.2e\n", k.label.c_str(), e);
+    EXPECT_LT(e, k.tol) << k.label;
+  }
+}
+
 void ec(ShampooConfig& c) { c.preconditioner = Preconditioner::eigenvalue_corrected; }
 void dion(ShampooConfig& c) {
   c.preconditioner = Preconditioner::dion;
@@ -918,13 +929,7 @@ TEST(Shampoo, FamilyMatchesReference) {
       {"roots, grafting scope diagonal, diagonal w", [](ShampooConfig& c) {
          c.diagonal_params = {"w"}; c.grafting_scope = GraftingScope::diagonal; }, 1e-5},
   };
-  for (const FamilyCase& k : cases) {
-    ShampooConfig c = family_config();
-    k.tweak(c);
-    const double e = family_error(c, k.steps);
-    std::printf("%-60s %.2e\n", k.label.c_str(), e);
-    EXPECT_LT(e, k.tol) << k.label;
-  }
+  expect_cases(cases, [](const ShampooConfig& c, int steps) { return family_error(c, steps); });
 }
 
 // Dion against the f64 re-derivation (tests/common/dion_reference.h) over the family's
@@ -992,13 +997,7 @@ TEST(Shampoo, DionMatchesReference) {
          dion(c); c.dion_rank_fraction = 0.5; c.diagonal_params = {"conv"}; c.dion_sync = DionSync::gradients; }, 1e-5},
       {"dion 1/4, 40 steps", [](ShampooConfig& c) { dion(c); }, 2e-5, 40},
   };
-  for (const FamilyCase& k : cases) {
-    ShampooConfig c = family_config();
-    k.tweak(c);
-    const double e = dion_error(c, k.steps);
-    std::printf("%-60s %.2e\n", k.label.c_str(), e);
-    EXPECT_LT(e, k.tol) << k.label;
-  }
+  expect_cases(cases, [](const ShampooConfig& c, int steps) { return dion_error(c, steps); });
 }
 
 // A matrix whose gradient stays zero: its buffer stays zero, the update is zero (P Q^T never

@@ -28,7 +28,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -315,7 +314,7 @@ class Shampoo final : public Optimizer {
   // whole parameter p lies in it.
   void build_gather() {
     const int S = shard_comm_->size();
-    gather_counts_.assign(static_cast<size_t>(S), 0);
+    std::vector<size_t> counts(static_cast<size_t>(S), 0);
     std::vector<std::vector<int64_t>> base(static_cast<size_t>(S));  // [rank][param]
     int64_t pos = 0;
     for (int q = 0; q < S; ++q) {
@@ -325,9 +324,10 @@ class Shampoo final : public Optimizer {
         const int64_t row = r.shape[0] == 0 ? 0 : shape_numel(r.shape) / r.shape[0];
         const int64_t n = dion_[p] ? 0 : r.lengths[static_cast<size_t>(q)] * row;  // Dion's stay on their shards
         pos += n;
-        gather_counts_[static_cast<size_t>(q)] += static_cast<size_t>(n);
+        counts[static_cast<size_t>(q)] += static_cast<size_t>(n);
       }
     }
+    segments_ = RankSegments(std::move(counts));
     gathered_grads_ = Tensor::empty({std::max<int64_t>(pos, 1)}, DType::f32, cx_.device);
     if (cx_.cfg.weight_decay > 0) gathered_values_ = Tensor::empty({std::max<int64_t>(pos, 1)}, DType::f32, cx_.device);
     gathered_at_.resize(rows_.size());
@@ -359,23 +359,14 @@ class Shampoo final : public Optimizer {
   // This rank's rows of every parameter's gradient (values: weight) packed, then gathered from
   // every rank of the shard group into out.
   void gather_shards(const std::vector<nn::Param>& params, bool values, Tensor& out) {
-    const int me = shard_comm_->rank();
-    int64_t at = 0;
-    for (int q = 0; q < me; ++q) at += static_cast<int64_t>(gather_counts_[static_cast<size_t>(q)]);
+    auto at = static_cast<int64_t>(segments_.at[static_cast<size_t>(shard_comm_->rank())]);
     for (size_t i = 0; i < params.size(); ++i) {
       if (dion_[i]) continue;
       const Tensor src = (values ? params[i].value : params[i].grad).flatten();
       copy_into(out.slice(at, at + src.numel()), src);
       at += src.numel();
     }
-    if (shard_comm_->size() == 1) return;
-    const size_t total = std::accumulate(gather_counts_.begin(), gather_counts_.end(), size_t{0});
-    comm::Buffer all{out.data(), total, DType::f32, cx_.device};
-    size_t mine_at = 0;
-    for (int q = 0; q < me; ++q) mine_at += gather_counts_[static_cast<size_t>(q)];
-    shard_comm_->all_gather_v(all.slice(mine_at, gather_counts_[static_cast<size_t>(me)]), all, gather_counts_,
-                              comm::Mode::sync).wait();
-    last_bytes_ += static_cast<int64_t>(gather_counts_[static_cast<size_t>(me)] * 4);
+    last_bytes_ += segments_.all_gather(*shard_comm_, out);
   }
 
   // Every rank's segment: its blocks grouped by shape (map order), by root phase and then
@@ -702,7 +693,7 @@ class Shampoo final : public Optimizer {
   bool sharded_ = false;
   std::vector<Rows> rows_;
   comm::Communicator* shard_comm_ = nullptr;
-  std::vector<size_t> gather_counts_;                // elements per rank of the shard group
+  RankSegments segments_;                            // the packed shards, per rank of the shard group
   std::vector<std::vector<int64_t>> gathered_at_;    // construction only
   Tensor gathered_grads_, gathered_values_;
   std::vector<Shape> local_shapes_;                  // the parameters as step() takes them

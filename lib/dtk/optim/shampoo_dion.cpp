@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <numeric>
 
 #include "dtk/core/error.h"
 #include "dtk/optim/shampoo_internal.h"
@@ -62,7 +61,7 @@ Dion::Dion(Context& cx, const std::vector<nn::Param>& params, std::vector<int> w
     mats_.push_back(std::move(x));
   }
   sum1_ = s1, sum2_ = s2, sum_norms_ = sn;
-  gather_counts_.assign(static_cast<size_t>(S), 0);
+  std::vector<size_t> counts(static_cast<size_t>(S), 0);
   for (Mat& x : mats_) {
     if (!x.transposed) x.p_at = s1, s1 += x.rows * x.r;
     else x.r_at = s2, s2 += x.rows * x.r;
@@ -70,9 +69,10 @@ Dion::Dion(Context& cx, const std::vector<nn::Param>& params, std::vector<int> w
     if (!x.transposed) {
       const Rows& rw = rows.size() > static_cast<size_t>(x.param) ? rows[static_cast<size_t>(x.param)] : Rows{};
       for (int q = 0; q < S; ++q)
-        gather_counts_[static_cast<size_t>(q)] += static_cast<size_t>((shards_ ? rw.lengths[static_cast<size_t>(q)] : x.rows) * x.r);
+        counts[static_cast<size_t>(q)] += static_cast<size_t>((shards_ ? rw.lengths[static_cast<size_t>(q)] : x.rows) * x.r);
     }
   }
+  segments_ = RankSegments(std::move(counts));
   stage1_ = Tensor::zeros({std::max<int64_t>(s1, 1)}, DType::f32, cx_.device);
   stage2_ = Tensor::zeros({std::max<int64_t>(s2, 1)}, DType::f32, cx_.device);
   norms_ = Tensor::zeros({std::max<int64_t>(sn, 1)}, DType::f32, cx_.device);
@@ -80,8 +80,7 @@ Dion::Dion(Context& cx, const std::vector<nn::Param>& params, std::vector<int> w
   ops::fill(ones_, 1.0);
   for (Tensor* t : {&qn_, &bcast_}) *t = Tensor::empty({max_q}, DType::f32, cx_.device);
   for (Tensor* t : {&den_, &keep_}) *t = Tensor::empty({max_r}, DType::f32, cx_.device);
-  const size_t gathered = std::accumulate(gather_counts_.begin(), gather_counts_.end(), size_t{0});
-  if (shards_ && gathered > 0) gathered_ = Tensor::zeros({std::max<int64_t>(static_cast<int64_t>(gathered), 1)}, DType::f32, cx_.device);
+  if (shards_ && segments_.total > 0) gathered_ = Tensor::zeros({static_cast<int64_t>(segments_.total)}, DType::f32, cx_.device);
   // The whole P: round 1's own slice, or (rows gathered over the shard group) its own tensor.
   for (Mat& x : mats_) {
     if (x.transposed || !shards_) x.P = stage1_.slice(x.p_at, x.p_at + std::max(x.m, x.n) * x.r).reshape({std::max(x.m, x.n), x.r});
@@ -135,19 +134,12 @@ void Dion::step(std::vector<nn::Param>& params, double lr) {
   reduce_replicas(stage1_);
   reduce_shards(stage1_.slice(0, sum1_));
   if (shards_ && gathered_.defined()) {  // every rank's rows of the untransposed P (on every rank alike)
-    const int me = shards_->rank();
-    const size_t total = std::accumulate(gather_counts_.begin(), gather_counts_.end(), size_t{0});
-    size_t mine_at = 0;
-    for (int q = 0; q < me; ++q) mine_at += gather_counts_[static_cast<size_t>(q)];
-    comm::Buffer all = comm::buffer_of(gathered_).slice(0, total);
-    const size_t mine = gather_counts_[static_cast<size_t>(me)];
-    if (mine > 0) copy_into(gathered_.slice(static_cast<int64_t>(mine_at), static_cast<int64_t>(mine_at + mine)),
-                            stage1_.slice(sum1_, sum1_ + static_cast<int64_t>(mine)));
-    shards_->all_gather_v(all.slice(mine_at, mine), all, gather_counts_, comm::Mode::sync).wait();
-    bytes_ += static_cast<int64_t>(mine * 4);
+    const auto me = static_cast<size_t>(shards_->rank());
+    const auto mine_at = static_cast<int64_t>(segments_.at[me]), mine = static_cast<int64_t>(segments_.counts[me]);
+    if (mine > 0) copy_into(gathered_.slice(mine_at, mine_at + mine), stage1_.slice(sum1_, sum1_ + mine));
+    bytes_ += segments_.all_gather(*shards_, gathered_);
     // Rank q's segment holds its rows of every untransposed matrix, in order.
-    std::vector<int64_t> at(static_cast<size_t>(shards_->size()));
-    for (size_t q = 1; q < at.size(); ++q) at[q] = at[q - 1] + static_cast<int64_t>(gather_counts_[q - 1]);
+    std::vector<int64_t> at(segments_.at.begin(), segments_.at.end());
     for (Mat& x : mats_) {
       if (x.transposed) continue;
       const Rows& rw = rows_[static_cast<size_t>(x.param)];

@@ -26,6 +26,24 @@ namespace dtk::optim::shampoo {
 constexpr int64_t kChunkElements = int64_t(1) << 24;
 constexpr int kMaxFailures = 4;  // the fourth consecutive failure of a block's root is an error
 
+// A buffer of the shard group's ranks' segments, rank after rank (the gathers of sharded rows:
+// the driver's gradients and weights, Dion's P): counts[q] elements of rank q, from at[q].
+struct RankSegments {
+  std::vector<size_t> counts, at;
+  size_t total = 0;
+  explicit RankSegments(std::vector<size_t> c = {}) : counts(std::move(c)), at(counts.size(), 0) {
+    for (size_t q = 0; q < counts.size(); ++q) at[q] = total, total += counts[q];
+  }
+  // Every rank's segment of buf from its own (already in place at at[rank]); the bytes it sent.
+  int64_t all_gather(comm::Communicator& comm, const Tensor& buf) const {
+    const auto me = static_cast<size_t>(comm.rank());
+    if (comm.size() == 1) return 0;
+    const comm::Buffer all = comm::buffer_of(buf).slice(0, total);
+    comm.all_gather_v(all.slice(at[me], counts[me]), all, counts, comm::Mode::sync).wait();
+    return static_cast<int64_t>(counts[me] * 4);
+  }
+};
+
 struct BlockDesc {
   int param = 0;
   int index = 0;  // in the row-major grid of the parameter's blocks
@@ -208,7 +226,7 @@ class Dion {
   Tensor qn_, bcast_, den_, keep_;  // one matrix's new Q [rows, r], a broadcast [rows, r]; [r] vectors
   std::vector<Rows> rows_;
   int64_t sum1_ = 0, sum2_ = 0, sum_norms_ = 0;
-  std::vector<size_t> gather_counts_;  // round 1's rows over the shard group, per rank
+  RankSegments segments_;  // round 1's rows over the shard group, per rank
   int64_t bytes_ = 0;
 };
 
