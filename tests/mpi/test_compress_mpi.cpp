@@ -3,7 +3,7 @@
 // invariants of both modes, identical results on every rank, exact bytes, and the baselines'
 // multi-rank properties (topk's gathered aggregate, randomk's shared coordinates, signum's
 // majority vote), and PowerSGD over sharded gradients (compress::Topology) equal to the whole
-// matrices'. Every rank runs the same collectives whatever it finds (EXPECT, never ASSERT).
+// matrices'; the quantized mean of DiLoCo's pseudo-gradients (compress/quantize.h). Every rank runs the same collectives whatever it finds (EXPECT, never ASSERT).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "../common/compress_util.h"
+#include "dtk/compress/quantize.h"
 #include "dtk/ops/ops.h"
 
 namespace dtk::testing {
@@ -495,6 +496,45 @@ TEST(CompressMpi, ShardedPowerSgdIsWholeMatrixPowerSgd) {
       }
       EXPECT_LT(norm(sub(get(state_of(*c, "q/wq")), get(state_of(*cr, "q/wq")))), 1e-4);
     }
+}
+
+
+// DiLoCo's exchange (compress::QuantizedMean) on every format: every rank ends with the same bits,
+// within the format's rounding of the true mean (two roundings: each rank's, then the mean's),
+// and with error feedback the roundings are kept: mean_r(x_r + e_r) before == the result +
+// mean_r(e_r) after (both roundings of the owner's chunk are in its buffer, W times the mean's).
+TEST(CompressMpi, QuantizedMeanOverRanks) {
+  using compress::Wire;
+  const int64_t n = 1000;  // not a multiple of W * 128: padded chunks
+  for (Wire w : {Wire::f32, Wire::bf16, Wire::int8, Wire::e3m0}) {
+    std::vector<float> x(n), e(n, 0.0f), mean(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(R())) * 0.01f;
+    for (int64_t i = 0; i < n; ++i) e[i] = w == Wire::f32 ? 0.0f : 1e-4f * std::cos(static_cast<float>(i * (R() + 1)));
+    Vec before(n), after(n);
+    for (int64_t i = 0; i < n; ++i) before[i] = static_cast<double>(x[i]) + e[i];
+    compress::QuantizedMean q(world(), w);
+    q.start(x.data(), w == Wire::f32 ? nullptr : e.data(), n);
+    for (int k = 0; k < 1000 && !q.progress(); ++k) {
+    }
+    q.finish(mean.data());
+    for (int64_t i = 0; i < n; ++i) after[i] = e[i];
+    before = sum_over_ranks(before), after = sum_over_ranks(after);
+    // The same bits on every rank.
+    Vec bits(n);
+    for (int64_t i = 0; i < n; ++i) bits[i] = mean[i];
+    const Vec total = sum_over_ranks(bits);
+    double worst = 0, kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(total[i], static_cast<double>(W()) * mean[i]) << name_of(w) << " " << i;
+      worst = std::max(worst, std::fabs(mean[i] - before[i] / W()));
+      kept = std::max(kept, std::fabs(mean[i] + after[i] / W() - before[i] / W()));
+    }
+    // |x + e| <= 0.0101 = s; two roundings of at most: bf16 s 2^-8 (half its 7-bit mantissa's step), int8 s / 254, e3m0 s / 3.
+    const double s = 0.0101, bound = w == Wire::f32 ? 1e-9 : 2 * s * (w == Wire::bf16 ? 0x1p-8 : w == Wire::int8 ? 1.0 / 254 : 1.0 / 3);
+    EXPECT_LE(worst, bound) << name_of(w);
+    EXPECT_LE(kept, 1e-7) << name_of(w);
+    EXPECT_EQ(q.bytes(), w == Wire::f32 ? n * 4 : W() * compress::wire_bytes(w, (n + W() * 128 - 1) / (W() * 128) * 128));
+  }
 }
 
 }  // namespace

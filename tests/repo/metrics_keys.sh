@@ -30,7 +30,7 @@ mlp="--model mlp-small --data synthetic"
 # Each program's runs between them: llama and a classifier, evaluation and checkpoint steps, and
 # whatever the program's placement adds (a compressor; HSDP).
 declare -A runs=(
-  [psgd-train]="-n 2|$small --compressor powersgd --start-iter 0;-n 2|$mlp --compressor none --optimizer shampoo;-n 2|$mlp --compressor auto --start-iter 1"
+  [psgd-train]="-n 2|$small --compressor powersgd --start-iter 0;-n 2|$small --compressor none --sync diloco --sync-every 2;-n 2|$mlp --compressor none --optimizer shampoo;-n 2|$mlp --compressor auto --start-iter 1"
   [shampoo-train]="-n 2|$small;-n 2|$mlp --optimizer adamw"
   [fsdp-train]="-n 2|$small --replicate 2 --compressor powersgd --start-iter 0;-n 2|$mlp --optimizer shampoo;-n 2|$mlp --replicate 2 --compressor auto --start-iter 1"
 )

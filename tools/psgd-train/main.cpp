@@ -7,9 +7,11 @@
 #include "dtk/compress/compressor.h"
 #include "dtk/core/error.h"
 #include "dtk/parallel/data_parallel.h"
+#include "dtk/parallel/diloco.h"
 #include "dtk/train/trainer.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace {
 using namespace dtk;
@@ -17,6 +19,7 @@ using namespace dtk;
 struct Args {
   train::Options train;
   train::CompressorOptions compressor;
+  train::SyncOptions sync;
 };
 
 cli::Program program(Args& a) {
@@ -29,7 +32,7 @@ cli::Program program(Args& a) {
       "with warm start and error feedback, aggregated by all-reduce; plain, top-k, random-k and signum "
       "aggregation as baselines.";
   p.footer = train::metrics_help({train::MetricSource::compression, train::MetricSource::auto_compression,
-                                   train::MetricSource::shampoo}) +
+                                   train::MetricSource::shampoo, train::MetricSource::outer}) +
              "Exit status: 0 done, 1 a failure while training, 2 bad usage or bad input, " + cli::kExitStoppedHelp +
              ".\n"
              "Example: mpiexec -n 4 psgd-train --model llama-tiny --data synthetic --compressor powersgd --rank 2 "
@@ -37,27 +40,51 @@ cli::Program program(Args& a) {
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
     train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
+    train::add_sync_options(app, a.sync);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
-    if (a.train.runtime.print_plan && !is_auto && a.train.optimization.optimizer != optim::Kind::shampoo)
-      fail_usage("--print-plan: psgd-train makes a plan with --compressor auto (its decisions) or --optimizer shampoo");
-    // auto's plan is made at step --start-iter and printed before the next one; Shampoo's at once.
+    const parallel::OuterConfig outer = a.sync.config();
+    const bool local_sgd = outer.sync != parallel::Sync::every_step;
+    if (a.train.runtime.print_plan && !is_auto && !local_sgd && a.train.optimization.optimizer != optim::Kind::shampoo)
+      fail_usage("--print-plan: psgd-train makes a plan with --compressor auto (its decisions), --sync diloco|streaming "
+                 "(its fragments) or --optimizer shampoo");
+    // auto's plan is made at step --start-iter and printed before the next one; the others' at once.
     const train::ResolvedRun r = a.train.runtime.print_plan
                            ? train::validate_plan_only(a.train, is_auto ? a.compressor.compressor.start_iter + 2 : 1, rt.size())
                            : train::validate(a.train, rt.size());
     const train::Options& o = r.options;
-    const compress::Config c = a.compressor.config(o.data.seed);
+    compress::Config c = a.compressor.config(o.data.seed);
     if (comm::CostModel link; is_auto) compress::auto_link_from_env(link);  // malformed: exit 2 now
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
-    s.config = c;
-    if (c.kind != compress::Kind::none) {
+    if (local_sgd) {
+      const std::string sync(name_of(outer.sync));
+      if (o.optimization.optimizer == optim::Kind::shampoo)
+        fail_usage("--sync {}: the inner optimizer is --optimizer sgd or adamw (Shampoo splits its blocks over every "
+                   "rank, the replicas' steps differ)", sync);
+      if (is_auto)
+        fail_usage("--sync {} with --compressor auto: auto chooses from each step's backward, which the outer "
+                   "exchange does not overlap; give a kind (powersgd, ...) or none", sync);
+      if (c.kind != compress::Kind::none && outer.wire != compress::Wire::f32)
+        fail_usage("--outer-dtype {} is the plain exchange's (--compressor none); --compressor {} sends its own (PowerSGD: --comm-dtype)",
+                   name_of(outer.wire), name_of(c.kind));
+      outer.validate(rt.size());
+      if (a.compressor.start_iter->count() == 0) c.start_iter = 0;  // outer steps: compressed from the first
+      std::optional<compress::Config> outer_c;
+      if (c.kind != compress::Kind::none) outer_c = c;
+      s.parallelism = [outer, outer_c, bucket_bytes = o.runtime.bucket_bytes](nn::Model& model, comm::Communicator& world,
+                                                                             comm::Communicator& host) {
+        return std::make_unique<parallel::DiLoCo>(model, outer, outer_c, world, host, bucket_bytes);
+      };
+    } else if (c.kind != compress::Kind::none) {
       // The replicated placement with the compressor, its buckets of --bucket-size.
       s.parallelism = [c, bucket_bytes = o.runtime.bucket_bytes](nn::Model& model, comm::Communicator& world, comm::Communicator&) {
         return std::make_unique<parallel::GradSync>(model, world,
                                                     compress::make_compressor(c, world, model.params(), bucket_bytes));
       };
     }
+    s.config = c;
+    if (local_sgd) s.config["sync"] = outer;
     return [r, s](comm::Runtime& rt) { return train::run(r, s, rt); };
   };
   return p;

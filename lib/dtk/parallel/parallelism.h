@@ -82,6 +82,14 @@ class Parallelism : public nn::BlockHooks, public Component {
   virtual void metrics(nlohmann::ordered_json& m) const = 0;
   // Before each step (the automatic bucket plan is settled here, from the first steps' timings).
   virtual void before_step(int64_t step) { (void)step; }
+  // After the optimizer's step of step `step` (DiLoCo's outer steps: diloco.h).
+  virtual void after_step(int64_t step) { (void)step; }
+  // Around an evaluation: the model then holds the weights to evaluate (DiLoCo: the outer ones,
+  // swapped in and back out).
+  virtual void begin_evaluation() {}
+  virtual void end_evaluation() {}
+  // The optimizer's state placed as this placement's ranks hold it (DiLoCo: each replica's own).
+  virtual std::vector<PlacedTensor> optimizer_state(std::vector<PlacedTensor> s) { return s; }
   // The run's components it holds: itself and the compressor it runs, if any.
   virtual std::vector<Component*> components() { return {this}; }
   // Sharded states are written by the ranks of this host communicator (one shard group), the

@@ -17,7 +17,7 @@ namespace {
 // given again: every option of these groups, and --sync-batchnorm. The model's sizes are the
 // checkpoint's anyway (train::resolve_model); where and how the run executes (--device,
 // --threads, outputs, evaluation, --stop-at) is each command line's own.
-constexpr std::string_view kRunGroups[] = {"Data", "Optimization", "Shampoo", "Compression", "Precision"};
+constexpr std::string_view kRunGroups[] = {"Data", "Optimization", "Shampoo", "Compression", "Synchronisation", "Precision"};
 
 // The options that shape the state a checkpoint holds (an optimizer's, a compressor's), each marked
 // where it is declared (shapes_state): a resume cannot change them (train::validate refuses).
@@ -376,7 +376,8 @@ void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::stri
   const std::vector<Kind> kinds = {Kind::powersgd, Kind::none, Kind::topk, Kind::randomk, Kind::signum, Kind::auto_};
   shapes_state(add_enum(app, "--compressor", c.kind, "gradient aggregation (none: " + none_help + ")", kinds))->group(g);
   o.rank = shapes_state(app.add_option("--rank", c.rank, "PowerSGD rank r"))->group(g)->check(at_least(1));
-  app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps")->group(g)->check(at_least(0));
+  o.start_iter = app.add_option("--start-iter", c.start_iter, "plain all-reduce for the first K steps (with --sync diloco|streaming: K outer steps, 0 by default)")
+                     ->group(g)->check(at_least(0));
   app.add_option("--min-compression-rate", c.min_compression_rate,
                  "compress a matrix only when it shrinks at least this much")->group(g)->check(positive());
   app.add_flag("--no-warm-start", o.no_warm_start, "draw a new Q every step instead of reusing the last")->group(g);
@@ -398,6 +399,58 @@ void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::stri
       ->group(ga)->check(at_least(1));
   app.add_option("--auto-refresh", c.auto_refresh, "auto measures the link again every K steps (0: once)")
       ->group(ga)->check(at_least(0));
+}
+
+parallel::OuterConfig SyncOptions::config() const {
+  parallel::OuterConfig c = outer;
+  if (c.sync == parallel::Sync::every_step) {
+    for (const CLI::Option* opt : outer_options)
+      if (opt->count() > 0) fail_usage("{} needs --sync diloco or streaming", opt->get_name());
+    return c;
+  }
+  if (c.sync == parallel::Sync::streaming) {
+    if (fragments->count() == 0) c.fragments = 4;
+    if (delay->count() == 0) c.delay = 1;
+  }
+  if (mix->count() == 0) c.mix = c.delay > 0 ? 0.5 : 0.0;
+  return c;
+}
+
+void add_sync_options(CLI::App& app, SyncOptions& s) {
+  parallel::OuterConfig& c = s.outer;
+  const char* g = "Synchronisation";
+  shapes_state(add_enum(app, "--sync", c.sync,
+                        "every-step (gradients aggregated every step), diloco (H inner steps per replica, then an outer "
+                        "Nesterov step on the mean pseudo-gradient) or streaming (DiLoCo by fragments, overlapped)"))
+      ->group(g);
+  const auto outer = [&s](CLI::Option* o) {
+    s.outer_options.push_back(o);
+    return o->group("Synchronisation");
+  };
+  shapes_state(outer(app.add_option("--sync-every", c.every, "H: inner steps between a fragment's synchronisations")))
+      ->check(at_least(1));
+  outer(app.add_option("--outer-lr", c.lr, "the outer step's learning rate"))->check(positive());
+  outer(app.add_option("--outer-momentum", c.momentum, "the outer step's Nesterov momentum (0: none)"))
+      ->check(at_least(0));
+  s.fragments = shapes_state(outer(app.add_option("--fragments", c.fragments,
+                                                  "streaming: F fragments of the model's blocks (strided), one "
+                                                  "synchronised every H / F steps (default 4)")))
+                    ->check(at_least(1));
+  s.delay = shapes_state(outer(app.add_option("--sync-delay", c.delay,
+                                              "tau: inner steps a fragment's exchange overlaps before it is applied "
+                                              "(streaming: default 1)")))
+                ->check(at_least(0));
+  s.mix = outer(app.add_option("--outer-mix", c.mix,
+                               "alpha: a fragment's local weights become alpha local + (1 - alpha) outer when it is "
+                               "applied (default 0.5 with --sync-delay, else 0)"))
+              ->check(at_least(0))->check(at_most(1));
+  shapes_state(outer(add_enum(app, "--outer-dtype", c.wire,
+                              "the pseudo-gradients on the wire: f32, bf16, int8 or e3m0 (4 bits; scales per 128 "
+                              "elements), with error feedback")));
+  shapes_state(outer(app.add_option("--sync-groups", c.group,
+                                    "ranks per replica (consecutive ranks): they all-reduce every step, and the "
+                                    "replicas synchronise as --sync says")))
+      ->check(at_least(1));
 }
 
 }  // namespace dtk::train

@@ -7,6 +7,7 @@
 
 #include "dtk/compress/compressor.h"
 #include "dtk/optim/shampoo.h"
+#include "dtk/parallel/diloco.h"
 #include "dtk/train/metrics.h"
 #include "dtk/train/options.h"
 
@@ -29,11 +30,25 @@ struct CompressorOptions {
   compress::Config compressor;
   bool no_warm_start = false, no_error_feedback = false;
   CLI::Option* rank = nullptr;  // --rank, to tell a given one from the default
+  CLI::Option* start_iter = nullptr;  // --start-iter (under --sync diloco it counts outer steps, from 0 by default)
   compress::Config config(uint64_t seed) const;
 };
 // `none_help`: what --compressor none means in the program. Every kind, auto's options in group
 // "Compression: auto" (psgd-train per bucket of replicated parameters, fsdp-train per bucket of
 // its plan on HSDP's replica hop).
 void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help);
+
+// psgd-train's synchronisation (group "Synchronisation": --sync, --sync-every, --outer-lr, ...):
+// config() resolves --outer-mix's default (0.5 with --sync-delay, else 0) and refuses the outer
+// options without --sync diloco|streaming; OuterConfig::validate checks the rest against the world.
+struct SyncOptions {
+  parallel::OuterConfig outer;
+  std::vector<CLI::Option*> outer_options;  // every option but --sync
+  CLI::Option* mix = nullptr;
+  CLI::Option* fragments = nullptr;
+  CLI::Option* delay = nullptr;
+  parallel::OuterConfig config() const;
+};
+void add_sync_options(CLI::App& app, SyncOptions& s);
 
 }  // namespace dtk::train

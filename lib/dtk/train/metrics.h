@@ -16,8 +16,9 @@ namespace dtk::train {
 
 // Who writes a metric: the loop (every *-train program), a compressor chosen by the program
 // (psgd-train, fsdp-train's HSDP), the compressor auto (psgd-train), the sharded placement
-// (fsdp-train), the Shampoo optimizer (every program's --optimizer shampoo).
-enum class MetricSource { loop, compression, auto_compression, sharded, shampoo };
+// (fsdp-train), the Shampoo optimizer (every program's --optimizer shampoo), DiLoCo's outer steps
+// (psgd-train's --sync diloco|streaming).
+enum class MetricSource { loop, compression, auto_compression, sharded, shampoo, outer };
 
 // The schema of the metrics lines, in the order a line has them: every key once. The --help
 // footers (train::metrics_help) are made from it; tests/repo/metrics_keys.sh checks that runs
@@ -47,6 +48,9 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"comm_bytes_uncompressed", MetricSource::compression, ""},
     {"compression_ratio", MetricSource::compression, ""},
     {"compress_ranks", MetricSource::auto_compression, "auto: the PowerSGD rank of each bucket or 0 for none"},
+    {"outer_bytes", MetricSource::outer, "--sync diloco|streaming: the pseudo-gradient payload sent after the step, also in comm_bytes"},
+    {"outer_comm_ms", MetricSource::outer, "--sync diloco|streaming: the time the step was held by the outer exchange"},
+    {"outer_grad_norm", MetricSource::outer, "steps that apply an outer step: the mean pseudo-gradient's L2 norm"},
     {"all_gather_bytes", MetricSource::sharded, ""},
     {"reduce_scatter_bytes", MetricSource::sharded, ""},
     {"all_reduce_bytes", MetricSource::sharded, "HSDP"},

@@ -37,7 +37,8 @@ void agreed(comm::Communicator& host, bool mine, const std::function<void()>& f)
 std::vector<PlacedTensor> RunState::placed(bool weights_only, bool saving) const {
   std::vector<PlacedTensor> s = par.state();
   if (weights_only) return s;
-  for (PlacedTensor& t : prefixed("optim/", saving ? optim->saved_state() : optim->state())) s.push_back(std::move(t));
+  for (PlacedTensor& t : prefixed("optim/", par.optimizer_state(saving ? optim->saved_state() : optim->state())))
+    s.push_back(std::move(t));
   for (PlacedTensor& t : saving ? par.saved_sync_state() : par.sync_state()) s.push_back(std::move(t));
   return s;
 }
@@ -145,7 +146,7 @@ int64_t RunState::resume(const Resumed& resumed) const {
   try {
     outcome[0] = static_cast<int64_t>(load(r, par, par.state()));
     outcome[1] = static_cast<int64_t>(load(r, par, par.sync_state()));
-    outcome[2] = static_cast<int64_t>(load(r, par, prefixed("optim/", optim->state())));
+    outcome[2] = static_cast<int64_t>(load(r, par, prefixed("optim/", par.optimizer_state(optim->state()))));
   } catch (const std::exception& e) {
     err = fmt::format("{}; it was written by {} with --optimizer {}: resume with the same program and options, "
                       "or take its weights only with --init-from",

@@ -89,6 +89,7 @@ class Trainer {
       const auto t_opt = Clock::now();
       const double grad_norm = par_->clip_grad_norm(o_.optimization.clip);
       optim_->step(par_->params(), lr);
+      par_->after_step(step);
       wait_device("the step's work on the GPU");
       const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
       if (!std::isfinite(loss))
@@ -183,12 +184,14 @@ class Trainer {
   // (the same every time).
   std::pair<double, double> evaluate() {
     sync_buffers();
+    par_->begin_evaluation();
     double v[2] = {0, 0};
     for (int64_t b = 0; b < o_.evaluation.batches; ++b)
       batches_->validation(b, [&](const nn::Batch& batch, int64_t k, bool) {
         v[0] += model_->evaluate(batch) * static_cast<double>(k);
         v[1] += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       });
+    par_->end_evaluation();
     host_->all_reduce({v, 2, DType::f64, {}}, {v, 2, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     const double n = static_cast<double>(o_.data.global_batch * o_.evaluation.batches);
     return {v[0] / n, v[1] / n};

@@ -1,0 +1,331 @@
+#include "dtk/parallel/diloco.h"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "dtk/core/error.h"
+#include "dtk/ops/ops.h"
+#include "dtk/parallel/data_parallel.h"
+
+namespace dtk::parallel {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
+void OuterConfig::validate(int world) const {
+  if (sync == Sync::every_step) return;
+  const std::string s(name_of(sync));
+  if (every < 1) fail_usage("--sync-every must be at least 1, got {}", every);
+  if (!(lr > 0)) fail_usage("--outer-lr must be positive, got {}", lr);
+  if (!(momentum >= 0 && momentum < 1)) fail_usage("--outer-momentum must be in [0, 1), got {}", momentum);
+  if (!(mix >= 0 && mix <= 1)) fail_usage("--outer-mix must be in [0, 1], got {}", mix);
+  if (group < 1 || world % group != 0)
+    fail_usage("--sync-groups {} does not divide the {} ranks into groups", group, world);
+  if (sync == Sync::diloco) {
+    if (fragments != 1) fail_usage("--fragments {}: fragments need --sync streaming", fragments);
+    if (delay >= every) fail_usage("--sync-delay {} must be below --sync-every {}", delay, every);
+    return;
+  }
+  if (fragments < 2) fail_usage("--sync streaming needs --fragments of at least 2, got {}", fragments);
+  if (every % fragments != 0)
+    fail_usage("--sync-every {} is not a multiple of --fragments {} (one fragment every H / F steps)", every, fragments);
+  if (delay >= every / fragments)
+    fail_usage("--sync-delay {} must be below --sync-every / --fragments = {} (one fragment in flight at a time)",
+               delay, every / fragments);
+}
+
+// ------------------------------------------------------------------------------- the schedule
+
+int OuterSchedule::applied_after(int64_t n) const {
+  if (n < 1) return -1;
+  const int64_t s = every / fragments, r = n % every;
+  if (r % s != 0) return -1;
+  const int64_t k = r / s;
+  return static_cast<int>((k == 0 ? fragments : k) - 1);
+}
+
+int OuterSchedule::sent_after(int64_t n) const { return n < 1 ? -1 : applied_after(n + delay); }
+
+std::pair<int, int64_t> OuterSchedule::in_flight(int64_t n) const {
+  for (int64_t d = 0; d < delay; ++d)
+    if (const int p = sent_after(n - d); p >= 0) return {p, n - d + delay};
+  return {-1, 0};
+}
+
+int64_t OuterSchedule::round(int p, int64_t n_applied) const {
+  return (n_applied - (p + 1) * (every / fragments)) / every;
+}
+
+// ------------------------------------------------------------------------------------ DiLoCo
+
+DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<compress::Config>& outer_compressor,
+               comm::Communicator& world, comm::Communicator& host, size_t bucket_bytes)
+    : model_(model),
+      cfg_(cfg),
+      schedule_{cfg.every, cfg.delay, cfg.fragments},
+      world_rank_(world.rank()),
+      world_size_(world.size()),
+      host_(host) {
+  cfg.validate(world_size_);
+  const int g = cfg.group;
+  group_ = world.split(world_rank_ / g, world_rank_);
+  group_host_ = host.split(world_rank_ / g, world_rank_);
+  cross_ = host.split(world_rank_ % g, world_rank_ / g);
+  inner_ = std::make_unique<GradSync>(model, *group_, bucket_bytes);
+
+  const std::vector<nn::Param>& ps = model.params();
+  if (cfg.fragments > model.num_blocks())
+    fail_usage("--fragments {}: the model has {} blocks, and a fragment is one or more of them", cfg.fragments,
+               model.num_blocks());
+  frags_.resize(static_cast<size_t>(cfg.fragments));
+  for (size_t i = 0; i < ps.size(); ++i) frags_[static_cast<size_t>(ps[i].block % cfg.fragments)].params.push_back(i);
+  pos_.assign(ps.size(), 0);
+  int64_t n = 0;
+  for (Fragment& f : frags_) {
+    f.begin = n;
+    for (size_t i : f.params) pos_[i] = n, n += ps[i].value.numel();
+    f.end = n;
+  }
+  for (Tensor* t : {&outer_, &momentum_, &delta_, &mean_, &local_}) *t = Tensor::zeros({n}, DType::f32);
+  restored_ = Tensor::zeros({1}, DType::i64);
+  pending_info_ = Tensor::zeros({2}, DType::i64);
+  pending_info_.ptr<int64_t>()[0] = -1;
+  if (outer_compressor) {
+    for (Fragment& f : frags_) {
+      for (size_t i : f.params) {
+        const Tensor v = delta_.slice(pos_[i], pos_[i] + ps[i].value.numel()).reshape(ps[i].shape);
+        f.shadows.push_back({ps[i].name, v, v, ps[i].block, ps[i].shape, nn::Init::by_name, 0, {}});
+      }
+      f.compressor = compress::make_compressor(*outer_compressor, *cross_, f.shadows);
+    }
+  } else {
+    exchange_ = std::make_unique<compress::QuantizedMean>(*cross_, cfg.wire);
+    if (cfg.wire != compress::Wire::f32) error_ = Tensor::zeros({n}, DType::f32);
+  }
+}
+
+DiLoCo::~DiLoCo() = default;
+
+Tensor DiLoCo::view(const Tensor& t, size_t i) const {
+  const nn::Param& p = model_.params()[i];
+  return t.slice(pos_[i], pos_[i] + p.value.numel()).reshape(p.shape);
+}
+
+void DiLoCo::to_host(int p, Tensor& dst) {
+  for (size_t i : frags_[static_cast<size_t>(p)].params) view(dst, i).copy_from(model_.params()[i].value);
+}
+
+void DiLoCo::from_host(int p, const Tensor& src) {
+  for (size_t i : frags_[static_cast<size_t>(p)].params) model_.params()[i].value.copy_from(view(src, i));
+}
+
+std::vector<PlacedTensor> DiLoCo::state() {
+  std::vector<PlacedTensor> s;
+  const std::vector<nn::Param>& ps = model_.params();
+  for (size_t i = 0; i < ps.size(); ++i) s.push_back({"model/" + ps[i].name, view(outer_, i)});
+  for (nn::NamedTensor& b : model_.buffers()) s.push_back({"model/" + b.name, b.value});
+  return s;
+}
+
+std::vector<PlacedTensor> DiLoCo::sync_state() {
+  std::vector<PlacedTensor> s;
+  const std::vector<nn::Param>& ps = model_.params();
+  const auto per_rank = [](std::string name, Tensor t, Resize r) {
+    return PlacedTensor{std::move(name), std::move(t), Placement::per_rank, -1, false, {}, r};
+  };
+  for (size_t i = 0; i < ps.size(); ++i) s.push_back(per_rank("diloco/local/" + ps[i].name, ps[i].value, Resize::fresh));
+  s.push_back(per_rank("diloco/restored", restored_, Resize::fresh));
+  for (size_t i = 0; i < ps.size(); ++i) s.push_back({"diloco/momentum/" + ps[i].name, view(momentum_, i)});
+  if (error_.defined())
+    for (size_t i = 0; i < ps.size(); ++i)
+      s.push_back(per_rank("diloco/error/" + ps[i].name, view(error_, i), Resize::mean_approximate));
+  if (cfg_.delay > 0) {
+    s.push_back({"diloco/pending", pending_info_});
+    s.push_back({"diloco/pending_mean", mean_});
+  }
+  for (size_t p = 0; p < frags_.size(); ++p)
+    if (frags_[p].compressor)
+      for (PlacedTensor& t : prefixed("diloco/compress/" + std::to_string(p) + "/", frags_[p].compressor->state()))
+        s.push_back(std::move(t));
+  return s;
+}
+
+std::vector<PlacedTensor> DiLoCo::saved_sync_state() {
+  if (pending_ >= 0) complete();  // its mean is saved, and a resume applies it when due
+  int64_t* info = pending_info_.ptr<int64_t>();
+  info[0] = pending_, info[1] = pending_at_;
+  return sync_state();
+}
+
+std::vector<PlacedTensor> DiLoCo::optimizer_state(std::vector<PlacedTensor> s) {
+  for (PlacedTensor& t : s)
+    if (t.placement == Placement::replicated) t.placement = Placement::per_rank, t.resize = Resize::fresh;
+  return s;
+}
+
+std::string DiLoCo::restore_note(Restored outcome, const RestoreSource& from) const {
+  if (outcome == Restored::fresh)
+    return from.sizes() + ": every replica starts a new round from the outer weights, with fresh inner optimizer "
+                          "state (the inner steps since each fragment's last synchronisation are dropped)" +
+           (error_.defined() ? "; the outer exchange's error feedback is the mean of the old ranks'" : "");
+  return from.sizes() + ": the outer exchange's error feedback is the mean of the old ranks' (not exact)";
+}
+
+void DiLoCo::init(uint64_t seed) {
+  inner_->init(seed);
+  for (int p = 0; p < cfg_.fragments; ++p) to_host(p, outer_);
+  restored_.ptr<int64_t>()[0] = 0;
+}
+
+void DiLoCo::loaded() {
+  if (restored_.ptr<int64_t>()[0] == 0)  // a fresh run, --init-from, or another world size: from the outer weights
+    for (int p = 0; p < cfg_.fragments; ++p) from_host(p, outer_);
+  inner_->loaded();  // the group's ranks hold the same local weights
+  check_replicated(outer_, host_, "the outer weights");
+  restored_.ptr<int64_t>()[0] = 1;
+  const int64_t* info = pending_info_.ptr<int64_t>();
+  if (info[0] >= 0) {  // a checkpoint written with a fragment in flight: its mean was saved
+    pending_ = static_cast<int>(info[0]), pending_at_ = info[1], completed_ = true;
+  }
+}
+
+void DiLoCo::finish() {
+  inner_->finish();
+  // The group summed contributions scaled for the whole world: its own mean is R times that.
+  const double replicas = cross_->size();
+  if (replicas > 1)
+    for (nn::Param& p : inner_->params()) ops::scale(p.grad, replicas, p.grad);
+}
+
+void DiLoCo::before_step(int64_t step) {
+  inner_->before_step(step);
+  outer_bytes_ = gather_bytes_ = 0, outer_comm_s_ = 0, outer_norm_ = -1, outer_fragment_ = -1;
+  if (exchange_ && exchange_->in_flight()) exchange_->progress();
+}
+
+void DiLoCo::after_backward(int block) {
+  inner_->after_backward(block);
+  if (exchange_ && exchange_->in_flight()) exchange_->progress();
+}
+
+void DiLoCo::after_step(int64_t step) {
+  const int64_t n = step + 1;
+  if (const int p = schedule_.sent_after(n); p >= 0) send(p, n);
+  if (pending_ >= 0 && pending_at_ == n) apply(pending_);
+}
+
+void DiLoCo::send(int p, int64_t n) {
+  const auto t0 = Clock::now();
+  Fragment& f = frags_[static_cast<size_t>(p)];
+  to_host(p, local_);
+  float* d = delta_.ptr<float>();
+  const float* o = outer_.ptr<float>();
+  const float* l = local_.ptr<float>();
+  for (int64_t i = f.begin; i < f.end; ++i) d[i] = o[i] - l[i];
+  pending_ = p, pending_at_ = n + cfg_.delay;
+  if (f.compressor) {
+    // Contributions that sum to the mean (compress/compressor.h's convention); run whole now.
+    const float inv = 1.0f / static_cast<float>(cross_->size());
+    for (int64_t i = f.begin; i < f.end; ++i) d[i] *= inv;
+    f.compressor->aggregate(f.shadows, schedule_.round(p, pending_at_));
+    float* m = mean_.ptr<float>();
+    for (int64_t i = f.begin; i < f.end; ++i) m[i] = d[i];
+    outer_bytes_ = f.compressor->last_bytes().sent;
+    completed_ = true;
+  } else {
+    const int64_t len = f.end - f.begin, j = group_host_->rank(), g = group_host_->size();
+    slice_lo_ = f.begin + len * j / g, slice_hi_ = f.begin + len * (j + 1) / g;
+    exchange_->start(d + slice_lo_, error_.defined() ? error_.ptr<float>() + slice_lo_ : nullptr, slice_hi_ - slice_lo_);
+    outer_bytes_ = exchange_->bytes();
+    completed_ = false;
+  }
+  outer_comm_s_ += seconds_since(t0);
+}
+
+void DiLoCo::complete() {
+  if (completed_) return;
+  const auto t0 = Clock::now();
+  const Fragment& f = frags_[static_cast<size_t>(pending_)];
+  float* m = mean_.ptr<float>();
+  exchange_->finish(m + slice_lo_);
+  if (const int g = group_host_->size(); g > 1) {  // the group's slices, to every member
+    const int64_t len = f.end - f.begin;
+    std::vector<size_t> counts;
+    for (int j = 0; j < g; ++j) counts.push_back(static_cast<size_t>(len * (j + 1) / g - len * j / g));
+    const comm::Buffer all{m + f.begin, static_cast<size_t>(len), DType::f32, Device::cpu()};
+    const comm::Buffer mine{m + slice_lo_, static_cast<size_t>(slice_hi_ - slice_lo_), DType::f32, Device::cpu()};
+    group_host_->all_gather_v(mine, all, counts, comm::Mode::sync).wait();
+    gather_bytes_ += (slice_hi_ - slice_lo_) * 4;
+  }
+  completed_ = true;
+  outer_comm_s_ += seconds_since(t0);
+}
+
+void DiLoCo::apply(int p) {
+  complete();
+  const Fragment& f = frags_[static_cast<size_t>(p)];
+  const float* m = mean_.ptr<float>();
+  float* o = outer_.ptr<float>();
+  float* b = momentum_.ptr<float>();
+  const float eta = static_cast<float>(cfg_.lr), mu = static_cast<float>(cfg_.momentum);
+  double norm = 0;
+  for (int64_t i = f.begin; i < f.end; ++i) {
+    const float g = m[i];
+    norm += static_cast<double>(g) * g;
+    if (mu != 0) {  // torch.optim.SGD(nesterov=True), dampening 0
+      b[i] = mu * b[i] + g;
+      o[i] -= eta * (g + mu * b[i]);
+    } else {
+      o[i] -= eta * g;
+    }
+  }
+  if (cfg_.mix == 0) {
+    from_host(p, outer_);
+  } else {  // the inner steps taken while the exchange was in flight survive in proportion alpha
+    to_host(p, local_);
+    float* l = local_.ptr<float>();
+    const float a = static_cast<float>(cfg_.mix);
+    for (int64_t i = f.begin; i < f.end; ++i) l[i] = a * l[i] + (1 - a) * o[i];
+    from_host(p, local_);
+  }
+  outer_norm_ = std::sqrt(norm), outer_fragment_ = p;
+  pending_ = -1, completed_ = false;
+}
+
+void DiLoCo::begin_evaluation() {
+  for (int p = 0; p < cfg_.fragments; ++p) to_host(p, local_), from_host(p, outer_);
+}
+
+void DiLoCo::end_evaluation() {
+  for (int p = 0; p < cfg_.fragments; ++p) from_host(p, local_);
+}
+
+void DiLoCo::metrics(nlohmann::ordered_json& m) const {
+  inner_->metrics(m);
+  const int64_t inner = group_->size() > 1 ? m.value("comm_bytes", int64_t{0}) : 0;
+  m["comm_bytes"] = inner + outer_bytes_ + gather_bytes_;
+  m["outer_bytes"] = outer_bytes_;
+  m["outer_comm_ms"] = outer_comm_s_ * 1e3;
+  if (outer_fragment_ >= 0) m["outer_grad_norm"] = outer_norm_;
+}
+
+nlohmann::json DiLoCo::plan() const {
+  nlohmann::json frags = nlohmann::json::array();
+  const std::vector<nn::Param>& ps = model_.params();
+  for (const Fragment& f : frags_) {
+    nlohmann::json names = nlohmann::json::array();
+    for (size_t i : f.params) names.push_back(ps[i].name);
+    const int64_t n = f.end - f.begin;
+    const int64_t slice = (n + cfg_.group - 1) / cfg_.group;
+    frags.push_back({{"elements", n},
+                     {"params", names},
+                     {"bytes_per_sync", f.compressor ? nlohmann::json(nullptr)
+                                                     : nlohmann::json(compress::wire_bytes(cfg_.wire, slice))}});
+  }
+  return {{"sync", cfg_}, {"replicas", cross_->size()}, {"ranks_per_replica", cfg_.group}, {"fragments", frags}};
+}
+
+}  // namespace dtk::parallel

@@ -1,0 +1,160 @@
+// dtk::parallel — low-communication data parallelism: DiLoCo (Douillard et al., arXiv
+// 2311.08105) and Streaming DiLoCo (arXiv 2501.18512), psgd-train's --sync diloco|streaming.
+//
+// The ranks form replicas (sync groups of --sync-groups consecutive ranks, which all-reduce their
+// gradients every step as plain data parallelism does). Each replica trains alone for H inner
+// steps with the run's optimizer (its state is the replica's own, never averaged); then the
+// replicas average their pseudo-gradients Delta = outer - local, and every rank applies the
+// outer optimizer, Nesterov SGD (PyTorch's, dampening 0):
+//     b <- mu b + mean Delta;   outer <- outer - eta (mean Delta + mu b)     (mu = 0: outer - eta mean Delta)
+// and the local weights restart from the outer ones. With H = 1, eta = 1, mu = 0 and SGD inner
+// steps this is every-step data parallelism (tests/mpi/test_diloco.cpp).
+// Streaming (F fragments): fragment p is the model's blocks p, p + F, p + 2F, ... (llama: the
+// embedding is block 0, the final norm and output the last block); it has its own outer weights
+// and momentum, and is synchronised every H steps at offset (p + 1) H / F, so one fragment
+// travels every H / F steps. Its pseudo-gradient is sent after step n - tau and applied after
+// step n (tau = --sync-delay inner steps overlap the exchange), merged as
+//     local_p <- alpha local_p + (1 - alpha) outer_p          (alpha = --outer-mix)
+// so that the tau steps taken meanwhile survive in proportion alpha (torchft's and the paper's
+// rule; alpha = 0 discards them). DiLoCo is the case F = 1 (tau allowed).
+// The exchange: a compressor's aggregation (compress/compressor.h: PowerSGD over the fragment's
+// matrices with its error feedback across rounds, run whole at the send step), or the mean in
+// --outer-dtype (compress/quantize.h: f32 all-reduce, or bf16/int8/e3m0 with error feedback).
+// Without a compressor the replicas' exchange is split over the ranks of a sync group (member j
+// sends slice j of the fragment over the slow link, then the group all-gathers the slices).
+// Where the state lives: the outer weights, their momentum and the exchange's buffers on the host
+// (as prime keeps them), in fragment order; the local weights are the model's. Evaluation and
+// the checkpoint's model are the outer weights (begin_evaluation); the local weights, the inner
+// optimizer's state and the error buffers are each rank's own (per_rank).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "dtk/comm/comm.h"
+#include "dtk/compress/compressor.h"
+#include "dtk/compress/quantize.h"
+#include "dtk/core/enums.h"
+#include "dtk/nn/model.h"
+#include "dtk/parallel/parallelism.h"
+
+namespace dtk::parallel {
+
+enum class Sync { every_step, diloco, streaming };
+DTK_ENUM_NAMES(Sync, {Sync::every_step, "every-step"}, {Sync::diloco, "diloco"}, {Sync::streaming, "streaming"})
+
+struct OuterConfig {
+  Sync sync = Sync::every_step;
+  int64_t every = 64;         // H: inner steps between a fragment's synchronisations
+  double lr = 0.7;            // eta
+  double momentum = 0.9;      // mu (Nesterov)
+  int fragments = 1;          // F (streaming: >= 2)
+  int64_t delay = 0;          // tau: inner steps between a fragment's send and its application
+  double mix = 0;             // alpha
+  compress::Wire wire = compress::Wire::f32;
+  int group = 1;              // ranks per sync group
+  // UsageError naming the option for what does not fit (world: the job's ranks).
+  void validate(int world) const;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OuterConfig, sync, every, lr, momentum, fragments, delay, mix, wire, group)
+
+// The fragment of each block (strided), and the schedule: which fragment is sent, or applied,
+// after step n (the count of steps done, from 1); -1: none. Pure, for the tests.
+struct OuterSchedule {
+  int64_t every = 1, delay = 0;
+  int fragments = 1;
+  int sent_after(int64_t n) const;
+  int applied_after(int64_t n) const;
+  // The fragment in flight after step n (sent at or before n, applied after it), and when it
+  // is applied; {-1, 0}: none.
+  std::pair<int, int64_t> in_flight(int64_t n) const;
+  // Of fragment p's synchronisations, the one applied after step n_applied (0, 1, ...).
+  int64_t round(int p, int64_t n_applied) const;
+};
+
+class DiLoCo final : public Parallelism {
+ public:
+  // world and host: the job's communicators (device and host). outer_compressor: aggregate the
+  // pseudo-gradients with it (its kind not none or auto) instead of cfg.wire's mean.
+  DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<compress::Config>& outer_compressor,
+         comm::Communicator& world, comm::Communicator& host, size_t bucket_bytes);
+  ~DiLoCo() override;
+
+  std::vector<nn::Param>& params() override { return inner_->params(); }
+  comm::Communicator& optimizer_comm() override { return inner_->optimizer_comm(); }
+  comm::Communicator* replica_comm() override { return inner_->replica_comm(); }
+  // The outer weights as "model/<param>" (and the model's buffers).
+  std::vector<PlacedTensor> state() override;
+  // "diloco/local/<param>" (per rank), "diloco/momentum/<param>", "diloco/error/<param>" (per
+  // rank, narrow --outer-dtype), "diloco/pending" (the mean of a fragment in flight, --sync-delay),
+  // the compressors' state as "diloco/compress/<fragment>/...".
+  std::vector<PlacedTensor> sync_state() override;
+  // Completes an exchange in flight first (its mean is saved and applied when due): collective.
+  std::vector<PlacedTensor> saved_sync_state() override;
+  // The world's: the local weights are each rank's.
+  std::pair<int, int> state_rank() override { return {world_rank_, world_size_}; }
+  // The inner optimizer's state is each replica's: per rank, afresh on another world size.
+  std::vector<PlacedTensor> optimizer_state(std::vector<PlacedTensor> s) override;
+  void init(uint64_t seed) override;
+  void loaded() override;
+  void zero_grad() override { inner_->zero_grad(); }
+  void begin(int64_t step) override { inner_->begin(step); }
+  void finish() override;
+  double clip_grad_norm(double max_norm) override { return inner_->clip_grad_norm(max_norm); }
+  void metrics(nlohmann::ordered_json& m) const override;
+  void before_step(int64_t step) override;
+  void after_step(int64_t step) override;
+  void begin_evaluation() override;
+  void end_evaluation() override;
+  std::vector<Component*> components() override { return {this}; }
+  std::string_view component_name() const override { return "diloco"; }
+  std::string restore_note(Restored outcome, const RestoreSource& from) const override;
+  nlohmann::json plan() const override;
+
+  void before_forward(int block, nn::Pass pass) override { inner_->before_forward(block, pass); }
+  void after_forward(int block, nn::Pass pass) override { inner_->after_forward(block, pass); }
+  void before_backward(int block) override { inner_->before_backward(block); }
+  void after_backward(int block) override;
+
+ private:
+  struct Fragment {
+    std::vector<size_t> params;  // in model order
+    int64_t begin = 0, end = 0;  // its range of the host buffers
+    std::vector<nn::Param> shadows;  // compressor: the params with grads on delta_
+    std::unique_ptr<compress::Compressor> compressor;
+  };
+  void to_host(int p, Tensor& dst);      // the local weights of fragment p into dst's range
+  void from_host(int p, const Tensor& src);
+  void send(int p, int64_t n);
+  void apply(int p);
+  void complete();                        // the exchange in flight: its mean into mean_
+  Tensor view(const Tensor& t, size_t i) const;  // parameter i's part of a host buffer, in its shape
+
+  nn::Model& model_;
+  OuterConfig cfg_;
+  OuterSchedule schedule_;
+  int world_rank_ = 0, world_size_ = 1;
+  std::shared_ptr<comm::Communicator> group_, group_host_, cross_;  // cross_: the same member of every group (host)
+  comm::Communicator& host_;
+  std::unique_ptr<Parallelism> inner_;
+  std::vector<Fragment> frags_;
+  std::vector<int64_t> pos_;  // per parameter: its offset in the host buffers
+  // Host f32 [N] in fragment order: outer weights, momentum, pseudo-gradient (then its
+  // compressed or mean form), error feedback, the mean of the fragment in flight, local scratch.
+  Tensor outer_, momentum_, delta_, error_, mean_, local_;
+  Tensor restored_;  // i64 [1], per rank: 1 once the local weights hold a run's (0: from the outer ones)
+  Tensor pending_info_;  // i64 [2]: the fragment in flight when saved (-1: none) and its step of application
+  std::unique_ptr<compress::QuantizedMean> exchange_;
+  int pending_ = -1;          // the fragment in flight
+  int64_t pending_at_ = 0;    // applied after this step
+  bool completed_ = false;    // its mean is in mean_
+  int64_t slice_lo_ = 0, slice_hi_ = 0;  // this rank's slice of the pending fragment
+  // the last step's
+  int64_t outer_bytes_ = 0, gather_bytes_ = 0;
+  double outer_comm_s_ = 0, outer_norm_ = -1;
+  int outer_fragment_ = -1;
+};
+
+}  // namespace dtk::parallel
