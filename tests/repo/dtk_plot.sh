@@ -35,6 +35,9 @@ run "$plot" powersgd.jsonl --x step -o step.svg
 run "$plot" powersgd.jsonl --x time -o time.svg
 [ $rc = 0 ] && grep -qF '>seconds<' time.svg && ! grep -qF '>step<' time.svg && ok "--x time: no step axis" \
   || bad "--x time (exit $rc)" "$(cat "$tmp/e")"
+run "$plot" powersgd.jsonl none.jsonl --x step,bytes,time -o bytes.svg
+[ $rc = 0 ] && grep -qF '>step<' bytes.svg && grep -qF '>seconds<' bytes.svg && grep -qF '>GB sent (comm_bytes)<' bytes.svg \
+  && ok "--x step,bytes,time: three axes, the bytes of comm_bytes" || bad "--x step,bytes,time (exit $rc)" "$(cat "$tmp/e")"
 run "$plot" powersgd.jsonl --val val_accuracy -o noval.svg
 [ $rc = 0 ] && ! grep -qF 'validation' noval.svg && grep -qF '>training loss<' noval.svg \
   && ok "--val KEY that no run has: the loss panels only" || bad "--val val_accuracy (exit $rc)" "$(cat "$tmp/e")"
@@ -70,7 +73,9 @@ refused "no file" "no metrics file given" -o new.png
 refused "an output that is neither png nor svg" "must end in .png or .svg" powersgd.jsonl -o new.pdf
 refused "an output directory that does not exist" "no directory nodir" powersgd.jsonl -o nodir/new.png
 refused "an unknown option" "unknown option --bogus" powersgd.jsonl -o new.png --bogus
-refused "--x other" "--x seconds: expected step, time or both" powersgd.jsonl -o new.png --x seconds
+refused "--x other" "--x seconds: expected step, time or bytes" powersgd.jsonl -o new.png --x seconds
+refused "--x an axis twice" "--x step,step: an axis twice" powersgd.jsonl -o new.png --x step,step
+refused "--bytes a key no line has" 'powersgd.jsonl: no numeric "outer_bytes" on any line' powersgd.jsonl -o new.png --x bytes --bytes outer_bytes
 refused "--size" "--size 0,0" powersgd.jsonl -o new.png --size 0,0
 run "$plot" notime.jsonl --x step -o notime.png
 [ $rc = 0 ] && [ -s notime.png ] && ok "--x step needs no step_time_ms" || bad "--x step without step_time_ms" "$(cat "$tmp/e")"

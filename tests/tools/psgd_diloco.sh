@@ -35,17 +35,18 @@ strip() { python3 -c 'import json,sys; [print(json.dumps({k: r.get(k) for k in (
 resume_check() {  # resume_check NAME OPTIONS...
   local name=$1; shift
   rm -rf ck a.jsonl b.jsonl
-  run $mpiexec -n 2 $psgd $common --steps 10 "$@" --save full.h5 --metrics a.jsonl
+  run $mpiexec ${rx:-} -n 2 $psgd $common --steps 10 "$@" --save full.h5 --metrics a.jsonl
   [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
-  run $mpiexec -n 2 $psgd $common --steps 10 "$@" --stop-at 7 --checkpoint-dir ck --metrics b.jsonl
+  run $mpiexec ${rx:-} -n 2 $psgd $common --steps 10 "$@" --stop-at 7 --checkpoint-dir ck --metrics b.jsonl
   [ $rc = 0 ] || { bad "$name: first part (exit $rc)" "$(cat $tmp/e)"; return; }
-  run $mpiexec -n 2 $psgd $common --steps 10 "$@" --resume ck --save resumed.h5 --metrics b.jsonl
+  run $mpiexec ${rx:-} -n 2 $psgd $common --steps 10 "$@" --resume ck --save resumed.h5 --metrics b.jsonl
   [ $rc = 0 ] || { bad "$name: resumed part (exit $rc)" "$(cat $tmp/e)"; return; }
   run $si diff full.h5 resumed.h5 --rtol 0 --atol 0
   if [ $rc = 0 ] && cmp -s <(strip a.jsonl) <(strip b.jsonl); then ok "$name: resume is exact (every tensor, the losses and bytes)"
   else bad "$name: resume differs (diff exit $rc)" "$(tail -5 $tmp/o)" "$(diff <(strip a.jsonl) <(strip b.jsonl))"; fi
 }
 resume_check "streaming int8" --lr 1e-2 --compressor none --sync streaming --fragments 2 --sync-every 4 --sync-delay 1 --outer-dtype int8
+rx="-x DTK_AUTO_LINK=1,100" resume_check "--sync-every auto (H chosen at step 5, kept by the checkpoint)" --lr 1e-2 --compressor none --sync diloco --sync-every auto
 resume_check "diloco + powersgd" --lr 1e-2 --sync diloco --sync-every 3 --compressor powersgd --rank 2
 run $si ls full.h5
 if [ $rc = 0 ] && grep -q "^diloco/momentum/output.weight" $tmp/o && grep -q "ranks/1/diloco/local/output.weight" $tmp/o \
@@ -62,6 +63,34 @@ for r in rows:
     assert r["outer_comm_ms"] >= 0
 PY
 
+# ---- --sync-every auto: the smallest H whose exchange holds the steps at most 5%, from the link
+# (DTK_AUTO_LINK here: CI has no slow link) and the steps timed (5, the first a warm-up) ----
+plan() { python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))["sync_every_auto"]
+print(p["every"], p["link"]["source"], p["overhead"] <= 0.05, 2 * p["overhead"] > 0.05, p["held_per_step_ms"] == 0)' "$tmp/o"; }
+auto="--lr 1e-2 --compressor none --sync diloco --sync-groups 2 --sync-every auto"
+run $mpiexec -x DTK_AUTO_LINK=1,100 -n 4 $psgd $common $auto --print-plan
+if [ $rc = 0 ] && [ "$(plan | cut -d" " -f1-3)" = "1 DTK_AUTO_LINK True" ]; then ok "auto on a fast link: H = 1"
+else bad "auto on a fast link (exit $rc): $(plan 2>&1)" "$(cat $tmp/e)"; fi
+# The plan's own figures, whatever the steps' time here: H's overhead within 5%, half of H's not.
+run $mpiexec -x DTK_AUTO_LINK=2000,0.01 -n 4 $psgd $common $auto --print-plan
+if [ $rc = 0 ] && read -r h src fits half _ <<<"$(plan)" && [ "$h" -gt 1 ] && [ "$src $fits $half" = "DTK_AUTO_LINK True True" ]; then
+  ok "auto on a slow link (2 ms + 10 MB/s): H = $h, the smallest power of 2 whose exchange holds the steps at most 5%"
+else bad "auto on a slow link (exit $rc): $(plan 2>&1)" "$(cat $tmp/e)"; fi
+# Streaming, 2 fragments, tau 10: the exchange (3.3 ms) hides behind 10 steps: the smallest H above tau F.
+run $mpiexec -x DTK_AUTO_LINK=1000,0.02 -n 4 $psgd $common --lr 1e-2 --compressor none --sync streaming --fragments 2 --sync-delay 10 --sync-groups 2 --sync-every auto --print-plan
+if [ $rc = 0 ] && [ "$(plan | cut -d" " -f1,5)" = "32 True" ]; then
+  ok "auto with streaming's overlap (tau 10): H = 32, the exchange hidden"
+else bad "auto with streaming (exit $rc): $(plan 2>&1)" "$(cat $tmp/e)"; fi
+rm -f auto.jsonl
+run $mpiexec -x DTK_AUTO_LINK=1,100 -n 4 $psgd $common $auto --steps 8 --metrics auto.jsonl
+python3 - auto.jsonl <<'PY' && ok "auto: no exchange while the steps are timed, then every step (H = 1)" || bad "auto's exchanges" "$(cat auto.jsonl | head -8)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["outer_bytes"] > 0 for r in rows] == [False] * 4 + [True] * 4, [r["outer_bytes"] for r in rows]
+PY
+
 # ---- another world size: the outer state exactly, a new round from the outer weights ----
 rm -rf ck4; run $mpiexec -n 4 $psgd $common --lr 1e-2 --steps 8 --compressor none --sync diloco --sync-every 4 --outer-dtype e3m0 --stop-at 6 --checkpoint-dir ck4
 [ $rc = 0 ] || bad "4-rank first part (exit $rc)" "$(cat $tmp/e)"
@@ -75,10 +104,12 @@ expect2 "--sync-every without --sync" "--sync-every needs --sync diloco or strea
 expect2 "--fragments with diloco" "fragments need --sync streaming" $mpiexec -n 2 $psgd $common --steps 2 --sync diloco --fragments 2
 expect2 "H not a multiple of F" "not a multiple of --fragments" $mpiexec -n 2 $psgd $common --steps 2 --sync streaming --sync-every 6 --fragments 4
 expect2 "delay too long" "--sync-delay 2 must be below" $mpiexec -n 2 $psgd $common --steps 2 --sync streaming --sync-every 8 --fragments 4 --sync-delay 2
-expect2 "more fragments than blocks" "the model has 4 blocks" $mpiexec -n 2 $psgd $common --steps 2 --sync streaming --sync-every 8 --fragments 8 --sync-delay 0
+expect2 "more fragments than parameters" "the model has 21 parameters" $mpiexec -n 2 $psgd $common --steps 2 --sync streaming --sync-every 32 --fragments 32 --sync-delay 0
 expect2 "groups that do not divide" "--sync-groups 3 does not divide" $mpiexec -n 2 $psgd $common --steps 2 --sync diloco --sync-groups 3
 expect2 "shampoo inside" "the inner optimizer is --optimizer sgd or adamw" $mpiexec -n 2 $psgd $common --steps 2 --sync diloco --optimizer shampoo
 expect2 "auto outside" "with --compressor auto" $mpiexec -n 2 $psgd $common --steps 2 --sync diloco --compressor auto
 expect2 "outer dtype with a compressor" "--outer-dtype int8 is the plain exchange's" $mpiexec -n 2 $psgd $common --steps 2 --sync diloco --compressor powersgd --outer-dtype int8
+expect2 "auto with a compressor" "--sync-every auto plans the mean's exchange" $mpiexec -n 2 $psgd $common --steps 2 --sync diloco --sync-every auto
+expect2 "H not a number" "--sync-every 4x: expected a number of steps" $mpiexec -n 2 $psgd $common --steps 2 --compressor none --sync diloco --sync-every 4x
 expect2 "another H on resume" "--sync-every 5 differs from the checkpoint's 3" $mpiexec -n 2 $psgd $common --steps 10 --resume ck --sync-every 5
 finish

@@ -194,3 +194,12 @@ TEST(OuterConfig, RefusesWhatDoesNotFit) {
   s.delay = 15;
   EXPECT_NO_THROW(s.validate(4));
 }
+
+TEST(OuterSchedule, FragmentsBalanceTheElements) {
+  // Elements 10, 7, 5, 5, 3 into 2: 10 | 7, then 5 to the 7 (12), 5 to the 10 (15), 3 to the 12.
+  std::vector<nn::Param> ps;
+  for (int64_t n : {10, 7, 5, 5, 3}) ps.push_back({"p" + std::to_string(n), {}, {}, 0, {n}, nn::Init::by_name, 0, {}});
+  const auto f = parallel::balanced_fragments(ps, 2);
+  EXPECT_EQ(f, (std::vector<std::vector<size_t>>{{0, 3}, {1, 2, 4}}));
+  EXPECT_EQ(parallel::balanced_fragments(ps, 5).size(), 5u);
+}

@@ -49,13 +49,16 @@ cli::Program program(Args& a) {
     if (a.train.runtime.print_plan && !is_auto && !local_sgd && a.train.optimization.optimizer != optim::Kind::shampoo)
       fail_usage("--print-plan: psgd-train makes a plan with --compressor auto (its decisions), --sync diloco|streaming "
                  "(its fragments) or --optimizer shampoo");
-    // auto's plan is made at step --start-iter and printed before the next one; the others' at once.
-    const train::ResolvedRun r = a.train.runtime.print_plan
-                           ? train::validate_plan_only(a.train, is_auto ? a.compressor.compressor.start_iter + 2 : 1, rt.size())
-                           : train::validate(a.train, rt.size());
+    // auto's plan is made at step --start-iter and printed before the next one; --sync-every
+    // auto's after its timed steps; the others' at once.
+    const int64_t plan_steps = is_auto                       ? a.compressor.compressor.start_iter + 2
+                               : local_sgd && outer.every == 0 ? parallel::kAutoEverySteps + 1
+                                                               : 1;
+    const train::ResolvedRun r = a.train.runtime.print_plan ? train::validate_plan_only(a.train, plan_steps, rt.size())
+                                                            : train::validate(a.train, rt.size());
     const train::Options& o = r.options;
     compress::Config c = a.compressor.config(o.data.seed);
-    if (comm::CostModel link; is_auto) compress::auto_link_from_env(link);  // malformed: exit 2 now
+    if (comm::CostModel link; is_auto || (local_sgd && outer.every == 0)) compress::auto_link_from_env(link);  // malformed: exit 2 now
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
     if (local_sgd) {
       const std::string sync(name_of(outer.sync));
@@ -68,6 +71,9 @@ cli::Program program(Args& a) {
       if (c.kind != compress::Kind::none && outer.wire != compress::Wire::f32)
         fail_usage("--outer-dtype {} is the plain exchange's (--compressor none); --compressor {} sends its own (PowerSGD: --comm-dtype)",
                    name_of(outer.wire), name_of(c.kind));
+      if (outer.every == 0 && c.kind != compress::Kind::none)
+        fail_usage("--sync-every auto plans the mean's exchange (--compressor none), not --compressor {}'s",
+                   name_of(c.kind));
       outer.validate(rt.size());
       if (a.compressor.start_iter->count() == 0) c.start_iter = 0;  // outer steps: compressed from the first
       std::optional<compress::Config> outer_c;

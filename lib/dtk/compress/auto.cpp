@@ -467,41 +467,13 @@ class Auto final : public Compressor {
     }
   }
 
-  // The link: a DTK_AUTO_LINK override, or timed all-reduces (the median of three after a
-  // warm-up, the slowest rank's): the bandwidth fitted (comm::fit_cost) on 512 KiB, 1 and 2 MiB,
-  // the latency the time of 4 KiB. Not one fit over all sizes: a shaped link lets a burst through
-  // at full speed (netlab's token bucket: 256 KB), and a fit from 4 KiB to 4 MiB on a 100 Mbit/s
-  // link came out at 2.6 GB/s, its small sizes weighing as much as its large ones.
+  // The link: a DTK_AUTO_LINK override, or measure_link's timed all-reduces.
   void measure_link(int64_t step) {
     link_measured_ = true;
     link_step_ = step;
-    if (auto_link_from_env(costs_.link)) {
-      link_env_ = true;
-      return;
-    }
-    const std::vector<double> sizes = {4096, 512 * 1024, 1024 * 1024, 2048 * 1024};
-    Tensor buf = Tensor::zeros({static_cast<int64_t>(sizes.back() / 4)}, DType::f32, device_);
-    constexpr int kReps = 3;
-    std::vector<double> med;
-    for (double bytes : sizes) {
-      const auto n = static_cast<size_t>(bytes / 4);
-      std::vector<double> t;
-      for (int rep = 0; rep <= kReps; ++rep) {
-        comm_.barrier().wait();
-        const auto t0 = Clock::now();
-        const comm::Buffer b{buf.data(), n, DType::f32, device_};
-        comm_.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::async).synchronize();
-        if (rep > 0) t.push_back(since(t0));  // the first is a warm-up
-      }
-      std::sort(t.begin(), t.end());
-      med.push_back(t[t.size() / 2]);
-    }
-    const std::vector<comm::Range> r = comm::min_max_over_ranks(comm_, med, device_);
-    std::vector<comm::Sample> large;
-    for (size_t i = 1; i < sizes.size(); ++i) large.push_back({sizes[i], r[i].max});
-    costs_.link = {r[0].max, comm::fit_cost(large).beta_s_per_byte};
-    link_env_ = false;
-    for (size_t i = 0; i < sizes.size(); ++i) spdlog::debug("auto: all-reduce of {} B: {:.1f} us", sizes[i], r[i].max * 1e6);
+    link_env_ = auto_link_from_env(costs_.link);
+    if (link_env_) return;
+    costs_.link = compress::measure_link(comm_, device_);
     // This rank's replica group's (the decision takes the maximum over every rank: the plan's "link").
     spdlog::info("auto: the link measured at step {}: {:.1f} us + {:.4g} GB/s{}", step, costs_.link.alpha_s * 1e6,
                  costs_.link.gbps(), shard_ && shard_->size() > 1 ? " (this shard rank's replica group)" : "");
@@ -668,4 +640,30 @@ std::unique_ptr<Compressor> make_auto(const Config& cfg, comm::Communicator& com
 }
 
 }  // namespace detail
+
+comm::CostModel measure_link(comm::Communicator& comm, Device device) {
+  const std::vector<double> sizes = {4096, 512 * 1024, 1024 * 1024, 2048 * 1024};
+  Tensor buf = Tensor::zeros({static_cast<int64_t>(sizes.back() / 4)}, DType::f32, device);
+  constexpr int kReps = 3;
+  std::vector<double> med;
+  for (double bytes : sizes) {
+    const auto n = static_cast<size_t>(bytes / 4);
+    std::vector<double> t;
+    for (int rep = 0; rep <= kReps; ++rep) {
+      comm.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      const comm::Buffer b{buf.data(), n, DType::f32, device};
+      comm.all_reduce(b, b, comm::ReduceOp::sum, comm::Mode::async).synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) t.push_back(s);  // the first is a warm-up
+    }
+    std::sort(t.begin(), t.end());
+    med.push_back(t[t.size() / 2]);
+  }
+  const std::vector<comm::Range> r = comm::min_max_over_ranks(comm, med, device);
+  std::vector<comm::Sample> large;
+  for (size_t i = 1; i < sizes.size(); ++i) large.push_back({sizes[i], r[i].max});
+  for (size_t i = 0; i < sizes.size(); ++i) spdlog::debug("link: all-reduce of {} B: {:.1f} us", sizes[i], r[i].max * 1e6);
+  return {r[0].max, comm::fit_cost(large).beta_s_per_byte};
+}
 }  // namespace dtk::compress

@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtk/comm/comm.h"
 #include "dtk/comm/cost.h"
 
 namespace dtk::compress {
@@ -61,6 +62,13 @@ inline constexpr const char* kAutoLinkEnv = "DTK_AUTO_LINK";
 // DTK_AUTO_LINK's link model into `out` when the variable is set and not empty (UsageError naming
 // it when malformed); false when unset. psgd-train checks it at start.
 bool auto_link_from_env(comm::CostModel& out);
+// The link of comm's ranks, timed: all-reduces (the median of three after a warm-up, the slowest
+// rank's), the bandwidth fitted (comm::fit_cost) on 512 KiB, 1 and 2 MiB, the latency the time of
+// 4 KiB. Not one fit over all sizes: a shaped link lets a burst through at full speed (netlab's
+// token bucket: 256 KB), and a fit from 4 KiB to 4 MiB on a 100 Mbit/s link came out at 2.6 GB/s,
+// its small sizes weighing as much as its large ones. Collective over comm (auto's, and DiLoCo's
+// --sync-every auto).
+comm::CostModel measure_link(comm::Communicator& comm, Device device);
 // A change of a bucket's choice must shorten the predicted step by this fraction.
 inline constexpr double kSwitchMargin = 0.02;
 

@@ -1,9 +1,14 @@
 #include "dtk/parallel/diloco.h"
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <cmath>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
+#include "dtk/compress/auto.h"
 #include "dtk/core/error.h"
 #include "dtk/ops/ops.h"
 #include "dtk/parallel/data_parallel.h"
@@ -18,7 +23,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 void OuterConfig::validate(int world) const {
   if (sync == Sync::every_step) return;
   const std::string s(name_of(sync));
-  if (every < 1) fail_usage("--sync-every must be at least 1, got {}", every);
+  if (every < 0) fail_usage("--sync-every must be at least 1 (or auto), got {}", every);
   if (!(lr > 0)) fail_usage("--outer-lr must be positive, got {}", lr);
   if (!(momentum >= 0 && momentum < 1)) fail_usage("--outer-momentum must be in [0, 1), got {}", momentum);
   if (!(mix >= 0 && mix <= 1)) fail_usage("--outer-mix must be in [0, 1], got {}", mix);
@@ -26,10 +31,11 @@ void OuterConfig::validate(int world) const {
     fail_usage("--sync-groups {} does not divide the {} ranks into groups", group, world);
   if (sync == Sync::diloco) {
     if (fragments != 1) fail_usage("--fragments {}: fragments need --sync streaming", fragments);
-    if (delay >= every) fail_usage("--sync-delay {} must be below --sync-every {}", delay, every);
+    if (every > 0 && delay >= every) fail_usage("--sync-delay {} must be below --sync-every {}", delay, every);
     return;
   }
   if (fragments < 2) fail_usage("--sync streaming needs --fragments of at least 2, got {}", fragments);
+  if (every == 0) return;  // auto: chosen among the multiples of F that fit tau
   if (every % fragments != 0)
     fail_usage("--sync-every {} is not a multiple of --fragments {} (one fragment every H / F steps)", every, fragments);
   if (delay >= every / fragments)
@@ -59,6 +65,26 @@ int64_t OuterSchedule::round(int p, int64_t n_applied) const {
   return (n_applied - (p + 1) * (every / fragments)) / every;
 }
 
+std::vector<std::vector<size_t>> balanced_fragments(const std::vector<nn::Param>& params, int fragments) {
+  const auto elements = [&](size_t i) {
+    int64_t n = 1;
+    for (int64_t d : params[i].shape) n *= d;
+    return n;
+  };
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return elements(a) > elements(b); });
+  std::vector<std::vector<size_t>> out(static_cast<size_t>(fragments));
+  std::vector<int64_t> load(out.size(), 0);
+  for (size_t i : order) {
+    const size_t f = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[f].push_back(i);
+    load[f] += elements(i);
+  }
+  for (std::vector<size_t>& f : out) std::sort(f.begin(), f.end());
+  return out;
+}
+
 // ------------------------------------------------------------------------------------ DiLoCo
 
 DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<compress::Config>& outer_compressor,
@@ -77,11 +103,12 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
   inner_ = std::make_unique<GradSync>(model, *group_, bucket_bytes);
 
   const std::vector<nn::Param>& ps = model.params();
-  if (cfg.fragments > model.num_blocks())
-    fail_usage("--fragments {}: the model has {} blocks, and a fragment is one or more of them", cfg.fragments,
-               model.num_blocks());
+  if (cfg.fragments > static_cast<int>(ps.size()))
+    fail_usage("--fragments {}: the model has {} parameters, and a fragment is one or more of them", cfg.fragments,
+               ps.size());
   frags_.resize(static_cast<size_t>(cfg.fragments));
-  for (size_t i = 0; i < ps.size(); ++i) frags_[static_cast<size_t>(ps[i].block % cfg.fragments)].params.push_back(i);
+  const std::vector<std::vector<size_t>> parts = balanced_fragments(ps, cfg.fragments);
+  for (size_t p = 0; p < parts.size(); ++p) frags_[p].params = parts[p];
   pos_.assign(ps.size(), 0);
   int64_t n = 0;
   for (Fragment& f : frags_) {
@@ -91,6 +118,8 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
   }
   for (Tensor* t : {&outer_, &momentum_, &delta_, &mean_, &local_}) *t = Tensor::zeros({n}, DType::f32);
   restored_ = Tensor::zeros({1}, DType::i64);
+  every_ = Tensor::zeros({1}, DType::i64);
+  every_.ptr<int64_t>()[0] = cfg.every;
   pending_info_ = Tensor::zeros({2}, DType::i64);
   pending_info_.ptr<int64_t>()[0] = -1;
   if (outer_compressor) {
@@ -142,6 +171,7 @@ std::vector<PlacedTensor> DiLoCo::sync_state() {
   if (error_.defined())
     for (size_t i = 0; i < ps.size(); ++i)
       s.push_back(per_rank("diloco/error/" + ps[i].name, view(error_, i), Resize::mean_approximate));
+  if (cfg_.every == 0) s.push_back({"diloco/every", every_});  // auto: the H chosen (0: not yet)
   if (cfg_.delay > 0) {
     s.push_back({"diloco/pending", pending_info_});
     s.push_back({"diloco/pending_mean", mean_});
@@ -186,6 +216,7 @@ void DiLoCo::loaded() {
   inner_->loaded();  // the group's ranks hold the same local weights
   check_replicated(outer_, host_, "the outer weights");
   restored_.ptr<int64_t>()[0] = 1;
+  schedule_.every = every_.ptr<int64_t>()[0];  // auto: as chosen before a resume, or still 0
   const int64_t* info = pending_info_.ptr<int64_t>();
   if (info[0] >= 0) {  // a checkpoint written with a fragment in flight: its mean was saved
     pending_ = static_cast<int>(info[0]), pending_at_ = info[1], completed_ = true;
@@ -202,6 +233,7 @@ void DiLoCo::finish() {
 
 void DiLoCo::before_step(int64_t step) {
   inner_->before_step(step);
+  step_start_ = Clock::now();
   outer_bytes_ = gather_bytes_ = 0, outer_comm_s_ = 0, outer_norm_ = -1, outer_fragment_ = -1;
   if (exchange_ && exchange_->in_flight()) exchange_->progress();
 }
@@ -213,8 +245,58 @@ void DiLoCo::after_backward(int block) {
 
 void DiLoCo::after_step(int64_t step) {
   const int64_t n = step + 1;
+  if (schedule_.every == 0) {  // --sync-every auto, not chosen yet: the steps are timed first
+    step_s_.push_back(seconds_since(step_start_));
+    if (static_cast<int64_t>(step_s_.size()) < kAutoEverySteps) return;
+    choose_every();
+  }
   if (const int p = schedule_.sent_after(n); p >= 0) send(p, n);
   if (pending_ >= 0 && pending_at_ == n) apply(pending_);
+}
+
+void DiLoCo::choose_every() {
+  comm::CostModel link;
+  const bool env = compress::auto_link_from_env(link);
+  if (!env) link = compress::measure_link(*cross_, Device::cpu());  // every member's link at once, as they sync
+  // The step: the median of the timed ones but the first (a warm-up); the slowest rank's, and its link.
+  std::vector<double> t(step_s_.begin() + 1, step_s_.end());
+  std::sort(t.begin(), t.end());
+  const std::vector<comm::Range> r =
+      comm::min_max_over_ranks(host_, {link.alpha_s, link.beta_s_per_byte, t[t.size() / 2]}, Device::cpu());
+  link = {r[0].max, r[1].max};
+  const double step = r[2].max;
+  int64_t biggest = 0;
+  for (const Fragment& f : frags_) biggest = std::max(biggest, f.end - f.begin);
+  const int64_t slice = (biggest + cfg_.group - 1) / cfg_.group;
+  const double bytes = static_cast<double>(compress::wire_bytes(cfg_.wire, slice));
+  // The narrow formats' two collectives (all-to-all, all-gather) move what one all-reduce of the
+  // payload would, at one more latency.
+  const double exchange = link.seconds(bytes) + (cfg_.wire == compress::Wire::f32 ? 0.0 : link.alpha_s);
+  // Per H steps F exchanges, each held by what tau steps do not hide.
+  const double held = static_cast<double>(cfg_.fragments) * std::max(0.0, exchange - static_cast<double>(cfg_.delay) * step);
+  int64_t h = cfg_.fragments;
+  for (; h * 2 <= kAutoEveryMax; h *= 2)
+    if (h / cfg_.fragments > cfg_.delay && held <= kAutoEveryOverhead * static_cast<double>(h) * step) break;
+  const bool fits = h / cfg_.fragments > cfg_.delay && held <= kAutoEveryOverhead * static_cast<double>(h) * step;
+  schedule_.every = h;
+  every_.ptr<int64_t>()[0] = h;
+  auto_plan_ = {{"every", h},
+                {"link", {{"alpha_us", link.alpha_s * 1e6}, {"algbw_gbps", link.gbps()},
+                          {"source", env ? compress::kAutoLinkEnv : "measured"}}},
+                {"step_ms", step * 1e3},
+                {"exchange_bytes", bytes},
+                {"exchange_ms", exchange * 1e3},
+                {"held_per_step_ms", held / static_cast<double>(h) * 1e3},
+                {"overhead", held / (static_cast<double>(h) * step)}};
+  if (host_.rank() == 0) {
+    if (fits)
+      spdlog::info("--sync-every auto: H = {} (an exchange of {:.0f} B takes {:.1f} ms on {:.1f} us + {:.4g} GB/s; "
+                   "{:.1f}% of {:.1f} ms steps held)", h, bytes, exchange * 1e3, link.alpha_s * 1e6, link.gbps(),
+                   100 * held / (static_cast<double>(h) * step), step * 1e3);
+    else
+      spdlog::warn("--sync-every auto: even H = {} holds the steps {:.1f}% (an exchange of {:.1f} ms, steps of {:.1f} ms)",
+                   h, 100 * held / (static_cast<double>(h) * step), exchange * 1e3, step * 1e3);
+  }
 }
 
 void DiLoCo::send(int p, int64_t n) {
@@ -325,7 +407,9 @@ nlohmann::json DiLoCo::plan() const {
                      {"bytes_per_sync", f.compressor ? nlohmann::json(nullptr)
                                                      : nlohmann::json(compress::wire_bytes(cfg_.wire, slice))}});
   }
-  return {{"sync", cfg_}, {"replicas", cross_->size()}, {"ranks_per_replica", cfg_.group}, {"fragments", frags}};
+  nlohmann::json plan = {{"sync", cfg_}, {"replicas", cross_->size()}, {"ranks_per_replica", cfg_.group}, {"fragments", frags}};
+  if (cfg_.every == 0) plan["sync_every_auto"] = auto_plan_;
+  return plan;
 }
 
 }  // namespace dtk::parallel

@@ -9,10 +9,9 @@
 //     b <- mu b + mean Delta;   outer <- outer - eta (mean Delta + mu b)     (mu = 0: outer - eta mean Delta)
 // and the local weights restart from the outer ones. With H = 1, eta = 1, mu = 0 and SGD inner
 // steps this is every-step data parallelism (tests/mpi/test_diloco.cpp).
-// Streaming (F fragments): fragment p is the model's blocks p, p + F, p + 2F, ... (llama: the
-// embedding is block 0, the final norm and output the last block); it has its own outer weights
-// and momentum, and is synchronised every H steps at offset (p + 1) H / F, so one fragment
-// travels every H / F steps. Its pseudo-gradient is sent after step n - tau and applied after
+// Streaming (F fragments): the parameters in F fragments of nearly equal size
+// (balanced_fragments); each has its own outer weights and momentum, and is synchronised every H
+// steps at offset (p + 1) H / F, so one fragment travels every H / F steps. Its pseudo-gradient is sent after step n - tau and applied after
 // step n (tau = --sync-delay inner steps overlap the exchange), merged as
 //     local_p <- alpha local_p + (1 - alpha) outer_p          (alpha = --outer-mix)
 // so that the tau steps taken meanwhile survive in proportion alpha (torchft's and the paper's
@@ -27,6 +26,7 @@
 // the checkpoint's model are the outer weights (begin_evaluation); the local weights, the inner
 // optimizer's state and the error buffers are each rank's own (per_rank).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -45,9 +45,15 @@ namespace dtk::parallel {
 enum class Sync { every_step, diloco, streaming };
 DTK_ENUM_NAMES(Sync, {Sync::every_step, "every-step"}, {Sync::diloco, "diloco"}, {Sync::streaming, "streaming"})
 
+// --sync-every auto: the steps timed before H is chosen (the first a warm-up), the most of a step
+// the outer exchange may hold, and the largest H.
+inline constexpr int64_t kAutoEverySteps = 5;
+inline constexpr double kAutoEveryOverhead = 0.05;
+inline constexpr int64_t kAutoEveryMax = 1024;
+
 struct OuterConfig {
   Sync sync = Sync::every_step;
-  int64_t every = 64;         // H: inner steps between a fragment's synchronisations
+  int64_t every = 64;         // H: inner steps between a fragment's synchronisations; 0: auto
   double lr = 0.7;            // eta
   double momentum = 0.9;      // mu (Nesterov)
   int fragments = 1;          // F (streaming: >= 2)
@@ -60,7 +66,7 @@ struct OuterConfig {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OuterConfig, sync, every, lr, momentum, fragments, delay, mix, wire, group)
 
-// The fragment of each block (strided), and the schedule: which fragment is sent, or applied,
+// The schedule: which fragment is sent, or applied,
 // after step n (the count of steps done, from 1); -1: none. Pure, for the tests.
 struct OuterSchedule {
   int64_t every = 1, delay = 0;
@@ -73,6 +79,13 @@ struct OuterSchedule {
   // Of fragment p's synchronisations, the one applied after step n_applied (0, 1, ...).
   int64_t round(int p, int64_t n_applied) const;
 };
+
+// The parameters (indices) in F fragments of nearly equal elements, so that each fragment's
+// exchange, the peak, is about 1/F of the model's: largest first, each to the lightest fragment
+// so far (ties: the lower index); each fragment in model order. Whole blocks would not do: a
+// llama's embedding and output are not the size of a layer (llama-tiny's blocks make fragments
+// of 0.27, 0.27, 0.23 and 0.23 of the model at F = 4).
+std::vector<std::vector<size_t>> balanced_fragments(const std::vector<nn::Param>& params, int fragments);
 
 class DiLoCo final : public Parallelism {
  public:
@@ -112,6 +125,7 @@ class DiLoCo final : public Parallelism {
   std::string_view component_name() const override { return "diloco"; }
   std::string restore_note(Restored outcome, const RestoreSource& from) const override;
   nlohmann::json plan() const override;
+  bool plan_final() const override { return schedule_.every > 0; }
 
   void before_forward(int block, nn::Pass pass) override { inner_->before_forward(block, pass); }
   void after_forward(int block, nn::Pass pass) override { inner_->after_forward(block, pass); }
@@ -130,6 +144,10 @@ class DiLoCo final : public Parallelism {
   void send(int p, int64_t n);
   void apply(int p);
   void complete();                        // the exchange in flight: its mean into mean_
+  // --sync-every auto: the link between replicas (measured, or DTK_AUTO_LINK) and the timed
+  // steps, the slowest rank's, give the smallest H (F times a power of 2, above tau F) whose
+  // exchanges, less what tau steps hide, hold the steps at most kAutoEveryOverhead.
+  void choose_every();
   Tensor view(const Tensor& t, size_t i) const;  // parameter i's part of a host buffer, in its shape
 
   nn::Model& model_;
@@ -145,6 +163,10 @@ class DiLoCo final : public Parallelism {
   // compressed or mean form), error feedback, the mean of the fragment in flight, local scratch.
   Tensor outer_, momentum_, delta_, error_, mean_, local_;
   Tensor restored_;  // i64 [1], per rank: 1 once the local weights hold a run's (0: from the outer ones)
+  Tensor every_;  // i64 [1], --sync-every auto: the H chosen (0: not yet)
+  std::vector<double> step_s_;  // auto: the steps timed so far
+  std::chrono::steady_clock::time_point step_start_;
+  nlohmann::json auto_plan_;
   Tensor pending_info_;  // i64 [2]: the fragment in flight when saved (-1: none) and its step of application
   std::unique_ptr<compress::QuantizedMean> exchange_;
   int pending_ = -1;          // the fragment in flight

@@ -403,6 +403,18 @@ void add_compressor_options(CLI::App& app, CompressorOptions& o, const std::stri
 
 parallel::OuterConfig SyncOptions::config() const {
   parallel::OuterConfig c = outer;
+  if (every == "auto") {
+    c.every = 0;
+  } else {
+    size_t used = 0;
+    try {
+      c.every = std::stoll(every, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != every.size() || c.every < 1)
+      fail_usage("--sync-every {}: expected a number of steps (at least 1) or auto", every);
+  }
   if (c.sync == parallel::Sync::every_step) {
     for (const CLI::Option* opt : outer_options)
       if (opt->count() > 0) fail_usage("{} needs --sync diloco or streaming", opt->get_name());
@@ -427,8 +439,10 @@ void add_sync_options(CLI::App& app, SyncOptions& s) {
     s.outer_options.push_back(o);
     return o->group("Synchronisation");
   };
-  shapes_state(outer(app.add_option("--sync-every", c.every, "H: inner steps between a fragment's synchronisations")))
-      ->check(at_least(1));
+  shapes_state(outer(app.add_option("--sync-every", s.every,
+                                    "H: inner steps between a fragment's synchronisations, or auto (chosen from the "
+                                    "link and the steps' time)")))
+      ->type_name("H|auto");
   outer(app.add_option("--outer-lr", c.lr, "the outer step's learning rate"))->check(positive());
   outer(app.add_option("--outer-momentum", c.momentum, "the outer step's Nesterov momentum (0: none)"))
       ->check(at_least(0));

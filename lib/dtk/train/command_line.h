@@ -43,6 +43,7 @@ void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::stri
 // options without --sync diloco|streaming; OuterConfig::validate checks the rest against the world.
 struct SyncOptions {
   parallel::OuterConfig outer;
+  std::string every = "64";  // --sync-every: H or auto
   std::vector<CLI::Option*> outer_options;  // every option but --sync
   CLI::Option* mix = nullptr;
   CLI::Option* fragments = nullptr;

@@ -48,7 +48,7 @@ inline constexpr MetricKey kMetricKeys[] = {
     {"comm_bytes_uncompressed", MetricSource::compression, ""},
     {"compression_ratio", MetricSource::compression, ""},
     {"compress_ranks", MetricSource::auto_compression, "auto: the PowerSGD rank of each bucket or 0 for none"},
-    {"outer_bytes", MetricSource::outer, "--sync diloco|streaming: the pseudo-gradient payload sent after the step, also in comm_bytes"},
+    {"outer_bytes", MetricSource::outer, "--sync diloco|streaming: the pseudo-gradient payload this rank sent after the step"},
     {"outer_comm_ms", MetricSource::outer, "--sync diloco|streaming: the time the step was held by the outer exchange"},
     {"outer_grad_norm", MetricSource::outer, "steps that apply an outer step: the mean pseudo-gradient's L2 norm"},
     {"all_gather_bytes", MetricSource::sharded, ""},
