@@ -8,11 +8,12 @@
 // outer optimizer, Nesterov SGD (PyTorch's, dampening 0):
 //     b <- mu b + mean Delta;   outer <- outer - eta (mean Delta + mu b)     (mu = 0: outer - eta mean Delta)
 // and the local weights restart from the outer ones. With H = 1, eta = 1, mu = 0 and SGD inner
-// steps this is every-step data parallelism (tests/mpi/test_diloco.cpp).
+// steps this is every-step data parallelism (tests/tools/psgd_diloco.sh: within 1e-6).
 // Streaming (F fragments): the parameters in F fragments of nearly equal size
 // (balanced_fragments); each has its own outer weights and momentum, and is synchronised every H
-// steps at offset (p + 1) H / F, so one fragment travels every H / F steps. Its pseudo-gradient is sent after step n - tau and applied after
-// step n (tau = --sync-delay inner steps overlap the exchange), merged as
+// steps at offset (p + 1) H / F, so one fragment travels every H / F steps. Its pseudo-gradient
+// is sent after step n - tau and applied after step n (tau = --sync-delay inner steps overlap
+// the exchange), merged as
 //     local_p <- alpha local_p + (1 - alpha) outer_p          (alpha = --outer-mix)
 // so that the tau steps taken meanwhile survive in proportion alpha (torchft's and the paper's
 // rule; alpha = 0 discards them). DiLoCo is the case F = 1 (tau allowed).
@@ -66,8 +67,8 @@ struct OuterConfig {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OuterConfig, sync, every, lr, momentum, fragments, delay, mix, wire, group)
 
-// The schedule: which fragment is sent, or applied,
-// after step n (the count of steps done, from 1); -1: none. Pure, for the tests.
+// The schedule: which fragment is sent, or applied, after step n (the count of steps done, from
+// 1); -1: none. Pure, for the tests.
 struct OuterSchedule {
   int64_t every = 1, delay = 0;
   int fragments = 1;
@@ -100,9 +101,10 @@ class DiLoCo final : public Parallelism {
   comm::Communicator* replica_comm() override { return inner_->replica_comm(); }
   // The outer weights as "model/<param>" (and the model's buffers).
   std::vector<PlacedTensor> state() override;
-  // "diloco/local/<param>" (per rank), "diloco/momentum/<param>", "diloco/error/<param>" (per
-  // rank, narrow --outer-dtype), "diloco/pending" (the mean of a fragment in flight, --sync-delay),
-  // the compressors' state as "diloco/compress/<fragment>/...".
+  // "diloco/local/<param>" and "diloco/restored" (per rank), "diloco/momentum/<param>",
+  // "diloco/error/<param>" (per rank, narrow --outer-dtype), "diloco/every" (auto's H),
+  // "diloco/pending" and "diloco/pending_mean" (a fragment in flight, --sync-delay), the
+  // compressors' state as "diloco/compress/<fragment>/...".
   std::vector<PlacedTensor> sync_state() override;
   // Completes an exchange in flight first (its mean is saved and applied when due): collective.
   std::vector<PlacedTensor> saved_sync_state() override;
