@@ -79,7 +79,7 @@ expect "shard-inspect convert --dtype" "bf16 f16 f32" shard-inspect convert ck.h
 expect "data-pack synthetic --kind" "tokens classes" data-pack synthetic --kind ""
 expect "data-pack tokens --dtype" "u8 u16 u32 i32 i64" data-pack tokens --dtype ""
 expect "data-pack text -o: files" "metrics.jsonl" data-pack text run.toml -o m
-expect "dtk-plot --x" "step time both" dtk-plot --x ""
+expect "dtk-plot --x" "step time bytes both" dtk-plot --x ""
 expect "dtk-plot -o: files" "metrics.jsonl" dtk-plot run.toml -o m
 expect "dtk-plot: metrics files" "metrics.jsonl" dtk-plot m
 expect "an unknown program path: nothing" "" ./no-such-program --

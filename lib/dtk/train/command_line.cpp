@@ -447,8 +447,8 @@ void add_sync_options(CLI::App& app, SyncOptions& s) {
   outer(app.add_option("--outer-momentum", c.momentum, "the outer step's Nesterov momentum (0: none)"))
       ->check(at_least(0));
   s.fragments = shapes_state(outer(app.add_option("--fragments", c.fragments,
-                                                  "streaming: F fragments of the model's blocks (strided), one "
-                                                  "synchronised every H / F steps (default 4)")))
+                                                  "streaming: F fragments of the model's parameters (balanced by "
+                                                  "size), one synchronised every H / F steps (default 4)")))
                     ->check(at_least(1));
   s.delay = shapes_state(outer(app.add_option("--sync-delay", c.delay,
                                               "tau: inner steps a fragment's exchange overlaps before it is applied "
