@@ -235,11 +235,15 @@ void DiLoCo::before_step(int64_t step) {
   inner_->before_step(step);
   step_start_ = Clock::now();
   outer_bytes_ = gather_bytes_ = 0, outer_comm_s_ = 0, outer_norm_ = -1, outer_fragment_ = -1;
-  if (exchange_ && exchange_->in_flight()) exchange_->progress();
+  poll();
 }
 
 void DiLoCo::after_backward(int block) {
   inner_->after_backward(block);
+  poll();
+}
+
+void DiLoCo::poll() {
   if (exchange_ && exchange_->in_flight()) exchange_->progress();
 }
 
@@ -274,10 +278,12 @@ void DiLoCo::choose_every() {
   const double exchange = link.seconds(bytes) + (cfg_.wire == compress::Wire::f32 ? 0.0 : link.alpha_s);
   // Per H steps F exchanges, each held by what tau steps do not hide.
   const double held = static_cast<double>(cfg_.fragments) * std::max(0.0, exchange - static_cast<double>(cfg_.delay) * step);
+  const auto fits_at = [&](int64_t h) {
+    return h / cfg_.fragments > cfg_.delay && held <= kAutoEveryOverhead * static_cast<double>(h) * step;
+  };
   int64_t h = cfg_.fragments;
-  for (; h * 2 <= kAutoEveryMax; h *= 2)
-    if (h / cfg_.fragments > cfg_.delay && held <= kAutoEveryOverhead * static_cast<double>(h) * step) break;
-  const bool fits = h / cfg_.fragments > cfg_.delay && held <= kAutoEveryOverhead * static_cast<double>(h) * step;
+  while (!fits_at(h) && h * 2 <= kAutoEveryMax) h *= 2;
+  const bool fits = fits_at(h);
   schedule_.every = h;
   every_.ptr<int64_t>()[0] = h;
   auto_plan_ = {{"every", h},

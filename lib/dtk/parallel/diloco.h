@@ -146,6 +146,7 @@ class DiLoCo final : public Parallelism {
   void send(int p, int64_t n);
   void apply(int p);
   void complete();                        // the exchange in flight: its mean into mean_
+  void poll();                            // advances the exchange in flight, waiting for nothing
   // --sync-every auto: the link between replicas (measured, or DTK_AUTO_LINK) and the timed
   // steps, the slowest rank's, give the smallest H (F times a power of 2, above tau F) whose
   // exchanges, less what tau steps hide, hold the steps at most kAutoEveryOverhead.
