@@ -40,7 +40,7 @@ cli::Program program(Args& a) {
   p.add_options = [&a](CLI::App& app) {
     train::add_options(app, a.train);
     train::add_compressor_options(app, a.compressor, "bucketed all-reduce");
-    train::add_sync_options(app, a.sync);
+    train::add_sync_options(app, a.sync, true);
   };
   p.validate = [&a](comm::Runtime& rt) -> cli::Work {
     const bool is_auto = a.compressor.compressor.kind == compress::Kind::auto_;
@@ -61,26 +61,17 @@ cli::Program program(Args& a) {
     if (comm::CostModel link; is_auto || (local_sgd && outer.every == 0)) compress::auto_link_from_env(link);  // malformed: exit 2 now
     train::Strategy s = train::strategy("psgd-train", o, rt.size());
     if (local_sgd) {
-      const std::string sync(name_of(outer.sync));
-      if (o.optimization.optimizer == optim::Kind::shampoo)
-        fail_usage("--sync {}: the inner optimizer is --optimizer sgd or adamw (Shampoo splits its blocks over every "
-                   "rank, the replicas' steps differ)", sync);
-      if (is_auto)
-        fail_usage("--sync {} with --compressor auto: auto chooses from each step's backward, which the outer "
-                   "exchange does not overlap; give a kind (powersgd, ...) or none", sync);
-      if (c.kind != compress::Kind::none && outer.wire != compress::Wire::f32)
-        fail_usage("--outer-dtype {} is the plain exchange's (--compressor none); --compressor {} sends its own (PowerSGD: --comm-dtype)",
-                   name_of(outer.wire), name_of(c.kind));
-      if (outer.every == 0 && c.kind != compress::Kind::none)
-        fail_usage("--sync-every auto plans the mean's exchange (--compressor none), not --compressor {}'s",
-                   name_of(c.kind));
-      outer.validate(rt.size());
+      parallel::validate_sync(outer, c.kind, o.optimization.optimizer == optim::Kind::shampoo, rt.size());
       if (a.compressor.start_iter->count() == 0) c.start_iter = 0;  // outer steps: compressed from the first
       std::optional<compress::Config> outer_c;
       if (c.kind != compress::Kind::none) outer_c = c;
       s.parallelism = [outer, outer_c, bucket_bytes = o.runtime.bucket_bytes](nn::Model& model, comm::Communicator& world,
                                                                              comm::Communicator& host) {
-        return std::make_unique<parallel::DiLoCo>(model, outer, outer_c, world, host, bucket_bytes);
+        // Within a replica (a sync group) plain data parallelism.
+        const parallel::InnerPlacement inner = [&model, bucket_bytes](comm::Communicator& group, comm::Communicator&) {
+          return std::make_unique<parallel::GradSync>(model, group, bucket_bytes);
+        };
+        return std::make_unique<parallel::DiLoCo>(model, outer, outer_c, world, host, inner);
       };
     } else if (c.kind != compress::Kind::none) {
       // The replicated placement with the compressor, its buckets of --bucket-size.

@@ -91,6 +91,8 @@ StateEntry entry(const PlacedTensor& t) {
       e.shape = t.rows.shape;
       e.offsets = t.rows.offsets;
       e.lengths = t.rows.lengths;
+      e.replicas = t.rows.replicas;
+      if (e.replicas < 1) fail("ckpt: " + t.name + " is held by no replica");
       break;
   }
   return e;
@@ -213,7 +215,21 @@ StateWrite::StateWrite(std::filesystem::path path, const std::vector<StateEntry>
                            parse_dtype(item["dtype"].get<std::string>()), r, Tensor());
     }
     for (const auto& e : entries) {
-      if (e.owner == kSharded) {
+      if (e.owner == kSharded && e.replicas > 1) {
+        // Rows held alike by `replicas` groups of S ranks: the first group's are written, the
+        // others' ranks write none (in the index, rows of length 0 at the end).
+        const size_t S = e.offsets.size();
+        if (S * static_cast<size_t>(e.replicas) != static_cast<size_t>(comm.size())) {
+          if (error_.empty())
+            error_ = fmt::format("save_sharded_state: {} is held by {} groups of {} ranks, not by the {} writing it",
+                                 e.name, e.replicas, S, comm.size());
+          continue;
+        }
+        std::vector<int64_t> offsets(static_cast<size_t>(comm.size()), e.shape[0]), lengths(offsets.size(), 0);
+        for (size_t r = 0; r < S; ++r) offsets[r] = e.offsets[r], lengths[r] = e.lengths[r];
+        const bool writes = static_cast<size_t>(rank) < S;
+        take({e.name, writes ? e.tensor : e.tensor.slice(0, 0), kSharded, e.shape, offsets, lengths}, writes);
+      } else if (e.owner == kSharded) {
         take({e.name, e.tensor, kSharded, e.shape, e.offsets, e.lengths}, true);
       } else if (e.owner == kReplicated && rank != 0) {
         sw_->write_whole(e.name, stored_shape(e), e.tensor.dtype(), 0, Tensor());  // in rank 0's file
@@ -335,10 +351,10 @@ Restored load_state(const Reader& reader, std::vector<StateEntry>& entries, int 
       if (e.tensor.numel() == 0) continue;
       if (e.tensor.is_cuda()) {
         Tensor h = Tensor::empty(e.tensor.shape(), e.tensor.dtype());
-        reader.read_rows(name, e.offsets[static_cast<size_t>(rank)], h);
+        reader.read_rows(name, e.offsets[static_cast<size_t>(rank) % e.offsets.size()], h);
         e.tensor.copy_from(h);
       } else {
-        reader.read_rows(name, e.offsets[static_cast<size_t>(rank)], e.tensor);
+        reader.read_rows(name, e.offsets[static_cast<size_t>(rank) % e.offsets.size()], e.tensor);
       }
       continue;
     }

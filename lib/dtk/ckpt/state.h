@@ -32,6 +32,10 @@ struct StateEntry {
   // [offsets[rank], offsets[rank] + lengths[rank])).
   Shape shape{};
   std::vector<int64_t> offsets{}, lengths{};
+  // kSharded: Rows::replicas (core/placed.h): the writing communicator has offsets.size() *
+  // replicas ranks, rank r holds rows offsets[r % offsets.size()], and only the first
+  // offsets.size() ranks write them.
+  int replicas = 1;
   // A symmetric [d, d] matrix (Shampoo's factors and roots; not kSharded): stored packed, its
   // upper triangle row by row, a vector of d (d + 1) / 2 elements. load_state reads it back as
   // the whole matrix, and reads a stored [d, d] (checkpoints written before packing) as it is.
@@ -135,7 +139,8 @@ class StateWrite {
 };
 
 // Restores this rank's entries from a checkpoint: replicated and owned ones by name, per-rank
-// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor. When the
+// ones from ranks/<rank>/<name>, sharded ones as rows of the stored whole tensor (rows
+// offsets[rank % offsets.size()]: replicated shard groups read alike). When the
 // checkpoint's per-rank state is of another number of ranks N than world_size (its metadata's
 // extra.state_ranks, else its world_size), a per-rank entry follows its `resize`: the mean of
 // ranks/<0..N-1>/<name> (summed in f64 in rank order, so every rank gets the same bits), or

@@ -15,7 +15,10 @@
 //               the optimizer state shaped like them; read back by rows on any shard count. A
 //               compressor's error buffers under HSDP are sharded and saved as their mean over
 //               the replicas: `resize` mean_approximate says that this does not continue them
-//               exactly (topk, signum; ckpt::load_state reports it)
+//               exactly (topk, signum; ckpt::load_state reports it). Rows::replicas > 1: the
+//               shard group's rows are held alike by that many groups of consecutive ranks
+//               (fsdp-train --sync: DiLoCo's outer weights) in a state that every rank writes
+//               (its per-rank state too): the first group's ranks write the rows
 // `symmetric` marks a [d, d] symmetric matrix (Shampoo's factors and roots), stored packed.
 #pragma once
 #include <cstdint>
@@ -31,6 +34,9 @@ struct Rows {
   Shape shape;                            // the whole tensor's
   std::vector<int64_t> offsets, lengths;  // per rank of the shard group
   int rank = 0;                           // this rank's index in the shard group
+  // Groups of offsets.size() consecutive ranks that hold these rows alike, when every rank of
+  // them writes the state (ckpt::StateWrite): group 0's ranks write the rows, the others none.
+  int replicas = 1;
 };
 
 enum class Placement { replicated, per_rank, owned, sharded };

@@ -43,6 +43,23 @@ void OuterConfig::validate(int world) const {
                delay, every / fragments);
 }
 
+void validate_sync(const OuterConfig& cfg, compress::Kind compressor, bool shampoo, int world) {
+  if (cfg.sync == Sync::every_step) return;
+  const std::string sync(name_of(cfg.sync));
+  if (shampoo)
+    fail_usage("--sync {}: the inner optimizer is --optimizer sgd or adamw (Shampoo splits its blocks over every "
+               "rank, the replicas' steps differ)", sync);
+  if (compressor == compress::Kind::auto_)
+    fail_usage("--sync {} with --compressor auto: auto chooses from each step's backward, which the outer "
+               "exchange does not overlap; give a kind (powersgd, ...) or none", sync);
+  if (compressor != compress::Kind::none && cfg.wire != compress::Wire::f32)
+    fail_usage("--outer-dtype {} is the plain exchange's (--compressor none); --compressor {} sends its own (PowerSGD: --comm-dtype)",
+               name_of(cfg.wire), name_of(compressor));
+  if (cfg.every == 0 && compressor != compress::Kind::none)
+    fail_usage("--sync-every auto plans the mean's exchange (--compressor none), not --compressor {}'s", name_of(compressor));
+  cfg.validate(world);
+}
+
 // ------------------------------------------------------------------------------- the schedule
 
 int OuterSchedule::applied_after(int64_t n) const {
@@ -88,7 +105,7 @@ std::vector<std::vector<size_t>> balanced_fragments(const std::vector<nn::Param>
 // ------------------------------------------------------------------------------------ DiLoCo
 
 DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<compress::Config>& outer_compressor,
-               comm::Communicator& world, comm::Communicator& host, size_t bucket_bytes)
+               comm::Communicator& world, comm::Communicator& host, const InnerPlacement& inner)
     : model_(model),
       cfg_(cfg),
       schedule_{cfg.every, cfg.delay, cfg.fragments},
@@ -100,15 +117,18 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
   group_ = world.split(world_rank_ / g, world_rank_);
   group_host_ = host.split(world_rank_ / g, world_rank_);
   cross_ = host.split(world_rank_ % g, world_rank_ / g);
-  inner_ = std::make_unique<GradSync>(model, *group_, bucket_bytes);
+  inner_ = inner(*group_, *group_host_);
+  sharded_ = inner_->sharded();
+  split_ = !sharded_ && g > 1;
 
-  const std::vector<nn::Param>& ps = model.params();
-  if (cfg.fragments > static_cast<int>(ps.size()))
+  if (cfg.fragments > static_cast<int>(model.params().size()))
     fail_usage("--fragments {}: the model has {} parameters, and a fragment is one or more of them", cfg.fragments,
-               ps.size());
+               model.params().size());
   frags_.resize(static_cast<size_t>(cfg.fragments));
-  const std::vector<std::vector<size_t>> parts = balanced_fragments(ps, cfg.fragments);
+  // Balanced by the whole parameters' sizes: the same fragments on every rank, sharded or not.
+  const std::vector<std::vector<size_t>> parts = balanced_fragments(model.params(), cfg.fragments);
   for (size_t p = 0; p < parts.size(); ++p) frags_[p].params = parts[p];
+  const std::vector<nn::Param>& ps = inner_->params();  // as this rank holds them
   pos_.assign(ps.size(), 0);
   int64_t n = 0;
   for (Fragment& f : frags_) {
@@ -124,11 +144,14 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
   pending_info_.ptr<int64_t>()[0] = -1;
   if (outer_compressor) {
     for (Fragment& f : frags_) {
+      compress::Topology t;  // sharded: whole matrices compressed over the group's rows
+      if (sharded_) t.shard = group_host_.get();
       for (size_t i : f.params) {
-        const Tensor v = delta_.slice(pos_[i], pos_[i] + ps[i].value.numel()).reshape(ps[i].shape);
+        const Tensor v = view(delta_, i);
         f.shadows.push_back({ps[i].name, v, v, ps[i].block, ps[i].shape, nn::Init::by_name, 0, {}});
+        if (sharded_) t.rows.push_back(*inner_->rows(i));
       }
-      f.compressor = compress::make_compressor(*outer_compressor, *cross_, f.shadows);
+      f.compressor = compress::make_compressor(*outer_compressor, *cross_, f.shadows, SIZE_MAX, t);
     }
   } else {
     exchange_ = std::make_unique<compress::QuantizedMean>(*cross_, cfg.wire);
@@ -139,47 +162,69 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
 DiLoCo::~DiLoCo() = default;
 
 Tensor DiLoCo::view(const Tensor& t, size_t i) const {
-  const nn::Param& p = model_.params()[i];
+  const nn::Param& p = inner_->params()[i];
   return t.slice(pos_[i], pos_[i] + p.value.numel()).reshape(p.shape);
 }
 
+PlacedTensor DiLoCo::placed(std::string name, const Tensor& t, size_t i) const {
+  PlacedTensor x{std::move(name), view(t, i)};
+  if (sharded_) {
+    x.placement = Placement::sharded;
+    x.rows = *inner_->rows(i);
+    x.rows.replicas = cross_->size();
+  }
+  return x;
+}
+
+int64_t DiLoCo::exchanged(const Fragment& f) const {
+  return split_ ? (f.end - f.begin + cfg_.group - 1) / cfg_.group : f.end - f.begin;
+}
+
 void DiLoCo::to_host(int p, Tensor& dst) {
-  for (size_t i : frags_[static_cast<size_t>(p)].params) view(dst, i).copy_from(model_.params()[i].value);
+  for (size_t i : frags_[static_cast<size_t>(p)].params) view(dst, i).copy_from(inner_->params()[i].value);
 }
 
 void DiLoCo::from_host(int p, const Tensor& src) {
-  for (size_t i : frags_[static_cast<size_t>(p)].params) model_.params()[i].value.copy_from(view(src, i));
+  for (size_t i : frags_[static_cast<size_t>(p)].params) inner_->params()[i].value.copy_from(view(src, i));
 }
 
 std::vector<PlacedTensor> DiLoCo::state() {
   std::vector<PlacedTensor> s;
-  const std::vector<nn::Param>& ps = model_.params();
-  for (size_t i = 0; i < ps.size(); ++i) s.push_back({"model/" + ps[i].name, view(outer_, i)});
+  const std::vector<nn::Param>& ps = inner_->params();
+  for (size_t i = 0; i < ps.size(); ++i) s.push_back(placed("model/" + ps[i].name, outer_, i));
   for (nn::NamedTensor& b : model_.buffers()) s.push_back({"model/" + b.name, b.value});
   return s;
 }
 
 std::vector<PlacedTensor> DiLoCo::sync_state() {
   std::vector<PlacedTensor> s;
-  const std::vector<nn::Param>& ps = model_.params();
+  const std::vector<nn::Param>& ps = inner_->params();
   const auto per_rank = [](std::string name, Tensor t, Resize r) {
     return PlacedTensor{std::move(name), std::move(t), Placement::per_rank, -1, false, {}, r};
   };
   for (size_t i = 0; i < ps.size(); ++i) s.push_back(per_rank("diloco/local/" + ps[i].name, ps[i].value, Resize::fresh));
   s.push_back(per_rank("diloco/restored", restored_, Resize::fresh));
-  for (size_t i = 0; i < ps.size(); ++i) s.push_back({"diloco/momentum/" + ps[i].name, view(momentum_, i)});
+  for (size_t i = 0; i < ps.size(); ++i) s.push_back(placed("diloco/momentum/" + ps[i].name, momentum_, i));
+  // The error feedback, each rank's own: on another number of ranks the mean of the old ones'
+  // (a shard's rows differ with the layout: afresh).
   if (error_.defined())
     for (size_t i = 0; i < ps.size(); ++i)
-      s.push_back(per_rank("diloco/error/" + ps[i].name, view(error_, i), Resize::mean_approximate));
+      s.push_back(per_rank("diloco/error/" + ps[i].name, view(error_, i), sharded_ ? Resize::fresh : Resize::mean_approximate));
   if (cfg_.every == 0) s.push_back({"diloco/every", every_});  // auto: the H chosen (0: not yet)
   if (cfg_.delay > 0) {
     s.push_back({"diloco/pending", pending_info_});
-    s.push_back({"diloco/pending_mean", mean_});
+    if (sharded_)  // every parameter's rows
+      for (size_t i = 0; i < ps.size(); ++i) s.push_back(placed("diloco/pending_mean/" + ps[i].name, mean_, i));
+    else
+      s.push_back({"diloco/pending_mean", mean_});
   }
   for (size_t p = 0; p < frags_.size(); ++p)
     if (frags_[p].compressor)
-      for (PlacedTensor& t : prefixed("diloco/compress/" + std::to_string(p) + "/", frags_[p].compressor->state()))
+      for (PlacedTensor& t : prefixed("diloco/compress/" + std::to_string(p) + "/", frags_[p].compressor->state())) {
+        if (t.placement == Placement::sharded)  // a replica's error rows: its ranks' own
+          t.placement = Placement::per_rank, t.resize = Resize::fresh;
         s.push_back(std::move(t));
+      }
   return s;
 }
 
@@ -192,7 +237,8 @@ std::vector<PlacedTensor> DiLoCo::saved_sync_state() {
 
 std::vector<PlacedTensor> DiLoCo::optimizer_state(std::vector<PlacedTensor> s) {
   for (PlacedTensor& t : s)
-    if (t.placement == Placement::replicated) t.placement = Placement::per_rank, t.resize = Resize::fresh;
+    if (t.placement == Placement::replicated || t.placement == Placement::sharded)
+      t.placement = Placement::per_rank, t.resize = Resize::fresh;
   return s;
 }
 
@@ -200,7 +246,9 @@ std::string DiLoCo::restore_note(Restored outcome, const RestoreSource& from) co
   if (outcome == Restored::fresh)
     return from.sizes() + ": every replica starts a new round from the outer weights, with fresh inner optimizer "
                           "state (the inner steps since each fragment's last synchronisation are dropped)" +
-           (error_.defined() ? "; the outer exchange's error feedback is the mean of the old ranks'" : "");
+           (!error_.defined() ? ""
+            : sharded_       ? "; the outer exchange's error feedback starts afresh"
+                             : "; the outer exchange's error feedback is the mean of the old ranks'");
   return from.sizes() + ": the outer exchange's error feedback is the mean of the old ranks' (not exact)";
 }
 
@@ -213,8 +261,8 @@ void DiLoCo::init(uint64_t seed) {
 void DiLoCo::loaded() {
   if (restored_.ptr<int64_t>()[0] == 0)  // a fresh run, --init-from, or another world size: from the outer weights
     for (int p = 0; p < cfg_.fragments; ++p) from_host(p, outer_);
-  inner_->loaded();  // the group's ranks hold the same local weights
-  check_replicated(outer_, host_, "the outer weights");
+  inner_->loaded();  // replicated: the group's ranks hold the same local weights
+  check_replicated(outer_, sharded_ ? *cross_ : host_, "the outer weights");
   restored_.ptr<int64_t>()[0] = 1;
   schedule_.every = every_.ptr<int64_t>()[0];  // auto: as chosen before a resume, or still 0
   const int64_t* info = pending_info_.ptr<int64_t>();
@@ -265,14 +313,13 @@ void DiLoCo::choose_every() {
   // The step: the median of the timed ones but the first (a warm-up); the slowest rank's, and its link.
   std::vector<double> t(step_s_.begin() + 1, step_s_.end());
   std::sort(t.begin(), t.end());
-  const std::vector<comm::Range> r =
-      comm::min_max_over_ranks(host_, {link.alpha_s, link.beta_s_per_byte, t[t.size() / 2]}, Device::cpu());
-  link = {r[0].max, r[1].max};
-  const double step = r[2].max;
   int64_t biggest = 0;
-  for (const Fragment& f : frags_) biggest = std::max(biggest, f.end - f.begin);
-  const int64_t slice = (biggest + cfg_.group - 1) / cfg_.group;
-  const double bytes = static_cast<double>(compress::wire_bytes(cfg_.wire, slice));
+  for (const Fragment& f : frags_) biggest = std::max(biggest, exchanged(f));
+  const std::vector<comm::Range> r = comm::min_max_over_ranks(
+      host_, {link.alpha_s, link.beta_s_per_byte, t[t.size() / 2], static_cast<double>(compress::wire_bytes(cfg_.wire, biggest))},
+      Device::cpu());
+  link = {r[0].max, r[1].max};
+  const double step = r[2].max, bytes = r[3].max;
   // The narrow formats' two collectives (all-to-all, all-gather) move what one all-reduce of the
   // payload would, at one more latency.
   const double exchange = link.seconds(bytes) + (cfg_.wire == compress::Wire::f32 ? 0.0 : link.alpha_s);
@@ -324,7 +371,7 @@ void DiLoCo::send(int p, int64_t n) {
     outer_bytes_ = f.compressor->last_bytes().sent;
     completed_ = true;
   } else {
-    const int64_t len = f.end - f.begin, j = group_host_->rank(), g = group_host_->size();
+    const int64_t len = f.end - f.begin, j = split_ ? group_host_->rank() : 0, g = split_ ? group_host_->size() : 1;
     slice_lo_ = f.begin + len * j / g, slice_hi_ = f.begin + len * (j + 1) / g;
     exchange_->start(d + slice_lo_, error_.defined() ? error_.ptr<float>() + slice_lo_ : nullptr, slice_hi_ - slice_lo_);
     outer_bytes_ = exchange_->bytes();
@@ -339,7 +386,7 @@ void DiLoCo::complete() {
   const Fragment& f = frags_[static_cast<size_t>(pending_)];
   float* m = mean_.ptr<float>();
   exchange_->finish(m + slice_lo_);
-  if (const int g = group_host_->size(); g > 1) {  // the group's slices, to every member
+  if (const int g = group_host_->size(); split_) {  // the group's slices, to every member
     const int64_t len = f.end - f.begin;
     std::vector<size_t> counts;
     for (int j = 0; j < g; ++j) counts.push_back(static_cast<size_t>(len * (j + 1) / g - len * j / g));
@@ -379,6 +426,8 @@ void DiLoCo::apply(int p) {
     for (int64_t i = f.begin; i < f.end; ++i) l[i] = a * l[i] + (1 - a) * o[i];
     from_host(p, local_);
   }
+  if (sharded_)  // the rows of the group's ranks
+    group_host_->all_reduce({&norm, 1, DType::f64, {}}, {&norm, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
   outer_norm_ = std::sqrt(norm), outer_fragment_ = p;
   pending_ = -1, completed_ = false;
 }
@@ -400,18 +449,23 @@ void DiLoCo::metrics(nlohmann::ordered_json& m) const {
   if (outer_fragment_ >= 0) m["outer_grad_norm"] = outer_norm_;
 }
 
+std::vector<Component*> DiLoCo::components() {
+  std::vector<Component*> c{this};
+  for (Component* x : inner_->components()) c.push_back(x);
+  return c;
+}
+
 nlohmann::json DiLoCo::plan() const {
   nlohmann::json frags = nlohmann::json::array();
   const std::vector<nn::Param>& ps = model_.params();
   for (const Fragment& f : frags_) {
     nlohmann::json names = nlohmann::json::array();
-    for (size_t i : f.params) names.push_back(ps[i].name);
-    const int64_t n = f.end - f.begin;
-    const int64_t slice = (n + cfg_.group - 1) / cfg_.group;
+    int64_t n = 0;
+    for (size_t i : f.params) names.push_back(ps[i].name), n += shape_numel(ps[i].shape);
     frags.push_back({{"elements", n},
                      {"params", names},
                      {"bytes_per_sync", f.compressor ? nlohmann::json(nullptr)
-                                                     : nlohmann::json(compress::wire_bytes(cfg_.wire, slice))}});
+                                                     : nlohmann::json(compress::wire_bytes(cfg_.wire, exchanged(f)))}});
   }
   nlohmann::json plan = {{"sync", cfg_}, {"replicas", cross_->size()}, {"ranks_per_replica", cfg_.group}, {"fragments", frags}};
   if (cfg_.every == 0) plan["sync_every_auto"] = auto_plan_;

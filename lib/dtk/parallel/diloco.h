@@ -2,7 +2,8 @@
 // 2311.08105) and Streaming DiLoCo (arXiv 2501.18512), psgd-train's --sync diloco|streaming.
 //
 // The ranks form replicas (sync groups of --sync-groups consecutive ranks, which all-reduce their
-// gradients every step as plain data parallelism does). Each replica trains alone for H inner
+// gradients every step as plain data parallelism does; fsdp-train's --replicate groups, which
+// shard the model within as FSDP does: the inner placement is the caller's). Each replica trains alone for H inner
 // steps with the run's optimizer (its state is the replica's own, never averaged); then the
 // replicas average their pseudo-gradients Delta = outer - local, and every rank applies the
 // outer optimizer, Nesterov SGD (PyTorch's, dampening 0):
@@ -21,14 +22,20 @@
 // matrices with its error feedback across rounds, run whole at the send step), or the mean in
 // --outer-dtype (compress/quantize.h: f32 all-reduce, or bf16/int8/e3m0 with error feedback).
 // Without a compressor the replicas' exchange is split over the ranks of a sync group (member j
-// sends slice j of the fragment over the slow link, then the group all-gathers the slices).
+// sends slice j of the fragment over the slow link, then the group all-gathers the slices); a
+// sharded group's members each send their own rows (and a compressor compresses whole matrices
+// over the shards: compress::Topology).
 // Where the state lives: the outer weights, their momentum and the exchange's buffers on the host
-// (as prime keeps them), in fragment order; the local weights are the model's. Evaluation and
-// the checkpoint's model are the outer weights (begin_evaluation); the local weights, the inner
-// optimizer's state and the error buffers are each rank's own (per_rank).
+// (as prime keeps them), in fragment order, of the parameters as the inner placement holds them
+// (whole, or this rank's rows); the local weights are the inner placement's. Evaluation and the
+// checkpoint's model are the outer weights (begin_evaluation); the local weights, the inner
+// optimizer's state and the error buffers are each rank's own (per_rank). Sharded, every rank
+// writes the checkpoint: the outer weights and momentum by rows (Rows::replicas: the first
+// replica's), the per-rank state in each rank's own file.
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -88,17 +95,31 @@ struct OuterSchedule {
 // of 0.27, 0.27, 0.23 and 0.23 of the model at F = 4).
 std::vector<std::vector<size_t>> balanced_fragments(const std::vector<nn::Param>& params, int fragments);
 
+// The placement within a replica, over its ranks (device and host communicators): GradSync
+// (psgd-train) or Fsdp without replicas (fsdp-train).
+using InnerPlacement = std::function<std::unique_ptr<Parallelism>(comm::Communicator& group, comm::Communicator& group_host)>;
+
+// The misfits of --sync with the rest of a run, one UsageError naming the options: a Shampoo inner
+// optimizer, --compressor auto, a narrow --outer-dtype with a compressor, --sync-every auto with
+// one, and cfg.validate's.
+void validate_sync(const OuterConfig& cfg, compress::Kind compressor, bool shampoo, int world);
+
 class DiLoCo final : public Parallelism {
  public:
-  // world and host: the job's communicators (device and host). outer_compressor: aggregate the
-  // pseudo-gradients with it (its kind not none or auto) instead of cfg.wire's mean.
+  // world and host: the job's communicators (device and host); inner: the placement within each
+  // replica of cfg.group ranks. outer_compressor: aggregate the pseudo-gradients with it (its
+  // kind not none or auto) instead of cfg.wire's mean.
   DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<compress::Config>& outer_compressor,
-         comm::Communicator& world, comm::Communicator& host, size_t bucket_bytes);
+         comm::Communicator& world, comm::Communicator& host, const InnerPlacement& inner);
   ~DiLoCo() override;
 
   std::vector<nn::Param>& params() override { return inner_->params(); }
   comm::Communicator& optimizer_comm() override { return inner_->optimizer_comm(); }
   comm::Communicator* replica_comm() override { return inner_->replica_comm(); }
+  bool sharded() const override { return sharded_; }
+  const Rows* rows(size_t i) const override { return inner_->rows(i); }
+  // Sharded: every rank (each its own per-rank state; the first replica the rows).
+  comm::Communicator* checkpoint_comm() override { return sharded_ ? &host_ : nullptr; }
   // The outer weights as "model/<param>" (and the model's buffers).
   std::vector<PlacedTensor> state() override;
   // "diloco/local/<param>" and "diloco/restored" (per rank), "diloco/momentum/<param>",
@@ -123,7 +144,7 @@ class DiLoCo final : public Parallelism {
   void after_step(int64_t step) override;
   void begin_evaluation() override;
   void end_evaluation() override;
-  std::vector<Component*> components() override { return {this}; }
+  std::vector<Component*> components() override;
   std::string_view component_name() const override { return "diloco"; }
   std::string restore_note(Restored outcome, const RestoreSource& from) const override;
   nlohmann::json plan() const override;
@@ -152,6 +173,10 @@ class DiLoCo final : public Parallelism {
   // exchanges, less what tau steps hide, hold the steps at most kAutoEveryOverhead.
   void choose_every();
   Tensor view(const Tensor& t, size_t i) const;  // parameter i's part of a host buffer, in its shape
+  // Parameter i's part of a host buffer, placed as the parameter is (whole and replicated, or
+  // this rank's rows of the replicas' shards).
+  PlacedTensor placed(std::string name, const Tensor& t, size_t i) const;
+  int64_t exchanged(const Fragment& f) const;  // the elements this rank sends of fragment f
 
   nn::Model& model_;
   OuterConfig cfg_;
@@ -160,6 +185,8 @@ class DiLoCo final : public Parallelism {
   std::shared_ptr<comm::Communicator> group_, group_host_, cross_;  // cross_: the same member of every group (host)
   comm::Communicator& host_;
   std::unique_ptr<Parallelism> inner_;
+  bool sharded_ = false;  // the inner placement holds rows (each member of a group its own)
+  bool split_ = false;    // the group's members hold the same fragment and split its exchange
   std::vector<Fragment> frags_;
   std::vector<int64_t> pos_;  // per parameter: its offset in the host buffers
   // Host f32 [N] in fragment order: outer weights, momentum, pseudo-gradient (then its

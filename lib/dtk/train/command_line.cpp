@@ -428,7 +428,7 @@ parallel::OuterConfig SyncOptions::config() const {
   return c;
 }
 
-void add_sync_options(CLI::App& app, SyncOptions& s) {
+void add_sync_options(CLI::App& app, SyncOptions& s, bool groups) {
   parallel::OuterConfig& c = s.outer;
   const char* g = "Synchronisation";
   shapes_state(add_enum(app, "--sync", c.sync,
@@ -461,7 +461,8 @@ void add_sync_options(CLI::App& app, SyncOptions& s) {
   shapes_state(outer(add_enum(app, "--outer-dtype", c.wire,
                               "the pseudo-gradients on the wire: f32, bf16, int8 or e3m0 (4 bits; scales per 128 "
                               "elements), with error feedback")));
-  shapes_state(outer(app.add_option("--sync-groups", c.group,
+  if (groups)
+    shapes_state(outer(app.add_option("--sync-groups", c.group,
                                     "ranks per replica (consecutive ranks): they all-reduce every step, and the "
                                     "replicas synchronise as --sync says")))
       ->check(at_least(1));

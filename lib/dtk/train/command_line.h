@@ -38,9 +38,11 @@ struct CompressorOptions {
 // its plan on HSDP's replica hop).
 void add_compressor_options(CLI::App& app, CompressorOptions& c, const std::string& none_help);
 
-// psgd-train's synchronisation (group "Synchronisation": --sync, --sync-every, --outer-lr, ...):
-// config() resolves --outer-mix's default (0.5 with --sync-delay, else 0) and refuses the outer
-// options without --sync diloco|streaming; OuterConfig::validate checks the rest against the world.
+// psgd-train's and fsdp-train's synchronisation (group "Synchronisation": --sync, --sync-every,
+// --outer-lr, ...): config() resolves --outer-mix's default (0.5 with --sync-delay, else 0) and
+// refuses the outer options without --sync diloco|streaming; OuterConfig::validate checks the rest
+// against the world. --sync-groups only where groups says (psgd-train: fsdp-train's replicas are
+// its --replicate groups).
 struct SyncOptions {
   parallel::OuterConfig outer;
   std::string every = "64";  // --sync-every: H or auto
@@ -50,6 +52,6 @@ struct SyncOptions {
   CLI::Option* delay = nullptr;
   parallel::OuterConfig config() const;
 };
-void add_sync_options(CLI::App& app, SyncOptions& s);
+void add_sync_options(CLI::App& app, SyncOptions& s, bool groups);
 
 }  // namespace dtk::train
