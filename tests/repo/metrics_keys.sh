@@ -32,7 +32,7 @@ mlp="--model mlp-small --data synthetic"
 declare -A runs=(
   [psgd-train]="-n 2|$small --compressor powersgd --start-iter 0;-n 2|$small --compressor none --sync diloco --sync-every 2;-n 2|$mlp --compressor none --optimizer shampoo;-n 2|$mlp --compressor auto --start-iter 1"
   [shampoo-train]="-n 2|$small;-n 2|$mlp --optimizer adamw"
-  [fsdp-train]="-n 2|$small --replicate 2 --compressor powersgd --start-iter 0;-n 2|$mlp --optimizer shampoo;-n 2|$mlp --replicate 2 --compressor auto --start-iter 1"
+  [fsdp-train]="-n 2|$small --replicate 2 --compressor powersgd --start-iter 0;-n 2|$small --replicate 2 --sync diloco --sync-every 2;-n 2|$mlp --optimizer shampoo;-n 2|$mlp --replicate 2 --compressor auto --start-iter 1"
 )
 for prog in psgd-train shampoo-train fsdp-train; do
   bin=$tools/$prog/$prog
