@@ -55,17 +55,18 @@ strip() { python3 -c 'import json,sys; [print(json.dumps({k: r.get(k) for k in (
 resume_check() {  # resume_check NAME OPTIONS...
   local name=$1; shift
   rm -rf ck full resumed a.jsonl b.jsonl
-  run $mpiexec -n 4 $fsdp $common --steps 10 "$@" --save full --metrics a.jsonl
+  run $mpiexec ${rx:-} -n 4 $fsdp $common --steps 10 "$@" --save full --metrics a.jsonl
   [ $rc = 0 ] || { bad "$name: uninterrupted run (exit $rc)" "$(cat $tmp/e)"; return; }
-  run $mpiexec -n 4 $fsdp $common --steps 10 "$@" --stop-at 7 --checkpoint-dir ck --metrics b.jsonl
+  run $mpiexec ${rx:-} -n 4 $fsdp $common --steps 10 "$@" --stop-at 7 --checkpoint-dir ck --metrics b.jsonl
   [ $rc = 0 ] || { bad "$name: first part (exit $rc)" "$(cat $tmp/e)"; return; }
-  run $mpiexec -n 4 $fsdp $common --steps 10 "$@" --resume ck --save resumed --metrics b.jsonl
+  run $mpiexec ${rx:-} -n 4 $fsdp $common --steps 10 "$@" --resume ck --save resumed --metrics b.jsonl
   [ $rc = 0 ] || { bad "$name: resumed part (exit $rc)" "$(cat $tmp/e)"; return; }
   run $si diff full resumed --rtol 0 --atol 0
   if [ $rc = 0 ] && cmp -s <(strip a.jsonl) <(strip b.jsonl); then ok "$name: resume is exact (every tensor, the losses and bytes)"
   else bad "$name: resume differs (diff exit $rc)" "$(tail -5 $tmp/o)" "$(diff <(strip a.jsonl) <(strip b.jsonl))"; fi
 }
 resume_check "streaming int8, 2 replicas" --lr 1e-2 --replicate 2 --sync streaming --fragments 2 --sync-every 4 --outer-dtype int8
+rx="-x DTK_AUTO_LINK=1,100" resume_check "streaming, H and F chosen (auto), 2 replicas" --lr 1e-2 --replicate 2 --sync streaming --sync-every auto
 resume_check "diloco + powersgd, 2 replicas" --lr 1e-2 --replicate 2 --sync diloco --sync-every 3 --compressor powersgd --rank 2
 run $si ls ck
 if [ $rc = 0 ] && grep -q "^diloco/momentum/output.weight .*4 shards" $tmp/o && grep -q "^ranks/3/diloco/local/output.weight" $tmp/o \

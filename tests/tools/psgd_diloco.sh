@@ -47,6 +47,9 @@ resume_check() {  # resume_check NAME OPTIONS...
 }
 resume_check "streaming int8" --lr 1e-2 --compressor none --sync streaming --fragments 2 --sync-every 4 --sync-delay 1 --outer-dtype int8
 rx="-x DTK_AUTO_LINK=1,100" resume_check "--sync-every auto (H chosen at step 5, kept by the checkpoint)" --lr 1e-2 --compressor none --sync diloco --sync-every auto
+# F chosen with H (2 here, the state moved from the 16 fragments it was laid out in until then),
+# its int8 error feedback moving with it; fragment 1 in flight at the checkpoint
+rx="-x DTK_AUTO_LINK=1,100" resume_check "streaming, F chosen with H (kept by the checkpoint)" --lr 1e-2 --compressor none --sync streaming --sync-every auto --outer-dtype int8
 resume_check "diloco + powersgd" --lr 1e-2 --sync diloco --sync-every 3 --compressor powersgd --rank 2
 run $si ls full.h5
 if [ $rc = 0 ] && grep -q "^diloco/momentum/output.weight" $tmp/o && grep -q "ranks/1/diloco/local/output.weight" $tmp/o \
@@ -83,6 +86,29 @@ run $mpiexec -x DTK_AUTO_LINK=1000,0.02 -n 4 $psgd $common --lr 1e-2 --compresso
 if [ $rc = 0 ] && [ "$(plan | cut -d" " -f1,5)" = "32 True" ]; then
   ok "auto with streaming's overlap (tau 10): H = 32, the exchange hidden"
 else bad "auto with streaming (exit $rc): $(plan 2>&1)" "$(cat $tmp/e)"; fi
+# F with H (streaming without --fragments): on a fast link F = 2 and H = 4, the smallest with
+# tau = 1; on a slow one, the plan's own figures: each F weighed at its smallest fitting H, and
+# the chosen the F of the smallest H (ties: the larger F).
+fplan() { python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))["sync_every_auto"]
+w, f, h = p["weighed"], p["fragments"], p["every"]
+for c in w:
+    assert c["fits"] == (c["overhead"] <= 0.05), c
+    assert c["every"] // c["fragments"] > 1, c                      # tau = 1 below H / F
+    half = c["every"] // 2
+    assert not c["fits"] or half // c["fragments"] <= 1 or 2 * c["overhead"] > 0.05, c   # the smallest
+fit = [c for c in w if c["fits"]]
+best = min(fit, key=lambda c: (c["every"], -c["fragments"])) if fit else min(w, key=lambda c: c["overhead"])
+assert (best["fragments"], best["every"]) == (f, h), (best, f, h)
+print(f, h, len(w))' "$tmp/o"; }
+sauto="--lr 1e-2 --compressor none --sync streaming --sync-groups 2 --sync-every auto"
+run $mpiexec -x DTK_AUTO_LINK=1,100 -n 4 $psgd $common $sauto --print-plan
+if [ $rc = 0 ] && [ "$(fplan)" = "2 4 4" ]; then ok "auto F on a fast link: F = 2, H = 4 (2, 4, 8 and 16 weighed)"
+else bad "auto F on a fast link (exit $rc): $(fplan 2>&1)" "$(cat $tmp/e)"; fi
+run $mpiexec -x DTK_AUTO_LINK=2000,0.002 -n 4 $psgd $common $sauto --print-plan
+if [ $rc = 0 ] && read -r f h _ <<<"$(fplan)"; then ok "auto F on a slow link (2 ms + 2 MB/s): F = $f, H = $h, the smallest H of the F weighed"
+else bad "auto F on a slow link (exit $rc): $(fplan 2>&1)" "$(cat $tmp/e)"; fi
 rm -f auto.jsonl
 run $mpiexec -x DTK_AUTO_LINK=1,100 -n 4 $psgd $common $auto --steps 8 --metrics auto.jsonl
 python3 - auto.jsonl <<'PY' && ok "auto: no exchange while the steps are timed, then every step (H = 1)" || bad "auto's exchanges" "$(cat auto.jsonl | head -8)"

@@ -193,6 +193,10 @@ TEST(OuterConfig, RefusesWhatDoesNotFit) {
   refused(s, 4, "must be below --sync-every / --fragments = 16");
   s.delay = 15;
   EXPECT_NO_THROW(s.validate(4));
+  s.delay = 1, s.fragments = 0;  // F chosen with H: only by --sync-every auto
+  refused(s, 4, "at least 2");
+  s.every = 0;
+  EXPECT_NO_THROW(s.validate(4));
 }
 
 TEST(OuterSchedule, FragmentsBalanceTheElements) {

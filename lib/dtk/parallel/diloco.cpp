@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "dtk/compress/auto.h"
@@ -34,8 +35,12 @@ void OuterConfig::validate(int world) const {
     if (every > 0 && delay >= every) fail_usage("--sync-delay {} must be below --sync-every {}", delay, every);
     return;
   }
+  if (every == 0) {  // auto: H chosen among the multiples of F that fit tau, and F with it when 0
+    if (fragments == 1 || fragments < 0)
+      fail_usage("--sync streaming needs --fragments of at least 2, got {}", fragments);
+    return;
+  }
   if (fragments < 2) fail_usage("--sync streaming needs --fragments of at least 2, got {}", fragments);
-  if (every == 0) return;  // auto: chosen among the multiples of F that fit tau
   if (every % fragments != 0)
     fail_usage("--sync-every {} is not a multiple of --fragments {} (one fragment every H / F steps)", every, fragments);
   if (delay >= every / fragments)
@@ -124,22 +129,19 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
   if (cfg.fragments > static_cast<int>(model.params().size()))
     fail_usage("--fragments {}: the model has {} parameters, and a fragment is one or more of them", cfg.fragments,
                model.params().size());
-  frags_.resize(static_cast<size_t>(cfg.fragments));
-  // Balanced by the whole parameters' sizes: the same fragments on every rank, sharded or not.
-  const std::vector<std::vector<size_t>> parts = balanced_fragments(model.params(), cfg.fragments);
-  for (size_t p = 0; p < parts.size(); ++p) frags_[p].params = parts[p];
   const std::vector<nn::Param>& ps = inner_->params();  // as this rank holds them
-  pos_.assign(ps.size(), 0);
   int64_t n = 0;
-  for (Fragment& f : frags_) {
-    f.begin = n;
-    for (size_t i : f.params) pos_[i] = n, n += ps[i].value.numel();
-    f.end = n;
-  }
+  for (const nn::Param& p : ps) n += p.value.numel();
   for (Tensor* t : {&outer_, &momentum_, &delta_, &mean_, &local_}) *t = Tensor::zeros({n}, DType::f32);
+  if (!outer_compressor && cfg.wire != compress::Wire::f32) error_ = Tensor::zeros({n}, DType::f32);
+  // F chosen with H (--sync-every auto, streaming without --fragments): until then the largest
+  // it weighs (no exchange happens before the choice; the state moves with its parameters).
+  layout(candidates().back());
   restored_ = Tensor::zeros({1}, DType::i64);
   every_ = Tensor::zeros({1}, DType::i64);
   every_.ptr<int64_t>()[0] = cfg.every;
+  fragments_ = Tensor::zeros({1}, DType::i64);
+  fragments_.ptr<int64_t>()[0] = schedule_.fragments;
   pending_info_ = Tensor::zeros({2}, DType::i64);
   pending_info_.ptr<int64_t>()[0] = -1;
   if (outer_compressor) {
@@ -155,8 +157,48 @@ DiLoCo::DiLoCo(nn::Model& model, const OuterConfig& cfg, const std::optional<com
     }
   } else {
     exchange_ = std::make_unique<compress::QuantizedMean>(*cross_, cfg.wire);
-    if (cfg.wire != compress::Wire::f32) error_ = Tensor::zeros({n}, DType::f32);
   }
+}
+
+std::vector<int> DiLoCo::candidates() const {
+  if (cfg_.fragments > 0) return {cfg_.fragments};
+  std::vector<int> fs;
+  for (int f = 2; f <= std::min<int>(kAutoFragmentsMax, static_cast<int>(model_.params().size())); f *= 2) fs.push_back(f);
+  if (fs.empty()) fail_usage("--sync streaming: the model has {} parameter, and fragments are 2 or more of them", model_.params().size());
+  return fs;
+}
+
+std::vector<std::vector<size_t>> DiLoCo::parts(int fragments) const {
+  // Balanced by the whole parameters' sizes: the same fragments on every rank, sharded or not.
+  return balanced_fragments(model_.params(), fragments);
+}
+
+void DiLoCo::layout(int fragments) {
+  const std::vector<nn::Param>& ps = inner_->params();
+  const std::vector<int64_t> old = pos_;
+  std::vector<Fragment> frags(static_cast<size_t>(fragments));
+  const std::vector<std::vector<size_t>> ps_of = parts(fragments);
+  pos_.assign(ps.size(), 0);
+  int64_t n = 0;
+  for (size_t p = 0; p < frags.size(); ++p) {
+    Fragment& f = frags[p];
+    f.params = ps_of[p];
+    f.begin = n;
+    for (size_t i : f.params) pos_[i] = n, n += ps[i].value.numel();
+    f.end = n;
+  }
+  if (!old.empty())  // the state so far, parameter by parameter, into the new order
+    for (Tensor* t : {&outer_, &momentum_, &mean_, &error_}) {
+      if (!t->defined()) continue;
+      Tensor moved = Tensor::zeros({n}, DType::f32);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const int64_t len = ps[i].value.numel();
+        moved.slice(pos_[i], pos_[i] + len).copy_from(t->slice(old[i], old[i] + len));
+      }
+      *t = moved;
+    }
+  frags_ = std::move(frags);
+  schedule_.fragments = fragments;
 }
 
 DiLoCo::~DiLoCo() = default;
@@ -211,9 +253,13 @@ std::vector<PlacedTensor> DiLoCo::sync_state() {
     for (size_t i = 0; i < ps.size(); ++i)
       s.push_back(per_rank("diloco/error/" + ps[i].name, view(error_, i), sharded_ ? Resize::fresh : Resize::mean_approximate));
   if (cfg_.every == 0) s.push_back({"diloco/every", every_});  // auto: the H chosen (0: not yet)
+  if (cfg_.fragments == 0) s.push_back({"diloco/fragments", fragments_});  // and F with it
   if (cfg_.delay > 0) {
     s.push_back({"diloco/pending", pending_info_});
-    if (sharded_)  // every parameter's rows
+    // By parameter where the layout is not fixed at construction (F chosen with H; a resume lays
+    // the buffers out again, moving each parameter's part) and where they are rows; else the
+    // whole buffer in fragment order, as the first checkpoints with DiLoCo hold it.
+    if (sharded_ || cfg_.fragments == 0)
       for (size_t i = 0; i < ps.size(); ++i) s.push_back(placed("diloco/pending_mean/" + ps[i].name, mean_, i));
     else
       s.push_back({"diloco/pending_mean", mean_});
@@ -254,13 +300,15 @@ std::string DiLoCo::restore_note(Restored outcome, const RestoreSource& from) co
 
 void DiLoCo::init(uint64_t seed) {
   inner_->init(seed);
-  for (int p = 0; p < cfg_.fragments; ++p) to_host(p, outer_);
+  for (int p = 0; p < schedule_.fragments; ++p) to_host(p, outer_);
   restored_.ptr<int64_t>()[0] = 0;
 }
 
 void DiLoCo::loaded() {
+  // auto: F as chosen before a resume (the state was read in the order of the F it was built with)
+  if (const int f = static_cast<int>(fragments_.ptr<int64_t>()[0]); f != schedule_.fragments) layout(f);
   if (restored_.ptr<int64_t>()[0] == 0)  // a fresh run, --init-from, or another world size: from the outer weights
-    for (int p = 0; p < cfg_.fragments; ++p) from_host(p, outer_);
+    for (int p = 0; p < schedule_.fragments; ++p) from_host(p, outer_);
   inner_->loaded();  // replicated: the group's ranks hold the same local weights
   check_replicated(outer_, sharded_ ? *cross_ : host_, "the outer weights");
   restored_.ptr<int64_t>()[0] = 1;
@@ -310,45 +358,74 @@ void DiLoCo::choose_every() {
   comm::CostModel link;
   const bool env = compress::auto_link_from_env(link);
   if (!env) link = compress::measure_link(*cross_, Device::cpu());  // every member's link at once, as they sync
+  const std::vector<int> fs = candidates();  // for each, the bytes of its largest fragment's exchange
   // The step: the median of the timed ones but the first (a warm-up); the slowest rank's, and its link.
   std::vector<double> t(step_s_.begin() + 1, step_s_.end());
   std::sort(t.begin(), t.end());
-  int64_t biggest = 0;
-  for (const Fragment& f : frags_) biggest = std::max(biggest, exchanged(f));
-  const std::vector<comm::Range> r = comm::min_max_over_ranks(
-      host_, {link.alpha_s, link.beta_s_per_byte, t[t.size() / 2], static_cast<double>(compress::wire_bytes(cfg_.wire, biggest))},
-      Device::cpu());
+  std::vector<double> in = {link.alpha_s, link.beta_s_per_byte, t[t.size() / 2]};
+  for (int f : fs) {
+    int64_t biggest = 0;
+    for (const std::vector<size_t>& part : parts(f)) {
+      int64_t len = 0;
+      for (size_t i : part) len += inner_->params()[i].value.numel();
+      biggest = std::max(biggest, split_ ? (len + cfg_.group - 1) / cfg_.group : len);
+    }
+    in.push_back(static_cast<double>(compress::wire_bytes(cfg_.wire, biggest)));
+  }
+  const std::vector<comm::Range> r = comm::min_max_over_ranks(host_, in, Device::cpu());
   link = {r[0].max, r[1].max};
-  const double step = r[2].max, bytes = r[3].max;
-  // The narrow formats' two collectives (all-to-all, all-gather) move what one all-reduce of the
-  // payload would, at one more latency.
-  const double exchange = link.seconds(bytes) + (cfg_.wire == compress::Wire::f32 ? 0.0 : link.alpha_s);
-  // Per H steps F exchanges, each held by what tau steps do not hide.
-  const double held = static_cast<double>(cfg_.fragments) * std::max(0.0, exchange - static_cast<double>(cfg_.delay) * step);
-  const auto fits_at = [&](int64_t h) {
-    return h / cfg_.fragments > cfg_.delay && held <= kAutoEveryOverhead * static_cast<double>(h) * step;
-  };
-  int64_t h = cfg_.fragments;
-  while (!fits_at(h) && h * 2 <= kAutoEveryMax) h *= 2;
-  const bool fits = fits_at(h);
+  const double step = r[2].max;
+  // Per F: its exchange (the narrow formats' two collectives, all-to-all and all-gather, move what
+  // one all-reduce of the payload would, at one more latency); per H steps F exchanges, each
+  // held by what tau steps do not hide; the smallest H (F 2^k, H / F > tau) that holds the steps
+  // at most kAutoEveryOverhead. The F with the smallest such H wins; a tie goes to the larger F
+  // (the lower peak, Streaming DiLoCo's point).
+  struct Choice {
+    int f = 0;
+    int64_t h = 0;
+    double bytes = 0, exchange = 0, held = 0;
+    bool fits = false;
+  } best;
+  nlohmann::json weighed = nlohmann::json::array();
+  for (size_t k = 0; k < fs.size(); ++k) {
+    Choice c{fs[k], fs[k], r[3 + k].max};
+    c.exchange = link.seconds(c.bytes) + (cfg_.wire == compress::Wire::f32 ? 0.0 : link.alpha_s);
+    c.held = static_cast<double>(c.f) * std::max(0.0, c.exchange - static_cast<double>(cfg_.delay) * step);
+    const auto fits_at = [&](int64_t h) {
+      return h / c.f > cfg_.delay && c.held <= kAutoEveryOverhead * static_cast<double>(h) * step;
+    };
+    while (!fits_at(c.h) && c.h * 2 <= kAutoEveryMax) c.h *= 2;
+    c.fits = fits_at(c.h);
+    const auto share = [&](const Choice& x) { return x.held / (static_cast<double>(x.h) * step); };
+    weighed.push_back({{"fragments", c.f}, {"every", c.h}, {"exchange_bytes", c.bytes}, {"exchange_ms", c.exchange * 1e3},
+                       {"overhead", share(c)}, {"fits", c.fits}});
+    if (best.f == 0 || (c.fits && (!best.fits || c.h <= best.h)) || (!c.fits && !best.fits && share(c) <= share(best)))
+      best = c;
+  }
+  const int64_t h = best.h;
+  const double overhead = best.held / (static_cast<double>(h) * step);
   schedule_.every = h;
   every_.ptr<int64_t>()[0] = h;
+  if (best.f != schedule_.fragments) layout(best.f);
+  fragments_.ptr<int64_t>()[0] = best.f;
   auto_plan_ = {{"every", h},
                 {"link", {{"alpha_us", link.alpha_s * 1e6}, {"algbw_gbps", link.gbps()},
                           {"source", env ? compress::kAutoLinkEnv : "measured"}}},
                 {"step_ms", step * 1e3},
-                {"exchange_bytes", bytes},
-                {"exchange_ms", exchange * 1e3},
-                {"held_per_step_ms", held / static_cast<double>(h) * 1e3},
-                {"overhead", held / (static_cast<double>(h) * step)}};
+                {"exchange_bytes", best.bytes},
+                {"exchange_ms", best.exchange * 1e3},
+                {"held_per_step_ms", best.held / static_cast<double>(h) * 1e3},
+                {"overhead", overhead}};
+  if (cfg_.fragments == 0) auto_plan_["fragments"] = best.f, auto_plan_["weighed"] = weighed;
+  const std::string f = cfg_.fragments == 0 ? fmt::format(", F = {}", best.f) : "";
   if (host_.rank() == 0) {
-    if (fits)
-      spdlog::info("--sync-every auto: H = {} (an exchange of {:.0f} B takes {:.1f} ms on {:.1f} us + {:.4g} GB/s; "
-                   "{:.1f}% of {:.1f} ms steps held)", h, bytes, exchange * 1e3, link.alpha_s * 1e6, link.gbps(),
-                   100 * held / (static_cast<double>(h) * step), step * 1e3);
+    if (best.fits)
+      spdlog::info("--sync-every auto: H = {}{} (an exchange of {:.0f} B takes {:.1f} ms on {:.1f} us + {:.4g} GB/s; "
+                   "{:.1f}% of {:.1f} ms steps held)", h, f, best.bytes, best.exchange * 1e3, link.alpha_s * 1e6,
+                   link.gbps(), 100 * overhead, step * 1e3);
     else
-      spdlog::warn("--sync-every auto: even H = {} holds the steps {:.1f}% (an exchange of {:.1f} ms, steps of {:.1f} ms)",
-                   h, 100 * held / (static_cast<double>(h) * step), exchange * 1e3, step * 1e3);
+      spdlog::warn("--sync-every auto: even H = {}{} holds the steps {:.1f}% (an exchange of {:.1f} ms, steps of {:.1f} ms)",
+                   h, f, 100 * overhead, best.exchange * 1e3, step * 1e3);
   }
 }
 
@@ -433,11 +510,11 @@ void DiLoCo::apply(int p) {
 }
 
 void DiLoCo::begin_evaluation() {
-  for (int p = 0; p < cfg_.fragments; ++p) to_host(p, local_), from_host(p, outer_);
+  for (int p = 0; p < schedule_.fragments; ++p) to_host(p, local_), from_host(p, outer_);
 }
 
 void DiLoCo::end_evaluation() {
-  for (int p = 0; p < cfg_.fragments; ++p) from_host(p, local_);
+  for (int p = 0; p < schedule_.fragments; ++p) from_host(p, local_);
 }
 
 void DiLoCo::metrics(nlohmann::ordered_json& m) const {

@@ -58,13 +58,15 @@ DTK_ENUM_NAMES(Sync, {Sync::every_step, "every-step"}, {Sync::diloco, "diloco"},
 inline constexpr int64_t kAutoEverySteps = 5;
 inline constexpr double kAutoEveryOverhead = 0.05;
 inline constexpr int64_t kAutoEveryMax = 1024;
+// ... and with --sync streaming but no --fragments, the largest F it weighs (2, 4, ..., this).
+inline constexpr int kAutoFragmentsMax = 64;
 
 struct OuterConfig {
   Sync sync = Sync::every_step;
   int64_t every = 64;         // H: inner steps between a fragment's synchronisations; 0: auto
   double lr = 0.7;            // eta
   double momentum = 0.9;      // mu (Nesterov)
-  int fragments = 1;          // F (streaming: >= 2)
+  int fragments = 1;          // F (streaming: >= 2; 0: chosen with H by --sync-every auto)
   int64_t delay = 0;          // tau: inner steps between a fragment's send and its application
   double mix = 0;             // alpha
   compress::Wire wire = compress::Wire::f32;
@@ -170,8 +172,16 @@ class DiLoCo final : public Parallelism {
   void poll();                            // advances the exchange in flight, waiting for nothing
   // --sync-every auto: the link between replicas (measured, or DTK_AUTO_LINK) and the timed
   // steps, the slowest rank's, give the smallest H (F times a power of 2, above tau F) whose
-  // exchanges, less what tau steps hide, hold the steps at most kAutoEveryOverhead.
+  // exchanges, less what tau steps hide, hold the steps at most kAutoEveryOverhead; with
+  // fragments 0 also F, the one whose H is smallest (ties: the larger F).
   void choose_every();
+  std::vector<std::vector<size_t>> parts(int fragments) const;  // balanced_fragments of the model's
+  // The F --sync-every auto weighs: --fragments, or 2, 4, ... up to kAutoFragmentsMax and the
+  // model's parameters.
+  std::vector<int> candidates() const;
+  // The fragments, their ranges of the host buffers and the schedule's F; the state in the host
+  // buffers so far moves with its parameters.
+  void layout(int fragments);
   Tensor view(const Tensor& t, size_t i) const;  // parameter i's part of a host buffer, in its shape
   // Parameter i's part of a host buffer, placed as the parameter is (whole and replicated, or
   // this rank's rows of the replicas' shards).
@@ -194,6 +204,7 @@ class DiLoCo final : public Parallelism {
   Tensor outer_, momentum_, delta_, error_, mean_, local_;
   Tensor restored_;  // i64 [1], per rank: 1 once the local weights hold a run's (0: from the outer ones)
   Tensor every_;  // i64 [1], --sync-every auto: the H chosen (0: not yet)
+  Tensor fragments_;  // i64 [1], F: --fragments, or as chosen with H (fragments 0)
   std::vector<double> step_s_;  // auto: the steps timed so far
   std::chrono::steady_clock::time_point step_start_;
   nlohmann::json auto_plan_;

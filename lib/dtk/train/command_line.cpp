@@ -421,7 +421,7 @@ parallel::OuterConfig SyncOptions::config() const {
     return c;
   }
   if (c.sync == parallel::Sync::streaming) {
-    if (fragments->count() == 0) c.fragments = 4;
+    if (fragments->count() == 0) c.fragments = c.every == 0 ? 0 : 4;  // auto: F chosen with H
     if (delay->count() == 0) c.delay = 1;
   }
   if (mix->count() == 0) c.mix = c.delay > 0 ? 0.5 : 0.0;
@@ -448,7 +448,8 @@ void add_sync_options(CLI::App& app, SyncOptions& s, bool groups) {
       ->check(at_least(0));
   s.fragments = shapes_state(outer(app.add_option("--fragments", c.fragments,
                                                   "streaming: F fragments of the model's parameters (balanced by "
-                                                  "size), one synchronised every H / F steps (default 4)")))
+                                                  "size), one synchronised every H / F steps (default 4; with "
+                                                  "--sync-every auto chosen with H)")))
                     ->check(at_least(1));
   s.delay = shapes_state(outer(app.add_option("--sync-delay", c.delay,
                                               "tau: inner steps a fragment's exchange overlaps before it is applied "
