@@ -80,6 +80,10 @@ run $mpiexec -n 4 $fsdp $common --steps 10 --lr 1e-2 --replicate 2 --sync diloco
 run $si diff fromfull full --rtol 0 --atol 0
 if [ $rc = 0 ]; then ok "consolidated into one file, it resumes the run bit for bit"; else bad "resume from the consolidated state (diff exit $rc)" "$(tail -3 $tmp/o)"; fi
 
+# ---- a run that ends with a fragment in flight exits 0 (the exchange waited for at the exit) ----
+run $mpiexec -n 4 $fsdp $common --lr 1e-2 --replicate 2 --sync streaming --fragments 2 --sync-every 4 --outer-dtype int8 --steps 5
+if [ $rc = 0 ]; then ok "a run ending with a fragment in flight exits 0"; else bad "a run ending with a fragment in flight: exit $rc" "$(tail -5 $tmp/e)"; fi
+
 # ---- another world size: the outer weights by rows, a new round from them ----
 run $mpiexec -n 2 $fsdp $common --steps 10 --lr 1e-2 --replicate 2 --sync diloco --sync-every 3 --compressor powersgd --rank 2 --resume ck --save r2
 if [ $rc = 0 ] && [ "$(grep -c 'every replica starts a new round from the outer weights' $tmp/e)" = 1 ]; then

@@ -66,6 +66,13 @@ for r in rows:
     assert r["outer_comm_ms"] >= 0
 PY
 
+# ---- a run that ends with a fragment in flight (sent after step 5, due after 6): its exchange is
+# waited for at the exit (it crashed the exit, the heap corrupted, before the fix) ----
+for w in f32 int8; do
+  run $mpiexec -n 4 $psgd $common --lr 1e-2 --compressor none --sync streaming --sync-groups 2 --fragments 2 --sync-every 4 --outer-dtype $w --steps 5
+  if [ $rc = 0 ]; then ok "a run ending with a fragment in flight ($w) exits 0"; else bad "a run ending with a fragment in flight ($w): exit $rc" "$(tail -5 $tmp/e)"; fi
+done
+
 # ---- --sync-every auto: the smallest H whose exchange holds the steps at most 5%, from the link
 # (DTK_AUTO_LINK here: CI has no slow link) and the steps timed (5, the first a warm-up) ----
 plan() { python3 -c '

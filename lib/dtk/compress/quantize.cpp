@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "dtk/core/error.h"
 #include "dtk/core/half.h"
@@ -110,6 +111,22 @@ void dequantize(Wire w, const uint8_t* in, int64_t n, float* x) {
 
 QuantizedMean::QuantizedMean(comm::Communicator& comm, Wire wire) : comm_(comm), wire_(wire) {
   if (comm.backend() == comm::Backend::nccl) fail("QuantizedMean: host buffers need a host communicator");
+}
+
+QuantizedMean::~QuantizedMean() {
+  if (stage_ == Stage::idle) return;
+  if (std::uncaught_exceptions() == 0) {
+    try {
+      work_.wait();
+      return;
+    } catch (const std::exception&) {
+    }
+  }
+  struct Left {
+    std::vector<float> f32;
+    std::vector<uint8_t> send, recv, gathered;
+  };
+  (void)new Left{std::move(f32_), std::move(send_), std::move(recv_), std::move(gathered_)};  // never freed
 }
 
 void QuantizedMean::start(const float* x, float* error, int64_t n) {

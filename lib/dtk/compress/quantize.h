@@ -51,6 +51,13 @@ void dequantize(Wire w, const uint8_t* in, int64_t n, float* x);
 class QuantizedMean {
  public:
   QuantizedMean(comm::Communicator& comm, Wire wire);
+  // An exchange still in flight (a run that ends between a fragment's send and its application)
+  // is waited for: its collective writes into this object's buffers, and dropping an MPI Work
+  // does not wait (comm.h). While an exception unwinds (a peer may be gone) the buffers are left
+  // to the collective instead.
+  ~QuantizedMean();
+  QuantizedMean(const QuantizedMean&) = delete;
+  QuantizedMean& operator=(const QuantizedMean&) = delete;
   // x[0, n) is read at once (x + error sent; error updated in place when non-null).
   void start(const float* x, float* error, int64_t n);
   // Advances the exchange without waiting: the all-to-all's completion starts the all-gather.

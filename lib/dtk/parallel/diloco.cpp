@@ -218,8 +218,8 @@ PlacedTensor DiLoCo::placed(std::string name, const Tensor& t, size_t i) const {
   return x;
 }
 
-int64_t DiLoCo::exchanged(const Fragment& f) const {
-  return split_ ? (f.end - f.begin + cfg_.group - 1) / cfg_.group : f.end - f.begin;
+int64_t DiLoCo::exchanged(int64_t len) const {
+  return split_ ? (len + cfg_.group - 1) / cfg_.group : len;
 }
 
 void DiLoCo::to_host(int p, Tensor& dst) {
@@ -368,7 +368,7 @@ void DiLoCo::choose_every() {
     for (const std::vector<size_t>& part : parts(f)) {
       int64_t len = 0;
       for (size_t i : part) len += inner_->params()[i].value.numel();
-      biggest = std::max(biggest, split_ ? (len + cfg_.group - 1) / cfg_.group : len);
+      biggest = std::max(biggest, exchanged(len));
     }
     in.push_back(static_cast<double>(compress::wire_bytes(cfg_.wire, biggest)));
   }
@@ -542,7 +542,7 @@ nlohmann::json DiLoCo::plan() const {
     frags.push_back({{"elements", n},
                      {"params", names},
                      {"bytes_per_sync", f.compressor ? nlohmann::json(nullptr)
-                                                     : nlohmann::json(compress::wire_bytes(cfg_.wire, exchanged(f)))}});
+                                                     : nlohmann::json(compress::wire_bytes(cfg_.wire, exchanged(f.end - f.begin)))}});
   }
   nlohmann::json plan = {{"sync", cfg_}, {"replicas", cross_->size()}, {"ranks_per_replica", cfg_.group}, {"fragments", frags}};
   if (cfg_.every == 0) plan["sync_every_auto"] = auto_plan_;

@@ -1,9 +1,11 @@
 // dtk::parallel — low-communication data parallelism: DiLoCo (Douillard et al., arXiv
-// 2311.08105) and Streaming DiLoCo (arXiv 2501.18512), psgd-train's --sync diloco|streaming.
+// 2311.08105) and Streaming DiLoCo (arXiv 2501.18512), psgd-train's and fsdp-train's --sync
+// diloco|streaming.
 //
-// The ranks form replicas (sync groups of --sync-groups consecutive ranks, which all-reduce their
-// gradients every step as plain data parallelism does; fsdp-train's --replicate groups, which
-// shard the model within as FSDP does: the inner placement is the caller's). Each replica trains alone for H inner
+// The ranks form replicas (sync groups of consecutive ranks: psgd-train's --sync-groups, which
+// all-reduce their gradients every step as plain data parallelism does, or fsdp-train's
+// --replicate groups, which shard the model within as FSDP does: the inner placement is the
+// caller's). Each replica trains alone for H inner
 // steps with the run's optimizer (its state is the replica's own, never averaged); then the
 // replicas average their pseudo-gradients Delta = outer - local, and every rank applies the
 // outer optimizer, Nesterov SGD (PyTorch's, dampening 0):
@@ -186,7 +188,7 @@ class DiLoCo final : public Parallelism {
   // Parameter i's part of a host buffer, placed as the parameter is (whole and replicated, or
   // this rank's rows of the replicas' shards).
   PlacedTensor placed(std::string name, const Tensor& t, size_t i) const;
-  int64_t exchanged(const Fragment& f) const;  // the elements this rank sends of fragment f
+  int64_t exchanged(int64_t len) const;  // the elements this rank sends of a fragment it holds len of
 
   nn::Model& model_;
   OuterConfig cfg_;
