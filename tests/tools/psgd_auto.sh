@@ -10,7 +10,7 @@ set -u
 mpiexec=$1 psgd=$2 si=$3
 common="$small --data synthetic --global-batch 8 --lr 1e-2 --warmup 2 --eval-every 0 --log-level warn"
 auto="--compressor auto --start-iter 3 --auto-interval 4 --bucket-size 20KB"
-slow="-x DTK_AUTO_LINK=50,0.00125"  # 10 Mbit/s, 50 us: a bucket of 20 KB takes 16 ms, far above any compute timing here
+slow="-x DTK_AUTO_LINK=50,0.0000125"  # 100 kbit/s, 50 us: a bucket of 20 KB takes 1.6 s, far above any backward on loaded cores
 
 # choices: the plan's per-bucket choices (--print-plan's JSON on stdout), one word each
 choices() { python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(" ".join(b["choice"] for b in p["buckets"]))' "$tmp/o"; }
