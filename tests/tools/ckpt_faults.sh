@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints under faults and bad input (issue 14): a full file system during a checkpoint write,
-# synchronous or in the background (--async-checkpoint) (exit 1 on every rank, one line naming
+# synchronous or in the background (--async-checkpoint), or already full when the temporary is
+# created (exit 1 on every rank, one line naming
 # the file and "No space left on device", the earlier checkpoint intact, no temporary left) and during shard-inspect export; a damaged dataset
 # object header (exit 2, one line naming the file, from every reader); rank files of different sharded states mixed (exit 2
 # naming the odd rank file); temporaries of dead writers removed by the next write while a live
@@ -72,6 +73,24 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     if [ "$rc" = 1 ] && one_line "No space left on device" "out" && [ -z "$left" ]; then
       ok "full disk, export --format $format: exit 1, one line, nothing left"
     else bad "full disk, export --format $format (exit $rc, left: $left)" "$(cat "$tmp/e")"; fi
+  done
+  # A file system already full: the temporary's creation fails (HDF5 makes the file, then cannot
+  # write its superblock). Found by a sweep of tmpfs sizes under load: the empty temporary stayed.
+  nofill="--warmup 0 --steps 1"
+  for c in "psgd-train --save, 2 ranks|$mpiexec -n 2 $psgd $common $nofill --save out.h5" \
+           "fsdp-train --save (sharded), 2 ranks|$mpiexec -n 2 $fsdp $common $nofill --save out" \
+           "shard-inspect reshard|$si reshard $PWD/size1/step-00000002.h5 --world-size 2 -o out"; do
+    name=${c%%|*}
+    unshare -m sh -c '
+      mount -t tmpfs -o size=64k tmpfs "$1/mnt" || exit 99
+      dd if=/dev/zero of="$1/mnt/fill" bs=4k 2>/dev/null
+      cd "$1/mnt"; $2 >"$1/o" 2>"$1/e"; echo $? >"$1/rc"
+      ls -A "$1/mnt" >"$1/left"
+    ' sh "$tmp" "${c#*|}"
+    rc=$(cat "$tmp/rc" 2>/dev/null || echo none) left=$(grep -vx fill "$tmp/left" || true)
+    if [ "$rc" = 1 ] && one_line "No space left on device" "create" && [ -z "$left" ]; then
+      ok "full disk at the temporary's creation, $name: exit 1, one line, nothing left"
+    else bad "full disk at creation, $name (exit $rc, left: $left)" "$(cat "$tmp/e")"; fi
   done
 else
   echo "skip full-disk cases: they need root and unshare -m"

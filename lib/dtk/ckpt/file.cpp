@@ -197,10 +197,19 @@ FileWriter::FileWriter(fs::path path, WriteOptions opts) : path_(std::move(path)
   if (!fs::is_directory(dir)) fail_usage("cannot write " + path_.string() + ": directory " + dir.string() + " does not exist");
   if (opts_.gzip < 0 || opts_.gzip > 9) fail_usage("gzip level must be 0..9, got {}", opts_.gzip);
   tmp_ = temp_name(path_);
-  as_output(path_, [&] {
-    const auto g = h5::lock();
-    impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
-  });
+  try {
+    as_output(path_, [&] {
+      const auto g = h5::lock();
+      impl_->file = Id(check(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), "create " + tmp_.string()));
+    });
+  } catch (...) {
+    // H5Fcreate makes the file before it writes the superblock; on a full disk that write fails
+    // and the empty temporary stays (the destructor does not run for a constructor that threw).
+    // The name is this writer's own (host, pid, counter), so nothing else is removed.
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+    throw;
+  }
 }
 
 // A file that will not be committed is discarded. HDF5 1.10 cannot close a file whose last
