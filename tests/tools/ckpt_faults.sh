@@ -61,15 +61,21 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     $mpiexec -n 2 $psgd $common --steps 5 --checkpoint-every 2
   full_disk "fsdp-train (sharded), 2 ranks, in the background" step-00000002 $sharded_bytes \
     $mpiexec -n 2 $fsdp $common --steps 5 --checkpoint-every 2
+  # small_fs FILL CMD: runs CMD (one word-split string) in a private 64 KiB tmpfs, from inside it,
+  # first filled up when FILL is "full"; $rc its exit status, $left what it left there.
+  small_fs() {
+    unshare -m sh -c '
+      mount -t tmpfs -o size=64k tmpfs "$1/mnt" || exit 99
+      [ "$2" = full ] && dd if=/dev/zero of="$1/mnt/fill" bs=4k 2>/dev/null
+      cd "$1/mnt"; $3 >"$1/o" 2>"$1/e"; echo $? >"$1/rc"
+      ls -A "$1/mnt" >"$1/left"
+    ' sh "$tmp" "$1" "$2"
+    rc=$(cat "$tmp/rc" 2>/dev/null || echo none) left=$(grep -vx fill "$tmp/left" || true)
+  }
   # shard-inspect export into a file system too small for the file (npz through libzip's
   # callbacks, safetensors directly): exit 1, one line, no file and no temporary left.
   for format in npz safetensors; do
-    unshare -m sh -c '
-      mount -t tmpfs -o size=64k tmpfs "$1/mnt" || exit 99
-      "$2" export "$3" --format "$4" -o "$1/mnt/out" >"$1/o" 2>"$1/e"; echo $? >"$1/rc"
-      ls -A "$1/mnt" >"$1/left"
-    ' sh "$tmp" "$si" "$PWD/size1/step-00000002.h5" $format
-    rc=$(cat "$tmp/rc" 2>/dev/null || echo none) left=$(cat "$tmp/left")
+    small_fs empty "$si export $PWD/size1/step-00000002.h5 --format $format -o out"
     if [ "$rc" = 1 ] && one_line "No space left on device" "out" && [ -z "$left" ]; then
       ok "full disk, export --format $format: exit 1, one line, nothing left"
     else bad "full disk, export --format $format (exit $rc, left: $left)" "$(cat "$tmp/e")"; fi
@@ -81,13 +87,7 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
            "fsdp-train --save (sharded), 2 ranks|$mpiexec -n 2 $fsdp $common $nofill --save out" \
            "shard-inspect reshard|$si reshard $PWD/size1/step-00000002.h5 --world-size 2 -o out"; do
     name=${c%%|*}
-    unshare -m sh -c '
-      mount -t tmpfs -o size=64k tmpfs "$1/mnt" || exit 99
-      dd if=/dev/zero of="$1/mnt/fill" bs=4k 2>/dev/null
-      cd "$1/mnt"; $2 >"$1/o" 2>"$1/e"; echo $? >"$1/rc"
-      ls -A "$1/mnt" >"$1/left"
-    ' sh "$tmp" "${c#*|}"
-    rc=$(cat "$tmp/rc" 2>/dev/null || echo none) left=$(grep -vx fill "$tmp/left" || true)
+    small_fs full "${c#*|}"
     if [ "$rc" = 1 ] && one_line "No space left on device" "create" && [ -z "$left" ]; then
       ok "full disk at the temporary's creation, $name: exit 1, one line, nothing left"
     else bad "full disk at creation, $name (exit $rc, left: $left)" "$(cat "$tmp/e")"; fi
