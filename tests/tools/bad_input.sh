@@ -178,6 +178,15 @@ run $mpiexec -n 2 $psgd --steps 0
 if [ $rc = 2 ] && [ "$(grep -cF -- "psgd-train: error: --steps must be at least 1" "$tmp/e")" = 1 ] \
   && ! grep -qE "MPI_ABORT|exited on signal|[Kk]illed" "$tmp/e"; then ok "--steps 0 under mpiexec -n 2"
 else bad "--steps 0 under mpiexec -n 2 (exit $rc)" "$(cat "$tmp/e")"; fi
+# A rank late to the agreed exit (held 2 s, as a loaded node's scheduler may hold one) still
+# leaves by itself with the agreed code: mpiexec ends the job at the first non-zero exit and
+# SIGTERMs a rank still inside MPI_Finalize (comm::Runtime::finish). Each rank says at debug
+# level that it got out.
+run env DTK_TEST_EXIT_DELAY=1:2 $mpiexec -n 2 -x DTK_TEST_EXIT_DELAY $psgd $mlp --data missing.h5 --log-level debug \
+  --log-all-ranks
+if [ $rc = 2 ] && [ "$(grep -c "debug: done with MPI on every rank; exit status 2" "$tmp/e")" = 2 ] \
+  && ! grep -qE "MPI_ABORT|exited on signal|[Kk]illed" "$tmp/e"; then ok "a rank late to the agreed exit is not killed"
+else bad "a rank late to the agreed exit is not killed (exit $rc)" "$(cat "$tmp/e")"; fi
 
 # ---- 4. data files that are not HDF5, truncated or incomplete; --config files ----
 echo "this is not HDF5" > text.h5

@@ -9,10 +9,12 @@
 
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 
@@ -108,16 +110,12 @@ std::string version_string(const std::string& program) {
 
 std::string build_info() { return "CUDA: " + cuda::describe() + "; NCCL: " + comm::nccl_version(); }
 
-int main(int argc, char** argv, const Program& p) {
-  const std::string kernels = p.cpu_kernels ? p.cpu_kernels(argv) : "";  // first: it may execute the program again
+namespace {
+// Everything between a good launch and the exit; returns the exit code, agreed over the ranks
+// (or ends the job itself). Its locals (the parser, the work) are gone when it returns.
+int run(int argc, char** argv, const Program& p, comm::Runtime* rt, const std::string& kernels) {
   std::string message;
-  std::unique_ptr<comm::Runtime> rt;
-  rt = std::make_unique<comm::Runtime>(&argc, &argv, comm::Runtime::Options{});
-  int code = guarded([&] { rt->check_launch(); return 0; }, message);
-  if (code != kExitOk) {  // a misconfigured launch: every rank 0 says so (each process its own world: each)
-    if (rt->rank() == 0) std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), message.c_str());
-    return code;
-  }
+  int code = kExitOk;
   const int rank = rt->rank();
 
   CLI::App app{p.description, p.name};
@@ -208,6 +206,38 @@ int main(int argc, char** argv, const Program& p) {
   const int agreed_code = exit_on_stop_signal(rt->max_over_ranks(code));
   if (agreed_code == kExitOk) mark_launched(rank);  // done (with nothing to do, too): launched
   return agreed_code;
+}
+
+// The testing aid DTK_TEST_EXIT_DELAY=RANK:SECONDS holds that rank back for SECONDS before it
+// finishes MPI, as the scheduler holds a rank back on a loaded node.
+void test_exit_delay(int rank) {
+  const char* v = std::getenv("DTK_TEST_EXIT_DELAY");
+  int r = -1;
+  double s = 0;
+  if (v != nullptr && std::sscanf(v, "%d:%lf", &r, &s) == 2 && r == rank && s > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+}  // namespace
+
+int main(int argc, char** argv, const Program& p) {
+  const std::string kernels = p.cpu_kernels ? p.cpu_kernels(argv) : "";  // first: it may execute the program again
+  auto rt = std::make_unique<comm::Runtime>(&argc, &argv, comm::Runtime::Options{});
+  std::string message;
+  const int launch = guarded([&] { rt->check_launch(); return 0; }, message);
+  if (launch != kExitOk) {  // a misconfigured launch: every rank 0 says so (each process its own world: each)
+    if (rt->rank() == 0) std::fprintf(stderr, "%s: error: %s\n", p.name.c_str(), message.c_str());
+    return launch;
+  }
+  const int code = run(argc, argv, p, rt.get(), kernels);
+  if (code == kExitOk) return code;  // a zero exit races nothing: the process ends as usual
+  // A non-zero exit: the ranks leave together (comm::Runtime::finish), then at once, before
+  // static destructors and atexit handlers could keep a rank for the launcher's kill.
+  test_exit_delay(rt->rank());
+  rt->finish(code);
+  spdlog::debug("done with MPI on every rank; exit status {}", code);
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  _exit(code);
 }
 
 uint64_t parse_size(std::string_view s) {

@@ -244,12 +244,19 @@ class Runtime {
   static std::string hostname();
   // Ends every rank now with this exit code (MPI_Abort when more than one rank runs).
   [[noreturn]] void abort(int code);
+  // Tears the runtime down (the destructor calls it with 0) for a process that exits with `code`
+  // right after (cli::main, with _exit). For a code other than 0 each rank, done with
+  // MPI_Finalize, waits up to kLeaveTogetherS for every other rank to be done too
+  // (side::leave_together): Open MPI's mpiexec ends a job at the first non-zero exit and kills
+  // (SIGTERM, 1 s later) the ranks still inside MPI_Finalize, which waits there on mpiexec.
+  void finish(int code);
+  static constexpr double kLeaveTogetherS = 10;
 
  private:
   void init_mpi();
   Options opts_;
   Launcher launcher_;
-  bool mpi_ = false;
+  bool mpi_ = false, finished_ = false;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   int runtime_comm_ = -1;  // the flight recorder's id of the runtime's own calls (flight.h)
   std::shared_ptr<Communicator> mpi_world_, nccl_world_, local_world_;

@@ -92,6 +92,13 @@ Runtime::Runtime(int* argc, char*** argv, Options opts)
 }
 
 Runtime::~Runtime() {
+  finish(0);
+  g_runtime = nullptr;
+}
+
+void Runtime::finish(int code) {
+  if (finished_) return;
+  finished_ = true;
   mpi_world_.reset();
   nccl_world_.reset();
   local_world_.reset();
@@ -101,8 +108,9 @@ Runtime::~Runtime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
+    if (code != 0) side::leave_together(rank_, size_, kLeaveTogetherS);
   }
-  g_runtime = nullptr;
+  side::stop();
 }
 
 Runtime& Runtime::get() {

@@ -10,6 +10,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -27,6 +28,7 @@ Handler g_handler = nullptr;
 std::mutex g_peers_mu;
 std::vector<sockaddr_in> g_addr;  // sin_port 0: unreachable
 std::atomic<bool> g_ready{false};
+std::atomic<bool> g_leaving{false}, g_released{false};  // leave_together
 
 // One request: read kind + body until the client's end of input (1 s at most), answer, close.
 void serve_one(int fd) {
@@ -45,8 +47,16 @@ void serve_one(int fd) {
     if (n < 0 && errno == EINTR) continue;
     break;
   }
-  if (!in.empty() && g_handler) {
-    const std::string out = g_handler(in[0], in.substr(1));
+  if (!in.empty()) {
+    std::string out;
+    if (in[0] == 'L') {
+      out = g_leaving ? "1" : "0";
+    } else if (in[0] == 'R') {
+      g_released = true;
+      out = "k";
+    } else if (g_handler) {
+      out = g_handler(in[0], in.substr(1));
+    }
     size_t sent = 0;
     while (sent < out.size()) {
       const ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
@@ -240,6 +250,33 @@ std::vector<Reply> ask(const std::vector<int>& ranks, char kind, const std::stri
     if (replies[i].state != State::answered) replies[i].body.clear();
   }
   return replies;
+}
+
+void leave_together(int rank, int size, double deadline_s) {
+  using Clock = std::chrono::steady_clock;
+  g_leaving = true;
+  if (!ready() || size < 2) return;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s);
+  const auto left_s = [&] { return std::chrono::duration<double>(deadline - Clock::now()).count(); };
+  if (rank != 0) {
+    for (int i = 1; !g_released && left_s() > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (i % 100 == 0 && ask({0}, 0, "", 0.2)[0].state == State::exited) return;
+    }
+    return;
+  }
+  std::vector<int> others, waiting;
+  for (int r = 1; r < size; ++r) others.push_back(r);
+  waiting = others;
+  while (!waiting.empty() && left_s() > 0) {
+    const std::vector<Reply> replies = ask(waiting, 'L', "", std::min(left_s(), 0.5));
+    std::vector<int> still;  // neither there yet nor gone
+    for (size_t i = 0; i < waiting.size(); ++i)
+      if (replies[i].state != State::exited && replies[i].body != "1") still.push_back(waiting[i]);
+    waiting.swap(still);
+    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ask(others, 'R', "", 0.5);
 }
 
 }  // namespace dtk::comm::side

@@ -23,6 +23,12 @@ bool ready();  // set_peers was called with this rank listening
 // Stops the server thread and closes the socket (the process's end).
 void stop();
 
+// The end of a job that exits with a non-zero status, after MPI_Finalize (comm::Runtime::finish):
+// returns once every rank has called it (rank 0 asks the others until they all have, then
+// releases them), after `deadline_s`, or as soon as rank 0's process is gone. At once without a
+// side channel. The channel answers its own kinds 'L' (has this rank called it?) and 'R' (release).
+void leave_together(int rank, int size, double deadline_s);
+
 enum class State { answered, silent, exited };
 struct Reply {
   State state = State::silent;

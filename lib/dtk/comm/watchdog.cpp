@@ -299,7 +299,6 @@ void stop() {
   g_cv.notify_all();
   if (g_thread.joinable()) g_thread.join();
   write_records();
-  side::stop();
 }
 
 int open_side_channel() { return side::listen(&handle); }

@@ -37,6 +37,8 @@ void on_expire(void (*hook)());
 bool ending();
 [[noreturn]] void park();
 void set_timeout(double timeout_s);
+// Stops the watchdog's thread and writes the flight records; the side channel stays open (comm::Runtime
+// closes it after MPI_Finalize: side::leave_together needs it).
 void stop();
 
 // After a stop request (train/stop.h): from now on, a wait that lasts more than kHurryGraceS
