@@ -46,6 +46,16 @@ TEST(NnLlama, CudaMatchesCpu) {
   }
   EXPECT_LE(diff, 1e-4 * gmax);
   EXPECT_EQ(gpu_m->evaluate(b.to(gpu)), lg);
+  // The trainer's forward: the loss left on the GPU (acc += 2 * loss), the host's copies checked.
+  Tensor acc = Tensor::zeros({1}, DType::f64, gpu);
+  const Batch up = b.to(gpu);
+  ASSERT_TRUE(up.host_targets.defined());
+  gpu_m->zero_grad();
+  gpu_m->forward(up, acc, 2.0);
+  gpu_m->backward(1.0);
+  EXPECT_NEAR(acc.item(), 2 * lg, 1e-15 * std::fabs(lg));
+  EXPECT_EQ(gpu_m->grads().to_doubles(), gg) << "accumulating forward";
+  gpu_m->zero_grad();
   // Checkpointing is bit-identical on the GPU too.
   for (Checkpointing mode : {Checkpointing::full, Checkpointing::selective}) {
     gpu_m->set_activation_checkpointing(mode);

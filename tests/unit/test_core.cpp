@@ -83,6 +83,29 @@ TEST(Tensor, ShapeViewsAndCopies) {
   EXPECT_THROW(Tensor::empty({2, -1}, DType::f32), UsageError);
 }
 
+// Views laid end to end join into one 1-d view (the optimizers' multi-tensor steps); anything
+// else does not.
+TEST(Tensor, JoinedViews) {
+  Tensor t = Tensor::from_doubles({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {12}, DType::f32);
+  const Tensor a = t.slice(0, 4).reshape({2, 2}), b = t.slice(4, 5), c = t.slice(5, 12);
+  const Tensor j = Tensor::joined({a, b, c});
+  ASSERT_TRUE(j.defined());
+  EXPECT_EQ(j.shape(), (Shape{12}));
+  EXPECT_EQ(j.data(), t.data());
+  EXPECT_TRUE(j.shares_storage(t));
+  EXPECT_EQ(Tensor::joined({b, c}).to_doubles()[0], 4);
+  EXPECT_EQ(Tensor::joined({a}).shape(), (Shape{4}));
+  EXPECT_FALSE(Tensor::joined({a, c}).defined());     // a gap
+  EXPECT_FALSE(Tensor::joined({b, a}).defined());     // out of order
+  EXPECT_FALSE(Tensor::joined({a, a}).defined());     // overlapping
+  EXPECT_FALSE(Tensor::joined({a, b.clone()}).defined());  // another storage
+  EXPECT_FALSE(Tensor::joined({t.view(DType::i32).slice(0, 4), b}).defined());  // another dtype
+  EXPECT_FALSE(Tensor::joined({}).defined());
+  // On the CPU an upload is the tensor itself.
+  HostUpload up(Device::cpu());
+  EXPECT_EQ(up(t).data(), t.data());
+}
+
 TEST(Tensor, HostMemoryIsAlignedAndCounted) {
   const MemoryStats before = memory_stats(Device::cpu());
   {

@@ -895,6 +895,43 @@ TEST(NnLlama, EvaluateMatchesForwardAndKeepsThePendingBackward) {
   EXPECT_THROW(m->backward(1.0), Error);  // each backward needs its own forward
 }
 
+// The trainer's form of the forward leaves the loss on the device: acc += weight * mean loss
+// (f64), the same loss and the same gradients as the forward that returns it. A batch's host
+// copies (a GPU batch's, Batch::to) are what the model checks and counts.
+TEST(NnLlama, LossAccumulatesOnTheDevice) {
+  auto m = make_model(small_llama(), Device::cpu());
+  m->init(3);
+  const Batch b1 = tiny_batch(2, 12, 13, 21, /*with_ignored=*/true), b2 = tiny_batch(4, 7, 13, 22);
+  m->zero_grad();
+  const double l1 = m->forward(b1);
+  m->backward(0.25);
+  const double l2 = m->forward(b2);
+  m->backward(0.5);
+  const std::vector<float> want = grads_f32(*m);
+  Tensor acc = Tensor::zeros({1}, DType::f64);
+  m->zero_grad();
+  m->forward(b1, acc, 2.0);
+  m->backward(0.25);
+  m->forward(b2, acc, 3.0);
+  m->backward(0.5);
+  const std::vector<float> got = grads_f32(*m);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)), 0);
+  EXPECT_NEAR(acc.item(), 2 * l1 + 3 * l2, 1e-15 * (2 * l1 + 3 * l2));
+  EXPECT_EQ(m->forward(b1), l1);  // the returning form again: the sink is gone
+  m->backward(1.0);
+  Tensor f32acc = Tensor::zeros({1}, DType::f32);
+  EXPECT_THROW(m->forward(b1, f32acc, 1.0), UsageError);
+  // Host copies: a bad id there is refused although the tensors themselves are fine.
+  Batch mirrored = tiny_batch(2, 5, 13, 1);
+  mirrored.host_inputs = mirrored.inputs.clone();
+  mirrored.host_targets = mirrored.targets.clone();
+  mirrored.host_inputs.ptr<int32_t>()[3] = 13;
+  EXPECT_THROW(m->forward(mirrored, acc, 1.0), UsageError);
+  mirrored.host_inputs = mirrored.inputs.clone();
+  mirrored.host_targets.ptr<int32_t>()[2] = 13;
+  EXPECT_THROW(m->forward(mirrored, acc, 1.0), UsageError);
+}
+
 TEST(NnLlama, BatchChecks) {
   auto m = make_model(tiny_llama(), Device::cpu());
   m->init(1);

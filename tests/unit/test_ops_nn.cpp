@@ -162,12 +162,16 @@ TEST(OpsNN, CrossEntropyForwardWithIgnoredTargets) {
       const Vec x = rounded(randn(N * V, 9 + V, 2.0), t);
       Vec tg(static_cast<size_t>(N));
       for (int64_t i = 0; i < N; ++i) tg[i] = (i % 3 == 1) ? -1 : static_cast<double>((i * 7919) % V);
-      Tensor losses = Tensor::empty({N}, t);
-      ops::cross_entropy_forward(make(x, {N, V}, t), make(tg, {N}, DType::i32), losses);
+      Tensor losses = Tensor::empty({N}, t), lse = Tensor::empty({N}, t);
+      ops::cross_entropy_forward(make(x, {N, V}, t), make(tg, {N}, DType::i32), losses, lse);
       const Vec ls = ref_softmax(x, V, true);
-      Vec want(static_cast<size_t>(N));
-      for (int64_t i = 0; i < N; ++i) want[i] = tg[i] < 0 ? 0.0 : -ls[i * V + static_cast<int64_t>(tg[i])];
+      Vec want(static_cast<size_t>(N)), want_lse(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i) {
+        want[i] = tg[i] < 0 ? 0.0 : -ls[i * V + static_cast<int64_t>(tg[i])];
+        want_lse[i] = tg[i] < 0 ? 0.0 : x[i * V] - ls[i * V];  // logsumexp = x - log_softmax(x)
+      }
       expect_close(losses.to_doubles(), want, tol_of(t), "cross_entropy " + std::to_string(V));
+      expect_close(lse.to_doubles(), want_lse, tol_of(t), "cross_entropy lse " + std::to_string(V));
     }
 }
 
@@ -183,28 +187,38 @@ TEST(OpsNN, CrossEntropyBackwardFiniteDifferences) {
       if (tg[i] >= 0) l -= ls[i * V + static_cast<int64_t>(tg[i])];
     return l * scale;
   };
-  Tensor dx = Tensor::empty({N, V}, DType::f64);
-  ops::cross_entropy_backward(make(x, {N, V}), make(tg, {N}, DType::i32), scale, dx);
+  Tensor dx = Tensor::empty({N, V}, DType::f64), losses = Tensor::empty({N}, DType::f64);
+  Tensor lse = Tensor::empty({N}, DType::f64);
+  ops::cross_entropy_forward(make(x, {N, V}), make(tg, {N}, DType::i32), losses, lse);
+  ops::cross_entropy_backward(make(x, {N, V}), make(tg, {N}, DType::i32), lse, scale, dx);
   const Vec got = dx.to_doubles();
   expect_close(got, numeric_grad(x, loss), kFdTol, "cross_entropy backward");
   for (int64_t i = 0; i < V; ++i) EXPECT_EQ(got[V + i], 0.0) << "ignored row";
   // In place (LinearLoss's use): the same values, f64, f32 and bf16.
   for (DType t : {DType::f64, DType::f32, DType::bf16}) {
     Tensor logits = make(rounded(x, t), {N, V}, t), sep = Tensor::empty({N, V}, t);
-    ops::cross_entropy_backward(logits, make(tg, {N}, DType::i32), scale, sep);
-    ops::cross_entropy_backward(logits, make(tg, {N}, DType::i32), scale, logits);
+    const DType lt = t == DType::bf16 ? DType::f32 : t;
+    Tensor l = Tensor::empty({N}, lt), s = Tensor::empty({N}, lt);
+    ops::cross_entropy_forward(logits, make(tg, {N}, DType::i32), l, s);
+    ops::cross_entropy_backward(logits, make(tg, {N}, DType::i32), s, scale, sep);
+    ops::cross_entropy_backward(logits, make(tg, {N}, DType::i32), s, scale, logits);
     EXPECT_EQ(logits.to_doubles(), sep.to_doubles()) << dtype_name(t);
   }
 }
 
 TEST(OpsNN, CrossEntropyRejectsBadTargets) {
   Tensor logits = Tensor::zeros({2, 3}, DType::f32), losses = Tensor::empty({2}, DType::f32);
-  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 3}, {2}, DType::i32), losses), UsageError);
-  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, -2}, {2}, DType::i32), losses), UsageError);
-  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i64), losses), UsageError);
-  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1, 2}, {3}, DType::i32), losses), UsageError);
-  Tensor losses64 = Tensor::empty({2}, DType::f64);
-  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i32), losses64), UsageError);
+  Tensor lse = Tensor::empty({2}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 3}, {2}, DType::i32), losses, lse), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, -2}, {2}, DType::i32), losses, lse), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i64), losses, lse), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1, 2}, {3}, DType::i32), losses, lse), UsageError);
+  Tensor losses64 = Tensor::empty({2}, DType::f64), lse3 = Tensor::empty({3}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i32), losses64, lse), UsageError);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, make({0, 1}, {2}, DType::i32), losses, lse3), UsageError);
+  Tensor d = Tensor::empty({2, 3}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_backward(logits, make({0, 1}, {2}, DType::i32), lse3, 1.0, d), UsageError);
+  EXPECT_THROW(ops::cross_entropy_backward(logits, make({0, 1}, {2}, DType::i32), losses64, 1.0, d), UsageError);
 }
 
 // ---------------------------------------------------------------------------- rmsnorm
@@ -756,9 +770,11 @@ TEST(OpsNN, MixedPrecisionUsageErrors) {
   EXPECT_THROW(ops::swiglu_forward(a32, x16, y16), UsageError);  // swiglu: one dtype
   EXPECT_THROW(ops::add(x64, x16, y16), UsageError);
   Tensor logits = Tensor::zeros({2, 4}, DType::bf16), targets = Tensor::zeros({2}, DType::i32);
-  EXPECT_THROW(ops::cross_entropy_forward(logits, targets, r16), UsageError);  // bf16 losses
+  Tensor l32 = Tensor::zeros({2}, DType::f32);
+  EXPECT_THROW(ops::cross_entropy_forward(logits, targets, r16, l32), UsageError);  // bf16 losses
+  EXPECT_THROW(ops::cross_entropy_forward(logits, targets, l32, r16), UsageError);  // bf16 lse
   Tensor d32 = Tensor::zeros({2, 4}, DType::f32);
-  EXPECT_THROW(ops::cross_entropy_backward(logits, targets, 1.0, d32), UsageError);  // dlogits: the logits' dtype
+  EXPECT_THROW(ops::cross_entropy_backward(logits, targets, l32, 1.0, d32), UsageError);  // dlogits: the logits' dtype
 }
 
 TEST(OpsNN, SoftmaxUsageErrors) {

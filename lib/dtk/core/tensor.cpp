@@ -150,6 +150,19 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   return v;
 }
 
+Tensor Tensor::joined(const std::vector<Tensor>& parts) {
+  if (parts.empty() || !parts[0].defined()) return {};
+  Tensor v = parts[0].flatten();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const Tensor& p = parts[i];
+    if (!p.defined() || p.storage_ != v.storage_ || p.dtype_ != v.dtype_ || p.offset_ != v.offset_ + v.bytes())
+      return {};
+    v.numel_ += p.numel_;
+  }
+  v.shape_ = {v.numel_};
+  return v;
+}
+
 Tensor Tensor::view(DType t) const {
   if (bytes() % dtype_size(t)) fail_usage("view: " + str() + " is not a whole number of " + std::string(dtype_name(t)));
   Tensor v = *this;
@@ -294,6 +307,44 @@ void StreamTimer::collect() {
     free_.insert(free_.end(), {p.start, p.stop});
   }
   pending_.clear();
+}
+
+// ---------------------------------------------------------------------------- HostUpload
+
+HostUpload::~HostUpload() {
+  for (Slot& s : slots_) {
+    if (s.copied) {
+      try {
+        cuda::wait_event(s.copied, "an upload to the GPU");
+      } catch (...) {  // a failed device: the copy may still read the block, which is left to the exit
+        continue;
+      }
+      cuda::destroy_event(s.copied);
+    }
+    if (s.block) cuda::free_pinned(s.block);
+  }
+}
+
+Tensor HostUpload::operator()(const Tensor& host) {
+  if (!device_.is_cuda()) return host.is_cuda() ? host.to(device_) : host;
+  if (host.is_cuda()) return host.to(device_);
+  Slot& s = slots_[next_];
+  next_ = (next_ + 1) % kSlots;
+  if (s.copied) cuda::wait_event(s.copied, "an upload to the GPU, two micro-batches old");
+  else s.copied = cuda::create_timing_event();
+  if (s.bytes < host.bytes()) {
+    if (s.block) cuda::free_pinned(s.block);
+    s.block = nullptr;
+    s.bytes = 0;
+    s.block = cuda::malloc_pinned(host.bytes());
+    s.bytes = host.bytes();
+  }
+  if (host.bytes()) std::memcpy(s.block, host.data(), host.bytes());
+  Tensor out = Tensor::empty(host.shape(), host.dtype(), device_);
+  const Stream stream = cuda::current_stream();
+  if (host.bytes()) cuda::memcpy_async(out.data(), s.block, host.bytes(), stream);
+  cuda::record_event(s.copied, stream);
+  return out;
 }
 
 }  // namespace dtk

@@ -82,6 +82,9 @@ class Tensor {
   Tensor select(int64_t i) const;                  // row i of dim 0, without that dim
   Tensor view(DType t) const;  // the same bytes as a 1-d tensor of t (its bytes must be a multiple of t's size)
   bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
+  // The 1-d view over parts laid end to end in one storage (each starting where the one before
+  // ends, one dtype): what a multi-tensor op runs over at once. Undefined when they are not.
+  static Tensor joined(const std::vector<Tensor>& parts);
 
   // Copies. Casts between dtypes are ops::cast (device kernels); these keep the dtype.
   Tensor to(Device d) const;
@@ -151,6 +154,32 @@ class StreamTimer {
   double host_start_ = 0;        // CPU: when the open interval started (steady clock, seconds)
   std::vector<Pending> pending_;
   std::vector<void*> free_;      // CUDA events to reuse
+};
+
+// Host tensors onto a GPU without the host waiting for the device (Tensor::to waits for the
+// copy, and so for all the work queued before it): each tensor goes into a pinned block of a
+// small ring and from there to the device by an asynchronous copy on the current stream, so that
+// the host prepares the next micro-batch while the GPU works. A block is written again only once
+// the copy that read it has completed (an event, watched; with kSlots blocks that copy is two
+// micro-batches old). For a CPU device: the tensor itself.
+class HostUpload {
+ public:
+  explicit HostUpload(Device d) : device_(d) {}
+  ~HostUpload();
+  HostUpload(const HostUpload&) = delete;
+  HostUpload& operator=(const HostUpload&) = delete;
+  Tensor operator()(const Tensor& host);
+
+ private:
+  static constexpr size_t kSlots = 4;  // a micro-batch's inputs and targets, two micro-batches deep
+  struct Slot {
+    void* block = nullptr;  // pinned
+    size_t bytes = 0;
+    void* copied = nullptr;  // event recorded after the copy that read the block
+  };
+  Device device_;
+  Slot slots_[kSlots];
+  size_t next_ = 0;
 };
 
 }  // namespace dtk

@@ -2,6 +2,7 @@
 // same code runs on the CPU and on CUDA.
 #include "dtk/nn/layers.h"
 
+#include <cmath>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -53,6 +54,14 @@ ComputeScope::~ComputeScope() {
   current_gemm_math = saved_math_;
   current_bf16_weights = saved_bf16_;
 }
+
+namespace {
+thread_local LossSink current_loss_sink;
+}  // namespace
+
+const LossSink& loss_sink() { return current_loss_sink; }
+LossScope::LossScope(LossSink sink) : saved_(std::move(current_loss_sink)) { current_loss_sink = std::move(sink); }
+LossScope::~LossScope() { current_loss_sink = std::move(saved_); }
 
 const Tensor& weight_of(const Param& p) {
   if (!current_bf16_weights) return p.value;
@@ -331,18 +340,30 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
   if (!targets.defined() || targets.numel() != N)
     fail_usage("CrossEntropy.forward: targets must have {} elements, got {}", N,
                targets.defined() ? targets.str() : "an undefined tensor");
-  const int32_t* t = host_ids(targets, host_targets_, -1, V, "targets");
+  const LossSink& sink = loss_sink();
+  const bool mirrored = sink.host_targets.defined() && sink.host_targets.numel() == N;
+  const int32_t* t = host_ids(mirrored ? sink.host_targets : targets, host_targets_, -1, V, "targets");
   count_ = 0;
   for (int64_t i = 0; i < N; ++i) count_ += t[i] >= 0;
   logits_ = logits;
   targets_ = targets.reshape({N});
   const DType lt = logits.dtype() == DType::bf16 ? DType::f32 : logits.dtype();  // the loss in f32 for bf16 logits
   losses_ = losses_buf_.get({N}, lt, logits.device());
-  ops::cross_entropy_forward(logits_, targets_, losses_);
-  if (count_ == 0) return 0.0;
+  lse_ = lse_buf_.get({N}, lt, logits.device());
+  ops::cross_entropy_forward(logits_, targets_, losses_, lse_);
+  if (count_ == 0) return sink.acc ? NAN : 0.0;
   // The sum into our own buffers (ops::reduce_all and Tensor::item allocate).
   Tensor sum = sum_buf_.get({1}, lt, logits.device());
   ops::reduce(ops::Reduce::sum, ops::Axis::all, losses_, sum);
+  if (sink.acc) {  // acc += weight * sum / count, in f64 on the device
+    if (sum.dtype() != DType::f64) {
+      Tensor s64 = sum64_buf_.get({1}, DType::f64, logits.device());
+      ops::cast(sum, s64);
+      sum = s64;
+    }
+    ops::axpy(sink.weight / static_cast<double>(count_), sum, *sink.acc);
+    return NAN;
+  }
   if (sum.is_cuda()) {
     Tensor h = host_sum_.get({1}, sum.dtype(), Device::cpu());
     h.copy_from(sum);
@@ -354,7 +375,7 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
 void CrossEntropy::backward(double scale, Tensor& dlogits) {
   if (!logits_.defined()) fail("CrossEntropy.backward: no forward to differentiate");
   const double s = count_ > 0 ? scale / static_cast<double>(count_) : 0.0;
-  ops::cross_entropy_backward(logits_, targets_, s, dlogits);
+  ops::cross_entropy_backward(logits_, targets_, lse_, s, dlogits);
 }
 
 int64_t CrossEntropy::correct() {
@@ -390,8 +411,8 @@ int64_t CrossEntropy::correct() {
 }
 
 void CrossEntropy::release() {
-  logits_ = targets_ = losses_ = Tensor();
-  for (Buffer* b : {&losses_buf_, &host_targets_, &sum_buf_, &host_sum_, &host_logits_}) b->release();
+  logits_ = targets_ = losses_ = lse_ = Tensor();
+  for (Buffer* b : {&losses_buf_, &lse_buf_, &host_targets_, &sum_buf_, &sum64_buf_, &host_sum_, &host_logits_}) b->release();
 }
 
 // ---------------------------------------------------------------------------- Conv2d

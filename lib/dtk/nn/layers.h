@@ -45,6 +45,29 @@ class ComputeScope {
 // The tensor a layer computes with for parameter p: its bf16 copy under bf16_weights(), else its value.
 const Tensor& weight_of(const Param& p);
 
+// Where the loss of a pass goes, which the model's driver sets for its forward and evaluate as
+// it sets ComputeScope: with acc, CrossEntropy adds weight * (mean loss) to acc (f64 [1] on the
+// logits' device) and leaves it there, so that the host need not wait for the GPU to read it
+// (Model::forward's accumulating form; the trainer reads once per step). host_targets: the host's
+// copy of the batch's targets (Batch::host_targets), which CrossEntropy checks and counts instead
+// of copying the device's back.
+struct LossSink {
+  Tensor* acc = nullptr;
+  double weight = 1;
+  Tensor host_targets;
+};
+const LossSink& loss_sink();
+class LossScope {
+ public:
+  explicit LossScope(LossSink sink);
+  ~LossScope();
+  LossScope(const LossScope&) = delete;
+  LossScope& operator=(const LossScope&) = delete;
+
+ private:
+  LossSink saved_;
+};
+
 // A reusable allocation: get() returns a view of the requested shape, allocating only when the
 // held storage is too small or of another dtype or device.
 class Buffer {
@@ -188,11 +211,14 @@ class FeedForward {
 };
 
 // Mean cross-entropy of logits [N, V] against targets i32 [N] (any shape with N elements);
-// targets -1 are ignored and not counted. Reading the number of counted targets copies the
-// targets to the host (a few bytes per row).
+// targets -1 are ignored and not counted. The targets are checked and counted on the host: the
+// loss sink's host copy when it has one (loss_sink()), else a copy of device targets (a few bytes
+// per row, and a wait for the GPU).
 class CrossEntropy {
  public:
-  double forward(const Tensor& logits, const Tensor& targets);  // saves logits and targets
+  // The mean loss; NaN when the loss sink has an accumulator (the loss went there). Saves logits
+  // and targets.
+  double forward(const Tensor& logits, const Tensor& targets);
   // dlogits = scale * d(mean loss)/d(logits), overwritten.
   void backward(double scale, Tensor& dlogits);
   int64_t count() const { return count_; }
@@ -202,8 +228,8 @@ class CrossEntropy {
   void release();
 
  private:
-  Tensor logits_, targets_, losses_;
-  Buffer losses_buf_, host_targets_, sum_buf_, host_sum_, host_logits_;
+  Tensor logits_, targets_, losses_, lse_;
+  Buffer losses_buf_, lse_buf_, host_targets_, sum_buf_, sum64_buf_, host_sum_, host_logits_;
   int64_t count_ = 0;
 };
 

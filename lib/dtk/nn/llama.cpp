@@ -258,7 +258,8 @@ class Llama final : public Model {
                  (y.defined() ? y.str() : "none"));
     if (x.device() != device_ || y.device() != device_)
       fail_usage("llama: the batch is on " + x.device().str() + ", the model on " + device_.str());
-    host_ids(x, host_ids_, 0, config_.vocab, "llama: batch inputs (token ids)");
+    const bool mirrored = batch.host_inputs.defined() && batch.host_inputs.shape() == x.shape();
+    host_ids(mirrored ? batch.host_inputs : x, host_ids_, 0, config_.vocab, "llama: batch inputs (token ids)");
     return {B, T};
   }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -357,7 +358,17 @@ void Model::prepare_halves(Precision p) {
   ops::cast(values_, halves_);  // one pass over the flat buffer (the values may have changed since)
 }
 
+void Model::forward(const Batch& batch, Tensor& acc, double weight) {
+  if (!acc.defined() || acc.dtype() != DType::f64 || acc.numel() != 1 || acc.device() != device_)
+    fail_usage("{}: the loss accumulator must be f64 [1] on {}, got {}", name_of(config_.arch), device_.str(),
+               acc.defined() ? acc.str() : "none");
+  LossScope sink({&acc, weight, batch.host_targets});
+  forward(batch);
+}
+
 double Model::forward(const Batch& batch) {
+  std::optional<LossScope> own;  // the caller's sink (the accumulating form above), else the batch's host targets
+  if (!loss_sink().acc) own.emplace(LossSink{nullptr, 1, batch.host_targets});
   pending_ = false;
   const Checkpointing mode = checkpointing_;
   running_precision_ = precision_;
@@ -372,6 +383,7 @@ double Model::forward(const Batch& batch) {
 }
 
 double Model::evaluate(const Batch& batch) {
+  LossScope sink({nullptr, 1, batch.host_targets});
   running_precision_ = precision_;
   prepare_halves(precision_);
   ComputeScope compute(math_of(precision_, dtype_), uses_bf16_weights(precision_));

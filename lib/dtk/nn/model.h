@@ -154,10 +154,18 @@ std::vector<std::string> preset_names();
 //   llama: inputs i32 [B, T] token ids, targets i32 [B, T] (the next tokens)
 //   mlp:   inputs f32 [B, input_dim], targets i32 [B] (class ids)
 //   resnet: inputs f32 [B, C, H, W] (or [B, C H W]), targets i32 [B] (class ids)
+// host_inputs and host_targets: the host's copies of a batch on a GPU, which the model checks
+// (token ids in range) and counts (targets not ignored) instead of reading the device's back;
+// undefined on the host, or when the batch was made on the device (the model then copies back).
 struct Batch {
   Tensor inputs, targets;
+  Tensor host_inputs{}, host_targets{};
   int64_t samples() const { return inputs.defined() ? inputs.dim(0) : 0; }
-  Batch to(Device d) const { return {inputs.to(d), targets.to(d)}; }
+  // On device d (a GPU: the host's tensors kept as the copies).
+  Batch to(Device d) const {
+    if (!d.is_cuda() || inputs.is_cuda()) return {inputs.to(d), targets.to(d)};
+    return {inputs.to(d), targets.to(d), inputs, targets};
+  }
 };
 
 // What runs a block's forward: training, evaluation, or the recomputation of activation
@@ -253,6 +261,10 @@ class Model {
   // the activation checkpointing mode set now): each block's forward, in order, between the
   // hooks' before_forward and after_forward (Pass::train).
   double forward(const Batch& batch);
+  // The same forward with the loss left on the device: acc (f64 [1] on the model's device) +=
+  // weight * the mean loss, so that the host does not wait for the GPU to read it (the trainer
+  // reads the step's sum once).
+  void forward(const Batch& batch, Tensor& acc, double weight);
   // grads += scale * d(loss of the last forward)/d(params): each block in reverse order, between
   // the hooks' before_backward and after_backward, its recomputation first (see Block).
   void backward(double scale);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
+#include <vector>
 
 #include "dtk/ops/ops.h"
 
@@ -17,6 +19,16 @@ namespace dtk::ops {
 inline double rope_frequency(int64_t i, int64_t hd, double theta) {
   return std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
 }
+
+// cos and sin of every (position, pair) of a RoPE call, [T, hd / 2] row-major, computed on the
+// host in double once per (T, hd, theta, pos0) and kept (with f32 copies): the same few tables
+// serve every layer and step, and both backends rotate by the same values (the CUDA backend keeps
+// device copies of them).
+struct RopeTable {
+  std::vector<double> cos, sin;
+  std::vector<float> cosf, sinf;
+};
+std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta, int64_t pos0);
 }  // namespace dtk::ops
 
 #define DTK_OPS_BACKEND_DECLARATIONS                                                                           \
@@ -41,14 +53,16 @@ inline double rope_frequency(int64_t i, int64_t hd, double theta) {
                 double weight_decay, bool nesterov);                                                            \
   void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1,            \
                   double beta2, double eps, double weight_decay, int64_t step);                                 \
+  void clip_scale(Tensor& x, const Tensor& norm, double max_norm);                                              \
   void reduce(Reduce kind, Axis axis, const Tensor& a, Tensor& out);                                            \
   int64_t count_nonfinite(const Tensor& a);                                                                     \
   void softmax_forward(const Tensor& x, Tensor& y);                                                             \
   void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);                                         \
   void log_softmax_forward(const Tensor& x, Tensor& y);                                                         \
   void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);                                     \
-  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);                      \
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);      \
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);         \
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,     \
+                              Tensor& dlogits);                                                                \
   /* x = a + b (b null: x is a, not written), then y = rmsnorm(x); both ops::rmsnorm_forward ops */         \
   void rmsnorm_forward(const Tensor& a, const Tensor* b, const Tensor& w, double eps, Tensor& x, Tensor& y,      \
                        Tensor& rstd);                                                                           \

@@ -1,10 +1,36 @@
 // Public neural-network ops (ops.h): argument checks, then the backend of the tensors' device.
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "dtk/ops/backend.h"
 #include "dtk/ops/check.h"
 
 namespace dtk::ops {
+
+std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta, int64_t pos0) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, double, int64_t>, std::shared_ptr<const RopeTable>> cache;
+  const auto key = std::make_tuple(T, hd, theta, pos0);
+  std::lock_guard lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 64) cache.clear();  // unusual: many lengths; start over rather than grow without bound
+  auto t = std::make_shared<RopeTable>();
+  const int64_t half = hd / 2;
+  for (int64_t p = 0; p < T; ++p) {
+    const double pos = static_cast<double>(pos0 + p);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * rope_frequency(i, hd, theta);
+      t->cos.push_back(std::cos(angle));
+      t->sin.push_back(std::sin(angle));
+    }
+  }
+  t->cosf.assign(t->cos.begin(), t->cos.end());
+  t->sinf.assign(t->sin.begin(), t->sin.end());
+  cache.emplace(key, t);
+  return t;
+}
 
 namespace {
 
@@ -88,21 +114,30 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   DTK_DISPATCH(y, log_softmax_backward(y, dy, dx));
 }
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   check_cross_entropy("cross_entropy_forward", logits, targets);
-  detail::check_defined("cross_entropy_forward", losses, "losses");
-  detail::check_float("cross_entropy_forward", losses, "losses");
-  if (!detail::dtypes_mix(losses.dtype(), logits.dtype()) || losses.device() != logits.device())
-    fail_usage("cross_entropy_forward: losses must have the dtype (f32 for bf16) and device of logits " + logits.str() +
-               ", got " + losses.str());
-  check_numel("cross_entropy_forward", losses, logits.dim(0), "losses");
-  DTK_DISPATCH(logits, cross_entropy_forward(logits, targets, losses));
+  for (auto [t, name] : {std::pair{&losses, "losses"}, std::pair{&lse, "lse"}}) {
+    detail::check_defined("cross_entropy_forward", *t, name);
+    detail::check_float("cross_entropy_forward", *t, name);
+    if (!detail::dtypes_mix(t->dtype(), logits.dtype()) || t->device() != logits.device())
+      fail_usage("cross_entropy_forward: {} must have the dtype (f32 for bf16) and device of logits {}, got {}", name,
+                 logits.str(), t->str());
+    check_numel("cross_entropy_forward", *t, logits.dim(0), name);
+  }
+  DTK_DISPATCH(logits, cross_entropy_forward(logits, targets, losses, lse));
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                            Tensor& dlogits) {
   check_cross_entropy("cross_entropy_backward", logits, targets);
   check_same("cross_entropy_backward", logits, dlogits, "dlogits");
-  DTK_DISPATCH(logits, cross_entropy_backward(logits, targets, scale, dlogits));
+  detail::check_defined("cross_entropy_backward", lse, "lse");
+  detail::check_float("cross_entropy_backward", lse, "lse");
+  if (!detail::dtypes_mix(lse.dtype(), logits.dtype()) || lse.device() != logits.device())
+    fail_usage("cross_entropy_backward: lse must have the dtype (f32 for bf16) and device of logits {}, got {}",
+               logits.str(), lse.str());
+  check_numel("cross_entropy_backward", lse, logits.dim(0), "lse");
+  DTK_DISPATCH(logits, cross_entropy_backward(logits, targets, lse, scale, dlogits));
 }
 
 namespace {

@@ -65,6 +65,10 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr
 // p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1, double beta2,
                 double eps, double weight_decay, int64_t step);
+// Gradient clipping with the norm on the device: x *= max_norm / norm (the factor formed in double,
+// then in x's dtype) when norm (f64 [1] on x's device) is finite and above max_norm > 0; else x
+// stays. The host reads nothing.
+void clip_scale(Tensor& x, const Tensor& norm, double max_norm);
 
 // ---------------------------------------------------------------------------- reductions
 enum class Reduce { sum, mean, max, min, norm2, absmax };  // norm2: sqrt(sum x^2)
@@ -82,12 +86,14 @@ void softmax_forward(const Tensor& x, Tensor& y);
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx = y * (dy - sum(dy * y))
 void log_softmax_forward(const Tensor& x, Tensor& y);
 void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // dx = dy - exp(y) sum(dy)
-// Cross entropy of logits [N, V] against targets i32 [N] (-1: ignored, loss 0): losses [N] =
-// logsumexp(row) - row[target]. Backward: dlogits = (softmax(row) - onehot(target)) * scale, 0 for
-// ignored rows (scale is usually 1 / number of counted targets). logits and losses mix (bf16
-// logits, f32 losses); dlogits has the logits' dtype and may be logits itself (in place).
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses);
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits);
+// Cross entropy of logits [N, V] against targets i32 [N] (-1: ignored, loss 0): lse [N] =
+// logsumexp(row), kept for the backward, and losses [N] = lse - row[target]. Backward, one read of
+// each row: dlogits = (exp(row - lse) - onehot(target)) * scale, 0 for ignored rows (scale is
+// usually 1 / number of counted targets). logits and losses mix (bf16 logits, f32 losses; lse
+// has the losses' dtype); dlogits has the logits' dtype and may be logits itself (in place).
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                            Tensor& dlogits);
 // RMSNorm over the last dim D: y = x * rstd * w, rstd [rows] = 1 / sqrt(mean(x^2) + eps), saved.
 // x and rstd f32 or f64, one dtype; w and y mix with x (the statistics stay in x's dtype).
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);

@@ -30,4 +30,14 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double 
   DTK_DISPATCH(param, adamw_step(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step));
 }
 
+void clip_scale(Tensor& x, const Tensor& norm, double max_norm) {
+  detail::check_float("clip_scale", x, "x");
+  detail::check_type("clip_scale", norm, DType::f64, "norm");
+  detail::check_on("clip_scale", x, norm, "norm");
+  if (norm.numel() != 1) fail_usage("clip_scale: norm must have one element, got " + norm.str());
+  if (!(max_norm >= 0)) fail_usage("clip_scale: max_norm must be >= 0, got {}", max_norm);
+  if (max_norm == 0 || x.numel() == 0) return;
+  DTK_DISPATCH(x, clip_scale(x, norm, max_norm));
+}
+
 }  // namespace dtk::ops

@@ -72,7 +72,6 @@ class BaseOptimizer : public Optimizer {
     int64_t& s = *step_.ptr<int64_t>();
     return ++s;
   }
-  Tensor zeros_like(const nn::Param& p) { return Tensor::zeros(p.value.shape(), p.value.dtype(), p.value.device()); }
   // State of parameter i's shape: placed like the parameter.
   PlacedTensor like_param(const std::string& kind, size_t i, const Tensor& t) const {
     if (rows_[i].offsets.empty()) return {kind + "/" + names_[i], t};
@@ -80,27 +79,95 @@ class BaseOptimizer : public Optimizer {
   }
   PlacedTensor step_state() const { return {"step", step_}; }
 
+  // Multi-tensor steps. The parameters fall into runs of neighbours whose values and gradients
+  // each lie end to end in one buffer (flat storage, FSDP's shards); a state tensor per parameter
+  // is a view into one buffer per run (state_like), and an elementwise update runs once over each
+  // run (for_runs): one launch for a whole model instead of one per tensor, the same arithmetic.
+  void find_runs(const std::vector<nn::Param>& params) {
+    for (size_t i = 0; i < params.size();) {
+      size_t j = i + 1;
+      while (j < params.size() && adjacent(params[j - 1], params[j])) ++j;
+      runs_.emplace_back(i, j);
+      i = j;
+    }
+  }
+  // One zero state tensor per parameter, the tensors of a run views into one buffer.
+  std::vector<Tensor> state_like(const std::vector<nn::Param>& params) const {
+    std::vector<Tensor> out;
+    for (const auto& [b, e] : runs_) {
+      int64_t n = 0;
+      for (size_t i = b; i < e; ++i) n += params[i].value.numel();
+      const Tensor& v0 = params[b].value;
+      Tensor flat = Tensor::zeros({n}, v0.dtype(), v0.device());
+      int64_t at = 0;
+      for (size_t i = b; i < e; ++i) {
+        const int64_t k = params[i].value.numel();
+        out.push_back(flat.slice(at, at + k).reshape(params[i].value.shape()));
+        at += k;
+      }
+    }
+    return out;
+  }
+  // f(value, grad, state views...) once per run, over the run joined; per parameter where this
+  // step's tensors do not join (a placement that rebound them).
+  template <typename F>
+  void for_runs(std::vector<nn::Param>& params, std::initializer_list<const std::vector<Tensor>*> states, F f) {
+    for (const auto& [b, e] : runs_) {
+      std::vector<Tensor> values, grads;
+      for (size_t i = b; i < e; ++i) values.push_back(params[i].value), grads.push_back(params[i].grad);
+      Tensor v = Tensor::joined(values), g = Tensor::joined(grads);
+      std::vector<Tensor> st;
+      for (const auto* s : states)
+        st.push_back(Tensor::joined(std::vector<Tensor>(s->begin() + static_cast<std::ptrdiff_t>(b),
+                                                        s->begin() + static_cast<std::ptrdiff_t>(e))));
+      const bool whole = v.defined() && g.defined() &&
+                         std::all_of(st.begin(), st.end(), [](const Tensor& t) { return t.defined(); });
+      if (whole) {
+        f(v, g, st);
+        continue;
+      }
+      for (size_t i = b; i < e; ++i) {
+        st.clear();
+        for (const auto* s : states) st.push_back((*s)[i]);
+        f(params[i].value, params[i].grad, st);
+      }
+    }
+  }
+
   OptimConfig cfg_;
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;
   std::vector<Rows> rows_;
+  std::vector<std::pair<size_t, size_t>> runs_;  // [begin, end) of parameters laid end to end
   Tensor step_;  // i64 [1] on the host
+
+ private:
+  static bool adjacent(const nn::Param& a, const nn::Param& b) {
+    return a.value.device() == b.value.device() && Tensor::joined({a.value, b.value}).defined() &&
+           Tensor::joined({a.grad, b.grad}).defined();
+  }
 };
 
 class Sgd final : public BaseOptimizer {
  public:
   Sgd(const OptimConfig& cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
       : BaseOptimizer(cfg, params, rows) {
-    if (cfg_.momentum != 0)
-      for (const auto& p : params) buf_.push_back(zeros_like(p));
+    find_runs(params);
+    if (cfg_.momentum != 0) buf_ = state_like(params);
   }
   void step(std::vector<nn::Param>& params, double lr) override {
     check_params("sgd", shapes_, params);
     next_step();
-    Tensor none;
-    for (size_t i = 0; i < params.size(); ++i)
-      ops::sgd_step(params[i].value, params[i].grad, buf_.empty() ? none : buf_[i], lr, cfg_.momentum, cfg_.weight_decay,
-                    cfg_.nesterov);
+    if (buf_.empty()) {
+      Tensor none;
+      for_runs(params, {}, [&](Tensor& p, const Tensor& g, std::vector<Tensor>&) {
+        ops::sgd_step(p, g, none, lr, 0.0, cfg_.weight_decay, cfg_.nesterov);
+      });
+      return;
+    }
+    for_runs(params, {&buf_}, [&](Tensor& p, const Tensor& g, std::vector<Tensor>& st) {
+      ops::sgd_step(p, g, st[0], lr, cfg_.momentum, cfg_.weight_decay, cfg_.nesterov);
+    });
   }
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;
@@ -117,17 +184,16 @@ class AdamW final : public BaseOptimizer {
  public:
   AdamW(const OptimConfig& cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
       : BaseOptimizer(cfg, params, rows) {
-    for (const auto& p : params) {
-      m_.push_back(zeros_like(p));
-      v_.push_back(zeros_like(p));
-    }
+    find_runs(params);
+    m_ = state_like(params);
+    v_ = state_like(params);
   }
   void step(std::vector<nn::Param>& params, double lr) override {
     check_params("adamw", shapes_, params);
     const int64_t t = next_step();
-    for (size_t i = 0; i < params.size(); ++i)
-      ops::adamw_step(params[i].value, params[i].grad, m_[i], v_[i], lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
-                      cfg_.weight_decay, t);
+    for_runs(params, {&m_, &v_}, [&](Tensor& p, const Tensor& g, std::vector<Tensor>& st) {
+      ops::adamw_step(p, g, st[0], st[1], lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, t);
+    });
   }
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;
@@ -183,38 +249,62 @@ double Schedule::at(int64_t step) const {
 
 // ------------------------------------------------------------------------------ clipping
 
-// Each gradient's norm comes from the backend's reduction (accumulated in f64 on CPU and GPU);
-// the squares are summed over parameters in f64. The per-parameter norms go to one device
-// vector, read back once. A norm that is NaN or Inf is returned and nothing is scaled (the
-// caller decides whether to skip the step).
-double clip_grad_norm(std::vector<nn::Param>& params, double max_norm) {
-  if (!(max_norm >= 0) || std::isnan(max_norm)) fail_usage("clip_grad_norm: max_norm must be >= 0, got {}", max_norm);
-  if (params.empty()) return 0.0;
-  for (const auto& p : params)
+namespace {
+
+// The gradients as runs: neighbours laid end to end in one buffer joined (flat storage: the
+// whole model is one run).
+std::vector<Tensor> gradient_runs(const std::vector<nn::Param>& params) {
+  std::vector<Tensor> runs;
+  for (const auto& p : params) {
     if (!p.grad.defined()) fail_usage("clip_grad_norm: parameter " + p.name + " has no gradient");
-  // Grouped by (device, dtype): one vector of norms per group, read once.
-  double sumsq = 0;
-  std::vector<bool> done(params.size(), false);
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (done[i]) continue;
-    const Tensor& g0 = params[i].grad;
-    std::vector<size_t> group;
-    for (size_t j = i; j < params.size(); ++j)
-      if (!done[j] && params[j].grad.device() == g0.device() && params[j].grad.dtype() == g0.dtype()) group.push_back(j);
-    Tensor out = Tensor::zeros({static_cast<int64_t>(group.size())}, g0.dtype(), g0.device());
-    for (size_t k = 0; k < group.size(); ++k) {
-      Tensor slot = out.slice(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1);
-      ops::reduce(ops::Reduce::norm2, ops::Axis::all, params[group[k]].grad.flatten(), slot);
-      done[group[k]] = true;
+    const Tensor g = p.grad.flatten();
+    if (!runs.empty())
+      if (Tensor j = Tensor::joined({runs.back(), g}); j.defined()) {
+        runs.back() = j;
+        continue;
+      }
+    runs.push_back(g);
+  }
+  return runs;
+}
+
+}  // namespace
+
+// The norm of tensors together into norm (f64 [1] on their device), nothing read by the host:
+// each tensor's norm from the backend's reduction (accumulated in f64 on CPU and GPU) into a
+// vector of its dtype, cast to f64, whose own norm is the whole's.
+void global_norm(const std::vector<Tensor>& parts, Tensor& norm) {
+  Tensor norms = Tensor::zeros({static_cast<int64_t>(parts.size())}, DType::f64, norm.device());
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Tensor& p = parts[k];
+    if (p.device() != norm.device())
+      fail_usage("clip_grad_norm: gradients on {} and {}", p.device().str(), norm.device().str());
+    Tensor one = norms.slice(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1);
+    if (p.dtype() == DType::f64) {
+      ops::reduce(ops::Reduce::norm2, ops::Axis::all, p, one);
+      continue;
     }
-    for (double n : out.to_doubles()) sumsq += n * n;
+    Tensor n = Tensor::empty({1}, p.dtype(), p.device());
+    ops::reduce(ops::Reduce::norm2, ops::Axis::all, p, n);
+    ops::cast(n, one);
   }
-  const double norm = std::sqrt(sumsq);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    const double c = max_norm / norm;
-    for (auto& p : params) ops::scale(p.grad, c, p.grad);
-  }
-  return norm;
+  ops::reduce(ops::Reduce::norm2, ops::Axis::all, norms, norm);
+}
+
+void clip_grad_norm(std::vector<nn::Param>& params, double max_norm, Tensor& norm) {
+  if (!(max_norm >= 0) || std::isnan(max_norm)) fail_usage("clip_grad_norm: max_norm must be >= 0, got {}", max_norm);
+  if (!norm.defined() || norm.dtype() != DType::f64 || norm.numel() != 1)
+    fail_usage("clip_grad_norm: norm must be f64 [1], got " + (norm.defined() ? norm.str() : std::string("none")));
+  std::vector<Tensor> runs = gradient_runs(params);
+  global_norm(runs, norm);
+  if (max_norm > 0)
+    for (Tensor& g : runs) ops::clip_scale(g, norm, max_norm);
+}
+
+double clip_grad_norm(std::vector<nn::Param>& params, double max_norm) {
+  Tensor norm = Tensor::zeros({1}, DType::f64, params.empty() ? Device::cpu() : params[0].grad.device());
+  clip_grad_norm(params, max_norm, norm);
+  return norm.item();
 }
 
 }  // namespace dtk::optim

@@ -85,7 +85,15 @@ struct Schedule {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Schedule, kind, lr, warmup, total, min_ratio, decay_steps, decay_factor)
 
 // The L2 norm of all gradients together; when max_norm > 0 and the norm exceeds it, every
-// gradient is scaled by max_norm / norm. Returns the norm before clipping.
+// gradient is scaled by max_norm / norm. Returns the norm before clipping. A norm that is NaN or
+// Inf is returned and nothing is scaled (the caller decides what to do).
 double clip_grad_norm(std::vector<nn::Param>& params, double max_norm);
+// The same on the gradients' device without the host waiting: norm (f64 [1] there) receives the
+// norm and the scaling reads it there (ops::clip_scale). Gradients laid end to end in one buffer
+// are reduced and scaled as one tensor (one launch each for a flat model).
+void clip_grad_norm(std::vector<nn::Param>& params, double max_norm, Tensor& norm);
+// The norm of parts together into norm (f64 [1] on their device): each part's norm, then the norm
+// of those, on the device.
+void global_norm(const std::vector<Tensor>& parts, Tensor& norm);
 
 }  // namespace dtk::optim

@@ -104,7 +104,7 @@ std::vector<PlacedTensor> GradSync::sync_state() {
   return prefixed("compress/", c_.state());
 }
 
-double GradSync::clip_grad_norm(double max_norm) { return optim::clip_grad_norm(synced(), max_norm); }
+void GradSync::clip_grad_norm(double max_norm, Tensor& norm) { optim::clip_grad_norm(synced(), max_norm, norm); }
 
 void GradSync::metrics(nlohmann::ordered_json& m) const {
   const compress::Bytes b = c_.last_bytes();

@@ -55,7 +55,7 @@ class GradSync final : public Parallelism {
   // After backward: every rank's gradients hold the aggregate on return.
   void finish() override;
   // Over the synchronised gradients only (those left local differ between ranks).
-  double clip_grad_norm(double max_norm) override;
+  void clip_grad_norm(double max_norm, Tensor& norm) override;
   // comm_bytes; with a compressor also comm_bytes_uncompressed and compression_ratio; with one
   // that plans (auto) compress_ranks.
   void metrics(nlohmann::ordered_json& m) const override;

@@ -346,6 +346,8 @@ void DiLoCo::poll() {
 void DiLoCo::after_step(int64_t step) {
   const int64_t n = step + 1;
   if (schedule_.every == 0) {  // --sync-every auto, not chosen yet: the steps are timed first
+    if (const auto& ps = inner_->params(); !ps.empty() && ps[0].value.is_cuda())  // the GPU's time, not the enqueue's
+      cuda::stream_synchronize(cuda::current_stream(), "the step's work on the GPU (timing --sync-every auto)");
     step_s_.push_back(seconds_since(step_start_));
     if (static_cast<int64_t>(step_s_.size()) < kAutoEverySteps) return;
     choose_every();

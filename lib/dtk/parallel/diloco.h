@@ -142,7 +142,7 @@ class DiLoCo final : public Parallelism {
   void zero_grad() override { inner_->zero_grad(); }
   void begin(int64_t step) override { inner_->begin(step); }
   void finish() override;
-  double clip_grad_norm(double max_norm) override { return inner_->clip_grad_norm(max_norm); }
+  void clip_grad_norm(double max_norm, Tensor& norm) override { inner_->clip_grad_norm(max_norm, norm); }
   void metrics(nlohmann::ordered_json& m) const override;
   void before_step(int64_t step) override;
   void after_step(int64_t step) override;

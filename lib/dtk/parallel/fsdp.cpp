@@ -11,6 +11,7 @@
 #include "dtk/core/error.h"
 #include "dtk/nn/layers.h"
 #include "dtk/ops/ops.h"
+#include "dtk/optim/optimizer.h"
 
 namespace dtk::parallel {
 
@@ -440,27 +441,29 @@ void Fsdp::finish() {
   for (comm::Work& w : m.replica_works) m.wait_timed(w);
   m.replica_works.clear();
   m.last_micro = false;
-  m.exposed.collect();  // the trainer waits for the GPU here anyway, to time the step
-  m.blocks.collect();
 }
 
-double Fsdp::clip_grad_norm(double max_norm) {
+// The step's timings, once its work is done (the trainer waits for the GPU right after).
+void Fsdp::after_step(int64_t) {
+  impl_->exposed.collect();
+  impl_->blocks.collect();
+}
+
+void Fsdp::clip_grad_norm(double max_norm, Tensor& norm) {
   Impl& m = *impl_;
   // Over the gradients HSDP sums (the optimizer's own differ between the replica groups).
   std::vector<Tensor> parts;
   for (const auto& runs : m.replica_runs)
     for (const auto& [b0, b1] : runs) parts.push_back(m.shard_grads.slice(b0, b1));
   if (!m.any_local) parts = {m.shard_grads};
-  double sumsq = 0;
-  for (const Tensor& p : parts) {
-    const double n = ops::reduce_all(ops::Reduce::norm2, p);
-    sumsq += n * n;
+  optim::global_norm(parts, norm);  // this rank's shards'
+  if (m.S > 1) {  // the shard group's: sqrt of the sum of the squares, on the device
+    ops::mul(norm, norm, norm);
+    m.shard->all_reduce(comm::buffer_of(norm), comm::buffer_of(norm), comm::ReduceOp::sum).wait();
+    ops::sqrt(norm, norm);
   }
-  m.host_shard->all_reduce({&sumsq, 1, DType::f64, {}}, {&sumsq, 1, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
-  const double norm = std::sqrt(sumsq);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)
-    for (Tensor& p : parts) ops::scale(p, max_norm / norm, p);
-  return norm;
+  if (max_norm > 0)
+    for (Tensor& p : parts) ops::clip_scale(p, norm, max_norm);
 }
 
 comm::Communicator* Fsdp::replica_comm() { return impl_->replica.get(); }

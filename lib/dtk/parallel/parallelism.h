@@ -75,9 +75,10 @@ class Parallelism : public nn::BlockHooks, public Component {
   // sum is the global-batch mean).
   virtual void begin(int64_t step) = 0;
   virtual void finish() = 0;
-  // The L2 norm of the whole model's gradient (collective when sharded); when max_norm > 0 and
-  // the norm exceeds it, every gradient is scaled by max_norm / norm. Returns the norm.
-  virtual double clip_grad_norm(double max_norm) = 0;
+  // The L2 norm of the whole model's gradient (collective when sharded) into norm (f64 [1] on the
+  // model's device); when max_norm > 0 and the norm exceeds it, every gradient is scaled by
+  // max_norm / norm. On the device: the host waits for nothing (optim::clip_grad_norm).
+  virtual void clip_grad_norm(double max_norm, Tensor& norm) = 0;
   // What the last step's metrics add (bytes sent, exposed communication, memory).
   virtual void metrics(nlohmann::ordered_json& m) const = 0;
   // Before each step (the automatic bucket plan is settled here, from the first steps' timings).

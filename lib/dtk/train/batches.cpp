@@ -10,7 +10,7 @@
 namespace dtk::train {
 
 Batches::Batches(const Options& o, const nn::ModelConfig& cfg, int rank, int world, Device device)
-    : o_(o), device_(device) {
+    : o_(o), device_(device), upload_(device) {
   train_ = data::open_dataset(o.data.train, cfg, false, o.data.seed);
   if (o.data.augment != data::Augment::none) {
     const nlohmann::json d = train_->describe();
@@ -39,7 +39,8 @@ void Batches::visit(const data::Dataset& ds, const std::vector<int64_t>& global,
     nn::Batch b = ds.get(idx);
     if (step >= 0 && o_.data.augment != data::Augment::none)
       data::augment(b, o_.data.augment, image_shape_[0], image_shape_[1], image_shape_[2], idx, o_.data.seed, step);
-    f(b.to(device_), k, i + k >= n);
+    if (device_.is_cuda()) b = {upload_(b.inputs), upload_(b.targets), b.inputs, b.targets};
+    f(b, k, i + k >= n);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtk/core/device.h"
+#include "dtk/core/tensor.h"
 #include "dtk/data/dataset.h"
 #include "dtk/nn/model.h"
 #include "dtk/train/options.h"
@@ -32,6 +33,7 @@ class Batches {
 
   const Options& o_;
   Device device_;
+  mutable HostUpload upload_;  // a GPU's batches: pinned, asynchronous, the host's copies kept
   std::unique_ptr<data::Dataset> train_, val_;
   std::unique_ptr<data::Sampler> sampler_, val_sampler_;
   int64_t begin_ = 0, end_ = 0;       // this rank's rows of every global batch

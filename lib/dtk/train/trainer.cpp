@@ -56,6 +56,8 @@ class Trainer {
     });
     par_->init(o.data.seed);
     batches_ = std::make_unique<Batches>(o, cfg_, rank_, world_, device_);
+    loss_ = Tensor::zeros({1}, DType::f64, device_);
+    grad_norm_ = Tensor::zeros({1}, DType::f64, device_);
     optim_ = s.optimizer(*par_);
     const Options::Schedule& sc = o.schedule;
     schedule_ = {sc.kind, sc.lr, sc.warmup, sc.steps, sc.min_lr_ratio, sc.decay_steps, sc.decay_factor};
@@ -85,13 +87,18 @@ class Trainer {
       const int64_t persistent = memory_stats(device_).current;
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step);
-      const double loss = train_step(step);
-      const auto t_opt = Clock::now();
-      const double grad_norm = par_->clip_grad_norm(o_.optimization.clip);
+      compute_s_ = sync_s_ = 0;
+      double opt_s = 0;
+      train_step(step);
+      timer_.start();
+      par_->clip_grad_norm(o_.optimization.clip, grad_norm_);
       optim_->step(par_->params(), lr);
       par_->after_step(step);
-      wait_device("the step's work on the GPU");
-      const double dt = seconds_since(t0), opt_s = seconds_since(t_opt);
+      timer_.stop(&opt_s);
+      timer_.collect();  // the host's one wait for the GPU in a step (--device cuda), watched
+      const double grad_norm = grad_norm_.item();
+      const double loss = agree(step);
+      const double dt = seconds_since(t0);
       if (!std::isfinite(loss))
         fail("the loss is {} at step {}; lower --lr, raise --warmup or clip (--clip)",
              std::isnan(loss) ? "NaN" : "infinite", step + 1);
@@ -140,34 +147,33 @@ class Trainer {
   }
 
  private:
-  // The host waits for the GPU (watched) where the loop reads its clock: the device's times.
-  void wait_device(const char* what) const {
-    if (device_.is_cuda()) cuda::stream_synchronize(cuda::current_stream(), what);
-  }
-
-  // Forward and backward over this rank's share of the step's global batch; gradients
-  // aggregated on return. Returns the global-batch mean loss (the same on every rank).
-  double train_step(int64_t step) {
-    const auto t0 = Clock::now();
+  // Forward and backward over this rank's share of the step's global batch, gradients
+  // aggregated; the loss stays on the device (loss_), the host does not wait for the GPU here.
+  // The StreamTimer gives the device's times of the passes and of the synchronisation.
+  void train_step(int64_t step) {
     par_->zero_grad();
-    double loss_sum = 0, correct = 0;
+    ops::fill(loss_, 0.0);
+    correct_ = 0;
+    timer_.start();
     batches_->train_step(step, [&](const nn::Batch& batch, int64_t k, bool last) {
-      loss_sum += model_->forward(batch) * static_cast<double>(k);
-      correct += static_cast<double>(std::max<int64_t>(0, model_->correct()));
+      model_->forward(batch, loss_, static_cast<double>(k));
+      correct_ += static_cast<double>(std::max<int64_t>(0, model_->correct()));
       if (last) par_->begin(step);  // its buckets start during this backward
       model_->backward(static_cast<double>(k) / static_cast<double>(o_.data.global_batch));
     });
-    wait_device("the forward and backward passes on the GPU");
-    const auto t_sync = Clock::now();
-    compute_s_ = std::chrono::duration<double>(t_sync - t0).count();
+    timer_.stop(&compute_s_);
+    timer_.start();
     par_->finish();
-    wait_device("the gradient synchronisation");
-    sync_s_ = seconds_since(t_sync);
-    // One all-reduce: the loss (and a classifier's correct predictions), whether a stop signal
-    // reached any rank (every rank then stops after this step), and the background checkpoint
-    // write's progress (Checkpointer::learn: the writer threads never communicate).
+    timer_.stop(&sync_s_);
+  }
+
+  // After the step's work: one all-reduce of the loss (and a classifier's correct predictions),
+  // whether a stop signal reached any rank (every rank then stops after this step), and the
+  // background checkpoint write's progress (Checkpointer::learn: the writer threads never
+  // communicate). Returns the global-batch mean loss (the same on every rank).
+  double agree(int64_t step) {
     const auto [done, failed] = ckpt_->progress();
-    double v[5] = {loss_sum, signals_.received() ? 1.0 : 0.0, correct, done, failed};
+    double v[5] = {loss_.item(), signals_.received() ? 1.0 : 0.0, correct_, done, failed};
     host_->all_reduce({v, 5, DType::f64, {}}, {v, 5, DType::f64, {}}, comm::ReduceOp::sum, comm::Mode::sync).wait();
     accuracy_ = cfg_.classifier() ? v[2] / static_cast<double>(o_.data.global_batch) : NAN;
     ckpt_->learn(v[3], v[4]);
@@ -242,6 +248,9 @@ class Trainer {
   int64_t optim_state_bytes_ = 0;  // the largest over ranks
   double accuracy_ = NAN;          // the last step's training accuracy (classifiers)
   double compute_s_ = 0, sync_s_ = 0;  // of the last step: forward + backward, and what the sync added after it
+  double correct_ = 0;                 // the last step's correct predictions on this rank (classifiers)
+  Tensor loss_, grad_norm_;             // f64 [1] on the device: the step's loss (summed over micro-batches), gradient norm
+  StreamTimer timer_{device_};         // the step's phases, in stream order
 };
 
 }  // namespace

@@ -8,9 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -57,6 +55,13 @@ inline T softmax_row_t(const T* x, T* y, int64_t n, T scale) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] *= k;
   return m + std::log(l);
+}
+
+// y = exp(x - lse) * scale: a softmax row from its log-sum-exp, one pass (y may be x)
+template <typename T>
+inline void exp_shift_row_t(const T* x, T* y, int64_t n, T lse, T scale) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = vexp(x[i] - lse) * scale;
 }
 
 // x = a + b (b null: x is a, not written), then y = x rstd w; returns rstd
@@ -122,6 +127,12 @@ inline void swiglu_grad_t(const T* a, const T* b, const T* dy, T* da, T* db, int
 }
 
 DTK_SIMD_CLONES void max_logsum(const float* x, int64_t n, float& m, float& ls) { max_logsum_t(x, n, m, ls); }
+DTK_SIMD_CLONES void exp_shift_row(const float* x, float* y, int64_t n, float lse, float scale) {
+  exp_shift_row_t(x, y, n, lse, scale);
+}
+void exp_shift_row(const double* x, double* y, int64_t n, double lse, double scale) {
+  exp_shift_row_t(x, y, n, lse, scale);
+}
 void max_logsum(const double* x, int64_t n, double& m, double& ls) { max_logsum_t(x, n, m, ls); }
 DTK_SIMD_CLONES float rmsnorm_row(const float* a, const float* b, const float* w, float eps, float* x, float* y,
                                    int64_t n) {
@@ -280,12 +291,11 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 
 // ---------------------------------------------------------------------------- cross entropy
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
-  if (any_bf16({&logits, &losses})) {
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
+  if (any_bf16({&logits})) {
     F32Copies f;
-    Tensor l = f.out(losses);
-    cross_entropy_forward(f.in(logits), targets, l);
-    return f.done();
+    cross_entropy_forward(f.in(logits), targets, losses, lse);
+    return;
   }
   const int64_t N = logits.dim(0), V = logits.dim(1);
   const int32_t* tp = targets.ptr<int32_t>();
@@ -294,24 +304,27 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
     using T = decltype(tag);
     const T* xp = logits.ptr<T>();
     T* lp = losses.ptr<T>();
+    T* sp = lse.ptr<T>();
     for_rows(N, V, [&](int64_t r) {
       if (tp[r] < 0) {
-        lp[r] = T(0);
+        lp[r] = sp[r] = T(0);
         return;
       }
       const T* xr = xp + r * V;
       T m, logsum;
       max_logsum(xr, V, m, logsum);
+      sp[r] = m + logsum;
       lp[r] = (m + logsum) - xr[tp[r]];
     });
   });
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                            Tensor& dlogits) {
   if (any_bf16({&logits, &dlogits})) {
     F32Copies f;
     Tensor d = f.out(dlogits);
-    cross_entropy_backward(f.in(logits), targets, scale, d);
+    cross_entropy_backward(f.in(logits), targets, lse, scale, d);
     return f.done();
   }
   const int64_t N = logits.dim(0), V = logits.dim(1);
@@ -320,6 +333,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
   visit_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = logits.ptr<T>();
+    const T* sp = lse.ptr<T>();
     T* dp = dlogits.ptr<T>();
     for_rows(N, V, [&](int64_t r) {
       const T* xr = xp + r * V;
@@ -329,7 +343,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
         for (int64_t i = 0; i < V; ++i) dr[i] = T(0);
         return;
       }
-      softmax_row(xr, dr, V, static_cast<T>(scale));  // (softmax - onehot) * scale
+      exp_shift_row(xr, dr, V, sp[r], static_cast<T>(scale));  // (softmax - onehot) * scale
       dr[t] -= static_cast<T>(scale);
     });
   });
@@ -500,35 +514,6 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor&
 // ---------------------------------------------------------------------------- rope
 
 namespace {
-
-// cos and sin of every (position, pair) of a RoPE call, computed once per (T, hd, theta, pos0)
-// in double and kept (with f32 copies): the same few tables serve every layer and step.
-struct RopeTable {
-  std::vector<double> cos, sin;
-  std::vector<float> cosf, sinf;
-};
-std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta, int64_t pos0) {
-  static std::mutex mu;
-  static std::map<std::tuple<int64_t, int64_t, double, int64_t>, std::shared_ptr<const RopeTable>> cache;
-  const auto key = std::make_tuple(T, hd, theta, pos0);
-  std::lock_guard lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (cache.size() >= 64) cache.clear();  // unusual: many lengths; start over rather than grow without bound
-  auto t = std::make_shared<RopeTable>();
-  const int64_t half = hd / 2;
-  for (int64_t p = 0; p < T; ++p) {
-    const double pos = static_cast<double>(pos0 + p);
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * rope_frequency(i, hd, theta);
-      t->cos.push_back(std::cos(angle));
-      t->sin.push_back(std::sin(angle));
-    }
-  }
-  t->cosf.assign(t->cos.begin(), t->cos.end());
-  t->sinf.assign(t->sin.begin(), t->sin.end());
-  cache.emplace(key, t);
-  return t;
-}
 
 const double* cos_of(const RopeTable& t, double) { return t.cos.data(); }
 const double* sin_of(const RopeTable& t, double) { return t.sin.data(); }

@@ -64,4 +64,18 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double 
   });
 }
 
+void clip_scale(Tensor& x, const Tensor& norm, double max_norm) {
+  const double n = *norm.ptr<double>();
+  if (!std::isfinite(n) || !(n > max_norm)) return;
+  const double c = max_norm / n;
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = x.ptr<T>();
+    const T ct = static_cast<T>(c);
+    const int64_t k = x.numel();
+#pragma omp parallel for if (k > kParallelMin)
+    for (int64_t i = 0; i < k; ++i) p[i] *= ct;
+  });
+}
+
 }  // namespace dtk::ops::cpu

@@ -1,8 +1,13 @@
 // CUDA neural-network row ops: softmax / log-softmax, cross entropy, RMSNorm (forward and
 // backward), RoPE and embedding. Row ops give one block to a row (threads_for_row picks the block
-// size from the row length), with deterministic block reductions; a row is read a few times,
-// which after the first pass comes from L1/L2. Every kernel reads all of its inputs for an element
+// size from the row length), with deterministic block reductions; softmax and RMSNorm read a row
+// a few times, which after the first pass comes from L1/L2; cross entropy reads it once in each
+// direction (a 128k vocabulary's row does not stay in L1). Every kernel reads all of its inputs for an element
 // before writing that element, so the in-place uses the contract allows are safe.
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "dtk/ops/cuda/common.cuh"
 
 namespace dtk::ops::cuda {
@@ -67,25 +72,46 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
   }
 }
 
-// logits stored as S (T, or bf16_t for float), losses as T.
+// One pass over a row: each thread keeps the running maximum m of its elements and the sum s of
+// exp(x - m) (rescaled when m grows, as flash attention's online softmax); the block then takes
+// the maximum M of the threads' m and the sum of s exp(m - M). Returns log(sum) + M.
 template <typename T, typename S>
-__global__ void cross_entropy_forward_kernel(const S* logits, const int32_t* targets, T* losses, int64_t V) {
+__device__ T row_logsumexp(const S* x, int64_t n, T* scratch) {
+  T m = -d_inf<T>(), s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const T v = ld<T>(x[i]);
+    const T mn = max_nan(m, v);
+    if (mn == -d_inf<T>()) continue;  // nothing above -inf yet: exp(-inf - -inf) would be NaN
+    s = s * d_exp(m - mn) + d_exp(v - mn);
+    m = mn;
+  }
+  const T M = block_reduce(m, MaxOp{}, -d_inf<T>(), scratch);
+  const T part = m == -d_inf<T>() ? T(0) : s * d_exp(m - M);
+  const T sum = block_reduce(part, SumOp{}, T(0), scratch);
+  return M + d_log(sum);
+}
+
+// logits stored as S (T, or bf16_t for float), losses and lse as T.
+template <typename T, typename S>
+__global__ void cross_entropy_forward_kernel(const S* logits, const int32_t* targets, T* losses, T* lse, int64_t V) {
   __shared__ T scratch[32];
   const int32_t t = targets[blockIdx.x];
   if (t < 0) {  // ignored: the whole block leaves before any barrier
-    if (threadIdx.x == 0) losses[blockIdx.x] = T(0);
+    if (threadIdx.x == 0) losses[blockIdx.x] = lse[blockIdx.x] = T(0);
     return;
   }
   const S* xr = logits + blockIdx.x * V;
-  const T m = row_max(xr, V, scratch);
-  const T s = row_sumexp(xr, V, m, scratch);
-  if (threadIdx.x == 0) losses[blockIdx.x] = m + d_log(s) - ld<T>(xr[t]);
+  const T l = row_logsumexp<T>(xr, V, scratch);
+  if (threadIdx.x == 0) {
+    lse[blockIdx.x] = l;
+    losses[blockIdx.x] = l - ld<T>(xr[t]);
+  }
 }
 
+// One read of each row: exp(x - lse) is the softmax.
 template <typename T, typename S>
-__global__ void cross_entropy_backward_kernel(const S* logits, const int32_t* targets, T scale, S* dlogits,
-                                              int64_t V) {
-  __shared__ T scratch[32];
+__global__ void cross_entropy_backward_kernel(const S* logits, const int32_t* targets, const T* lse, T scale,
+                                              S* dlogits, int64_t V) {
   const int32_t t = targets[blockIdx.x];
   const S* xr = logits + blockIdx.x * V;
   S* dr = dlogits + blockIdx.x * V;
@@ -93,11 +119,9 @@ __global__ void cross_entropy_backward_kernel(const S* logits, const int32_t* ta
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) dr[i] = st<S>(T(0));
     return;
   }
-  const T m = row_max(xr, V, scratch);
-  const T s = row_sumexp(xr, V, m, scratch);
-  const T inv = T(1) / s;
+  const T l = lse[blockIdx.x];
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const T p = d_exp(ld<T>(xr[i]) - m) * inv;
+    const T p = d_exp(ld<T>(xr[i]) - l);
     dr[i] = st<S>((p - (i == t ? T(1) : T(0))) * scale);
   }
 }
@@ -171,30 +195,46 @@ struct AddD {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
 
-// The frequencies of a head's pairs (rope_frequency, computed on the host), passed by value:
-// kernel parameters may take 32 KB on sm_70 and later with CUDA 12.1 or newer.
-constexpr int64_t kRopeMaxPairs = 1024;  // head dims up to 2048
-struct RopeFrequencies {
-  double f[kRopeMaxPairs];
-};
-
-// One thread per rotated pair. The angle and its sine/cosine are computed in double for both
-// dtypes: positions reach thousands of radians, where an f32 angle would lose ~1e-4 absolute.
-// The angle is the host's (the same product as the CPU's); only sincos differs (2 ulp).
+// One thread per rotated pair, from the host's table of cos and sin (rope_table: computed in
+// double, kept in T on the device): no transcendental per element, and the CPU's very factors.
 // x and y stored as S (T, or bf16_t for float).
 template <typename T, typename S>
-__global__ void rope_kernel(const S* x, S* y, int64_t npairs, int64_t T_, int64_t H, int64_t half,
-                            const RopeFrequencies freq, int64_t pos0, double sign) {
+__global__ void rope_kernel(const S* x, S* y, int64_t npairs, int64_t T_, int64_t H, int64_t half, const T* cos_t,
+                            const T* sin_t, T sign) {
   for (int64_t p = global_tid(); p < npairs; p += grid_stride()) {
     const int64_t i = p % half;
     const int64_t t = (p / half / H) % T_;
-    const double angle = sign * (static_cast<double>(pos0 + t) * freq.f[i]);
-    double s, c;
-    ::sincos(angle, &s, &c);
+    const T c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
     const T x0 = ld<T>(x[2 * p]), x1 = ld<T>(x[2 * p + 1]);
-    y[2 * p] = st<S>(x0 * T(c) - x1 * T(s));
-    y[2 * p + 1] = st<S>(x0 * T(s) + x1 * T(c));
+    y[2 * p] = st<S>(x0 * c - x1 * s);
+    y[2 * p + 1] = st<S>(x0 * s + x1 * c);
   }
+}
+
+// The device copies of rope_table's tables, per (T, hd, theta, pos0, dtype, GPU): uploaded once
+// (a synchronous copy at the first use of a shape), then read by every layer and step.
+struct DeviceRope {
+  Tensor cos, sin;
+};
+const DeviceRope& device_rope(int64_t T_, int64_t hd, double theta, int64_t pos0, DType t, Device d) {
+  static std::mutex mu;
+  // Never destroyed: device memory is not freed after the CUDA runtime has gone at exit.
+  static auto& cache = *new std::map<std::tuple<int64_t, int64_t, double, int64_t, DType, int>, DeviceRope>;
+  const auto key = std::make_tuple(T_, hd, theta, pos0, t, d.index);
+  std::lock_guard lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 64) cache.clear();  // as rope_table's (a reference handed out earlier is spent by then)
+  const auto table = rope_table(T_, hd, theta, pos0);
+  const Shape shape{T_, hd / 2};
+  DeviceRope r;
+  if (t == DType::f64) {
+    r.cos = Tensor::from_host(table->cos.data(), shape, t, d);
+    r.sin = Tensor::from_host(table->sin.data(), shape, t, d);
+  } else {
+    r.cos = Tensor::from_host(table->cosf.data(), shape, DType::f32, d);
+    r.sin = Tensor::from_host(table->sinf.data(), shape, DType::f32, d);
+  }
+  return cache.emplace(key, std::move(r)).first->second;
 }
 
 // table and out stored as ST and SO (T, or bf16_t for float), converted through T.
@@ -252,7 +292,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   check_launch("log_softmax_backward");
 }
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   const int64_t N = logits.dim(0), V = logits.dim(1);
   if (N == 0) return;
   visit_compute(losses.dtype(), [&](auto tag) {
@@ -260,13 +300,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
     visit_storage<T>(logits.dtype(), [&](auto stag) {
       using S = decltype(stag);
       cross_entropy_forward_kernel<T, S><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
-          logits.ptr<S>(), targets.ptr<int32_t>(), losses.ptr<T>(), V);
+          logits.ptr<S>(), targets.ptr<int32_t>(), losses.ptr<T>(), lse.ptr<T>(), V);
     });
   });
   check_launch("cross_entropy_forward");
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double scale, Tensor& dlogits) {
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                            Tensor& dlogits) {
   const int64_t N = logits.dim(0), V = logits.dim(1);
   if (N == 0) return;
   visit_compute(logits.dtype(), [&](auto tag) {
@@ -274,7 +315,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
     visit_storage<T>(logits.dtype(), [&](auto stag) {
       using S = decltype(stag);
       cross_entropy_backward_kernel<T, S><<<static_cast<unsigned>(N), threads_for_row(V), 0, stream()>>>(
-          logits.ptr<S>(), targets.ptr<int32_t>(), T(scale), dlogits.ptr<S>(), V);
+          logits.ptr<S>(), targets.ptr<int32_t>(), lse.ptr<T>(), T(scale), dlogits.ptr<S>(), V);
     });
   });
   check_launch("cross_entropy_backward");
@@ -327,16 +368,14 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
   const int64_t T_ = x.dim(1), H = x.dim(2), hd = x.dim(3);
   const int64_t npairs = x.numel() / 2;
   if (npairs == 0) return;
-  if (hd / 2 > kRopeMaxPairs)
-    fail_usage("rope: a head dim of {} is above the {} the CUDA kernel takes", hd, 2 * kRopeMaxPairs);
-  RopeFrequencies freq;
-  for (int64_t i = 0; i < hd / 2; ++i) freq.f[i] = rope_frequency(i, hd, theta);
   visit_compute(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    const DeviceRope& r = device_rope(T_, hd, theta, pos0, std::is_same_v<T, double> ? DType::f64 : DType::f32,
+                                      x.device());
     visit_storage<T>(x.dtype(), [&](auto stag) {
       using S = decltype(stag);
-      rope_kernel<T, S><<<grid_for(npairs, 256), 256, 0, stream()>>>(x.ptr<S>(), y.ptr<S>(), npairs, T_, H, hd / 2,
-                                                                      freq, pos0, inverse ? -1.0 : 1.0);
+      rope_kernel<T, S><<<grid_for(npairs, 256), 256, 0, stream()>>>(
+          x.ptr<S>(), y.ptr<S>(), npairs, T_, H, hd / 2, r.cos.ptr<T>(), r.sin.ptr<T>(), T(inverse ? -1 : 1));
     });
   });
   check_launch("rope");

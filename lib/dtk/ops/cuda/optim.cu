@@ -37,7 +37,25 @@ __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, T lr, T be
   }
 }
 
+// The factor from the norm on the device (formed in double, as the CPU's), one thread per element.
+template <typename T>
+__global__ void clip_scale_kernel(T* x, int64_t n, const double* norm, double max_norm) {
+  const double nv = *norm;
+  if (!isfinite(nv) || !(nv > max_norm)) return;
+  const T c = T(max_norm / nv);
+  for (int64_t i = global_tid(); i < n; i += grid_stride()) x[i] *= c;
+}
+
 }  // namespace
+
+void clip_scale(Tensor& x, const Tensor& norm, double max_norm) {
+  const int64_t n = x.numel();
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    clip_scale_kernel<T><<<grid_for(n, 256), 256, 0, stream()>>>(x.ptr<T>(), n, norm.ptr<double>(), max_norm);
+  });
+  check_launch("clip_scale");
+}
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr, double momentum,
               double weight_decay, bool nesterov) {
