@@ -33,7 +33,9 @@ run $mpiexec -n 4 $fsdp $common $auto --replicate 2 --print-plan --steps 1
 if [ $rc = 0 ] && python3 -c '
 import json, math, sys
 p = json.load(open(sys.argv[1])); c = p["compressor"]; l, q = c["link"], c["predicted"]
-assert l["source"] == "measured" and l["alpha_us"] > 0 and 0 < l["algbw_gbps"] < math.inf, l
+# algbw 0: unbounded, a latency-only fit (comm::fit_cost takes it when noise makes the slope
+# negative, as 4 ranks on a loaded machine once did)
+assert l["source"] == "measured" and l["alpha_us"] > 0 and 0 <= l["algbw_gbps"] < math.inf, l
 assert q["step_ms"] <= q["none_step_ms"], q
 assert p["replicate"] == 2 and p["shard_group"] == 2 and len(p["buckets"]) == len(c["buckets"])' "$tmp/o"; then
   ok "measured link: a plan from timed all-reduces ($(choices))"

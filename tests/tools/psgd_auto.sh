@@ -25,7 +25,9 @@ run $mpiexec -n 2 $psgd $common $auto --print-plan --steps 1
 if [ $rc = 0 ] && c=$(choices) && [ -n "$c" ] && python3 -c '
 import json, math, sys
 p = json.load(open(sys.argv[1])); l, q = p["link"], p["predicted"]
-assert l["source"] == "measured" and l["alpha_us"] > 0 and 0 < l["algbw_gbps"] < math.inf, l
+# algbw 0: unbounded, a latency-only fit (comm::fit_cost takes it when noise makes the slope
+# negative, as 4 ranks on a loaded machine once did)
+assert l["source"] == "measured" and l["alpha_us"] > 0 and 0 <= l["algbw_gbps"] < math.inf, l
 assert q["step_ms"] <= q["none_step_ms"], q  # the first plan leaves none only for a predicted gain
 assert all(b["choice"] in ("none", "powersgd") for b in p["buckets"])' "$tmp/o"; then
   ok "measured link: $(python3 -c 'import json,sys; l=json.load(open(sys.argv[1]))["link"]; print("%.1f us + %.3g GB/s" % (l["alpha_us"], l["algbw_gbps"]))' "$tmp/o"), plan: $c"

@@ -275,6 +275,11 @@ run $mpiexec -n 2 $psgd $small --global-batch 4 --steps 30 --lr 1e6 --clip 0 --o
   --compressor none --log-level warn --checkpoint-dir nan --checkpoint-every 1
 [ $rc = 1 ] && grep -q "loss is NaN at step" $tmp/e && ok "a diverging run stops with exit 1, naming the step" \
   || bad "divergence (exit $rc)" "$(cat $tmp/e)"
+# Failed before its first checkpoint: the --checkpoint-dir it made is not left behind, empty.
+run $mpiexec -n 2 $psgd $small --global-batch 4 --steps 30 --lr 1e6 --clip 0 --optimizer sgd --momentum 0 \
+  --compressor none --log-level warn --checkpoint-dir nan-empty
+[ $rc = 1 ] && [ ! -e nan-empty ] && [ -n "$(ls -A nan)" ] && ok "a run that failed before a checkpoint leaves no empty --checkpoint-dir" \
+  || bad "empty checkpoint dir left (exit $rc)" "$(ls -la nan-empty 2>&1; cat $tmp/e)"
 run $psgd --help
 [ $rc = 0 ] && grep -q -- "--compressor" "$tmp/o" && grep -q -- "--global-batch" "$tmp/o" && ok "--help" || bad "--help" "$(cat $tmp/o)"
 

@@ -19,13 +19,21 @@ Checkpointer::Checkpointer(const Options& o, comm::Communicator& host, std::func
                            std::function<void()> sync_buffers)
     : o_(o), host_(host), state_(std::move(state)), sync_buffers_(std::move(sync_buffers)) {
   if (o.checkpoint.dir.empty()) return;
-  if (host.rank() == 0) fs::create_directories(o.checkpoint.dir);
+  if (host.rank() == 0) {
+    std::error_code ec;
+    created_dir_ = !fs::exists(o.checkpoint.dir, ec);
+    fs::create_directories(o.checkpoint.dir);
+  }
   dir_ = std::make_unique<ckpt::Directory>(o.checkpoint.dir, o.checkpoint.keep);
   // Checkpoints in the background copy the state: room for it now, not at the first one.
   if (o.checkpoint.async && o.checkpoint.every > 0 && o.checkpoint.every < last_step(o)) state_().reserve(snapshot_);
 }
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  pending_.reset();  // the write in flight first
+  std::error_code ec;
+  if (created_dir_ && fs::is_empty(o_.checkpoint.dir, ec) && !ec) fs::remove(o_.checkpoint.dir, ec);
+}
 
 bool run_complete(const Options& o, int rank) {
   if (std::error_code ec; rank == 0 && !o.checkpoint.dir.empty() && fs::is_directory(o.checkpoint.dir, ec))

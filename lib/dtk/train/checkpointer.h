@@ -29,7 +29,9 @@ class Checkpointer {
   // background writes. Collective over `host`.
   Checkpointer(const Options& o, comm::Communicator& host, std::function<RunState()> state,
                std::function<void()> sync_buffers);
-  ~Checkpointer();  // a write in flight is waited for and left incomplete (`latest` not moved)
+  // A write in flight is waited for and left incomplete (`latest` not moved); a --checkpoint-dir
+  // this run created and left empty (a run that failed before its first checkpoint) is removed.
+  ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
@@ -59,6 +61,7 @@ class Checkpointer {
   ckpt::Snapshot snapshot_;  // host memory for the copy of the state a background write writes
   std::unique_ptr<PendingSave> pending_;  // that write; destroyed first: joins its thread
   bool writers_done_ = false, writer_failed_ = false;  // of pending_, agreed in the step's all-reduce
+  bool created_dir_ = false;  // rank 0 made --checkpoint-dir
 };
 
 }  // namespace dtk::train
