@@ -9,6 +9,7 @@
 #   - resume: a run stopped with --stop-at and resumed is the run that never stopped, bit for bit
 #     (shard-inspect diff, exact): psgd-train and shampoo-train on one rank, fsdp-train's sharded
 #     state on N ranks, and resnet-8 (batch norm's running statistics);
+#   - no host wait inside a step: psgd-train's debug line counts the host's stalls on the GPU;
 #   - resnet-8 on the GPU: the losses of the CPU's run, and learning (synthetic images, or
 #     Fashion-MNIST where it is installed).
 #   train_gpu.sh MPIEXEC BIN_DIR        (BIN_DIR/<program>/<program>)
@@ -96,6 +97,17 @@ if [ "$ngpu" = 1 ] && [ "$dev" = cuda ]; then
   then ok "--backend nccl, 2 ranks on 1 GPU: exit 2, one line"
   else bad "--backend nccl with 2 ranks on 1 GPU (exit $rc, want 2 and one line)" "$(cat $tmp/e)"; fi
 fi
+
+# ---- no host wait inside a step (issue 44 item 4): llama on one GPU, micro-batches; the trainer's
+# debug line counts the host's stalls on the GPU before each step's end (the first step uploads
+# RoPE's table and warms the allocator: from the second on, 0) ----
+if [ "$dev" = cuda ]; then
+  run $psgd $small --global-batch 8 --micro-batch 2 --lr 1e-2 --eval-every 0 --steps 6 --clip 1 --device cuda --log-level debug
+  waits=$(grep -o "the host waited for the GPU [0-9]* time" "$tmp/e" | awk '{print $7}' | tail -n +2 | tr '\n' ' ')
+  [ $rc = 0 ] && [ -n "$waits" ] && [ -z "$(echo $waits | tr -d '0 ')" ] \
+    && ok "psgd-train on the GPU: the host queues each step without waiting (steps 2-6: ${waits% })" \
+    || bad "host waits inside a GPU step (exit $rc): ${waits:-none logged}" "$(grep -i wait "$tmp/e" | head -20)"
+else skip "host waits inside a step: a GPU's (--device cpu has none)"; fi
 
 # ---- resume: 20 steps == 10 steps, stop, resume, 10 steps; bit for bit ----
 # resume_check NAME LAUNCH... -- ARGS...: the uninterrupted run against the stopped and resumed one.

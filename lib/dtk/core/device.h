@@ -63,6 +63,9 @@ void set_wait_hook(WaitHook hook);  // nullptr: the blocking wait
 // Blocks the host until a CUDA event (a cudaEvent_t) has completed; `what` and `bytes` name
 // the wait in the watchdog's message.
 void wait_event(void* event, const char* what, size_t bytes = 0);
+// How many of wait_event's waits found their event not yet complete (the host stalled on the
+// GPU), in this process so far: the trainer logs the stalls inside each step (--log-level debug).
+uint64_t host_stalls();
 }  // namespace cuda
 
 }  // namespace dtk

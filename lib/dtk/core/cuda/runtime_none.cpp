@@ -26,6 +26,7 @@ std::string device_uuid(int) { no_cuda(); }
 void memcpy(void*, const void*, size_t) { no_cuda(); }
 void set_wait_hook(WaitHook) {}
 void wait_event(void*, const char*, size_t) { no_cuda(); }
+uint64_t host_stalls() { return 0; }
 
 }  // namespace dtk::cuda
 
