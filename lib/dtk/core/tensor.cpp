@@ -333,10 +333,9 @@ Tensor HostUpload::operator()(const Tensor& host) {
   if (s.copied) cuda::wait_event(s.copied, "an upload to the GPU, two micro-batches old");
   else s.copied = cuda::create_timing_event();
   if (s.bytes < host.bytes()) {
+    void* larger = cuda::malloc_pinned(host.bytes());
     if (s.block) cuda::free_pinned(s.block);
-    s.block = nullptr;
-    s.bytes = 0;
-    s.block = cuda::malloc_pinned(host.bytes());
+    s.block = larger;
     s.bytes = host.bytes();
   }
   if (host.bytes()) std::memcpy(s.block, host.data(), host.bytes());

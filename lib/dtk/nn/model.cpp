@@ -7,7 +7,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -362,13 +361,13 @@ void Model::forward(const Batch& batch, Tensor& acc, double weight) {
   if (!acc.defined() || acc.dtype() != DType::f64 || acc.numel() != 1 || acc.device() != device_)
     fail_usage("{}: the loss accumulator must be f64 [1] on {}, got {}", name_of(config_.arch), device_.str(),
                acc.defined() ? acc.str() : "none");
-  LossScope sink({&acc, weight, batch.host_targets});
-  forward(batch);
+  train_forward(batch, &acc, weight);
 }
 
-double Model::forward(const Batch& batch) {
-  std::optional<LossScope> own;  // the caller's sink (the accumulating form above), else the batch's host targets
-  if (!loss_sink().acc) own.emplace(LossSink{nullptr, 1, batch.host_targets});
+double Model::forward(const Batch& batch) { return train_forward(batch, nullptr, 1); }
+
+double Model::train_forward(const Batch& batch, Tensor* acc, double weight) {
+  LossScope sink({acc, weight, batch.host_targets});
   pending_ = false;
   const Checkpointing mode = checkpointing_;
   running_precision_ = precision_;

@@ -353,6 +353,8 @@ class Model {
   }
 
  private:
+  // Both forms of forward: the loss to acc (weight times the mean) or, without acc, returned.
+  double train_forward(const Batch& batch, Tensor* acc, double weight);
   // The blocks' forwards in order between the hooks; the head's loss.
   double run_forward(Pass pass, Checkpointing mode);
 

@@ -114,16 +114,23 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   DTK_DISPATCH(y, log_softmax_backward(y, dy, dx));
 }
 
+namespace {
+// A per-row vector of cross entropy (losses, lse): float, the logits' dtype (f32 for bf16) and
+// device, one element a row.
+void check_row_vector(const char* op, const Tensor& logits, const Tensor& t, const char* name) {
+  detail::check_defined(op, t, name);
+  detail::check_float(op, t, name);
+  if (!detail::dtypes_mix(t.dtype(), logits.dtype()) || t.device() != logits.device())
+    fail_usage("{}: {} must have the dtype (f32 for bf16) and device of logits {}, got {}", op, name, logits.str(),
+               t.str());
+  check_numel(op, t, logits.dim(0), name);
+}
+}  // namespace
+
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor& lse) {
   check_cross_entropy("cross_entropy_forward", logits, targets);
-  for (auto [t, name] : {std::pair{&losses, "losses"}, std::pair{&lse, "lse"}}) {
-    detail::check_defined("cross_entropy_forward", *t, name);
-    detail::check_float("cross_entropy_forward", *t, name);
-    if (!detail::dtypes_mix(t->dtype(), logits.dtype()) || t->device() != logits.device())
-      fail_usage("cross_entropy_forward: {} must have the dtype (f32 for bf16) and device of logits {}, got {}", name,
-                 logits.str(), t->str());
-    check_numel("cross_entropy_forward", *t, logits.dim(0), name);
-  }
+  check_row_vector("cross_entropy_forward", logits, losses, "losses");
+  check_row_vector("cross_entropy_forward", logits, lse, "lse");
   DTK_DISPATCH(logits, cross_entropy_forward(logits, targets, losses, lse));
 }
 
@@ -131,12 +138,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             Tensor& dlogits) {
   check_cross_entropy("cross_entropy_backward", logits, targets);
   check_same("cross_entropy_backward", logits, dlogits, "dlogits");
-  detail::check_defined("cross_entropy_backward", lse, "lse");
-  detail::check_float("cross_entropy_backward", lse, "lse");
-  if (!detail::dtypes_mix(lse.dtype(), logits.dtype()) || lse.device() != logits.device())
-    fail_usage("cross_entropy_backward: lse must have the dtype (f32 for bf16) and device of logits {}, got {}",
-               logits.str(), lse.str());
-  check_numel("cross_entropy_backward", lse, logits.dim(0), "lse");
+  check_row_vector("cross_entropy_backward", logits, lse, "lse");
   DTK_DISPATCH(logits, cross_entropy_backward(logits, targets, lse, scale, dlogits));
 }
 

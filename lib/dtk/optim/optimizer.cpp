@@ -63,6 +63,7 @@ class BaseOptimizer : public Optimizer {
       shapes_.push_back(p.value.shape());
     }
     step_ = Tensor::zeros({1}, DType::i64);
+    find_runs(params);
   }
   nlohmann::json config() const override { return cfg_; }
 
@@ -83,52 +84,46 @@ class BaseOptimizer : public Optimizer {
   // each lie end to end in one buffer (flat storage, FSDP's shards); a state tensor per parameter
   // is a view into one buffer per run (state_like), and an elementwise update runs once over each
   // run (for_runs): one launch for a whole model instead of one per tensor, the same arithmetic.
-  void find_runs(const std::vector<nn::Param>& params) {
-    for (size_t i = 0; i < params.size();) {
-      size_t j = i + 1;
-      while (j < params.size() && adjacent(params[j - 1], params[j])) ++j;
-      runs_.emplace_back(i, j);
-      i = j;
-    }
-  }
-  // One zero state tensor per parameter, the tensors of a run views into one buffer.
-  std::vector<Tensor> state_like(const std::vector<nn::Param>& params) const {
-    std::vector<Tensor> out;
+  // The runs are found at construction (find_runs).
+  struct State {
+    std::vector<Tensor> runs;    // per run: its buffer
+    std::vector<Tensor> params;  // per parameter: its view
+  };
+  State state_like(const std::vector<nn::Param>& params) const {
+    State st;
     for (const auto& [b, e] : runs_) {
       int64_t n = 0;
       for (size_t i = b; i < e; ++i) n += params[i].value.numel();
       const Tensor& v0 = params[b].value;
-      Tensor flat = Tensor::zeros({n}, v0.dtype(), v0.device());
+      st.runs.push_back(Tensor::zeros({n}, v0.dtype(), v0.device()));
       int64_t at = 0;
       for (size_t i = b; i < e; ++i) {
         const int64_t k = params[i].value.numel();
-        out.push_back(flat.slice(at, at + k).reshape(params[i].value.shape()));
+        st.params.push_back(st.runs.back().slice(at, at + k).reshape(params[i].value.shape()));
         at += k;
       }
     }
-    return out;
+    return st;
   }
-  // f(value, grad, state views...) once per run, over the run joined; per parameter where this
-  // step's tensors do not join (a placement that rebound them).
+  // f(value, grad, states' tensors) once per run, over the run joined; per parameter where this
+  // step's values or gradients do not join (tensors other than those the optimizer was built for).
   template <typename F>
-  void for_runs(std::vector<nn::Param>& params, std::initializer_list<const std::vector<Tensor>*> states, F f) {
-    for (const auto& [b, e] : runs_) {
+  void for_runs(std::vector<nn::Param>& params, const std::vector<State*>& states, F f) {
+    std::vector<Tensor> st;
+    for (size_t r = 0; r < runs_.size(); ++r) {
+      const auto [b, e] = runs_[r];
       std::vector<Tensor> values, grads;
       for (size_t i = b; i < e; ++i) values.push_back(params[i].value), grads.push_back(params[i].grad);
       Tensor v = Tensor::joined(values), g = Tensor::joined(grads);
-      std::vector<Tensor> st;
-      for (const auto* s : states)
-        st.push_back(Tensor::joined(std::vector<Tensor>(s->begin() + static_cast<std::ptrdiff_t>(b),
-                                                        s->begin() + static_cast<std::ptrdiff_t>(e))));
-      const bool whole = v.defined() && g.defined() &&
-                         std::all_of(st.begin(), st.end(), [](const Tensor& t) { return t.defined(); });
-      if (whole) {
+      if (v.defined() && g.defined()) {
+        st.clear();
+        for (State* s : states) st.push_back(s->runs[r]);
         f(v, g, st);
         continue;
       }
       for (size_t i = b; i < e; ++i) {
         st.clear();
-        for (const auto* s : states) st.push_back((*s)[i]);
+        for (State* s : states) st.push_back(s->params[i]);
         f(params[i].value, params[i].grad, st);
       }
     }
@@ -138,10 +133,18 @@ class BaseOptimizer : public Optimizer {
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;
   std::vector<Rows> rows_;
-  std::vector<std::pair<size_t, size_t>> runs_;  // [begin, end) of parameters laid end to end
   Tensor step_;  // i64 [1] on the host
 
  private:
+  std::vector<std::pair<size_t, size_t>> runs_;  // [begin, end) of parameters laid end to end
+  void find_runs(const std::vector<nn::Param>& params) {
+    for (size_t i = 0; i < params.size();) {
+      size_t j = i + 1;
+      while (j < params.size() && adjacent(params[j - 1], params[j])) ++j;
+      runs_.emplace_back(i, j);
+      i = j;
+    }
+  }
   static bool adjacent(const nn::Param& a, const nn::Param& b) {
     return a.value.device() == b.value.device() && Tensor::joined({a.value, b.value}).defined() &&
            Tensor::joined({a.grad, b.grad}).defined();
@@ -152,39 +155,32 @@ class Sgd final : public BaseOptimizer {
  public:
   Sgd(const OptimConfig& cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
       : BaseOptimizer(cfg, params, rows) {
-    find_runs(params);
     if (cfg_.momentum != 0) buf_ = state_like(params);
   }
   void step(std::vector<nn::Param>& params, double lr) override {
     check_params("sgd", shapes_, params);
     next_step();
-    if (buf_.empty()) {
-      Tensor none;
-      for_runs(params, {}, [&](Tensor& p, const Tensor& g, std::vector<Tensor>&) {
-        ops::sgd_step(p, g, none, lr, 0.0, cfg_.weight_decay, cfg_.nesterov);
-      });
-      return;
-    }
-    for_runs(params, {&buf_}, [&](Tensor& p, const Tensor& g, std::vector<Tensor>& st) {
-      ops::sgd_step(p, g, st[0], lr, cfg_.momentum, cfg_.weight_decay, cfg_.nesterov);
-    });
+    Tensor none;
+    for_runs(params, buf_.runs.empty() ? std::vector<State*>{} : std::vector<State*>{&buf_},
+             [&](Tensor& p, const Tensor& g, std::vector<Tensor>& st) {
+               ops::sgd_step(p, g, st.empty() ? none : st[0], lr, cfg_.momentum, cfg_.weight_decay, cfg_.nesterov);
+             });
   }
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;
-    for (size_t i = 0; i < buf_.size(); ++i) s.push_back(like_param("momentum", i, buf_[i]));
+    for (size_t i = 0; i < buf_.params.size(); ++i) s.push_back(like_param("momentum", i, buf_.params[i]));
     s.push_back(step_state());
     return s;
   }
 
  private:
-  std::vector<Tensor> buf_;
+  State buf_;  // momentum != 0
 };
 
 class AdamW final : public BaseOptimizer {
  public:
   AdamW(const OptimConfig& cfg, const std::vector<nn::Param>& params, const std::vector<Rows>& rows)
       : BaseOptimizer(cfg, params, rows) {
-    find_runs(params);
     m_ = state_like(params);
     v_ = state_like(params);
   }
@@ -197,14 +193,14 @@ class AdamW final : public BaseOptimizer {
   }
   std::vector<PlacedTensor> state() override {
     std::vector<PlacedTensor> s;
-    for (size_t i = 0; i < m_.size(); ++i) s.push_back(like_param("exp_avg", i, m_[i]));
-    for (size_t i = 0; i < v_.size(); ++i) s.push_back(like_param("exp_avg_sq", i, v_[i]));
+    for (size_t i = 0; i < m_.params.size(); ++i) s.push_back(like_param("exp_avg", i, m_.params[i]));
+    for (size_t i = 0; i < v_.params.size(); ++i) s.push_back(like_param("exp_avg_sq", i, v_.params[i]));
     s.push_back(step_state());
     return s;
   }
 
  private:
-  std::vector<Tensor> m_, v_;
+  State m_, v_;
 };
 
 }  // namespace
