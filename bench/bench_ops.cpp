@@ -4,6 +4,11 @@
 //   Bandwidth: ops::add, scale, axpy, reduce sum and adamw_step as a fraction of a same-size
 //         copy (memcpy on the CPU, a device-to-device copy on the GPU), counting the bytes each
 //         op must read and write.
+//   Fusion: a llama layer's QKV and w1|w3 products as one dtk::ops::gemm over the weights laid
+//         end to end against one per weight, forward and backward as nn::Linear runs them (the
+//         fusions docs/DESIGN.md leaves unbuilt until a GPU shows them to pay): llama-small's
+//         shapes in f32 on the CPU, llama3-1b's in bf16 on the GPU; the median and range of the
+//         per-round ratios fused / separate.
 // Each figure is the best of several rounds, the op and its baseline interleaved, so that load
 // from other processes hits both alike. Output: a table on stdout.
 //   bench-ops [--quick] [--cpu-only]
@@ -146,6 +151,77 @@ void bench_bandwidth(dtk::Device d, const Options& opt) {
   }
 }
 
+// One layer's products that a fusion would merge: `rows` tokens of `in` features into the
+// outputs `outs` (q, k, v; or w1, w3), each y = x W^T, dW += dy^T x, dx (+)= dy W as nn::Linear
+// does, one gemm each (separate) or one over the concatenation (fused: W [sum outs, in] whose
+// row blocks are the separate weights, y and dy [rows, sum outs]). Weights and activations in
+// t, the weight gradient in f32 (the model's f32 grads).
+struct FusionCase {
+  const char* name;
+  int64_t rows, in;
+  std::vector<int64_t> outs;
+};
+
+void bench_fusion(dtk::Device d, dtk::DType t, const std::vector<FusionCase>& cases, const Options& opt) {
+  std::function<void()> sync = [] {};
+#ifdef DTK_HAVE_CUDA
+  if (d.is_cuda()) sync = [] { dtk::cuda::stream_synchronize(dtk::cuda::current_stream()); };
+#endif
+  const int rounds = opt.quick ? 5 : 9;
+  std::printf("# fusion on %s, %s: a layer's products forward and backward, one gemm over the weights laid end to\n"
+              "# end against one per weight; the median [range] of %d interleaved rounds' time ratios\n",
+              d.str().c_str(), std::string(dtk::dtype_name(t)).c_str(), rounds);
+  std::printf("# %-6s %6s %6s %-16s %11s %11s %22s\n", "layer", "rows", "in", "outs", "fused ms", "separate ms",
+              "fused / separate");
+  for (const FusionCase& c : cases) {
+    int64_t total = 0;
+    for (int64_t o : c.outs) total += o;
+    dtk::Tensor w = dtk::Tensor::empty({total, c.in}, t, d), dw = dtk::Tensor::zeros({total, c.in}, dtk::DType::f32, d);
+    dtk::Tensor x = dtk::Tensor::empty({c.rows, c.in}, t, d), dx = dtk::Tensor::empty({c.rows, c.in}, t, d);
+    dtk::Tensor y = dtk::Tensor::empty({c.rows, total}, t, d), dy = dtk::Tensor::empty({c.rows, total}, t, d);
+    for (auto [u, seed] : {std::pair{&w, 5}, {&x, 6}, {&dy, 7}}) dtk::ops::uniform_(*u, seed, 0, -0.05, 0.05);
+    std::vector<dtk::Tensor> ws, dws, ys, dys;  // the separate layers' own tensors (q_, k_, v_ are distinct buffers)
+    int64_t at = 0;
+    for (int64_t o : c.outs) {
+      ws.push_back(w.slice(at, at + o));
+      dws.push_back(dw.slice(at, at + o));
+      ys.push_back(dtk::Tensor::empty({c.rows, o}, t, d));
+      dys.push_back(dtk::Tensor::empty({c.rows, o}, t, d));
+      dtk::ops::uniform_(dys.back(), 8 + at, 0, -0.05, 0.05);
+      at += o;
+    }
+    auto fused = [&] {
+      dtk::ops::gemm(false, true, 1.0, x, w, 0.0, y);
+      dtk::ops::gemm(true, false, 1.0, dy, x, 1.0, dw);
+      dtk::ops::gemm(false, false, 1.0, dy, w, 0.0, dx);
+    };
+    auto separate = [&] {
+      for (size_t i = 0; i < ws.size(); ++i) dtk::ops::gemm(false, true, 1.0, x, ws[i], 0.0, ys[i]);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        dtk::ops::gemm(true, false, 1.0, dys[i], x, 1.0, dws[i]);
+        dtk::ops::gemm(false, false, 1.0, dys[i], ws[i], i ? 1.0 : 0.0, dx);
+      }
+    };
+    const double flops = 6.0 * double(c.rows) * double(total) * double(c.in);
+    const int reps = reps_for(flops, d.is_cuda() ? 300e12 : 50e9, opt.quick ? 0.05 : 0.2);
+    std::vector<double> ratio;
+    double tf = 1e300, ts = 1e300;
+    for (int r = 0; r < rounds; ++r) {
+      const double a = time_best(fused, sync, reps, 1), b = time_best(separate, sync, reps, 1);
+      tf = std::min(tf, a);
+      ts = std::min(ts, b);
+      ratio.push_back(a / b);
+    }
+    std::sort(ratio.begin(), ratio.end());
+    std::string outs;
+    for (int64_t o : c.outs) outs += (outs.empty() ? "" : "+") + std::to_string(o);
+    std::printf("  %-6s %6lld %6lld %-16s %11.3f %11.3f %8.3f [%.3f-%.3f]\n", c.name, static_cast<long long>(c.rows),
+                static_cast<long long>(c.in), outs.c_str(), tf * 1e3, ts * 1e3, ratio[ratio.size() / 2],
+                ratio.front(), ratio.back());
+    std::fflush(stdout);
+  }
+}
+
 #ifdef DTK_HAVE_CUDA
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
@@ -216,10 +292,16 @@ int main(int argc, char** argv) {
   try {
     bench_cpu_gemm(opt);
     bench_bandwidth(dtk::Device::cpu(), opt);
+    // llama-small: batch 8 of 256 tokens, dim 512, 8 heads and 4 kv heads of 64, ffn 1408
+    bench_fusion(dtk::Device::cpu(), dtk::DType::f32,
+                 {{"qkv", 2048, 512, {512, 256, 256}}, {"w1|w3", 2048, 512, {1408, 1408}}}, opt);
 #ifdef DTK_HAVE_CUDA
     if (!opt.cpu_only && dtk::cuda::device_count() > 0) {
       bench_cuda_gemm(opt);
       bench_bandwidth(dtk::Device::cuda(0), opt);
+      // llama3-1b: batch 4 of 2048 tokens, dim 2048, 32 heads and 8 kv heads of 64, ffn 8192
+      bench_fusion(dtk::Device::cuda(0), dtk::DType::bf16,
+                   {{"qkv", 8192, 2048, {2048, 512, 512}}, {"w1|w3", 8192, 2048, {8192, 8192}}}, opt);
     } else {
       std::printf("# no GPU: CUDA figures skipped\n");
     }

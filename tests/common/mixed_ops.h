@@ -81,6 +81,12 @@ inline std::vector<MixedCase> mixed_cases() {
          ops::rope(z, 10000.0, 100, true, y);
          return std::vector<Tensor>{x, y};
        }},
+      {"rope_qk (k with fewer heads, inverse)",
+       [=](DType act, Device d) {
+         Tensor q = in(bthd, 27, act, d), k = in({bthd[0], bthd[1], 1, bthd[3]}, 28, act, d);
+         ops::rope_qk(q, k, 500000.0, 7, true);
+         return std::vector<Tensor>{q, k};
+       }},
       {"embedding_forward (table act, out f32)",
        [=](DType act, Device d) {
          Tensor table = in({11, 96}, 21, act, d);

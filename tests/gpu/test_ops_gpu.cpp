@@ -308,7 +308,7 @@ TEST(GpuOps, CountNonfinite) {
 }
 
 // ------------------------------------------------------------------------------ nn
-const std::vector<Shape> kRowShapes = {{1, 1}, {7, 1000}, {3, 4097}, {1000, 7}, {2, 3, 257}, {16, 32000}};
+const std::vector<Shape> kRowShapes = {{1, 1}, {7, 1000}, {3, 4097}, {1000, 7}, {2, 3, 257}, {16, 32000}, {2048, 2048}};
 
 TEST(GpuOps, Softmax) {
   SKIP_WITHOUT_GPU();
@@ -416,6 +416,16 @@ TEST(GpuOps, Rope) {
       }
     }
     report("rope", t, err, tol(t, 1e-5));
+    // q and k in one launch (GQA: k with fewer heads), against the CPU's two passes
+    double qk = 0;
+    for (bool inverse : {false, true}) {
+      const Tensor q = uniform({2, 300, 4, 64}, t, 71), k = uniform({2, 300, 1, 64}, t, 72);
+      Tensor qc = q.clone(), kc = k.clone(), qg = gpu(q), kg = gpu(k);
+      ops::rope_qk(qc, kc, 500000.0, 3, inverse);
+      ops::rope_qk(qg, kg, 500000.0, 3, inverse);
+      qk = std::max({qk, max_rel_err(qg, qc), max_rel_err(kg, kc)});
+    }
+    report("rope_qk", t, qk, tol(t, 1e-5));
   }
 }
 

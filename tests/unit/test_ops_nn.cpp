@@ -436,6 +436,29 @@ TEST(OpsNN, RopeForwardInverseAndBackward) {
   expect_close(dx.to_doubles(), numeric_grad(x, loss), kFdTol, "rope backward");
 }
 
+// q and k in one call: what two rope calls give, bit for bit (GQA: k with fewer heads).
+TEST(OpsNN, RopeQkIsTwoRopes) {
+  for (DType t : kFloats)
+    for (bool inverse : {false, true}) {
+      const Shape qs{2, 7, 4, 8}, ks{2, 7, 2, 8};
+      const Tensor q0 = make(rounded(randn(shape_numel(qs), 64), t), qs, t);
+      const Tensor k0 = make(rounded(randn(shape_numel(ks), 65), t), ks, t);
+      Tensor q = q0.clone(), k = k0.clone(), qw = Tensor::empty(qs, t), kw = Tensor::empty(ks, t);
+      ops::rope_qk(q, k, 500000, 3, inverse);
+      ops::rope(q0, 500000, 3, inverse, qw);
+      ops::rope(k0, 500000, 3, inverse, kw);
+      expect_close(q.to_doubles(), qw.to_doubles(), 0, "rope_qk q");
+      expect_close(k.to_doubles(), kw.to_doubles(), 0, "rope_qk k");
+    }
+  Tensor q = Tensor::zeros({1, 2, 2, 4}, DType::f32);
+  for (const Shape& bad : std::vector<Shape>{{1, 3, 1, 4}, {2, 2, 1, 4}, {1, 2, 1, 6}, {1, 2, 4}}) {
+    Tensor k = Tensor::zeros(bad, DType::f32);
+    EXPECT_THROW(ops::rope_qk(q, k, 10000, 0, false), UsageError) << shape_str(bad);
+  }
+  Tensor k64 = Tensor::zeros({1, 2, 1, 4}, DType::f64);
+  EXPECT_THROW(ops::rope_qk(q, k64, 10000, 0, false), UsageError);
+}
+
 TEST(OpsNN, RopeUsageErrors) {
   Tensor odd = Tensor::zeros({1, 2, 1, 5}, DType::f32), y = Tensor::empty({1, 2, 1, 5}, DType::f32);
   EXPECT_THROW(ops::rope(odd, 10000, 0, false, y), UsageError);

@@ -225,8 +225,7 @@ void Attention::forward(const Tensor& x, Tensor& y) {
   wq_.forward(x, q_);
   wk_.forward(x, k_);
   wv_.forward(x, v_);
-  ops::rope(q_, d_.rope_theta, 0, false, q_);
-  ops::rope(k_, d_.rope_theta, 0, false, k_);
+  ops::rope_qk(q_, k_, d_.rope_theta, 0, false);
   out_ = out_buf_.get(q_.shape(), dt, dev);
   lse_ = lse_buf_.get({B, d_.n_heads, T}, dt == DType::bf16 ? DType::f32 : dt, dev);
   if (widened()) {  // bf16 at a head dim without a bf16 kernel: f32 attention on widened copies
@@ -273,8 +272,7 @@ void Attention::backward(const Tensor& dy, Tensor& dx, Workspace& ws, size_t slo
     ops::attention_backward(q_, k_, v_, out_, lse_, dout, dq, dk, dv);
   }
   // RoPE is a rotation: its backward rotates the gradient back.
-  ops::rope(dq, d_.rope_theta, 0, true, dq);
-  ops::rope(dk, d_.rope_theta, 0, true, dk);
+  ops::rope_qk(dq, dk, d_.rope_theta, 0, true);
   wq_.backward(dq, &dx, false);
   wk_.backward(dk, &dx, true);
   wv_.backward(dv, &dx, true);

@@ -77,6 +77,7 @@ std::shared_ptr<const RopeTable> rope_table(int64_t T, int64_t hd, double theta,
   void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& y);                                             \
   void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor& da, Tensor& db);             \
   void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y);                              \
+  void rope_qk(Tensor& q, Tensor& k, double theta, int64_t pos0, bool inverse);                                 \
   void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);                                  \
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);                               \
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);          \

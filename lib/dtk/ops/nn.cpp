@@ -250,14 +250,29 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor&
   DTK_DISPATCH(a, swiglu_backward(a, b, dy, da, db));
 }
 
+namespace {
+void check_rope(const char* op, const Tensor& x, const char* name, double theta, int64_t pos0) {
+  detail::check_float_or_bf16(op, x, name);
+  if (x.ndim() != 4) fail_usage("{}: {} must be [B, T, H, hd], got {}", op, name, x.str());
+  if (x.dim(3) % 2 != 0) fail_usage("{}: the head dim must be even, got {}", op, x.str());
+  if (!(theta > 0)) fail_usage("{}: theta must be positive", op);
+  if (pos0 < 0) fail_usage("{}: pos0 must be non-negative, got {}", op, pos0);
+}
+}  // namespace
+
 void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
-  detail::check_float_or_bf16("rope", x, "x");
-  if (x.ndim() != 4) fail_usage("rope: x must be [B, T, H, hd], got " + x.str());
-  if (x.dim(3) % 2 != 0) fail_usage("rope: the head dim must be even, got " + x.str());
+  check_rope("rope", x, "x", theta, pos0);
   check_same("rope", x, y, "y");
-  if (!(theta > 0)) fail_usage("rope: theta must be positive");
-  if (pos0 < 0) fail_usage("rope: pos0 must be non-negative, got {}", pos0);
   DTK_DISPATCH(x, rope(x, theta, pos0, inverse, y));
+}
+
+void rope_qk(Tensor& q, Tensor& k, double theta, int64_t pos0, bool inverse) {
+  check_rope("rope_qk", q, "q", theta, pos0);
+  check_rope("rope_qk", k, "k", theta, pos0);
+  if (k.dtype() != q.dtype() || k.device() != q.device() || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) ||
+      k.dim(3) != q.dim(3))
+    fail_usage("rope_qk: k {} must have q's {} batch, positions, head dim, dtype and device", k.str(), q.str());
+  DTK_DISPATCH(q, rope_qk(q, k, theta, pos0, inverse));
 }
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {

@@ -120,6 +120,9 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dy, Tensor&
 // rotated by angle t * theta^(-2i/hd). inverse rotates by minus the angle (the backward). In place allowed.
 // f32, f64 or bf16 (x and y one dtype; bf16 rotated in f32 and rounded once).
 void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y);
+// rope on q [B, T, Hq, hd] and k [B, T, Hk, hd] (attention's, one dtype) in place, as two rope
+// calls would, in one launch on the GPU.
+void rope_qk(Tensor& q, Tensor& k, double theta, int64_t pos0, bool inverse);
 // Embedding: out [N, D] = table[ids]; ids i32 [N] (any shape, flattened) in [0, V). table and
 // out mix (a bf16 table into an f32 residual stream); dout and dtable one dtype, f32 or f64.
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);

@@ -557,6 +557,12 @@ void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) 
   });
 }
 
+// The GPU's single launch is a saving the CPU has no use for: two passes.
+void rope_qk(Tensor& q, Tensor& k, double theta, int64_t pos0, bool inverse) {
+  rope(q, theta, pos0, inverse, q);
+  rope(k, theta, pos0, inverse, k);
+}
+
 // ---------------------------------------------------------------------------- embedding
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {

@@ -1,8 +1,8 @@
 // CUDA neural-network row ops: softmax / log-softmax, cross entropy, RMSNorm (forward and
 // backward), RoPE and embedding. Row ops give one block to a row (threads_for_row picks the block
-// size from the row length), with deterministic block reductions; softmax and RMSNorm read a row
-// a few times, which after the first pass comes from L1/L2; cross entropy reads it once in each
-// direction (a 128k vocabulary's row does not stay in L1). Every kernel reads all of its inputs for an element
+// size from the row length), with deterministic block reductions; softmax and RMSNorm's forward
+// read a row a few times, which after the first pass comes from L1/L2; RMSNorm's backward and
+// cross entropy read it once in each direction (a 128k vocabulary's row does not stay in L1). Every kernel reads all of its inputs for an element
 // before writing that element, so the in-place uses the contract allows are safe.
 #include <map>
 #include <mutex>
@@ -175,7 +175,70 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const SW* w, const T* rst
   }
 }
 
-// dw_c += sum_r dy[r, c] x[r, c] rstd[r], as a deterministic column reduction (in double).
+// RMSNorm's backward in one pass over x and dy: a block takes rows g, g + G, g + 2G, ... (G from R
+// alone: rmsnorm_groups), holds each row's x, dy and (once) w in registers, K per thread (column
+// c = threadIdx.x + k blockDim.x), writes the row's dx as rmsnorm_backward_dx_kernel does, and
+// adds the row's dy x rstd to its K double accumulators; partial[g][c] = the block's sum of its
+// rows' terms, which col_finish_kernel adds up in g's order and onto dw. Deterministic (the block
+// size and G depend on D and R only); the row's inputs are all read before the block reduction's
+// barrier, so dx may alias x or dy. At most 512 threads: launch_bounds keeps the registers within
+// what such a block may have (spilling, if need be, rather than failing to launch).
+constexpr int kRmsNormThreads = 512;
+template <typename T, typename SW, typename SD, int K>
+__global__ void __launch_bounds__(kRmsNormThreads) rmsnorm_backward_kernel(const T* x, const SW* w, const T* rstd, const SD* dy, T* dx, int64_t R,
+                                        int64_t D, bool accumulate, double* partial) {
+  __shared__ T scratch[32];
+  T wv[K];
+  double acc[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
+    wv[k] = c < D ? ld<T>(w[c]) : T(0);
+    acc[k] = 0;
+  }
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = x + r * D;
+    const SD* dyr = dy + r * D;
+    T* dxr = dx + r * D;
+    const T rs = rstd[r];
+    T xv[K], dv[K];
+    T s = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
+      xv[k] = c < D ? xr[c] : T(0);
+      dv[k] = c < D ? ld<T>(dyr[c]) : T(0);
+      if (c < D) s += dv[k] * wv[k] * xv[k];
+    }
+    s = block_reduce(s, SumOp{}, T(0), scratch);
+    const T cf = rs * rs * s / T(D);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
+      if (c >= D) continue;
+      const T g = rs * (wv[k] * dv[k] - xv[k] * cf);
+      dxr[c] = accumulate ? dxr[c] + g : g;
+      acc[k] += double(dv[k]) * double(xv[k]) * double(rs);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
+    if (c < D) partial[blockIdx.x * D + c] = acc[k];
+  }
+}
+
+// The row groups of rmsnorm_backward_kernel: 8 rows or more a block, so that the partials (G D
+// doubles) stay small beside x and dy, and at most 1024 blocks.
+inline unsigned rmsnorm_groups(int64_t R) {
+  const int64_t g = (R + 7) / 8;
+  return static_cast<unsigned>(g < 1 ? 1 : (g > 1024 ? 1024 : g));
+}
+// The widest row it holds in registers, 16 a thread (Llama 3 70B's 8192; wider rows take two passes).
+constexpr int64_t kRmsNormFoldMaxD = 16 * kRmsNormThreads;
+
+// dw_c += sum_r dy[r, c] x[r, c] rstd[r], as a deterministic column reduction (in double): rows
+// wider than kRmsNormFoldMaxD, where dw is its own pass before the dx kernel.
 template <typename T, typename SD>
 struct DwLoad {
   const T* x;
@@ -195,19 +258,24 @@ struct AddD {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
 
-// One thread per rotated pair, from the host's table of cos and sin (rope_table: computed in
+// One thread per rotated pair of x (npairs pairs, H heads), then of x2 (npairs2, H2 heads:
+// rope_qk's k, in the same launch), from the host's table of cos and sin (rope_table: computed in
 // double, kept in T on the device): no transcendental per element, and the CPU's very factors.
 // x and y stored as S (T, or bf16_t for float).
 template <typename T, typename S>
-__global__ void rope_kernel(const S* x, S* y, int64_t npairs, int64_t T_, int64_t H, int64_t half, const T* cos_t,
-                            const T* sin_t, T sign) {
-  for (int64_t p = global_tid(); p < npairs; p += grid_stride()) {
-    const int64_t i = p % half;
-    const int64_t t = (p / half / H) % T_;
+__global__ void rope_kernel(const S* x, S* y, int64_t npairs, int64_t H, const S* x2, S* y2, int64_t npairs2,
+                            int64_t H2, int64_t T_, int64_t half, const T* cos_t, const T* sin_t, T sign) {
+  for (int64_t p = global_tid(); p < npairs + npairs2; p += grid_stride()) {
+    const bool second = p >= npairs;
+    const int64_t q = second ? p - npairs : p;
+    const S* xs = second ? x2 : x;
+    S* ys = second ? y2 : y;
+    const int64_t i = q % half;
+    const int64_t t = (q / half / (second ? H2 : H)) % T_;
     const T c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
-    const T x0 = ld<T>(x[2 * p]), x1 = ld<T>(x[2 * p + 1]);
-    y[2 * p] = st<S>(x0 * c - x1 * s);
-    y[2 * p + 1] = st<S>(x0 * s + x1 * c);
+    const T x0 = ld<T>(xs[2 * q]), x1 = ld<T>(xs[2 * q + 1]);
+    ys[2 * q] = st<S>(x0 * c - x1 * s);
+    ys[2 * q + 1] = st<S>(x0 * s + x1 * c);
   }
 }
 
@@ -353,32 +421,67 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
       visit_storage<T>(dy.dtype(), [&](auto dtag) {
         using SW = decltype(wtag);
         using SD = decltype(dtag);
-        // dw first: it reads dy, which dx may overwrite when the caller passes them aliased.
-        column_reduce<double>("rmsnorm_backward(dw)", R, D, DwLoad<T, SD>{x.ptr<T>(), dy.ptr<SD>(), rstd.ptr<T>(), D},
-                              AddD{}, 0.0, DwAccumulate<T>{dw.ptr<T>()}, x.device());
-        rmsnorm_backward_dx_kernel<T, SW, SD><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
-            x.ptr<T>(), w.ptr<SW>(), rstd.ptr<T>(), dy.ptr<SD>(), dx.ptr<T>(), D, accumulate);
+        if (D > kRmsNormFoldMaxD) {
+          // dw first: it reads dy, which dx may overwrite when the caller passes them aliased.
+          column_reduce<double>("rmsnorm_backward(dw)", R, D, DwLoad<T, SD>{x.ptr<T>(), dy.ptr<SD>(), rstd.ptr<T>(), D},
+                                AddD{}, 0.0, DwAccumulate<T>{dw.ptr<T>()}, x.device());
+          rmsnorm_backward_dx_kernel<T, SW, SD><<<static_cast<unsigned>(R), threads_for_row(D), 0, stream()>>>(
+              x.ptr<T>(), w.ptr<SW>(), rstd.ptr<T>(), dy.ptr<SD>(), dx.ptr<T>(), D, accumulate);
+          return;
+        }
+        const unsigned G = rmsnorm_groups(R);
+        Tensor partial = Tensor::empty({static_cast<int64_t>(G) * D}, DType::f64, x.device());
+        // K: the fewest columns a thread (a power of two) that cover the row with kRmsNormThreads.
+        auto launch = [&](auto k) {
+          constexpr int K = decltype(k)::value;
+          const int64_t threads = ((D + K - 1) / K + 31) / 32 * 32;
+          rmsnorm_backward_kernel<T, SW, SD, K><<<G, static_cast<unsigned>(threads), 0, stream()>>>(
+              x.ptr<T>(), w.ptr<SW>(), rstd.ptr<T>(), dy.ptr<SD>(), dx.ptr<T>(), R, D, accumulate,
+              partial.ptr<double>());
+        };
+        const int64_t per_thread = (D + kRmsNormThreads - 1) / kRmsNormThreads;
+        if (per_thread <= 1) launch(std::integral_constant<int, 1>{});
+        else if (per_thread <= 2) launch(std::integral_constant<int, 2>{});
+        else if (per_thread <= 4) launch(std::integral_constant<int, 4>{});
+        else if (per_thread <= 8) launch(std::integral_constant<int, 8>{});
+        else launch(std::integral_constant<int, 16>{});
+        check_launch("rmsnorm_backward");
+        col_finish_kernel<double><<<grid_for(D, 256), 256, 0, stream()>>>(D, G, partial.ptr<double>(), AddD{},
+                                                                           DwAccumulate<T>{dw.ptr<T>()});
       });
     });
   });
   check_launch("rmsnorm_backward");
 }
 
-void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
-  const int64_t T_ = x.dim(1), H = x.dim(2), hd = x.dim(3);
-  const int64_t npairs = x.numel() / 2;
-  if (npairs == 0) return;
+namespace {
+// rope of x into y and, when x2 is given, of x2 into y2 (the same B, T and hd), in one launch.
+void rope_launch(const Tensor& x, Tensor& y, const Tensor* x2, Tensor* y2, double theta, int64_t pos0, bool inverse,
+                 const char* name) {
+  const int64_t T_ = x.dim(1), hd = x.dim(3);
+  const int64_t npairs = x.numel() / 2, npairs2 = x2 ? x2->numel() / 2 : 0;
+  if (npairs + npairs2 == 0) return;
   visit_compute(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const DeviceRope& r = device_rope(T_, hd, theta, pos0, std::is_same_v<T, double> ? DType::f64 : DType::f32,
                                       x.device());
     visit_storage<T>(x.dtype(), [&](auto stag) {
       using S = decltype(stag);
-      rope_kernel<T, S><<<grid_for(npairs, 256), 256, 0, stream()>>>(
-          x.ptr<S>(), y.ptr<S>(), npairs, T_, H, hd / 2, r.cos.ptr<T>(), r.sin.ptr<T>(), T(inverse ? -1 : 1));
+      rope_kernel<T, S><<<grid_for(npairs + npairs2, 256), 256, 0, stream()>>>(
+          x.ptr<S>(), y.ptr<S>(), npairs, x.dim(2), x2 ? x2->ptr<S>() : nullptr, y2 ? y2->ptr<S>() : nullptr, npairs2,
+          x2 ? x2->dim(2) : 1, T_, hd / 2, r.cos.ptr<T>(), r.sin.ptr<T>(), T(inverse ? -1 : 1));
     });
   });
-  check_launch("rope");
+  check_launch(name);
+}
+}  // namespace
+
+void rope(const Tensor& x, double theta, int64_t pos0, bool inverse, Tensor& y) {
+  rope_launch(x, y, nullptr, nullptr, theta, pos0, inverse, "rope");
+}
+
+void rope_qk(Tensor& q, Tensor& k, double theta, int64_t pos0, bool inverse) {
+  rope_launch(q, q, &k, &k, theta, pos0, inverse, "rope_qk");
 }
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
