@@ -2,8 +2,9 @@
 // backward), RoPE and embedding. Row ops give one block to a row (threads_for_row picks the block
 // size from the row length), with deterministic block reductions; softmax and RMSNorm's forward
 // read a row a few times, which after the first pass comes from L1/L2; RMSNorm's backward and
-// cross entropy read it once in each direction (a 128k vocabulary's row does not stay in L1). Every kernel reads all of its inputs for an element
-// before writing that element, so the in-place uses the contract allows are safe.
+// cross entropy read it once in each direction (a 128k vocabulary's row does not stay in L1).
+// Every kernel reads all of its inputs for an element before writing that element, so the
+// in-place uses the contract allows are safe.
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -185,8 +186,9 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const SW* w, const T* rst
 // what such a block may have (spilling, if need be, rather than failing to launch).
 constexpr int kRmsNormThreads = 512;
 template <typename T, typename SW, typename SD, int K>
-__global__ void __launch_bounds__(kRmsNormThreads) rmsnorm_backward_kernel(const T* x, const SW* w, const T* rstd, const SD* dy, T* dx, int64_t R,
-                                        int64_t D, bool accumulate, double* partial) {
+__global__ void __launch_bounds__(kRmsNormThreads)
+    rmsnorm_backward_kernel(const T* x, const SW* w, const T* rstd, const SD* dy, T* dx, int64_t R, int64_t D,
+                            bool accumulate, double* partial) {
   __shared__ T scratch[32];
   T wv[K];
   double acc[K];
