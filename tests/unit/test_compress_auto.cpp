@@ -242,8 +242,11 @@ TEST(CompressAuto, StateRestoresExactly) {
   EXPECT_EQ(ranks(*a), std::vector<int>{1});
   sa = a->state();
   sb = b->state();
-  for (size_t i = 0; i < sa.size(); ++i)
-    if (sa[i].name != "auto/costs" && sa[i].name != "auto/overhead") EXPECT_EQ(get(sa[i].value), get(sb[i].value)) << sa[i].name;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    if (sa[i].name != "auto/costs" && sa[i].name != "auto/overhead") {
+      EXPECT_EQ(get(sa[i].value), get(sb[i].value)) << sa[i].name;
+    }
+  }
 }
 
 TEST(CompressAuto, Config) {

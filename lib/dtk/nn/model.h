@@ -70,7 +70,7 @@ struct Param {
   // uses_bf16_weights); undefined otherwise. Flat storage: a view into the model's bf16 copy of
   // values(), rewritten from the f32 values at the start of every forward and evaluation;
   // external: bound by the strategy (FSDP's bf16 gathers), and then value is not.
-  Tensor half;
+  Tensor half{};
 };
 
 // A model's buffer: state that is not trained (batch norm's running_mean and running_var),
