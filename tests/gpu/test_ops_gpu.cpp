@@ -236,15 +236,27 @@ TEST(GpuOps, ClipScale) {
 
 // Uploads through HostUpload's pinned ring, more of them than it has blocks and of growing sizes,
 // queued without the host waiting: each arrives whole; the host's tensor may change right after.
+// The ring grows while the GPU is busy (the copies queue behind a long product), then, the GPU
+// idle, reuses its blocks (larger tensors: each block grown), none of them waiting for the GPU.
 TEST(GpuOps, HostUploadRing) {
   SKIP_WITHOUT_GPU();
   HostUpload up(kGpu);
   std::vector<Tensor> sent, got;
-  for (int i = 0; i < 11; ++i) {
-    Tensor h = uniform({1000 * (i + 1)}, DType::f32, 100 + i);
-    sent.push_back(h.clone());
-    got.push_back(up(h));
-    ops::fill(h, -1.0);  // the pinned copy was taken: the upload does not see this
+  const Tensor a = gpu(uniform({4096, 4096}, DType::f32, 99));
+  Tensor c = Tensor::empty({4096, 4096}, DType::f32, kGpu);
+  for (int round = 0; round < 2; ++round) {
+    if (round == 0)
+      for (int i = 0; i < 32; ++i) ops::gemm(false, false, 1.0, a, a, 0.0, c);  // 4.4 TFLOP queued
+    else
+      cuda::stream_synchronize(cuda::current_stream());
+    const uint64_t stalls = cuda::host_stalls();
+    for (int i = 0; i < 11; ++i) {
+      Tensor h = uniform({1000 * (i + 1) * (round + 1)}, DType::f32, 100 + i + 20 * round);
+      sent.push_back(h.clone());
+      got.push_back(up(h));
+      ops::fill(h, -1.0);  // the pinned copy was taken: the upload does not see this
+    }
+    EXPECT_EQ(cuda::host_stalls(), stalls) << "round " << round << ": an upload waited for the GPU";
   }
   double err = 0;
   for (size_t i = 0; i < sent.size(); ++i) err = std::max(err, max_rel_err(got[i], sent[i]));
@@ -308,7 +320,8 @@ TEST(GpuOps, CountNonfinite) {
 }
 
 // ------------------------------------------------------------------------------ nn
-const std::vector<Shape> kRowShapes = {{1, 1}, {7, 1000}, {3, 4097}, {1000, 7}, {2, 3, 257}, {16, 32000}, {2048, 2048}};
+const std::vector<Shape> kRowShapes = {{1, 1},       {7, 1000},   {3, 4097},    {1000, 7}, {2, 3, 257},
+                                       {16, 32000}, {2048, 2048}, {64, 4096}, {16, 8192}};
 
 TEST(GpuOps, Softmax) {
   SKIP_WITHOUT_GPU();
@@ -379,6 +392,10 @@ TEST(GpuOps, RmsNorm) {
       ops::rmsnorm_backward(x, w, rc, dy, dxc, dwc);
       ops::rmsnorm_backward(gpu(x), gpu(w), gpu(rc), gpu(dy), dxg, dwg);
       ops::rmsnorm_backward(gpu(x), gpu(w), gpu(rc), gpu(dy), dxg, dwg2);
+      // dx over dy (in place, as the contract allows): the same bits as into its own tensor
+      Tensor inplace = gpu(dy), dwg3 = gpu(dw0);
+      ops::rmsnorm_backward(gpu(x), gpu(w), gpu(rc), inplace, inplace, dwg3);
+      deterministic = deterministic && bit_identical(inplace, dxg) && bit_identical(dwg3, dwg);
       // the fused residual add, and the backward accumulating into a residual gradient
       const Tensor b = uniform(s, t, 64);
       Tensor xc = like(x, Device::cpu()), xg = like(x, kGpu), ya = like(x, Device::cpu()), yag = like(x, kGpu);

@@ -328,13 +328,20 @@ HostUpload::~HostUpload() {
 Tensor HostUpload::operator()(const Tensor& host) {
   if (!device_.is_cuda()) return host.is_cuda() ? host.to(device_) : host;
   if (host.is_cuda()) return host.to(device_);
+  // The oldest block, unless its copy is still queued and the ring may grow: then a new block
+  // goes in before it, as the newest.
+  if (slots_.empty() || (!cuda::event_done(slots_[next_].copied) && pinned_ + host.bytes() <= kMaxPinned)) {
+    slots_.insert(slots_.begin() + static_cast<std::ptrdiff_t>(next_), Slot{});
+    slots_[next_].copied = cuda::create_timing_event();
+  } else {
+    cuda::wait_event(slots_[next_].copied, "an upload to the GPU");  // the oldest copy: done, or the ring is full
+  }
   Slot& s = slots_[next_];
-  next_ = (next_ + 1) % kSlots;
-  if (s.copied) cuda::wait_event(s.copied, "an upload to the GPU, two micro-batches old");
-  else s.copied = cuda::create_timing_event();
+  next_ = (next_ + 1) % slots_.size();
   if (s.bytes < host.bytes()) {
     void* larger = cuda::malloc_pinned(host.bytes());
     if (s.block) cuda::free_pinned(s.block);
+    pinned_ += host.bytes() - s.bytes;
     s.block = larger;
     s.bytes = host.bytes();
   }

@@ -125,6 +125,7 @@ void* create_timing_event();
 void destroy_event(void* event);
 void record_event(void* event, Stream s);
 double elapsed_seconds(void* start, void* stop);  // both completed
+bool event_done(void* event);                     // completed (never waits)
 }  // namespace cuda
 
 // Time a stream spends between two points, in stream order, without making the host wait for
@@ -158,10 +159,12 @@ class StreamTimer {
 
 // Host tensors onto a GPU without the host waiting for the device (Tensor::to waits for the
 // copy, and so for all the work queued before it): each tensor goes into a pinned block of a
-// small ring and from there to the device by an asynchronous copy on the current stream, so that
-// the host prepares the next micro-batch while the GPU works. A block is written again only once
-// the copy that read it has completed (an event, watched; with kSlots blocks that copy is two
-// micro-batches old). For a CPU device: the tensor itself.
+// ring and from there to the device by an asynchronous copy on the current stream, so that the
+// host prepares the next micro-batches while the GPU works. A block is written again only once
+// the copy that read it has completed (an event). When the oldest block's copy is still queued,
+// the ring grows by a block rather than wait, up to kMaxPinned bytes: a step of token batches
+// (kilobytes each) is never held back; beyond that the host waits for the oldest copy (watched,
+// and counted by cuda::host_stalls). For a CPU device: the tensor itself.
 class HostUpload {
  public:
   explicit HostUpload(Device d) : device_(d) {}
@@ -171,15 +174,16 @@ class HostUpload {
   Tensor operator()(const Tensor& host);
 
  private:
-  static constexpr size_t kSlots = 4;  // a micro-batch's inputs and targets, two micro-batches deep
+  static constexpr size_t kMaxPinned = size_t(256) << 20;
   struct Slot {
     void* block = nullptr;  // pinned
     size_t bytes = 0;
     void* copied = nullptr;  // event recorded after the copy that read the block
   };
   Device device_;
-  Slot slots_[kSlots];
+  std::vector<Slot> slots_;  // a ring: from next_ on, oldest copy first (one stream: they complete in order)
   size_t next_ = 0;
+  size_t pinned_ = 0;  // the blocks' bytes
 };
 
 }  // namespace dtk

@@ -344,7 +344,7 @@ void DiLoCo::poll() {
 }
 
 void DiLoCo::after_step(int64_t step) {
-  inner_->after_step(step);  // fsdp: the step's timers
+  inner_->after_step(step);
   const int64_t n = step + 1;
   if (schedule_.every == 0) {  // --sync-every auto, not chosen yet: the steps are timed first
     if (const auto& ps = inner_->params(); !ps.empty() && ps[0].value.is_cuda())  // the GPU's time, not the enqueue's

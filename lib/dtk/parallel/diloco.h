@@ -146,6 +146,7 @@ class DiLoCo final : public Parallelism {
   void metrics(nlohmann::ordered_json& m) const override;
   void before_step(int64_t step) override;
   void after_step(int64_t step) override;
+  void collect_timings() override { inner_->collect_timings(); }
   void begin_evaluation() override;
   void end_evaluation() override;
   std::vector<Component*> components() override;

@@ -443,8 +443,8 @@ void Fsdp::finish() {
   m.last_micro = false;
 }
 
-// The step's timings, once its work is done (the trainer waits for the GPU right after).
-void Fsdp::after_step(int64_t) {
+// The step's timings, after the trainer's wait for the GPU: nothing left to wait for.
+void Fsdp::collect_timings() {
   impl_->exposed.collect();
   impl_->blocks.collect();
 }

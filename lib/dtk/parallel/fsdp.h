@@ -142,7 +142,7 @@ class Fsdp final : public Parallelism {
   void begin(int64_t step) override;
   void finish() override;
   void clip_grad_norm(double max_norm, Tensor& norm) override;
-  void after_step(int64_t step) override;
+  void collect_timings() override;
   // all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes (HSDP: the replica hop's bytes
   // sent, compressed or not), exposed_comm_ms, arena_bytes, shard_bytes; comm_bytes = their sum;
   // with a compressor also comm_bytes_uncompressed and compression_ratio (of the replica hop).

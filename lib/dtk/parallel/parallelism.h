@@ -85,6 +85,9 @@ class Parallelism : public nn::BlockHooks, public Component {
   virtual void before_step(int64_t step) { (void)step; }
   // After the optimizer's step of step `step` (DiLoCo's outer steps: diloco.h).
   virtual void after_step(int64_t step) { (void)step; }
+  // After the trainer's one wait for the device at the step's end: the step's timers are read
+  // here, where their events are complete (FSDP's; reading them earlier would wait for the GPU).
+  virtual void collect_timings() {}
   // Around an evaluation: the model then holds the weights to evaluate (DiLoCo: the outer ones,
   // swapped in and back out).
   virtual void begin_evaluation() {}

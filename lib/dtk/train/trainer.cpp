@@ -100,6 +100,7 @@ class Trainer {
         spdlog::debug("step {}: the host waited for the GPU {} time(s) before the step's end", step + 1,
                       cuda::host_stalls() - stalls);
       timer_.collect();  // the host's one wait for the GPU in a step (--device cuda), watched
+      par_->collect_timings();
       const double grad_norm = grad_norm_.item();
       const double loss = agree(step);
       const double dt = seconds_since(t0);

@@ -107,15 +107,15 @@ void memcpy(void* dst, const void* src, size_t bytes) {
 
 // ---- host waits --------------------------------------------------------------------------
 
-namespace {
-std::atomic<WaitHook> g_wait_hook{nullptr};
-
 bool event_done(void* event) {
   const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
   if (e == cudaErrorNotReady) return false;
   check(e, "cudaEventQuery");
   return true;
 }
+
+namespace {
+std::atomic<WaitHook> g_wait_hook{nullptr};
 
 // Events for stream_synchronize, per device (an event belongs to the device current when it
 // was made), reused: one cudaEventCreate per wait would cost more than the wait. Blocking-sync

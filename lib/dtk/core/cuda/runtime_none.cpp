@@ -42,6 +42,7 @@ void* create_timing_event() { no_cuda(); }
 void destroy_event(void*) {}
 void record_event(void*, Stream) { no_cuda(); }
 double elapsed_seconds(void*, void*) { no_cuda(); }
+bool event_done(void*) { no_cuda(); }
 void memcpy_async(void*, const void*, size_t, Stream) { no_cuda(); }
 void memset_async(void*, int, size_t, Stream) { no_cuda(); }
 void* cached_malloc(size_t, int, size_t*) { no_cuda(); }

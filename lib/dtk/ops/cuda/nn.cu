@@ -74,17 +74,21 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
 }
 
 // One pass over a row: each thread keeps the running maximum m of its elements and the sum s of
-// exp(x - m) (rescaled when m grows, as flash attention's online softmax); the block then takes
-// the maximum M of the threads' m and the sum of s exp(m - M). Returns log(sum) + M.
+// exp(x - m) (rescaled when m grows, as flash attention's online softmax: one exp an element); the
+// block then takes the maximum M of the threads' m and the sum of s exp(m - M). Returns
+// log(sum) + M. A NaN makes s NaN, and so does a second +inf (exp(inf - inf)), as on the CPU; a
+// -inf adds exp(-inf) = 0, so it is skipped (with m still -inf, exp(-inf - -inf) would be NaN).
 template <typename T, typename S>
 __device__ T row_logsumexp(const S* x, int64_t n, T* scratch) {
   T m = -d_inf<T>(), s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const T v = ld<T>(x[i]);
-    const T mn = max_nan(m, v);
-    if (mn == -d_inf<T>()) continue;  // nothing above -inf yet: exp(-inf - -inf) would be NaN
-    s = s * d_exp(m - mn) + d_exp(v - mn);
-    m = mn;
+    if (v > m) {
+      s = s * d_exp(m - v) + T(1);
+      m = v;
+    } else if (v != -d_inf<T>()) {
+      s += d_exp(v - m);
+    }
   }
   const T M = block_reduce(m, MaxOp{}, -d_inf<T>(), scratch);
   const T part = m == -d_inf<T>() ? T(0) : s * d_exp(m - M);
@@ -122,8 +126,9 @@ __global__ void cross_entropy_backward_kernel(const S* logits, const int32_t* ta
   }
   const T l = lse[blockIdx.x];
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const T p = d_exp(ld<T>(xr[i]) - l);
-    dr[i] = st<S>((p - (i == t ? T(1) : T(0))) * scale);
+    T d = d_exp(ld<T>(xr[i]) - l) * scale;  // (softmax - onehot) * scale, rounded as the CPU rounds it
+    if (i == t) d -= scale;
+    dr[i] = st<S>(d);
   }
 }
 
@@ -254,7 +259,7 @@ struct DwLoad {
 template <typename T>
 struct DwAccumulate {
   T* dw;
-  __device__ void operator()(int64_t c, double acc) const { dw[c] += T(acc); }
+  __device__ void operator()(int64_t c, double acc) const { dw[c] = T(double(dw[c]) + acc); }  // the CPU's one rounding
 };
 struct AddD {
   __device__ double operator()(double a, double b) const { return a + b; }
@@ -282,11 +287,12 @@ __global__ void rope_kernel(const S* x, S* y, int64_t npairs, int64_t H, const S
 }
 
 // The device copies of rope_table's tables, per (T, hd, theta, pos0, dtype, GPU): uploaded once
-// (a synchronous copy at the first use of a shape), then read by every layer and step.
+// (a synchronous copy at the first use of a shape), then read by every layer and step. Returned
+// by value (two tensor handles): a copy outlives another thread's clearing of the cache.
 struct DeviceRope {
   Tensor cos, sin;
 };
-const DeviceRope& device_rope(int64_t T_, int64_t hd, double theta, int64_t pos0, DType t, Device d) {
+DeviceRope device_rope(int64_t T_, int64_t hd, double theta, int64_t pos0, DType t, Device d) {
   static std::mutex mu;
   // Never destroyed: device memory is not freed after the CUDA runtime has gone at exit.
   static auto& cache = *new std::map<std::tuple<int64_t, int64_t, double, int64_t, DType, int>, DeviceRope>;
@@ -465,7 +471,7 @@ void rope_launch(const Tensor& x, Tensor& y, const Tensor* x2, Tensor* y2, doubl
   if (npairs + npairs2 == 0) return;
   visit_compute(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const DeviceRope& r = device_rope(T_, hd, theta, pos0, std::is_same_v<T, double> ? DType::f64 : DType::f32,
+    const DeviceRope r = device_rope(T_, hd, theta, pos0, std::is_same_v<T, double> ? DType::f64 : DType::f32,
                                       x.device());
     visit_storage<T>(x.dtype(), [&](auto stag) {
       using S = decltype(stag);
