@@ -98,11 +98,12 @@ if [ "$ngpu" = 1 ] && [ "$dev" = cuda ]; then
   else bad "--backend nccl with 2 ranks on 1 GPU (exit $rc, want 2 and one line)" "$(cat $tmp/e)"; fi
 fi
 
-# ---- no host wait inside a step (issue 44 item 4): llama on one GPU, micro-batches; the trainer's
-# debug line counts the host's stalls on the GPU before each step's end (the first step uploads
-# RoPE's table and warms the allocator: from the second on, 0) ----
+# ---- no host wait inside a step (issue 44 item 4): llama-small on one GPU (a micro-batch takes the
+# GPU longer than the host takes to queue it, so that a wait would find the GPU busy), 4
+# micro-batches a step; the trainer's debug line counts the host's stalls on the GPU before each
+# step's end (the first step uploads RoPE's table and warms the allocator: from the second on, 0) ----
 if [ "$dev" = cuda ]; then
-  run $psgd $small --global-batch 8 --micro-batch 2 --lr 1e-2 --eval-every 0 --steps 6 --clip 1 --device cuda --log-level debug
+  run $psgd --model llama-small --global-batch 8 --micro-batch 2 --lr 1e-3 --eval-every 0 --steps 6 --clip 1 --device cuda --log-level debug
   waits=$(grep -o "the host waited for the GPU [0-9]* time" "$tmp/e" | awk '{print $7}' | tail -n +2 | tr '\n' ' ')
   [ $rc = 0 ] && [ -n "$waits" ] && [ -z "$(echo $waits | tr -d '0 ')" ] \
     && ok "psgd-train on the GPU: the host queues each step without waiting (steps 2-6: ${waits% })" \
