@@ -8,7 +8,7 @@
 //         end to end against one per weight, forward and backward as nn::Linear runs them (the
 //         fusions docs/DESIGN.md leaves unbuilt until a GPU shows them to pay): llama-small's
 //         shapes in f32 on the CPU, llama3-1b's in bf16 on the GPU; the median and range of the
-//         per-round ratios fused / separate.
+//         per-round ratios fused / separate (a pair a round, the order alternating).
 // Each figure is the best of several rounds, the op and its baseline interleaved, so that load
 // from other processes hits both alike. Output: a table on stdout.
 //   bench-ops [--quick] [--cpu-only]
@@ -169,7 +169,7 @@ void bench_fusion(dtk::Device d, dtk::DType t, const std::vector<FusionCase>& ca
 #endif
   const int rounds = opt.quick ? 5 : 9;
   std::printf("# fusion on %s, %s: a layer's products forward and backward, one gemm over the weights laid end to\n"
-              "# end against one per weight; the median [range] of %d interleaved rounds' time ratios\n",
+              "# end against one per weight; the median [range] of %d interleaved pairs' time ratios\n",
               d.str().c_str(), std::string(dtk::dtype_name(t)).c_str(), rounds);
   std::printf("# %-6s %6s %6s %-16s %11s %11s %22s\n", "layer", "rows", "in", "outs", "fused ms", "separate ms",
               "fused / separate");
@@ -206,8 +206,10 @@ void bench_fusion(dtk::Device d, dtk::DType t, const std::vector<FusionCase>& ca
     const int reps = reps_for(flops, d.is_cuda() ? 300e12 : 50e9, opt.quick ? 0.05 : 0.2);
     std::vector<double> ratio;
     double tf = 1e300, ts = 1e300;
-    for (int r = 0; r < rounds; ++r) {
-      const double a = time_best(fused, sync, reps, 1), b = time_best(separate, sync, reps, 1);
+    for (int r = 0; r < rounds; ++r) {  // a pair a round, the order alternating
+      double a, b;
+      if (r % 2) b = time_best(separate, sync, reps, 1), a = time_best(fused, sync, reps, 1);
+      else a = time_best(fused, sync, reps, 1), b = time_best(separate, sync, reps, 1);
       tf = std::min(tf, a);
       ts = std::min(ts, b);
       ratio.push_back(a / b);

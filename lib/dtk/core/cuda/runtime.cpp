@@ -139,7 +139,7 @@ std::atomic<uint64_t> g_stalls{0};  // wait_event's waits whose event was not co
 uint64_t host_stalls() { return g_stalls.load(); }
 
 void wait_event(void* event, const char* what, size_t bytes) {
-  if (cudaEventQuery(static_cast<cudaEvent_t>(event)) == cudaErrorNotReady) g_stalls.fetch_add(1);
+  if (!event_done(event)) g_stalls.fetch_add(1);
   if (WaitHook hook = g_wait_hook.load()) {
     hook(what, bytes, &event_done, event);
     return;

@@ -161,7 +161,17 @@ __global__ void rmsnorm_forward_kernel(const T* a, const SB* b, const SW* w, T e
 }
 
 // y_i = x_i r w_i with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / D, so
-// dx_j = r (w_j dy_j - x_j r^2 / D * sum_i dy_i w_i x_i).
+// dx_j = r (w_j dy_j - x_j c) with c = r^2 / D * sum_i dy_i w_i x_i: the row's sum of
+// rms_term(dy_i, w_i, x_i), then rms_grad(r, w_j, dy_j, x_j, c), in both backward kernels.
+template <typename T>
+__device__ __forceinline__ T rms_term(T dy, T w, T x) {
+  return dy * w * x;
+}
+template <typename T>
+__device__ __forceinline__ T rms_grad(T r, T w, T dy, T x, T c) {
+  return r * (w * dy - x * c);
+}
+
 // w and dy stored as SW and SD (T, or bf16_t for float).
 template <typename T, typename SW, typename SD>
 __global__ void rmsnorm_backward_dx_kernel(const T* x, const SW* w, const T* rstd, const SD* dy, T* dx, int64_t D,
@@ -172,11 +182,11 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const SW* w, const T* rst
   T* dxr = dx + blockIdx.x * D;
   const T r = rstd[blockIdx.x];
   T s = 0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += ld<T>(dyr[i]) * ld<T>(w[i]) * xr[i];
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += rms_term(ld<T>(dyr[i]), ld<T>(w[i]), xr[i]);
   s = block_reduce(s, SumOp{}, T(0), scratch);
   const T c = r * r * s / T(D);
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    const T g = r * (ld<T>(w[i]) * ld<T>(dyr[i]) - xr[i] * c);
+    const T g = rms_grad(r, ld<T>(w[i]), ld<T>(dyr[i]), xr[i], c);
     dxr[i] = accumulate ? dxr[i] + g : g;
   }
 }
@@ -215,7 +225,7 @@ __global__ void __launch_bounds__(kRmsNormThreads)
       const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
       xv[k] = c < D ? xr[c] : T(0);
       dv[k] = c < D ? ld<T>(dyr[c]) : T(0);
-      if (c < D) s += dv[k] * wv[k] * xv[k];
+      if (c < D) s += rms_term(dv[k], wv[k], xv[k]);
     }
     s = block_reduce(s, SumOp{}, T(0), scratch);
     const T cf = rs * rs * s / T(D);
@@ -223,7 +233,7 @@ __global__ void __launch_bounds__(kRmsNormThreads)
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
       if (c >= D) continue;
-      const T g = rs * (wv[k] * dv[k] - xv[k] * cf);
+      const T g = rms_grad(rs, wv[k], dv[k], xv[k], cf);
       dxr[c] = accumulate ? dxr[c] + g : g;
       acc[k] += double(dv[k]) * double(xv[k]) * double(rs);
     }
